@@ -1,0 +1,5 @@
+//! ferroccl's transport contract.
+
+mod error;
+
+pub use error::{Error, ErrorKind, Result};

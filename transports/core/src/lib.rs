@@ -1,5 +1,228 @@
-//! ferroccl's transport contract.
+//! ferroccl's transport contract: how bytes cross between two ranks.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`Connection`] | one peer pair's link; non-blocking `send` / `recv` of whole messages |
+//! | [`Header`] | the 40 bytes in front of every message, checked by the receiver |
+//! | [`Progress`] | where one message stands between non-blocking calls |
+//! | [`PeerInfo`] | the rank and address of the other end, for error messages |
+//!
+//! A transport never knows which collective it serves: the executor gives it a header and a
+//! payload and asks it to move them, one message after another, in order. No call blocks; an
+//! executor with nothing to do waits on the descriptors from [`Connection::poll_fds`].
 
 mod error;
 
 pub use error::{Error, ErrorKind, Result};
+
+use std::fmt;
+
+/// Bytes of an encoded [`Header`].
+pub const HEADER_LEN: usize = 40;
+
+const HEADER_MAGIC: u32 = 0x4c43_5246; // "FRCL"
+
+/// What every message carries in front of its payload, so that the receiver can check that the
+/// sender runs the same operation (kind, dtype, op, root, count) at the same sequence number.
+/// The fields' meaning belongs to the caller; transports only move them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// Operation kind.
+    pub kind: u8,
+    /// Data type.
+    pub dtype: u8,
+    /// Reduction op.
+    pub op: u8,
+    /// Sequence number of the operation.
+    pub seq: u64,
+    /// Element count of the operation.
+    pub count: u64,
+    /// Root rank, or `u32::MAX`.
+    pub root: u32,
+    /// Payload bytes that follow.
+    pub len: u64,
+}
+
+impl Header {
+    /// The 40-byte wire form (little endian).
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
+        b[4] = self.kind;
+        b[5] = self.dtype;
+        b[6] = self.op;
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.root.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes the wire form; `None` if the magic is wrong (the stream is out of step).
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Option<Header> {
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let mut m = [0u8; 4];
+        m.copy_from_slice(&b[0..4]);
+        if u32::from_le_bytes(m) != HEADER_MAGIC {
+            return None;
+        }
+        let mut r = [0u8; 4];
+        r.copy_from_slice(&b[24..28]);
+        Some(Header {
+            kind: b[4],
+            dtype: b[5],
+            op: b[6],
+            seq: u64_at(8),
+            count: u64_at(16),
+            root: u32::from_le_bytes(r),
+            len: u64_at(32),
+        })
+    }
+}
+
+/// The other end of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer's rank in the communicator.
+    pub rank: usize,
+    /// The peer's address, as text (for error messages).
+    pub addr: String,
+}
+
+impl fmt::Display for PeerInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} ({})", self.rank, self.addr)
+    }
+}
+
+/// Most parts a transport may split one message into.
+pub const MAX_PARTS: usize = 8;
+
+/// One contiguous part of a message's payload, moved independently of the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Part {
+    /// First payload byte of the part.
+    pub start: usize,
+    /// Bytes of the part already moved: `start..pos` is done.
+    pub pos: usize,
+    /// One past the part's last byte.
+    pub end: usize,
+}
+
+/// Where one message stands between non-blocking calls. A fresh `Progress::default()` starts
+/// the next message on the connection.
+///
+/// Payload bytes `part.start..part.pos` of every part have been moved; a receiver may use them
+/// (reduce them, say) before the whole message is in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Header bytes moved so far.
+    pub header_pos: usize,
+    /// Payload parts; set by the transport when the message starts.
+    pub parts: [Part; MAX_PARTS],
+    /// Number of valid entries in `parts`.
+    pub nparts: usize,
+    /// Whether the transport has laid out the parts.
+    pub started: bool,
+}
+
+impl Progress {
+    /// Whether the header has been moved.
+    pub fn header_done(&self) -> bool {
+        self.header_pos == HEADER_LEN
+    }
+
+    /// Whether header and payload have been moved.
+    pub fn done(&self) -> bool {
+        self.header_done() && self.started && self.parts[..self.nparts].iter().all(|p| p.pos == p.end)
+    }
+
+    /// Payload bytes moved so far.
+    pub fn moved(&self) -> usize {
+        self.parts[..self.nparts].iter().map(|p| p.pos - p.start).sum()
+    }
+
+    /// The laid-out parts.
+    pub fn parts(&self) -> &[Part] {
+        &self.parts[..self.nparts]
+    }
+}
+
+/// Readiness a waiting executor asks for on a descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollFd {
+    /// The descriptor.
+    pub fd: i32,
+    /// Wake when readable.
+    pub read: bool,
+    /// Wake when writable.
+    pub write: bool,
+}
+
+/// A connection to one peer. Messages in each direction are delivered whole and in order.
+///
+/// No method blocks. `send` and `recv` move what they can now and report whether the message is
+/// complete; call them again with the same [`Progress`] until it is.
+pub trait Connection: Send + fmt::Debug {
+    /// The other end.
+    fn peer(&self) -> &PeerInfo;
+
+    /// Moves the next outgoing message: `header` (whose `len` must equal `payload.len()`)
+    /// then `payload`. Returns `Ok(true)` once all of it is handed to the transport.
+    /// The same `header` and `payload` must be passed on every call for one message.
+    fn send(&mut self, header: &Header, payload: &[u8], progress: &mut Progress) -> Result<bool>;
+
+    /// Moves the next incoming message. The header arrives first: once
+    /// `progress.header_done()`, `header` holds it and the caller must check it (its `len`
+    /// against `payload.len()` in particular) before calling again; bytes then land in `payload`,
+    /// which must be exactly `header.len` bytes. Returns `Ok(true)` once the message is in.
+    fn recv(&mut self, header: &mut Header, payload: &mut [u8], progress: &mut Progress)
+        -> Result<bool>;
+
+    /// Descriptors to poll while waiting for the send (`sending`) or receive (`receiving`) side.
+    fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>);
+
+    /// Closes the connection so that the peer sees it closed at once. Idempotent.
+    fn shutdown(&mut self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip() {
+        let h = Header {
+            kind: 3,
+            dtype: 7,
+            op: 2,
+            seq: 0x0102_0304_0506_0708,
+            count: 1_000_003,
+            root: 5,
+            len: 4_000_012,
+        };
+        assert_eq!(Header::decode(&h.encode()), Some(h));
+        let mut bad = h.encode();
+        bad[0] ^= 1;
+        assert_eq!(Header::decode(&bad), None);
+    }
+
+    #[test]
+    fn progress_counts_parts() {
+        let mut p = Progress::default();
+        assert!(!p.done());
+        p.header_pos = HEADER_LEN;
+        p.started = true;
+        p.nparts = 2;
+        p.parts[0] = Part { start: 0, pos: 10, end: 10 };
+        p.parts[1] = Part { start: 10, pos: 15, end: 20 };
+        assert_eq!(p.moved(), 15);
+        assert!(!p.done());
+        p.parts[1].pos = 20;
+        assert!(p.done());
+    }
+}

@@ -2,8 +2,16 @@
 //! to a [`Schedule`]. No I/O and no `unsafe` here.
 #![forbid(unsafe_code)]
 
+mod builder;
+mod chain;
+pub mod check;
+mod pairwise;
+mod ring;
 pub mod schedule;
+#[cfg(test)]
+mod tests;
 
+pub use check::{check, check_schedules, Checker};
 pub use schedule::{BufKind, Op, Schedule, Span, Step};
 
 /// Which collective, with its root where it has one.
@@ -100,4 +108,57 @@ pub struct CollArgs {
 pub struct AlgoOptions {
     /// Largest piece, in elements, that a pipelined algorithm moves in one step.
     pub slice: usize,
+}
+
+/// The schedule of `rank` (of `nranks`) for one collective call.
+///
+/// | collective       | algorithm                                               |
+/// |------------------|---------------------------------------------------------|
+/// | `all_reduce`     | ring: reduce-scatter then all-gather, in rounds         |
+/// | `reduce_scatter` | ring, partial results in scratch (in the input in place)|
+/// | `all_gather`     | ring                                                    |
+/// | `broadcast`      | pipelined chain from the root                           |
+/// | `reduce`         | pipelined chain ending at the root                      |
+/// | `all_to_all`     | pairwise exchange                                       |
+///
+/// No message is longer than `opts.slice` elements (a slice of 0 counts as 1). With one rank
+/// the schedule is a single copy out of place and empty in place.
+///
+/// Preconditions, checked by the caller (see [`check::validate`]): `rank < nranks` and a root
+/// `< nranks`. The result is the same pure function of the arguments on every rank.
+pub fn build(args: &CollArgs, rank: usize, nranks: usize, opts: &AlgoOptions) -> Schedule {
+    let CollArgs {
+        kind,
+        count,
+        in_place,
+    } = *args;
+    let slice = opts.slice;
+    if nranks < 2 {
+        let mut sched = Schedule {
+            rank,
+            nranks,
+            ..Schedule::default()
+        };
+        let (in_len, out_len) = kind.buffer_lens(count, nranks);
+        let len = in_len.min(out_len);
+        if !in_place && len > 0 {
+            sched.steps.push(Step {
+                ops: vec![Op::Copy {
+                    src: Span::new(BufKind::Input, 0, len),
+                    dst: Span::new(BufKind::Output, 0, len),
+                }],
+            });
+        }
+        return sched;
+    }
+    match kind {
+        CollKind::AllReduce => ring::all_reduce(count, rank, nranks, slice),
+        CollKind::ReduceScatter => ring::reduce_scatter(count, in_place, rank, nranks, slice),
+        CollKind::AllGather => ring::all_gather(count, in_place, rank, nranks, slice),
+        CollKind::Broadcast { root } => {
+            chain::broadcast(count, in_place, rank, nranks, root, slice)
+        }
+        CollKind::Reduce { root } => chain::reduce(count, rank, nranks, root, slice),
+        CollKind::AllToAll => pairwise::all_to_all(count, in_place, rank, nranks, slice),
+    }
 }

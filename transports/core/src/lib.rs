@@ -138,12 +138,17 @@ impl Progress {
 
     /// Whether header and payload have been moved.
     pub fn done(&self) -> bool {
-        self.header_done() && self.started && self.parts[..self.nparts].iter().all(|p| p.pos == p.end)
+        self.header_done()
+            && self.started
+            && self.parts[..self.nparts].iter().all(|p| p.pos == p.end)
     }
 
     /// Payload bytes moved so far.
     pub fn moved(&self) -> usize {
-        self.parts[..self.nparts].iter().map(|p| p.pos - p.start).sum()
+        self.parts[..self.nparts]
+            .iter()
+            .map(|p| p.pos - p.start)
+            .sum()
     }
 
     /// The laid-out parts.
@@ -180,8 +185,12 @@ pub trait Connection: Send + fmt::Debug {
     /// `progress.header_done()`, `header` holds it and the caller must check it (its `len`
     /// against `payload.len()` in particular) before calling again; bytes then land in `payload`,
     /// which must be exactly `header.len` bytes. Returns `Ok(true)` once the message is in.
-    fn recv(&mut self, header: &mut Header, payload: &mut [u8], progress: &mut Progress)
-        -> Result<bool>;
+    fn recv(
+        &mut self,
+        header: &mut Header,
+        payload: &mut [u8],
+        progress: &mut Progress,
+    ) -> Result<bool>;
 
     /// Descriptors to poll while waiting for the send (`sending`) or receive (`receiving`) side.
     fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>);
@@ -218,8 +227,16 @@ mod tests {
         p.header_pos = HEADER_LEN;
         p.started = true;
         p.nparts = 2;
-        p.parts[0] = Part { start: 0, pos: 10, end: 10 };
-        p.parts[1] = Part { start: 10, pos: 15, end: 20 };
+        p.parts[0] = Part {
+            start: 0,
+            pos: 10,
+            end: 10,
+        };
+        p.parts[1] = Part {
+            start: 10,
+            pos: 15,
+            end: 20,
+        };
         assert_eq!(p.moved(), 15);
         assert!(!p.done());
         p.parts[1].pos = 20;

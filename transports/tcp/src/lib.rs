@@ -86,7 +86,10 @@ impl Hello {
             return Err(format!("bad magic {:#010x}", u32_at(0)));
         }
         if u16_at(4) != HELLO_VERSION {
-            return Err(format!("protocol version {} (expected {HELLO_VERSION})", u16_at(4)));
+            return Err(format!(
+                "protocol version {} (expected {HELLO_VERSION})",
+                u16_at(4)
+            ));
         }
         let mut id = [0u8; 8];
         id.copy_from_slice(&b[8..16]);
@@ -121,7 +124,10 @@ fn set_options(s: &TcpStream, cfg: &TcpConfig) -> Result<()> {
                 )
             };
             if rc != 0 {
-                return Err(sys("setting socket buffer size", &std::io::Error::last_os_error()));
+                return Err(sys(
+                    "setting socket buffer size",
+                    &std::io::Error::last_os_error(),
+                ));
             }
         }
     }
@@ -241,7 +247,11 @@ impl TcpEndpoint {
         let mut out = Vec::with_capacity(peers.len());
         for ((&p, s), addr) in peers.iter().zip(slots).zip(addrs) {
             let streams: Vec<TcpStream> = s.into_iter().flatten().collect();
-            out.push(TcpConnection::new(PeerInfo { rank: p, addr }, streams, *cfg));
+            out.push(TcpConnection::new(
+                PeerInfo { rank: p, addr },
+                streams,
+                *cfg,
+            ));
         }
         Ok(out)
     }
@@ -446,14 +456,7 @@ fn recv_some(fd: i32, buf: &mut [u8]) -> std::io::Result<Io> {
         return Ok(Io::Moved(0));
     }
     // SAFETY: `buf` is a live, writable slice of `buf.len()` bytes.
-    let rc = unsafe {
-        libc::recv(
-            fd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
+    let rc = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
     match rc {
         0 => Ok(Io::Closed),
         n if n > 0 => Ok(Io::Moved(n as usize)),

@@ -30,7 +30,10 @@ fn exchange(a: &mut TcpConnection, b: &mut TcpConnection, msgs: &[Vec<u8>]) -> V
         let (mut sent, mut recvd) = (false, false);
         let start = Instant::now();
         while !(sent && recvd) {
-            assert!(start.elapsed() < Duration::from_secs(20), "exchange stalled");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "exchange stalled"
+            );
             if !sent {
                 sent = a.send(&h, m, &mut sp).unwrap();
             }
@@ -98,8 +101,16 @@ fn strangers_and_other_jobs_are_rejected_without_harm() {
     let t = std::thread::spawn(move || {
         // A stranger sends garbage, another job uses the wrong id, then the real peer connects.
         let mut s = TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET / HTTP/1.0\r\n\r\n and then some more bytes").unwrap();
-        let wrong = connect(0, 999, 1, addr, &cfg, Instant::now() + Duration::from_secs(5));
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n and then some more bytes")
+            .unwrap();
+        let wrong = connect(
+            0,
+            999,
+            1,
+            addr,
+            &cfg,
+            Instant::now() + Duration::from_secs(5),
+        );
         let err = wrong.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Remote);
         assert!(err.message().contains("refused the handshake"), "{err}");

@@ -1,0 +1,662 @@
+//! The driver: warm-up, timed iterations, validation, rows on rank 0, summary.
+
+use crate::args::{Args, Average, RootSel};
+use crate::bw;
+use crate::coll::{Coll, Layout, PerfOp};
+use crate::data::{self, DataSpec, TestBuffers};
+use crate::json::{self, Json};
+use crate::report::{self, Measure, Row};
+use crate::sizes;
+use ferroccl::{DataType, Error, Result};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What the perf driver needs from a communicator: one rank's view.
+///
+/// Buffers are bytes of `dtype` elements. Out of place, `send` holds
+/// `layout.send_count` elements and `recv` `layout.recv_count` ([`Coll::layout`] from
+/// `count`, see [`Layout::for_call`]). In place (`send == None`), `recv` is the one buffer of
+/// `layout.inplace_count()` elements, with the input at element
+/// `send_inplace_offset * rank` and the output at `recv_inplace_offset * rank` (NCCL's
+/// in-place layout: all_gather's input is block `rank` of the output, reduce_scatter's
+/// output is block `rank` of the input).
+pub trait PerfComm {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn nranks(&self) -> usize;
+
+    /// Runs one `coll` call and returns when this rank's part is complete. `count` has
+    /// NCCL's meaning (per-rank block for all_gather, reduce_scatter, alltoall, gather,
+    /// scatter, hypercube); `op` matters only for reducing collectives (for
+    /// [`PerfOp::PreMulSum`] each rank scales its input by [`PerfOp::premul_scalar`]);
+    /// `root` only for rooted ones.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        coll: Coll,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: PerfOp,
+        root: usize,
+    ) -> Result<()>;
+
+    /// Returns when every rank has called it.
+    fn barrier(&self) -> Result<()>;
+
+    /// The maximum (`max`) or the sum of `v` over ranks, on every rank.
+    fn allreduce_f64(&self, v: f64, max: bool) -> Result<f64>;
+
+    /// This rank's line under `# Using devices`
+    /// (`#  Rank  0 Group  0 Pid   1234 on       host device  0 [cpu] host memory`).
+    fn device_line(&self) -> String {
+        report::device_line(
+            self.rank(),
+            0,
+            std::process::id(),
+            &hostname(),
+            0,
+            "[cpu] host memory",
+        )
+    }
+}
+
+/// The host name, from the kernel (falls back to `$HOSTNAME`, then `localhost`).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// The outcome of [`run_perf`], the same on every rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    /// Every row measured, in order.
+    pub rows: Vec<Row>,
+    /// Wrong elements over all rows, placements and ranks.
+    pub wrong_elements: u64,
+    /// Checks that found wrong data, counted per rank (nccl-tests' "Out of bounds values").
+    pub errors: u64,
+    /// Mean bus bandwidth over all measurements, GB/s (0 without any).
+    pub avg_busbw: f64,
+    /// Whether the average bus bandwidth met [`Args::min_busbw`] (`None` without minimum).
+    pub bw_ok: Option<bool>,
+}
+
+impl Summary {
+    /// Whether every check passed and the bandwidth minimum (if any) was met.
+    pub fn success(&self) -> bool {
+        self.errors == 0 && self.wrong_elements == 0 && self.bw_ok != Some(false)
+    }
+
+    /// The process exit code: 0 on success, 1 otherwise (as nccl-tests' `EXIT_FAILURE`).
+    pub fn exit_code(&self) -> i32 {
+        if self.success() {
+            0
+        } else {
+            1
+        }
+    }
+}
+
+fn io_err(what: &str, e: &std::io::Error) -> Error {
+    Error::io(format!("perf report: {what}"), e)
+}
+
+/// Writes on rank 0 only.
+struct Printer<'a> {
+    out: &'a mut dyn Write,
+    main: bool,
+}
+
+impl Printer<'_> {
+    fn text(&mut self, s: &str) -> Result<()> {
+        if self.main {
+            self.out
+                .write_all(s.as_bytes())
+                .and_then(|()| self.out.flush())
+                .map_err(|e| io_err("writing the table", &e))?;
+        }
+        Ok(())
+    }
+
+    fn with(&mut self, f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
+        if self.main {
+            f(self.out)
+                .and_then(|()| self.out.flush())
+                .map_err(|e| io_err("writing the table", &e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Gathers one line of text from every rank, in rank order, on every rank. Uses only an
+/// in-place all_reduce of bytes (each rank fills its own slot, the others are zero), so it
+/// works with any communicator that can all_reduce.
+pub fn gather_lines<C: PerfComm + ?Sized>(comm: &C, line: &str) -> Result<Vec<String>> {
+    const MAX_LINE: usize = 2048;
+    let n = comm.nranks();
+    let mine = &line.as_bytes()[..line.len().min(MAX_LINE)];
+    if n <= 1 {
+        return Ok(vec![String::from_utf8_lossy(mine).into_owned()]);
+    }
+    let slot = comm.allreduce_f64(mine.len() as f64, true)? as usize;
+    let slot = slot.clamp(1, MAX_LINE);
+    let mut buf = vec![0u8; slot * n];
+    let at = comm.rank() * slot;
+    buf[at..at + mine.len()].copy_from_slice(mine);
+    comm.run(
+        Coll::AllReduce,
+        None,
+        &mut buf,
+        slot * n,
+        DataType::Uint8,
+        PerfOp::Sum,
+        0,
+    )
+    .map_err(|e| e.context("perf: gathering device lines"))?;
+    Ok(buf
+        .chunks(slot)
+        .map(|c| {
+            let end = c.iter().position(|b| *b == 0).unwrap_or(c.len());
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect())
+}
+
+/// Opens the JSON file like nccl-tests: never overwrites, tries `path`, `path.0`, `path.1`...
+fn open_json(path: &Path) -> std::io::Result<(File, PathBuf)> {
+    let mut candidate = path.to_path_buf();
+    for i in 0..1000 {
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(f) => return Ok((f, candidate)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                candidate = PathBuf::from(format!("{}.{i}", path.display()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        "no free file name",
+    ))
+}
+
+/// Reusable buffers of one rank.
+#[derive(Default)]
+struct Buffers {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    expected: Vec<u8>,
+}
+
+impl Buffers {
+    fn reserve(&mut self, send: usize, recv: usize, expected: usize) {
+        for (v, n) in [
+            (&mut self.send, send),
+            (&mut self.recv, recv),
+            (&mut self.expected, expected),
+        ] {
+            if v.len() < n {
+                v.resize(n, 0);
+            }
+        }
+    }
+}
+
+/// One (dtype, op, root) test: the settings shared by its rows.
+#[derive(Debug, Clone, Copy)]
+struct TestCase {
+    coll: Coll,
+    dtype: DataType,
+    op: PerfOp,
+    root: usize,
+}
+
+struct Driver<'a, C: PerfComm + ?Sized> {
+    comm: &'a C,
+    args: &'a Args,
+    bufs: Buffers,
+    /// Validation passes so far (seeds the data).
+    rep: u64,
+    local_errors: u64,
+    wrong_total: u64,
+    bw_sum: f64,
+    bw_count: u64,
+}
+
+impl<C: PerfComm + ?Sized> Driver<'_, C> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn nranks(&self) -> usize {
+        self.comm.nranks()
+    }
+
+    /// Calls the collective on the current buffers.
+    fn call(&mut self, t: &TestCase, layout: &Layout, in_place: bool) -> Result<()> {
+        let es = t.dtype.size();
+        let off = self.args.unalign;
+        let recv_len = if in_place {
+            layout.inplace_count() * es
+        } else {
+            layout.recv_count * es
+        };
+        let send = (!in_place).then(|| &self.bufs.send[off..off + layout.send_count * es]);
+        let recv = &mut self.bufs.recv[off..off + recv_len];
+        self.comm
+            .run(
+                t.coll,
+                send,
+                recv,
+                layout.param_count,
+                t.dtype,
+                t.op,
+                t.root,
+            )
+            .map_err(|e| {
+                e.context(format!(
+                    "{} count {} {} {} root {} ({})",
+                    t.coll,
+                    layout.param_count,
+                    t.dtype.name(),
+                    t.op,
+                    t.root,
+                    if in_place { "in place" } else { "out of place" }
+                ))
+            })
+    }
+
+    fn prepare(&mut self, t: &TestCase, layout: &Layout, in_place: bool, seed: u64) {
+        let es = t.dtype.size();
+        let off = self.args.unalign;
+        let spec = DataSpec::for_coll(t.coll, t.dtype, t.op, self.nranks()).with_seed(seed);
+        let Buffers {
+            send,
+            recv,
+            expected,
+        } = &mut self.bufs;
+        data::prepare(
+            t.coll,
+            &spec,
+            layout,
+            self.comm.rank(),
+            t.root,
+            in_place,
+            TestBuffers {
+                send: &mut send[off..],
+                recv: &mut recv[off..],
+                expected: &mut expected[..layout.recv_count * es],
+            },
+        );
+    }
+
+    fn combine_time(&self, sec: f64) -> Result<f64> {
+        let n = self.nranks() as f64;
+        match self.args.average {
+            Average::Rank0 => {
+                let mine = if self.rank() == 0 { sec } else { 0.0 };
+                self.comm.allreduce_f64(mine, false)
+            }
+            Average::Mean => Ok(self.comm.allreduce_f64(sec, false)? / n),
+            Average::Min => Ok(-self.comm.allreduce_f64(-sec, true)?),
+            Average::Max => self.comm.allreduce_f64(sec, true),
+        }
+    }
+
+    /// nccl-tests' `BenchTime`: one block of a row.
+    fn bench(&mut self, t: &TestCase, layout: &Layout, in_place: bool) -> Result<Measure> {
+        let args = self.args;
+        if args.check > 0 {
+            self.prepare(t, layout, in_place, 99);
+        }
+        // Synchronizing call.
+        self.call(t, layout, in_place)?;
+        self.comm.barrier()?;
+
+        let mut excluded = Duration::ZERO;
+        let start = Instant::now();
+        for _ in 0..args.iters {
+            for _ in 0..args.agg_iters {
+                self.call(t, layout, in_place)?;
+                if args.blocking == 1 {
+                    self.comm.barrier()?;
+                }
+            }
+            if args.blocking == 3 {
+                let b = Instant::now();
+                self.comm.barrier()?;
+                excluded += b.elapsed();
+            }
+        }
+        let elapsed = start.elapsed().saturating_sub(excluded);
+        let sec = elapsed.as_secs_f64() / (args.iters * args.agg_iters) as f64;
+        let sec = self.combine_time(sec)?;
+        let es = t.dtype.size();
+        let bw = bw::bandwidth(t.coll, layout.param_count, es, sec, self.nranks());
+        self.comm.barrier()?;
+
+        let mut wrong = None;
+        for _ in 0..args.check {
+            self.rep += 1;
+            self.prepare(t, layout, in_place, self.rep);
+            self.call(t, layout, in_place)?;
+            let range = data::output_range(layout, es, self.rank(), in_place);
+            let off = args.unalign;
+            let got = &self.bufs.recv[off + range.start..off + range.end];
+            let local = data::count_wrong(t.dtype, got, &self.bufs.expected[..range.len()]);
+            if local > 0 {
+                self.local_errors += 1;
+            }
+            let total = self.comm.allreduce_f64(local as f64, false)? as u64;
+            wrong = Some(total);
+            if total > 0 {
+                break;
+            }
+        }
+        self.wrong_total += wrong.unwrap_or(0);
+        self.bw_sum += bw.busbw;
+        self.bw_count += 1;
+        Ok(Measure {
+            time_us: sec * 1.0e6,
+            algbw: bw.algbw,
+            busbw: bw.busbw,
+            wrong,
+        })
+    }
+
+    /// nccl-tests' `TimeTest`: warm-up, then one row per size.
+    fn time_test(&mut self, t: &TestCase, p: &mut Printer<'_>, rows: &mut Vec<Row>) -> Result<()> {
+        let args = self.args;
+        let es = t.dtype.size();
+        let n = self.nranks();
+        let sizes = sizes::sweep_args(args);
+        let points = sizes::points(t.coll, &sizes, es, n);
+        let warmup_layouts = [args.max_bytes, args.min_bytes].map(|b| t.coll.layout(b / es, es, n));
+        let (mut send_max, mut recv_max) = (0, 0);
+        for layout in points.iter().map(|pt| &pt.layout).chain(&warmup_layouts) {
+            send_max = send_max.max(layout.send_count * es);
+            recv_max = recv_max.max(layout.inplace_count() * es);
+        }
+        self.bufs
+            .reserve(send_max + args.unalign, recv_max + args.unalign, recv_max);
+
+        self.comm.barrier()?;
+        for layout in &warmup_layouts {
+            for _ in 0..args.warmup_iters {
+                self.call(t, layout, false)?;
+            }
+        }
+
+        let redop = if t.coll.reduces() {
+            t.op.name()
+        } else {
+            "none"
+        };
+        let root = if t.coll.rooted() { t.root as i64 } else { -1 };
+        let mut cycle = 0;
+        loop {
+            for pt in &points {
+                p.text(&report::row_prefix(
+                    pt.bytes,
+                    pt.count,
+                    t.dtype.name(),
+                    redop,
+                    root,
+                ))?;
+                let out_of_place = self.bench(t, &pt.layout, false)?;
+                p.text(&report::measure_cells(&out_of_place))?;
+                let in_place = self.bench(t, &pt.layout, true)?;
+                p.text(&report::measure_cells(&in_place))?;
+                p.text("\n")?;
+                rows.push(Row {
+                    bytes: pt.bytes,
+                    count: pt.count,
+                    type_name: t.dtype.name(),
+                    redop,
+                    root,
+                    out_of_place,
+                    in_place,
+                });
+            }
+            cycle += 1;
+            if args.run_cycles != 0 && cycle >= args.run_cycles {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the whole tool for `coll` on one rank: prints (rank 0) what nccl-tests prints, and
+/// returns the same [`Summary`] on every rank. Every rank of the communicator must call it
+/// with the same `args`.
+pub fn run_perf<C: PerfComm>(
+    comm: &C,
+    coll: Coll,
+    args: &Args,
+    out: &mut dyn Write,
+) -> Result<Summary> {
+    let rank = comm.rank();
+    let nranks = comm.nranks();
+    let main = rank == 0;
+    let mut p = Printer { out, main };
+    let start_time = json::now_utc();
+
+    let mut json_file = None;
+    if main {
+        if let Some(path) = &args.json_path {
+            match open_json(path) {
+                Ok((f, used)) => {
+                    p.text(&format!("# Writing JSON output to {}\n", used.display()))?;
+                    json_file = Some(f);
+                }
+                Err(e) => {
+                    p.text(&format!(
+                        "# skipping json output; {} not accessible ({e})\n",
+                        path.display()
+                    ))?;
+                }
+            }
+        }
+    }
+    p.with(|o| report::write_preamble(o, coll, args))?;
+    let devices = gather_lines(comm, &comm.device_line())?;
+    p.with(|o| report::write_devices(o, &devices))?;
+    p.with(|o| report::write_column_header(o, args.report_cputime))?;
+
+    let roots: Vec<usize> = if coll.rooted() {
+        match args.root {
+            RootSel::Rank(r) if r < nranks => vec![r],
+            RootSel::Rank(r) => {
+                return Err(Error::invalid_argument(format!(
+                    "{}: invalid root {r} (root must be 0..{})",
+                    coll.program_name(),
+                    nranks.saturating_sub(1)
+                )))
+            }
+            RootSel::All => (0..nranks).collect(),
+        }
+    } else {
+        vec![0]
+    };
+    let ops: Vec<PerfOp> = if coll.reduces() {
+        args.ops.clone()
+    } else {
+        vec![PerfOp::Sum]
+    };
+
+    let mut driver = Driver {
+        comm,
+        args,
+        bufs: Buffers::default(),
+        rep: 0,
+        local_errors: 0,
+        wrong_total: 0,
+        bw_sum: 0.0,
+        bw_count: 0,
+    };
+    let mut rows = Vec::new();
+    if coll.supports_nranks(nranks) {
+        for &dtype in &args.dtypes {
+            for &op in &ops {
+                for &root in &roots {
+                    let t = TestCase {
+                        coll,
+                        dtype,
+                        op,
+                        root,
+                    };
+                    driver.time_test(&t, &mut p, &mut rows)?;
+                }
+            }
+        }
+    } else {
+        p.text(&format!("nRanks {nranks} is not a power of 2, skipping\n"))?;
+    }
+
+    let errors = comm.allreduce_f64(driver.local_errors as f64, false)? as u64;
+    let avg_busbw = if driver.bw_count > 0 {
+        driver.bw_sum / driver.bw_count as f64
+    } else {
+        0.0
+    };
+    let bw_ok = args.min_busbw.map(|min| avg_busbw >= min * 0.9);
+    p.with(|o| report::write_footer(o, errors, avg_busbw, args.min_busbw, coll))?;
+
+    let summary = Summary {
+        rows,
+        wrong_elements: driver.wrong_total,
+        errors,
+        avg_busbw,
+        bw_ok,
+    };
+    if let Some(mut f) = json_file {
+        let doc = json_document(coll, args, &devices, &summary, &start_time);
+        f.write_all(doc.render().as_bytes())
+            .and_then(|()| f.write_all(b"\n"))
+            .map_err(|e| io_err("writing the JSON file", &e))?;
+    }
+    Ok(summary)
+}
+
+fn measure_json(m: &Measure, cputime: bool) -> Json {
+    Json::object([
+        (
+            if cputime { "cpu_time" } else { "time" },
+            Json::Num(m.time_us),
+        ),
+        ("alg_bw", Json::Num(m.algbw)),
+        ("bus_bw", Json::Num(m.busbw)),
+        (
+            "nwrong",
+            m.wrong.map_or(Json::Null, |w| Json::Num(w as f64)),
+        ),
+    ])
+}
+
+/// The `-J` document (nccl-tests' layout, version 3).
+pub fn json_document(
+    coll: Coll,
+    args: &Args,
+    devices: &[String],
+    summary: &Summary,
+    start_time: &str,
+) -> Json {
+    let (step, kind) = args.step_display();
+    let config = Json::object([
+        ("nthreads", Json::Int(args.nthreads as i64)),
+        ("ngpus", Json::Int(1)),
+        ("minimum_bytes", Json::Int(args.min_bytes as i64)),
+        ("maximum_bytes", Json::Int(args.max_bytes as i64)),
+        (
+            if kind == "factor" {
+                "step_factor"
+            } else {
+                "step_bytes"
+            },
+            Json::Int(step as i64),
+        ),
+        ("warmup_iters", Json::Int(args.warmup_iters as i64)),
+        ("iterations", Json::Int(args.iters as i64)),
+        ("aggregated_iterations", Json::Int(args.agg_iters as i64)),
+        ("validation", Json::Int(args.check as i64)),
+        ("graph", Json::Int(0)),
+        ("blocking_collectives", Json::Bool(args.blocking != 0)),
+        ("parallel_init", Json::Bool(args.parallel_init)),
+        (
+            "devices",
+            Json::List(
+                devices
+                    .iter()
+                    .map(|d| Json::str(d.trim_start_matches("#  ")))
+                    .collect(),
+            ),
+        ),
+    ]);
+    let results = summary
+        .rows
+        .iter()
+        .map(|r| {
+            Json::object([
+                ("size", Json::Int(r.bytes as i64)),
+                ("count", Json::Int(r.count as i64)),
+                ("type", Json::str(r.type_name)),
+                ("redop", Json::str(r.redop)),
+                ("root", Json::str(format!("{:6}", r.root))),
+                (
+                    "out_of_place",
+                    measure_json(&r.out_of_place, args.report_cputime),
+                ),
+                ("in_place", measure_json(&r.in_place, args.report_cputime)),
+                ("actual_iterations", Json::Int(args.iters as i64)),
+                ("experiment_name", Json::str(coll.program_name())),
+            ])
+        })
+        .collect();
+    Json::object([
+        ("version", Json::Int(3)),
+        ("start_time", Json::str(start_time)),
+        (
+            "tool",
+            Json::str(format!("ferroccl-perf {}", report::VERSION)),
+        ),
+        (
+            "args",
+            Json::List(args.argv.iter().map(Json::str).collect()),
+        ),
+        ("config", config),
+        ("results", Json::List(results)),
+        (
+            "out_of_bounds",
+            Json::object([
+                ("count", Json::Int(summary.errors as i64)),
+                ("okay", Json::Bool(summary.errors == 0)),
+            ]),
+        ),
+        (
+            "average_bus_bandwidth",
+            Json::object([
+                ("bandwidth", Json::Num(summary.avg_busbw)),
+                (
+                    "okay",
+                    summary.bw_ok.map_or(Json::str("unchecked"), Json::Bool),
+                ),
+            ]),
+        ),
+        ("end_time", Json::str(json::now_utc())),
+    ])
+}

@@ -1,0 +1,889 @@
+//! Launcher detection: rank, number of ranks and store address from the environment a
+//! launcher set up.
+//!
+//! [`detect`] looks at the launchers below in this order and uses the first one present.
+//! Every rank must see the same launcher.
+//!
+//! | launcher | detected by | rank, nranks | local rank, local nranks | job id |
+//! |---|---|---|---|---|
+//! | `ferrorun` | `FERRO_RANK` or `FERRO_NRANKS` | `FERRO_RANK`, `FERRO_NRANKS` | `FERRO_LOCAL_RANK`, `FERRO_LOCAL_NRANKS` | `FERRO_JOB_ID` |
+//! | torchrun | `RANK` and `WORLD_SIZE` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` |
+//! | SLURM (`srun`) | `SLURM_PROCID` and `SLURM_NTASKS` | `SLURM_PROCID`, `SLURM_NTASKS` | `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE` or this node's entry of `SLURM_STEP_TASKS_PER_NODE` / `SLURM_TASKS_PER_NODE` | `SLURM_JOB_ID.SLURM_STEP_ID` |
+//! | Open MPI (`mpirun`) | `OMPI_COMM_WORLD_RANK` and `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | `PMIX_NAMESPACE`, `OMPI_MCA_orte_ess_jobid` or `OMPI_MCA_ess_base_jobid` |
+//!
+//! # The store address
+//!
+//! Rank 0 hosts ferroccl's TCP store ([`LaunchEnv::host_store`]); the other ranks connect to
+//! [`LaunchEnv::store_addr`]. It is, in order:
+//!
+//! 1. `FERRO_STORE_ADDR` (`host:port`), if set;
+//! 2. else `MASTER_ADDR` with port `FERRO_STORE_PORT` if set, else **`MASTER_PORT + 1`**.
+//!
+//! torchrun already runs its own c10d store on `MASTER_PORT`, so ferroccl never listens there:
+//! by default its store takes the next port, `MASTER_PORT + 1`. If that port is taken on the
+//! rank-0 host, set `FERRO_STORE_PORT` to a free one (the same on every rank).
+//!
+//! torchrun requires `MASTER_ADDR` and `MASTER_PORT`. Under SLURM either `FERRO_STORE_ADDR` or
+//! `MASTER_ADDR` (with `MASTER_PORT` or `FERRO_STORE_PORT`) must be set. Under Open MPI the
+//! same holds, except that when every rank runs on one host (`OMPI_COMM_WORLD_LOCAL_SIZE ==
+//! OMPI_COMM_WORLD_SIZE`) and no address is given, `store_addr` is `None` and the ranks share
+//! a [`FileStore`](super::FileStore) in [`LaunchEnv::file_store_dir`].
+//!
+//! Host names (`MASTER_ADDR=localhost`, `FERRO_STORE_ADDR=node17:29600`) are resolved, IPv4
+//! preferred, so that every rank and the hosting rank agree on one address family.
+#![forbid(unsafe_code)]
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use crate::{Error, Result};
+
+/// Which launcher started this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Launcher {
+    /// ferroccl's own launcher, `ferrorun` (`FERRO_*` variables).
+    Ferro,
+    /// PyTorch's `torchrun` (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ...).
+    Torchrun,
+    /// SLURM's `srun` (`SLURM_PROCID`, ...).
+    Slurm,
+    /// Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+    OpenMpi,
+}
+
+impl Launcher {
+    /// The launcher's name as used in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Launcher::Ferro => "ferrorun",
+            Launcher::Torchrun => "torchrun",
+            Launcher::Slurm => "SLURM",
+            Launcher::OpenMpi => "Open MPI",
+        }
+    }
+}
+
+/// What the launcher told this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchEnv {
+    /// This process's rank.
+    pub rank: usize,
+    /// The number of ranks in the job.
+    pub nranks: usize,
+    /// The rank among the ranks on this host, if the launcher says.
+    pub local_rank: Option<usize>,
+    /// The number of ranks on this host, if the launcher says.
+    pub local_nranks: Option<usize>,
+    /// The TCP store's address; `None`: use a file store in [`file_store_dir`](Self::file_store_dir).
+    pub store_addr: Option<SocketAddr>,
+    /// Whether this process must run the TCP store server (rank 0, when there is an address).
+    pub host_store: bool,
+    /// An id shared by every rank of the job and distinct between jobs.
+    pub job_id: String,
+    /// Which launcher this came from.
+    pub launcher: Launcher,
+}
+
+impl LaunchEnv {
+    /// The directory for a [`FileStore`](super::FileStore) when there is no store address
+    /// (all ranks on one host): `/tmp/ferroccl-<job id>`, with unusual characters of the job
+    /// id replaced by `_`.
+    pub fn file_store_dir(&self) -> Option<PathBuf> {
+        if self.store_addr.is_some() {
+            return None;
+        }
+        let id: String = self
+            .job_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        Some(PathBuf::from(format!("/tmp/ferroccl-{id}")))
+    }
+
+    /// Where the hosting rank should bind its store server: every interface of the store
+    /// address's family, on its port (the address itself may be a name that resolves to a
+    /// loopback address on the hosting host). `None` unless [`host_store`](Self::host_store).
+    pub fn store_bind_addr(&self) -> Option<SocketAddr> {
+        let addr = self.store_addr.filter(|_| self.host_store)?;
+        let any = match addr {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        Some(SocketAddr::new(any, addr.port()))
+    }
+}
+
+/// Reads the launcher's variables from this process's environment (see the module docs).
+/// `Ok(None)`: no known launcher started this process.
+pub fn detect() -> Result<Option<LaunchEnv>> {
+    detect_from(&|name| std::env::var(name).ok())
+}
+
+/// [`detect`] reading variables through `vars` instead of the process environment.
+pub fn detect_from(vars: &dyn Fn(&str) -> Option<String>) -> Result<Option<LaunchEnv>> {
+    let v = Vars { get: vars };
+    if v.has("FERRO_RANK") || v.has("FERRO_NRANKS") {
+        return ferro(&v).map(Some);
+    }
+    if v.has("RANK") && v.has("WORLD_SIZE") {
+        return torchrun(&v).map(Some);
+    }
+    if v.has("SLURM_PROCID") && (v.has("SLURM_NTASKS") || v.has("SLURM_NPROCS")) {
+        return slurm(&v).map(Some);
+    }
+    if v.has("OMPI_COMM_WORLD_RANK") && v.has("OMPI_COMM_WORLD_SIZE") {
+        return open_mpi(&v).map(Some);
+    }
+    Ok(None)
+}
+
+fn ferro(v: &Vars<'_>) -> Result<LaunchEnv> {
+    let l = Launcher::Ferro;
+    let rank = v.required(l, "FERRO_RANK")?;
+    let nranks = v.required(l, "FERRO_NRANKS")?;
+    let local_rank = v.number(l, "FERRO_LOCAL_RANK")?;
+    let local_nranks = v.number(l, "FERRO_LOCAL_NRANKS")?;
+    let store = store_addr(v, l)?.ok_or_else(|| {
+        Error::invalid_usage(
+            "ferrorun environment: FERRO_RANK is set but FERRO_STORE_ADDR is not; set \
+             FERRO_STORE_ADDR=<host of rank 0>:<free port> on every rank (ferrorun sets it)",
+        )
+    })?;
+    let job_id = v
+        .get("FERRO_JOB_ID")
+        .unwrap_or_else(|| format!("ferro-{store}"));
+    finish(
+        l,
+        rank,
+        nranks,
+        local_rank,
+        local_nranks,
+        Some(store),
+        job_id,
+    )
+}
+
+fn torchrun(v: &Vars<'_>) -> Result<LaunchEnv> {
+    let l = Launcher::Torchrun;
+    let rank = v.required(l, "RANK")?;
+    let nranks = v.required(l, "WORLD_SIZE")?;
+    let local_rank = v.number(l, "LOCAL_RANK")?;
+    let local_nranks = v.number(l, "LOCAL_WORLD_SIZE")?;
+    for name in ["MASTER_ADDR", "MASTER_PORT"] {
+        if !v.has(name) {
+            return Err(Error::invalid_usage(format!(
+                "torchrun environment: RANK and WORLD_SIZE are set but {name} is not; \
+                 torchrun sets MASTER_ADDR and MASTER_PORT, set them when launching otherwise"
+            )));
+        }
+    }
+    let store = store_addr(v, l)?;
+    let job_id = match v.get("TORCHELASTIC_RUN_ID").filter(|id| id != "none") {
+        Some(id) => id,
+        None => format!(
+            "torchrun-{}-{}",
+            v.get("MASTER_ADDR").unwrap_or_default(),
+            v.get("MASTER_PORT").unwrap_or_default()
+        ),
+    };
+    finish(l, rank, nranks, local_rank, local_nranks, store, job_id)
+}
+
+fn slurm(v: &Vars<'_>) -> Result<LaunchEnv> {
+    let l = Launcher::Slurm;
+    let rank = v.required(l, "SLURM_PROCID")?;
+    let nranks = match v.number(l, "SLURM_NTASKS")? {
+        Some(n) => n,
+        None => v.required(l, "SLURM_NPROCS")?,
+    };
+    let local_rank = v.number(l, "SLURM_LOCALID")?;
+    let local_nranks = match v.number(l, "SLURM_NTASKS_PER_NODE") {
+        Ok(Some(n)) => Some(n),
+        // SLURM_NTASKS_PER_NODE may be absent or a list on heterogeneous jobs: use the
+        // per-node lists instead.
+        _ => {
+            let node = v.number(l, "SLURM_NODEID")?;
+            ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
+                .iter()
+                .find_map(|name| v.get(name))
+                .and_then(|list| tasks_on_node(&list, node))
+        }
+    };
+    let store = store_addr(v, l)?.ok_or_else(|| {
+        Error::invalid_usage(
+            "SLURM environment: ferroccl needs the address of its store, hosted by rank 0; \
+             set FERRO_STORE_ADDR=<host of rank 0>:<free port> on every rank (e.g. \
+             FERRO_STORE_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):29600), \
+             or MASTER_ADDR=<host of rank 0> with MASTER_PORT (the store uses MASTER_PORT+1) \
+             or FERRO_STORE_PORT",
+        )
+    })?;
+    let job = v
+        .get("SLURM_JOB_ID")
+        .or_else(|| v.get("SLURM_JOBID"))
+        .unwrap_or_else(|| "unknown".into());
+    let job_id = match v.get("SLURM_STEP_ID").or_else(|| v.get("SLURM_STEPID")) {
+        Some(step) => format!("slurm-{job}.{step}"),
+        None => format!("slurm-{job}"),
+    };
+    finish(
+        l,
+        rank,
+        nranks,
+        local_rank,
+        local_nranks,
+        Some(store),
+        job_id,
+    )
+}
+
+fn open_mpi(v: &Vars<'_>) -> Result<LaunchEnv> {
+    let l = Launcher::OpenMpi;
+    let rank = v.required(l, "OMPI_COMM_WORLD_RANK")?;
+    let nranks = v.required(l, "OMPI_COMM_WORLD_SIZE")?;
+    let local_rank = v.number(l, "OMPI_COMM_WORLD_LOCAL_RANK")?;
+    let local_nranks = v.number(l, "OMPI_COMM_WORLD_LOCAL_SIZE")?;
+    let store = store_addr(v, l)?;
+    if store.is_none() && local_nranks != Some(nranks) {
+        return Err(Error::invalid_usage(format!(
+            "Open MPI environment: the {nranks} ranks span several hosts \
+             (OMPI_COMM_WORLD_LOCAL_SIZE={}), so ferroccl needs the address of its store, \
+             hosted by rank 0; pass FERRO_STORE_ADDR=<host of rank 0>:<free port> to every rank \
+             (mpirun -x FERRO_STORE_ADDR=...), or MASTER_ADDR with MASTER_PORT (the store uses \
+             MASTER_PORT+1) or FERRO_STORE_PORT",
+            local_nranks.map_or_else(|| "unset".to_string(), |n| n.to_string())
+        )));
+    }
+    // Open MPI 4 (ORTE) sets OMPI_MCA_orte_ess_jobid; with PMIx (4.x and 5.x) PMIX_NAMESPACE
+    // names the job; 5.x also sets OMPI_MCA_ess_base_jobid.
+    let job_id = match [
+        "PMIX_NAMESPACE",
+        "OMPI_MCA_orte_ess_jobid",
+        "OMPI_MCA_ess_base_jobid",
+    ]
+    .iter()
+    .find_map(|name| v.get(name))
+    {
+        Some(id) => format!("ompi-{id}"),
+        // Ranks on one host are children of the same mpirun.
+        None => format!("ompi-ppid{}", std::os::unix::process::parent_id()),
+    };
+    finish(l, rank, nranks, local_rank, local_nranks, store, job_id)
+}
+
+/// Validates the numbers and assembles the result.
+fn finish(
+    launcher: Launcher,
+    rank: usize,
+    nranks: usize,
+    local_rank: Option<usize>,
+    local_nranks: Option<usize>,
+    store_addr: Option<SocketAddr>,
+    job_id: String,
+) -> Result<LaunchEnv> {
+    let names = launcher_names(launcher);
+    let what = launcher.name();
+    if nranks == 0 {
+        return Err(Error::invalid_argument(format!(
+            "{what} environment: {}=0, a job needs at least one rank",
+            names.nranks
+        )));
+    }
+    if rank >= nranks {
+        return Err(Error::invalid_argument(format!(
+            "{what} environment: {}={rank} is not below {}={nranks}",
+            names.rank, names.nranks
+        )));
+    }
+    if let (Some(lr), Some(ln)) = (local_rank, local_nranks) {
+        if lr >= ln {
+            return Err(Error::invalid_argument(format!(
+                "{what} environment: {}={lr} is not below {}={ln}",
+                names.local_rank, names.local_nranks
+            )));
+        }
+    }
+    if let Some(ln) = local_nranks {
+        if ln == 0 || ln > nranks {
+            return Err(Error::invalid_argument(format!(
+                "{what} environment: {}={ln} must be between 1 and {}={nranks}",
+                names.local_nranks, names.nranks
+            )));
+        }
+    }
+    Ok(LaunchEnv {
+        rank,
+        nranks,
+        local_rank,
+        local_nranks,
+        host_store: store_addr.is_some() && rank == 0,
+        store_addr,
+        job_id,
+        launcher,
+    })
+}
+
+struct Names {
+    rank: &'static str,
+    nranks: &'static str,
+    local_rank: &'static str,
+    local_nranks: &'static str,
+}
+
+fn launcher_names(l: Launcher) -> Names {
+    let (rank, nranks, local_rank, local_nranks) = match l {
+        Launcher::Ferro => (
+            "FERRO_RANK",
+            "FERRO_NRANKS",
+            "FERRO_LOCAL_RANK",
+            "FERRO_LOCAL_NRANKS",
+        ),
+        Launcher::Torchrun => ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+        Launcher::Slurm => (
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
+            "SLURM_LOCALID",
+            "local tasks (SLURM_*TASKS_PER_NODE)",
+        ),
+        Launcher::OpenMpi => (
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ),
+    };
+    Names {
+        rank,
+        nranks,
+        local_rank,
+        local_nranks,
+    }
+}
+
+/// The store address: `FERRO_STORE_ADDR`, else `MASTER_ADDR` on `FERRO_STORE_PORT` or
+/// `MASTER_PORT + 1`; `None` when neither address variable is set.
+fn store_addr(v: &Vars<'_>, l: Launcher) -> Result<Option<SocketAddr>> {
+    let what = l.name();
+    if let Some(addr) = v.get("FERRO_STORE_ADDR") {
+        return resolve_host_port(&addr).map(Some).map_err(|why| {
+            Error::invalid_argument(format!(
+                "{what} environment: FERRO_STORE_ADDR={addr:?}: {why} (expected host:port, \
+                     e.g. node17:29600 or [fd00::3]:29600)"
+            ))
+        });
+    }
+    let Some(host) = v.get("MASTER_ADDR") else {
+        return Ok(None);
+    };
+    let port = match v.get("FERRO_STORE_PORT") {
+        Some(p) => parse_port(&p).ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{what} environment: FERRO_STORE_PORT={p:?} is not a port number (1-65535)"
+            ))
+        })?,
+        None => {
+            let Some(p) = v.get("MASTER_PORT") else {
+                return Err(Error::invalid_usage(format!(
+                    "{what} environment: MASTER_ADDR={host} is set but neither MASTER_PORT nor \
+                     FERRO_STORE_PORT is; ferroccl's store listens on FERRO_STORE_PORT, or \
+                     MASTER_PORT+1"
+                )));
+            };
+            let master = parse_port(&p).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{what} environment: MASTER_PORT={p:?} is not a port number (1-65535)"
+                ))
+            })?;
+            master.checked_add(1).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{what} environment: MASTER_PORT={master}: ferroccl's store listens on \
+                     MASTER_PORT+1, which is past 65535; set FERRO_STORE_PORT to a free port"
+                ))
+            })?
+        }
+    };
+    resolve(&host, port).map(Some).map_err(|why| {
+        Error::invalid_argument(format!("{what} environment: MASTER_ADDR={host:?}: {why}"))
+    })
+}
+
+fn parse_port(s: &str) -> Option<u16> {
+    s.trim().parse::<u16>().ok().filter(|&p| p != 0)
+}
+
+/// Parses and resolves `host:port` (`[v6]:port` for IPv6 literals).
+fn resolve_host_port(s: &str) -> std::result::Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return (addr.port() != 0)
+            .then_some(addr)
+            .ok_or_else(|| "port 0".to_string());
+    }
+    let (host, port) = s.rsplit_once(':').ok_or("no port")?;
+    let port = parse_port(port).ok_or_else(|| format!("port {port:?} is not 1-65535"))?;
+    resolve(host, port)
+}
+
+/// Resolves `host` (a name or an IP literal, IPv6 optionally in brackets), IPv4 preferred.
+fn resolve(host: &str, port: u16) -> std::result::Result<SocketAddr, String> {
+    let bare = host.trim().trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    if bare.is_empty() {
+        return Err("empty host".into());
+    }
+    let addrs: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve host name {bare:?}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| format!("host name {bare:?} resolves to no address"))
+}
+
+/// This node's entry of a SLURM tasks-per-node list such as `2(x3),1` (= 2,2,2,1). Without a
+/// node index, only a list with one distinct count answers.
+fn tasks_on_node(list: &str, node: Option<usize>) -> Option<usize> {
+    let mut counts = Vec::new();
+    for part in list.split(',') {
+        let part = part.trim();
+        let (count, times) = match part.split_once("(x") {
+            Some((c, rest)) => (c, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (part, 1),
+        };
+        let count = count.parse::<usize>().ok()?;
+        // Guard against absurd repeat counts (more nodes than any machine has).
+        if times > 1 << 20 || counts.len() + times > 1 << 20 {
+            return None;
+        }
+        counts.extend(std::iter::repeat(count).take(times));
+    }
+    match node {
+        Some(n) => counts.get(n).copied(),
+        None => {
+            let first = *counts.first()?;
+            counts.iter().all(|&c| c == first).then_some(first)
+        }
+    }
+}
+
+/// Access to the variables, with parsing and messages.
+struct Vars<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Vars<'_> {
+    /// The value of `name`, trimmed; unset and empty are the same.
+    fn get(&self, name: &str) -> Option<String> {
+        (self.get)(name)
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// `name` as a non-negative integer, `None` when unset.
+    fn number(&self, l: Launcher, name: &str) -> Result<Option<usize>> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(s) => s.parse::<usize>().map(Some).map_err(|_| {
+                Error::invalid_argument(format!(
+                    "{} environment: {name}={s:?} is not a non-negative integer",
+                    l.name()
+                ))
+            }),
+        }
+    }
+
+    fn required(&self, l: Launcher, name: &str) -> Result<usize> {
+        self.number(l, name)?.ok_or_else(|| {
+            Error::invalid_usage(format!(
+                "{} environment: {name} is not set (the launcher sets it on every rank)",
+                l.name()
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use std::collections::HashMap;
+
+    fn detect_with(pairs: &[(&str, &str)]) -> Result<Option<LaunchEnv>> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        detect_from(&|name| map.get(name).cloned())
+    }
+
+    fn ok(pairs: &[(&str, &str)]) -> LaunchEnv {
+        detect_with(pairs).unwrap().unwrap()
+    }
+
+    fn err(pairs: &[(&str, &str)]) -> Error {
+        detect_with(pairs).unwrap_err()
+    }
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn nothing_set_is_none() {
+        assert_eq!(detect_with(&[]).unwrap(), None);
+        assert_eq!(detect_with(&[("RANK", "1")]).unwrap(), None);
+        assert_eq!(detect_with(&[("HOME", "/root")]).unwrap(), None);
+    }
+
+    #[test]
+    fn ferrorun() {
+        let e = ok(&[
+            ("FERRO_RANK", "2"),
+            ("FERRO_NRANKS", "4"),
+            ("FERRO_LOCAL_RANK", "0"),
+            ("FERRO_LOCAL_NRANKS", "2"),
+            ("FERRO_STORE_ADDR", "10.1.1.1:31000"),
+            ("FERRO_JOB_ID", "job-77"),
+            // torchrun variables too: FERRO_* wins.
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+        ]);
+        assert_eq!(
+            e,
+            LaunchEnv {
+                rank: 2,
+                nranks: 4,
+                local_rank: Some(0),
+                local_nranks: Some(2),
+                store_addr: Some(sa("10.1.1.1:31000")),
+                host_store: false,
+                job_id: "job-77".into(),
+                launcher: Launcher::Ferro,
+            }
+        );
+        assert_eq!(e.file_store_dir(), None);
+        assert_eq!(e.store_bind_addr(), None);
+        let r0 = ok(&[
+            ("FERRO_RANK", "0"),
+            ("FERRO_NRANKS", "1"),
+            ("FERRO_STORE_ADDR", "[::1]:31001"),
+        ]);
+        assert!(r0.host_store);
+        assert_eq!(r0.store_addr, Some(sa("[::1]:31001")));
+        assert_eq!(r0.store_bind_addr(), Some(sa("[::]:31001")));
+        assert_eq!(r0.job_id, "ferro-[::1]:31001");
+        let r0 = ok(&[
+            ("FERRO_RANK", "0"),
+            ("FERRO_NRANKS", "2"),
+            ("FERRO_STORE_ADDR", "localhost:31002"),
+        ]);
+        assert_eq!(r0.store_addr, Some(sa("127.0.0.1:31002")));
+        assert_eq!(r0.store_bind_addr(), Some(sa("0.0.0.0:31002")));
+    }
+
+    #[test]
+    fn ferrorun_errors_name_the_variable() {
+        let e = err(&[("FERRO_RANK", "1"), ("FERRO_STORE_ADDR", "h:1")]);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("FERRO_NRANKS"), "{e}");
+        let e = err(&[("FERRO_RANK", "1"), ("FERRO_NRANKS", "2")]);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("FERRO_STORE_ADDR"), "{e}");
+        let e = err(&[
+            ("FERRO_RANK", "two"),
+            ("FERRO_NRANKS", "4"),
+            ("FERRO_STORE_ADDR", "127.0.0.1:5"),
+        ]);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("FERRO_RANK=\"two\""), "{e}");
+        let e = err(&[
+            ("FERRO_RANK", "4"),
+            ("FERRO_NRANKS", "4"),
+            ("FERRO_STORE_ADDR", "127.0.0.1:5"),
+        ]);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            e.message()
+                .contains("FERRO_RANK=4 is not below FERRO_NRANKS=4"),
+            "{e}"
+        );
+        let e = err(&[
+            ("FERRO_RANK", "0"),
+            ("FERRO_NRANKS", "4"),
+            ("FERRO_LOCAL_RANK", "2"),
+            ("FERRO_LOCAL_NRANKS", "2"),
+            ("FERRO_STORE_ADDR", "127.0.0.1:5"),
+        ]);
+        assert!(e.message().contains("FERRO_LOCAL_RANK=2"), "{e}");
+        for bad in ["127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":5"] {
+            let e = err(&[
+                ("FERRO_RANK", "0"),
+                ("FERRO_NRANKS", "1"),
+                ("FERRO_STORE_ADDR", bad),
+            ]);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+            assert!(e.message().contains("FERRO_STORE_ADDR"), "{e}");
+        }
+    }
+
+    #[test]
+    fn torchrun_store_takes_the_next_port() {
+        let vars = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "10.0.0.9"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let e = ok(&vars);
+        assert_eq!(e.launcher, Launcher::Torchrun);
+        assert_eq!((e.rank, e.nranks), (0, 8));
+        assert_eq!((e.local_rank, e.local_nranks), (Some(0), Some(4)));
+        assert_eq!(e.store_addr, Some(sa("10.0.0.9:29501")));
+        assert!(e.host_store);
+        assert_eq!(e.store_bind_addr(), Some(sa("0.0.0.0:29501")));
+        assert_eq!(e.job_id, "torchrun-10.0.0.9-29500");
+        // FERRO_STORE_PORT moves it; TORCHELASTIC_RUN_ID names the job.
+        let mut more = vars.to_vec();
+        more.extend([
+            ("FERRO_STORE_PORT", "31337"),
+            ("TORCHELASTIC_RUN_ID", "run-abc"),
+            ("RANK", "5"),
+        ]);
+        let mut map: HashMap<&str, &str> = HashMap::new();
+        map.extend(more);
+        let pairs: Vec<(&str, &str)> = map.into_iter().collect();
+        let e = ok(&pairs);
+        assert_eq!(e.rank, 5);
+        assert!(!e.host_store);
+        assert_eq!(e.store_addr, Some(sa("10.0.0.9:31337")));
+        assert_eq!(e.job_id, "run-abc");
+        // Host names resolve.
+        let e = ok(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "29400"),
+            ("TORCHELASTIC_RUN_ID", "none"),
+        ]);
+        assert_eq!(e.store_addr, Some(sa("127.0.0.1:29401")));
+        assert_eq!(e.job_id, "torchrun-localhost-29400");
+    }
+
+    #[test]
+    fn torchrun_errors() {
+        let e = err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "1")]);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("MASTER_ADDR"), "{e}");
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "65535"),
+        ]);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("MASTER_PORT=65535"), "{e}");
+        assert!(e.message().contains("FERRO_STORE_PORT"), "{e}");
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "http"),
+        ]);
+        assert!(e.message().contains("MASTER_PORT=\"http\""), "{e}");
+        let e = err(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "1000"),
+        ]);
+        assert!(
+            e.message().contains("RANK=2 is not below WORLD_SIZE=2"),
+            "{e}"
+        );
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "0"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "1000"),
+        ]);
+        assert!(e.message().contains("WORLD_SIZE=0"), "{e}");
+        let e = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "no-such-host.invalid"),
+            ("MASTER_PORT", "1000"),
+        ]);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("no-such-host.invalid"), "{e}");
+    }
+
+    #[test]
+    fn slurm() {
+        let base = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "7"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_TASKS_PER_NODE", "2(x3),1"),
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "3"),
+        ];
+        let e = err(&base);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("FERRO_STORE_ADDR"), "{e}");
+        assert!(e.message().contains("MASTER_ADDR"), "{e}");
+
+        let mut with_addr = base.to_vec();
+        with_addr.push(("FERRO_STORE_ADDR", "192.168.1.10:29600"));
+        let e = ok(&with_addr);
+        assert_eq!(e.launcher, Launcher::Slurm);
+        assert_eq!((e.rank, e.nranks), (5, 7));
+        assert_eq!((e.local_rank, e.local_nranks), (Some(1), Some(2)));
+        assert_eq!(e.store_addr, Some(sa("192.168.1.10:29600")));
+        assert!(!e.host_store);
+        assert_eq!(e.job_id, "slurm-4242.3");
+
+        let mut with_master = base.to_vec();
+        with_master.extend([("MASTER_ADDR", "192.168.1.11"), ("MASTER_PORT", "29500")]);
+        assert_eq!(ok(&with_master).store_addr, Some(sa("192.168.1.11:29501")));
+
+        let mut master_no_port = base.to_vec();
+        master_no_port.push(("MASTER_ADDR", "192.168.1.11"));
+        let e = err(&master_no_port);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("MASTER_PORT"), "{e}");
+        master_no_port.push(("FERRO_STORE_PORT", "30000"));
+        assert_eq!(
+            ok(&master_no_port).store_addr,
+            Some(sa("192.168.1.11:30000"))
+        );
+
+        // The last node runs one task; SLURM_NTASKS_PER_NODE wins when set.
+        let mut last = with_addr.clone();
+        last.retain(|(k, _)| *k != "SLURM_NODEID" && *k != "SLURM_LOCALID");
+        last.extend([("SLURM_NODEID", "3"), ("SLURM_LOCALID", "0")]);
+        assert_eq!(ok(&last).local_nranks, Some(1));
+        last.push(("SLURM_NTASKS_PER_NODE", "3"));
+        assert_eq!(ok(&last).local_nranks, Some(3));
+
+        let mut bad = with_addr.clone();
+        bad.retain(|(k, _)| *k != "SLURM_NTASKS");
+        bad.push(("SLURM_NTASKS", "-1"));
+        let e = err(&bad);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("SLURM_NTASKS=\"-1\""), "{e}");
+    }
+
+    #[test]
+    fn tasks_per_node_lists() {
+        assert_eq!(tasks_on_node("4", None), Some(4));
+        assert_eq!(tasks_on_node("2(x3),1", Some(0)), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", Some(3)), Some(1));
+        assert_eq!(tasks_on_node("2(x3),1", Some(4)), None);
+        assert_eq!(tasks_on_node("2(x3),1", None), None);
+        assert_eq!(tasks_on_node("3(x2)", None), Some(3));
+        assert_eq!(tasks_on_node("x(3", Some(0)), None);
+        assert_eq!(tasks_on_node("1(x99999999999)", Some(0)), None);
+    }
+
+    #[test]
+    fn open_mpi_one_host_uses_a_file_store() {
+        let e = ok(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("OMPI_MCA_orte_ess_jobid", "3236233217"),
+        ]);
+        assert_eq!(e.launcher, Launcher::OpenMpi);
+        assert_eq!(e.store_addr, None);
+        assert!(!e.host_store);
+        assert_eq!(e.store_bind_addr(), None);
+        assert_eq!(e.job_id, "ompi-3236233217");
+        assert_eq!(
+            e.file_store_dir(),
+            Some(PathBuf::from("/tmp/ferroccl-ompi-3236233217"))
+        );
+        let e = ok(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+            ("PMIX_NAMESPACE", "prterun-host/12@1"),
+            ("OMPI_MCA_orte_ess_jobid", "99"),
+        ]);
+        assert_eq!(e.job_id, "ompi-prterun-host/12@1");
+        assert_eq!(
+            e.file_store_dir(),
+            Some(PathBuf::from("/tmp/ferroccl-ompi-prterun-host_12_1"))
+        );
+    }
+
+    #[test]
+    fn open_mpi_across_hosts_needs_an_address() {
+        let base = [
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+        ];
+        let e = err(&base);
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+        assert!(e.message().contains("FERRO_STORE_ADDR"), "{e}");
+        assert!(e.message().contains("LOCAL_SIZE=4"), "{e}");
+        let mut with_addr = base.to_vec();
+        with_addr.push(("FERRO_STORE_ADDR", "10.2.0.1:29600"));
+        let e = ok(&with_addr);
+        assert_eq!(e.store_addr, Some(sa("10.2.0.1:29600")));
+        assert!(e.host_store);
+        assert_eq!(e.file_store_dir(), None);
+        let mut bad = base.to_vec();
+        bad[3] = ("OMPI_COMM_WORLD_LOCAL_SIZE", "9");
+        bad.push(("FERRO_STORE_ADDR", "10.2.0.1:29600"));
+        let e = err(&bad);
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.message().contains("OMPI_COMM_WORLD_LOCAL_SIZE=9"), "{e}");
+    }
+
+    #[test]
+    fn precedence_is_ferro_torchrun_slurm_ompi() {
+        let all = [
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("OMPI_COMM_WORLD_RANK", "1"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+            ("FERRO_STORE_ADDR", "127.0.0.1:4000"),
+        ];
+        assert_eq!(ok(&all).launcher, Launcher::Slurm);
+        assert_eq!(ok(&all[2..]).launcher, Launcher::OpenMpi);
+        let mut t = all.to_vec();
+        t.extend([
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "5000"),
+        ]);
+        let e = ok(&t);
+        assert_eq!(e.launcher, Launcher::Torchrun);
+        // FERRO_STORE_ADDR overrides MASTER_ADDR for torchrun too.
+        assert_eq!(e.store_addr, Some(sa("127.0.0.1:4000")));
+        t.extend([("FERRO_RANK", "1"), ("FERRO_NRANKS", "2")]);
+        assert_eq!(ok(&t).launcher, Launcher::Ferro);
+    }
+}

@@ -1,0 +1,1201 @@
+//! The communicator: a group of ranks that run collectives together.
+
+mod config;
+mod group;
+mod mesh;
+mod work;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
+use ferroccl_transport_tcp::{TcpConfig, TcpEndpoint};
+
+use crate::bootstrap::{self, MemoryStore, Store};
+use crate::coll::{CollArgs, CollKind};
+use crate::exec::{kind, Engine, Memory, OpContext, WaitPolicy};
+use crate::{Error, ErrorKind, Result};
+
+pub use config::{parse_size, Config, DebugLevel};
+pub use group::Group;
+pub use work::Work;
+
+use work::Worker;
+
+/// A reduction operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReduceOp {
+    /// Sum (wrapping for integers).
+    Sum,
+    /// Product (wrapping for integers).
+    Prod,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+    /// Sum divided by the number of ranks (integer division for integer types).
+    Avg,
+    /// Each rank's input multiplied by this rank's scalar, then summed (NCCL's
+    /// `ncclRedOpCreatePreMulSum`). For integer types the scalar is truncated to an integer.
+    PreMulSum(f64),
+}
+
+impl ReduceOp {
+    /// The element-wise op the algorithms apply.
+    pub fn elem_op(self) -> ElemOp {
+        match self {
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => ElemOp::Sum,
+            ReduceOp::Prod => ElemOp::Prod,
+            ReduceOp::Max => ElemOp::Max,
+            ReduceOp::Min => ElemOp::Min,
+        }
+    }
+
+    /// NCCL's code for the op (`ncclSum` = 0 ... `ncclAvg` = 4; 5 for pre-multiplied sums).
+    pub fn code(self) -> u8 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+            ReduceOp::PreMulSum(_) => 5,
+        }
+    }
+
+    /// Name as nccl-tests prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
+        }
+    }
+}
+
+/// Issue order: tickets handed out at issue, served in order.
+#[derive(Debug, Default)]
+struct Order {
+    next_ticket: u64,
+    serving: u64,
+    next_seq: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    rank: usize,
+    nranks: usize,
+    id: u64,
+    config: Config,
+    listen_ip: IpAddr,
+    engine: Mutex<Engine>,
+    failed: Mutex<Option<Error>>,
+    aborted: Arc<AtomicBool>,
+    order: Mutex<Order>,
+    turn: Condvar,
+    splits: AtomicU64,
+    groups: AtomicU64,
+    /// Keeps a rendezvous store this rank hosts alive as long as the communicator.
+    _store_server: Option<bootstrap::TcpStoreServer>,
+}
+
+/// A group of `nranks` ranks that run collectives together; this process's handle is one rank.
+///
+/// Calls from several threads are allowed and are ordered: every operation, blocking or
+/// asynchronous, runs in the order it was issued. A failed operation fails the communicator:
+/// every later call returns the same error.
+#[derive(Debug)]
+pub struct Communicator {
+    inner: Arc<Inner>,
+    worker: Mutex<Option<Worker>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// FNV-1a, to turn job names into communicator ids.
+pub(crate) fn hash64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: `b` is a writable 8-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    if n == 8 {
+        u64::from_le_bytes(b) ^ t
+    } else {
+        hash64(&[&t.to_le_bytes(), &std::process::id().to_le_bytes()])
+    }
+}
+
+impl Communicator {
+    /// Joins a communicator of `nranks` ranks as `rank`, meeting the others through `store`.
+    /// Every rank passes the same `id` (any number the ranks agree on; it keeps communicators
+    /// that share a store apart and is checked on every connection).
+    pub fn init(
+        store: Arc<dyn Store>,
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+    ) -> Result<Communicator> {
+        Self::init_inner(store, rank, nranks, id, config, None)
+    }
+
+    fn init_inner(
+        store: Arc<dyn Store>,
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+        server: Option<bootstrap::TcpStoreServer>,
+    ) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!(
+                "init: rank {rank} is not in 0..{nranks}"
+            )));
+        }
+        let deadline = Instant::now() + config.timeout;
+        let ip = match &config.socket_ifname {
+            Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
+            None => store.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        };
+        let endpoint =
+            TcpEndpoint::listen(ip).map_err(|e| e.context(format!("init on rank {rank}")))?;
+        let prefix = format!("ferroccl/{id:016x}");
+        store.set(
+            &format!("{prefix}/addr/{rank}"),
+            endpoint.addr().to_string().as_bytes(),
+        )?;
+        store.set(
+            &format!("{prefix}/nranks/{rank}"),
+            nranks.to_string().as_bytes(),
+        )?;
+        let addr_of = |peer: usize| -> Result<SocketAddr> {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let n = store.get(&format!("{prefix}/nranks/{peer}"), left)?;
+            if n != nranks.to_string().as_bytes() {
+                return Err(Error::invalid_usage(format!(
+                    "init: rank {peer} was started with nranks {}, rank {rank} with {nranks}",
+                    String::from_utf8_lossy(&n)
+                )));
+            }
+            let v = store.get(&format!("{prefix}/addr/{peer}"), left)?;
+            let s = String::from_utf8_lossy(&v);
+            s.parse().map_err(|_| {
+                Error::internal(format!("init: rank {peer} published a bad address {s:?}"))
+            })
+        };
+        let tcp = TcpConfig {
+            nstreams: config.nstreams,
+            ..TcpConfig::default()
+        };
+        let conns = mesh::connect_all(rank, nranks, id, &endpoint, &addr_of, &tcp, deadline)
+            .map_err(|e| e.context(format!("init on rank {rank}")))?;
+        if config.debug >= DebugLevel::Info {
+            eprintln!(
+                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer",
+                endpoint.addr(),
+                config.nstreams
+            );
+        }
+        Ok(Self::from_parts(
+            rank, nranks, id, config, ip, conns, server,
+        ))
+    }
+
+    fn from_parts(
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+        listen_ip: IpAddr,
+        conns: Vec<Option<crate::exec::Conn>>,
+        server: Option<bootstrap::TcpStoreServer>,
+    ) -> Communicator {
+        let aborted = Arc::new(AtomicBool::new(false));
+        let engine = Engine::new(
+            rank,
+            nranks,
+            conns,
+            WaitPolicy {
+                spin: config.spin,
+                timeout: config.timeout,
+            },
+            Arc::clone(&aborted),
+            config.slice_bytes,
+        );
+        Communicator {
+            inner: Arc::new(Inner {
+                rank,
+                nranks,
+                id,
+                config,
+                listen_ip,
+                engine: Mutex::new(engine),
+                failed: Mutex::new(None),
+                aborted,
+                order: Mutex::new(Order::default()),
+                turn: Condvar::new(),
+                splits: AtomicU64::new(0),
+                groups: AtomicU64::new(0),
+                _store_server: server,
+            }),
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// Joins the job this process was launched into, reading the launcher's environment:
+    /// `ferrorun` (`FERRO_*`), torchrun, SLURM or Open MPI (see [`bootstrap::env`]).
+    pub fn from_env() -> Result<Communicator> {
+        let config = Config::from_env()?;
+        let env = bootstrap::env::detect()?.ok_or_else(|| {
+            Error::invalid_usage(
+                "from_env: no launcher environment found (set FERRO_RANK, FERRO_NRANKS and \
+                 FERRO_STORE_ADDR, or start under ferrorun, torchrun, srun or mpirun)",
+            )
+        })?;
+        Self::from_launch_env(&env, config)
+    }
+
+    /// Joins the job described by `env` (see [`bootstrap::env::detect`]).
+    pub fn from_launch_env(
+        env: &bootstrap::env::LaunchEnv,
+        config: Config,
+    ) -> Result<Communicator> {
+        let id = hash64(&[b"ferroccl-job", env.job_id.as_bytes()]);
+        let deadline = config.timeout;
+        let (store, server): (Arc<dyn Store>, Option<bootstrap::TcpStoreServer>) = match env
+            .store_addr
+        {
+            Some(addr) => {
+                let server = if env.host_store {
+                    Some(bootstrap::TcpStoreServer::bind(addr).map_err(|e| {
+                        e.context(format!(
+                            "rank {} hosts the rendezvous store at {addr}",
+                            env.rank
+                        ))
+                    })?)
+                } else {
+                    None
+                };
+                (
+                    Arc::new(bootstrap::TcpStore::connect(addr, deadline)?),
+                    server,
+                )
+            }
+            None => {
+                let dir = env.file_store_dir().ok_or_else(|| {
+                        Error::invalid_usage(
+                            "from_env: no rendezvous address (set FERRO_STORE_ADDR or MASTER_ADDR/MASTER_PORT)",
+                        )
+                    })?;
+                (Arc::new(bootstrap::FileStore::new(dir)?), None)
+            }
+        };
+        Self::init_inner(store, env.rank, env.nranks, id, config, server)
+    }
+
+    /// Joins the communicator named by a [`bootstrap::UniqueId`] (NCCL's path: one rank
+    /// creates the id, hands its 128 bytes to the others out of band, all call this).
+    pub fn from_unique_id(
+        uid: &bootstrap::UniqueId,
+        rank: usize,
+        nranks: usize,
+        config: Config,
+    ) -> Result<Communicator> {
+        let store = bootstrap::TcpStore::connect(uid.addr(), config.timeout)?;
+        Self::init(Arc::new(store), rank, nranks, uid.magic(), config)
+    }
+
+    /// Creates `nranks` communicators whose ranks are threads of this process (in-memory
+    /// rendezvous, TCP over loopback). Element `r` of the result is rank `r`.
+    pub fn local_group(nranks: usize, config: Config) -> Result<Vec<Communicator>> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let id = random_u64();
+        let handles: Vec<_> = (0..nranks)
+            .map(|r| {
+                let store = Arc::clone(&store);
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("ferroccl-init-{r}"))
+                    .spawn(move || Communicator::init(store, r, nranks, id, config))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(nranks);
+        let mut first_err = None;
+        for h in handles {
+            let h = h.map_err(|e| Error::io("starting an init thread", &e))?;
+            match h.join() {
+                Ok(Ok(c)) => out.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::internal("an init thread panicked"));
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// This rank, in `0..nranks()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Ranks in the communicator.
+    pub fn nranks(&self) -> usize {
+        self.inner.nranks
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The first error this communicator hit, if any (NCCL's `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        lock(&self.inner.failed).clone()
+    }
+
+    /// Aborts: every operation in flight or queued fails promptly with an `Aborted` error,
+    /// connections are closed so peers notice at once, and every later call fails. Returns
+    /// without waiting for peers.
+    pub fn abort(&self) {
+        self.inner.aborted.store(true, Ordering::SeqCst);
+        self.inner.fail(Error::new(
+            ErrorKind::Aborted,
+            format!("rank {}: the communicator was aborted", self.inner.rank),
+        ));
+        if let Ok(mut e) = self.inner.engine.try_lock() {
+            e.shutdown_all();
+        }
+    }
+
+    /// Waits for every queued operation, then closes the connections. Returns the
+    /// communicator's error if it failed.
+    pub fn destroy(self) -> Result<()> {
+        let t = self.inner.ticket(false).0;
+        let r = self.inner.execute(t, "destroy", |e| {
+            e.shutdown_all();
+            Ok(())
+        });
+        match self.async_error() {
+            Some(e) if e.kind() != ErrorKind::Aborted => Err(e),
+            _ => r.or(Ok(())),
+        }
+    }
+
+    fn worker(&self) -> Result<MutexGuard<'_, Option<Worker>>> {
+        let mut w = lock(&self.worker);
+        if w.is_none() {
+            *w = Some(Worker::start(self.inner.rank)?);
+        }
+        Ok(w)
+    }
+
+    /// Splits into sub-communicators: ranks passing the same `color` form one, ordered by
+    /// `key` (then by rank). A rank passing `None` takes part but gets no communicator.
+    /// Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let inner = &self.inner;
+        let n = inner.nranks;
+        let mut mine = [0u8; 16];
+        mine[..8].copy_from_slice(&color.map_or(-1i64, i64::from).to_le_bytes());
+        mine[8..].copy_from_slice(&key.to_le_bytes());
+        let mut all = vec![0u8; 16 * n];
+        self.raw_collective(
+            CollKind::AllGather,
+            Some(&mine),
+            &mut all,
+            16,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        let entry = |r: usize| {
+            let mut c = [0u8; 8];
+            let mut k = [0u8; 8];
+            c.copy_from_slice(&all[16 * r..16 * r + 8]);
+            k.copy_from_slice(&all[16 * r + 8..16 * r + 16]);
+            (i64::from_le_bytes(c), i64::from_le_bytes(k))
+        };
+        let my_color = color.map_or(-1, i64::from);
+        let mut members: Vec<usize> = (0..n)
+            .filter(|&r| my_color >= 0 && entry(r).0 == my_color)
+            .collect();
+        members.sort_by_key(|&r| (entry(r).1, r));
+        // Members listen on a new endpoint and share its address through the parent.
+        let endpoint = if my_color >= 0 {
+            Some(TcpEndpoint::listen(inner.listen_ip)?)
+        } else {
+            None
+        };
+        const ADDR_LEN: usize = 64;
+        let mut my_addr = [0u8; ADDR_LEN];
+        if let Some(ep) = &endpoint {
+            let s = ep.addr().to_string();
+            my_addr[..s.len()].copy_from_slice(s.as_bytes());
+        }
+        let mut addrs = vec![0u8; ADDR_LEN * n];
+        self.raw_collective(
+            CollKind::AllGather,
+            Some(&my_addr),
+            &mut addrs,
+            ADDR_LEN,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        let Some(endpoint) = endpoint else {
+            return Ok(None);
+        };
+        let split_no = inner.splits.fetch_add(1, Ordering::Relaxed);
+        let id = hash64(&[
+            &inner.id.to_le_bytes(),
+            &split_no.to_le_bytes(),
+            &my_color.to_le_bytes(),
+        ]);
+        let new_rank = members
+            .iter()
+            .position(|&r| r == inner.rank)
+            .ok_or_else(|| Error::internal("split: this rank is not among its color's members"))?;
+        let addr_of = |new_peer: usize| -> Result<SocketAddr> {
+            let old = members[new_peer];
+            let raw = &addrs[ADDR_LEN * old..ADDR_LEN * (old + 1)];
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(ADDR_LEN);
+            let s = String::from_utf8_lossy(&raw[..end]);
+            s.parse()
+                .map_err(|_| Error::internal(format!("split: rank {old} sent a bad address {s:?}")))
+        };
+        let tcp = TcpConfig {
+            nstreams: inner.config.nstreams,
+            ..TcpConfig::default()
+        };
+        let deadline = Instant::now() + inner.config.timeout;
+        let conns = mesh::connect_all(
+            new_rank,
+            members.len(),
+            id,
+            &endpoint,
+            &addr_of,
+            &tcp,
+            deadline,
+        )
+        .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
+        Ok(Some(Self::from_parts(
+            new_rank,
+            members.len(),
+            id,
+            inner.config.clone(),
+            inner.listen_ip,
+            conns,
+            None,
+        )))
+    }
+
+    /// Waits until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        let mut b = [1u8];
+        self.run_blocking(
+            "barrier",
+            kind::BARRIER,
+            CollKind::AllReduce,
+            None,
+            &mut b,
+            1,
+            DataType::Uint8,
+            ReduceOp::Max,
+        )
+    }
+
+    // ----- collectives on untyped buffers -----
+
+    /// Runs collective `kind` on byte buffers holding `dtype` elements, `count` as NCCL counts
+    /// it (see [`CollKind::buffer_lens`]). `send: None` means in place: `recv` is the one
+    /// buffer, laid out as NCCL lays out in-place calls. For `broadcast`, `send` is read on the
+    /// root only; for `reduce`, `recv` is written on the root only (elsewhere it may be empty).
+    /// `op` is ignored by collectives that do not reduce.
+    pub fn raw_collective(
+        &self,
+        kind: CollKind,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.run_blocking(
+            kind.name(),
+            header_kind(kind),
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_blocking(
+        &self,
+        name: &'static str,
+        hkind: u8,
+        kind: CollKind,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        let call = Call::check(
+            inner,
+            name,
+            hkind,
+            kind,
+            send.map(<[u8]>::len),
+            recv.len(),
+            count,
+            dtype,
+            op,
+        )?;
+        let (ticket, seq) = inner.ticket(true);
+        let mem = Memory {
+            input: send.map_or(recv.as_ptr(), <[u8]>::as_ptr),
+            input_len: send.map_or(0, <[u8]>::len),
+            output: recv.as_mut_ptr(),
+            output_len: recv.len(),
+            in_place: send.is_none(),
+        };
+        inner.execute(ticket, name, |e| call.run(e, seq, mem))
+    }
+
+    // ----- typed collectives -----
+
+    /// Every rank's `recv` becomes the reduction (`op`) of all ranks' `send`.
+    ///
+    /// ```
+    /// use ferroccl::{Communicator, Config, ReduceOp};
+    /// let comms = Communicator::local_group(2, Config::default()).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             let send = [c.rank() as f32 + 1.0; 4];
+    ///             let mut recv = [0f32; 4];
+    ///             c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+    ///             assert_eq!(recv, [3.0; 4]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.raw_collective(
+            CollKind::AllReduce,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            send.len(),
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// [`Communicator::all_reduce`] in place.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        self.raw_collective(
+            CollKind::AllReduce,
+            None,
+            as_bytes_mut(buf),
+            n,
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// Every rank's `buf` becomes the root's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let n = buf.len();
+        self.raw_collective(
+            CollKind::Broadcast { root },
+            None,
+            as_bytes_mut(buf),
+            n,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// Every rank's `recv` becomes the root's `send` (`send` is read on the root only).
+    pub fn broadcast_from<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        let n = recv.len();
+        self.raw_collective(
+            CollKind::Broadcast { root },
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            n,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// The root's `recv` becomes the reduction of all ranks' `send` (`recv` is ignored, and may
+    /// be empty, elsewhere).
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.raw_collective(
+            CollKind::Reduce { root },
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            send.len(),
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// [`Communicator::reduce`] in place: the root's `buf` becomes the result; other ranks'
+    /// `buf` is left as it was.
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let n = buf.len();
+        self.raw_collective(
+            CollKind::Reduce { root },
+            None,
+            as_bytes_mut(buf),
+            n,
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// `recv` (of `nranks × send.len()` elements) becomes every rank's `send`, in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.raw_collective(
+            CollKind::AllGather,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            send.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// [`Communicator::all_gather`] in place: this rank's input is block `rank` of `buf`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_count("all_gather", buf.len())?;
+        self.raw_collective(
+            CollKind::AllGather,
+            None,
+            as_bytes_mut(buf),
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// `recv` becomes block `rank` (of `recv.len()` elements) of the reduction of all ranks'
+    /// `send` (of `nranks × recv.len()` elements).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = recv.len();
+        self.raw_collective(
+            CollKind::ReduceScatter,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            n,
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// [`Communicator::reduce_scatter`] in place: the result lands in block `rank` of `buf`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.block_count("reduce_scatter", buf.len())?;
+        self.raw_collective(
+            CollKind::ReduceScatter,
+            None,
+            as_bytes_mut(buf),
+            count,
+            T::DTYPE,
+            op,
+        )
+    }
+
+    /// Block `p` of `send` goes to rank `p`, which stores it as block `rank` of its `recv`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.block_count("all_to_all", send.len())?;
+        self.raw_collective(
+            CollKind::AllToAll,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// [`Communicator::all_to_all`] in place.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.block_count("all_to_all", buf.len())?;
+        self.raw_collective(
+            CollKind::AllToAll,
+            None,
+            as_bytes_mut(buf),
+            count,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )
+    }
+
+    fn block_count(&self, name: &str, len: usize) -> Result<usize> {
+        let n = self.inner.nranks;
+        if len % n != 0 {
+            return Err(Error::invalid_argument(format!(
+                "{name} on rank {}: buffer of {len} elements is not a multiple of nranks {n}",
+                self.inner.rank
+            )));
+        }
+        Ok(len / n)
+    }
+
+    /// Sends `buf` to `peer` (which calls [`Communicator::recv`]).
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.send(buf, peer);
+        g.run()
+    }
+
+    /// Receives from `peer` into `buf`, whose length must equal what `peer` sends.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.recv(buf, peer);
+        g.run()
+    }
+
+    /// Starts a group of sends and receives that run together when [`Group::run`] is called
+    /// (NCCL's `ncclGroupStart`/`ncclGroupEnd`): pairs inside one group never deadlock.
+    pub fn group(&self) -> Group<'_> {
+        Group::new(self)
+    }
+
+    // ----- asynchronous collectives -----
+
+    fn submit<B: Send + 'static>(
+        &self,
+        call: Call,
+        in_place: bool,
+        mut bufs: B,
+        ptrs: fn(&mut B) -> (*const u8, usize, *mut u8, usize),
+    ) -> Result<Work<B>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (ticket, seq) = self.inner.ticket(true);
+        let inner = Arc::clone(&self.inner);
+        let job = Box::new(move || {
+            let (ip, il, op, ol) = ptrs(&mut bufs);
+            let mem = Memory {
+                input: ip,
+                input_len: il,
+                output: op,
+                output_len: ol,
+                in_place,
+            };
+            let r = inner.execute(ticket, call.name, |e| call.run(e, seq, mem));
+            let _ = tx.send((r, bufs));
+        });
+        match self.worker()?.as_ref() {
+            Some(w) => w.submit(job)?,
+            None => return Err(Error::internal("no progress thread")),
+        }
+        Ok(Work::new(rx))
+    }
+
+    /// [`Communicator::all_reduce_in_place`] on the progress thread: returns at once; the
+    /// buffer comes back from [`Work::wait`] holding the result.
+    pub fn all_reduce_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        mut buf: B,
+        op: ReduceOp,
+    ) -> Result<Work<B>> {
+        let n = buf.as_mut().len();
+        let call = Call::check(
+            &self.inner,
+            "all_reduce",
+            kind::ALL_REDUCE,
+            CollKind::AllReduce,
+            None,
+            n * T::DTYPE.size(),
+            n,
+            T::DTYPE,
+            op,
+        )?;
+        self.submit(call, true, buf, |b| {
+            let s = as_bytes_mut(b.as_mut());
+            (s.as_ptr(), 0, s.as_mut_ptr(), s.len())
+        })
+    }
+
+    /// [`Communicator::broadcast`] on the progress thread.
+    pub fn broadcast_async<T: Element, B: AsMut<[T]> + Send + 'static>(
+        &self,
+        mut buf: B,
+        root: usize,
+    ) -> Result<Work<B>> {
+        let n = buf.as_mut().len();
+        let k = CollKind::Broadcast { root };
+        let call = Call::check(
+            &self.inner,
+            "broadcast",
+            kind::BROADCAST,
+            k,
+            None,
+            n * T::DTYPE.size(),
+            n,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )?;
+        self.submit(call, true, buf, |b| {
+            let s = as_bytes_mut(b.as_mut());
+            (s.as_ptr(), 0, s.as_mut_ptr(), s.len())
+        })
+    }
+
+    /// [`Communicator::all_gather`] on the progress thread; `(send, recv)` come back.
+    pub fn all_gather_async<
+        T: Element,
+        S: AsRef<[T]> + Send + 'static,
+        R: AsMut<[T]> + Send + 'static,
+    >(
+        &self,
+        send: S,
+        mut recv: R,
+    ) -> Result<Work<(S, R)>> {
+        let n = send.as_ref().len();
+        let es = T::DTYPE.size();
+        let call = Call::check(
+            &self.inner,
+            "all_gather",
+            kind::ALL_GATHER,
+            CollKind::AllGather,
+            Some(n * es),
+            recv.as_mut().len() * es,
+            n,
+            T::DTYPE,
+            ReduceOp::Sum,
+        )?;
+        self.submit(call, false, (send, recv), |(s, r)| {
+            let s = as_bytes(s.as_ref());
+            let r = as_bytes_mut(r.as_mut());
+            (s.as_ptr(), s.len(), r.as_mut_ptr(), r.len())
+        })
+    }
+
+    /// [`Communicator::reduce_scatter`] on the progress thread; `(send, recv)` come back.
+    pub fn reduce_scatter_async<
+        T: Element,
+        S: AsRef<[T]> + Send + 'static,
+        R: AsMut<[T]> + Send + 'static,
+    >(
+        &self,
+        send: S,
+        mut recv: R,
+        op: ReduceOp,
+    ) -> Result<Work<(S, R)>> {
+        let n = recv.as_mut().len();
+        let es = T::DTYPE.size();
+        let call = Call::check(
+            &self.inner,
+            "reduce_scatter",
+            kind::REDUCE_SCATTER,
+            CollKind::ReduceScatter,
+            Some(send.as_ref().len() * es),
+            n * es,
+            n,
+            T::DTYPE,
+            op,
+        )?;
+        self.submit(call, false, (send, recv), |(s, r)| {
+            let s = as_bytes(s.as_ref());
+            let r = as_bytes_mut(r.as_mut());
+            (s.as_ptr(), s.len(), r.as_mut_ptr(), r.len())
+        })
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Let queued work finish (or fail), then stop the progress thread.
+        drop(lock(&self.worker).take());
+        lock(&self.inner.engine).shutdown_all();
+    }
+}
+
+fn header_kind(k: CollKind) -> u8 {
+    match k {
+        CollKind::AllReduce => kind::ALL_REDUCE,
+        CollKind::Broadcast { .. } => kind::BROADCAST,
+        CollKind::Reduce { .. } => kind::REDUCE,
+        CollKind::AllGather => kind::ALL_GATHER,
+        CollKind::ReduceScatter => kind::REDUCE_SCATTER,
+        CollKind::AllToAll => kind::ALL_TO_ALL,
+    }
+}
+
+/// A checked collective call, ready to run.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    name: &'static str,
+    hkind: u8,
+    args: CollArgs,
+    dtype: DataType,
+    op: ReduceOp,
+    rank: usize,
+    nranks: usize,
+}
+
+impl Call {
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        inner: &Inner,
+        name: &'static str,
+        hkind: u8,
+        kind: CollKind,
+        send_len: Option<usize>,
+        recv_len: usize,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Call> {
+        let (rank, n) = (inner.rank, inner.nranks);
+        let bad = |what: String| {
+            Err(Error::invalid_argument(format!(
+                "{name} on rank {rank}: {what}"
+            )))
+        };
+        if let Some(root) = kind.root() {
+            if root >= n {
+                return bad(format!("invalid root {root} (root must be 0..{})", n - 1));
+            }
+        }
+        if let ReduceOp::PreMulSum(f) = op {
+            if !f.is_finite() && kind.reduces() {
+                return bad(format!("pre-multiplied sum scalar {f} is not finite"));
+            }
+        }
+        let es = dtype.size();
+        let total = |elems: usize| elems.checked_mul(n).and_then(|x| x.checked_mul(es));
+        let Some(_) = total(count) else {
+            return bad(format!("count {count} x {n} ranks overflows"));
+        };
+        let (in_len, out_len) = kind.buffer_lens(count, n);
+        let (in_b, out_b) = (in_len * es, out_len * es);
+        let is_root = kind.root() == Some(rank);
+        match send_len {
+            None => {
+                let need = in_b.max(out_b);
+                let reduce_nonroot = matches!(kind, CollKind::Reduce { .. }) && !is_root;
+                if recv_len != need && !(reduce_nonroot && recv_len == in_b) {
+                    return bad(format!(
+                        "in-place buffer has {} elements, {} x {dtype} needed",
+                        recv_len / es,
+                        need / es
+                    ));
+                }
+            }
+            Some(s) => {
+                let send_used = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+                if send_used && s != in_b {
+                    return bad(format!(
+                        "send buffer has {} elements, {} x {dtype} needed",
+                        s / es,
+                        in_len
+                    ));
+                }
+                let recv_used = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+                if recv_used && recv_len != out_b {
+                    return bad(format!(
+                        "receive buffer has {} elements, {} x {dtype} needed",
+                        recv_len / es,
+                        out_len
+                    ));
+                }
+            }
+        }
+        if let Some(e) = lock(&inner.failed).clone() {
+            return Err(e);
+        }
+        Ok(Call {
+            name,
+            hkind,
+            args: CollArgs {
+                kind,
+                count,
+                in_place: send_len.is_none(),
+            },
+            dtype,
+            op,
+            rank,
+            nranks: n,
+        })
+    }
+
+    fn run(&self, e: &mut Engine, seq: u64, mut mem: Memory) -> Result<()> {
+        let reduces = self.args.kind.reduces();
+        let ctx = OpContext {
+            name: self.name,
+            seq,
+            rank: self.rank,
+            kind: self.hkind,
+            dtype: self.dtype,
+            op: if reduces { self.op.code() } else { 0xff },
+            count: self.args.count as u64,
+            root: self.args.kind.root().map_or(u32::MAX, |r| r as u32),
+        };
+        let is_root = self.args.kind.root() == Some(self.rank);
+        if !mem.in_place {
+            // Buffers a rank does not use may be empty: point them at nothing.
+            if matches!(self.args.kind, CollKind::Broadcast { .. }) && !is_root {
+                mem.input_len = 0;
+            }
+            if matches!(self.args.kind, CollKind::Reduce { .. }) && !is_root {
+                mem.output_len = 0;
+            }
+        }
+        let premul = match self.op {
+            ReduceOp::PreMulSum(f) if reduces => Some(f),
+            _ => None,
+        };
+        e.run_collective(&self.args, self.dtype, self.op.elem_op(), premul, mem, &ctx)?;
+        if self.op == ReduceOp::Avg && reduces {
+            let es = self.dtype.size();
+            let (_, out_len) = self.args.kind.buffer_lens(self.args.count, self.nranks);
+            let out_off = if mem.in_place {
+                self.args
+                    .kind
+                    .in_place_offsets(self.args.count, self.rank)
+                    .1
+            } else {
+                0
+            };
+            let writes = !matches!(self.args.kind, CollKind::Reduce { .. }) || is_root;
+            if writes && out_len > 0 {
+                // SAFETY: the output (at `out_off` in the one buffer when in place) holds
+                // `out_len` elements: `Call::check` verified the buffer lengths, and the
+                // caller holds the buffer for the whole call.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(mem.output.add(out_off * es), out_len * es)
+                };
+                ferroccl_kernels::divide(self.dtype, out, self.nranks as u64);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Takes the next ticket (and, for collectives, sequence number).
+    fn ticket(&self, collective: bool) -> (u64, u64) {
+        let mut o = lock(&self.order);
+        let t = o.next_ticket;
+        o.next_ticket += 1;
+        let seq = if collective {
+            o.next_seq += 1;
+            o.next_seq
+        } else {
+            0
+        };
+        (t, seq)
+    }
+
+    fn failed_error(&self) -> Option<Error> {
+        lock(&self.failed).clone()
+    }
+
+    /// Records the first failure.
+    fn fail(&self, e: Error) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            if self.config.debug >= DebugLevel::Warn && e.kind() != ErrorKind::Aborted {
+                eprintln!("ferroccl rank {} WARN: {e}", self.rank);
+            }
+            *f = Some(e);
+        }
+    }
+
+    /// Runs `f` on the engine when `ticket`'s turn comes; failures fail the communicator.
+    fn execute(
+        &self,
+        ticket: u64,
+        _name: &str,
+        f: impl FnOnce(&mut Engine) -> Result<()>,
+    ) -> Result<()> {
+        struct Turn<'a>(&'a Inner, u64);
+        impl Drop for Turn<'_> {
+            fn drop(&mut self) {
+                let mut o = lock(&self.0.order);
+                o.serving = self.1 + 1;
+                self.0.turn.notify_all();
+            }
+        }
+        {
+            let mut o = lock(&self.order);
+            while o.serving != ticket {
+                o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        let _turn = Turn(self, ticket);
+        if let Some(e) = lock(&self.failed).clone() {
+            return Err(e);
+        }
+        let mut engine = lock(&self.engine);
+        let r = f(&mut engine);
+        if let Err(e) = &r {
+            self.fail(e.clone());
+            engine.shutdown_all();
+        }
+        r
+    }
+}
+
+/// How long a rank waits by default; see [`Config::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);

@@ -1,0 +1,371 @@
+//! The progress engine: runs a rank's schedule over its connections.
+//!
+//! One [`Engine`] per communicator owns the connections, the scratch and staging memory and the
+//! plan cache, so that the data path allocates nothing once a size has been seen. Whoever runs an
+//! operation (the caller's thread or the communicator's progress thread) holds the engine.
+//!
+//! Waiting: an op with nothing to move spins for `spin` (cheap hand-offs between ranks on
+//! different cores), then sleeps in `poll(2)` on the sockets it waits for, so ranks sharing a core
+//! still progress and an idle rank burns no CPU. Every wait has a deadline: no bytes moved for
+//! `timeout` is an error naming the operation, this rank and the peer.
+
+mod step;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferroccl_kernels::{DataType, ElemOp};
+use ferroccl_transport::{Connection, Header, PeerInfo, PollFd, Progress, Result};
+use ferroccl_transport_tcp::TcpConnection;
+
+use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
+
+pub(crate) use step::{kind, OpContext, RawOp};
+
+/// A connection to one peer: the closed set of transports.
+#[derive(Debug)]
+pub(crate) enum Conn {
+    Tcp(TcpConnection),
+}
+
+impl Conn {
+    fn get(&mut self) -> &mut dyn Connection {
+        match self {
+            Conn::Tcp(c) => c,
+        }
+    }
+
+    fn get_ref(&self) -> &dyn Connection {
+        match self {
+            Conn::Tcp(c) => c,
+        }
+    }
+
+    pub(crate) fn peer(&self) -> &PeerInfo {
+        self.get_ref().peer()
+    }
+
+    pub(crate) fn send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+        self.get().send(h, payload, p)
+    }
+
+    pub(crate) fn recv(
+        &mut self,
+        h: &mut Header,
+        payload: &mut [u8],
+        p: &mut Progress,
+    ) -> Result<bool> {
+        self.get().recv(h, payload, p)
+    }
+
+    pub(crate) fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
+        self.get_ref().poll_fds(sending, receiving, out)
+    }
+
+    pub(crate) fn shutdown(&mut self) {
+        self.get().shutdown()
+    }
+}
+
+/// Waiting and deadline settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WaitPolicy {
+    /// Busy-wait this long before sleeping in poll.
+    pub spin: Duration,
+    /// No progress for this long is an error.
+    pub timeout: Duration,
+}
+
+/// Where a collective's buffers are. Raw pointers: the communicator checked the lengths and
+/// holds the borrows for the whole call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Memory {
+    /// Input buffer (ignored when `in_place`).
+    pub input: *const u8,
+    /// Its length in bytes.
+    pub input_len: usize,
+    /// Output buffer; in place, the one buffer.
+    pub output: *mut u8,
+    /// Its length in bytes.
+    pub output_len: usize,
+    /// Whether input and output are one buffer (`output`).
+    pub in_place: bool,
+}
+
+/// One rank's state for running schedules.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub rank: usize,
+    pub nranks: usize,
+    /// Connection to each peer (None for self).
+    pub conns: Vec<Option<Conn>>,
+    pub wait: WaitPolicy,
+    pub abort: Arc<AtomicBool>,
+    /// Bytes of the largest message an algorithm may put in one step.
+    pub slice_bytes: usize,
+    scratch: Vec<u8>,
+    /// A scaled copy of the input, for pre-multiplied sums.
+    premul: Vec<u8>,
+    staging: Vec<Vec<u8>>,
+    plans: HashMap<(CollArgs, usize), Arc<Schedule>>,
+    /// Sequence numbers of point-to-point messages per peer, each direction.
+    pub p2p_sent: Vec<u64>,
+    pub p2p_recvd: Vec<u64>,
+    pollfds: Vec<PollFd>,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        rank: usize,
+        nranks: usize,
+        conns: Vec<Option<Conn>>,
+        wait: WaitPolicy,
+        abort: Arc<AtomicBool>,
+        slice_bytes: usize,
+    ) -> Engine {
+        Engine {
+            rank,
+            nranks,
+            conns,
+            wait,
+            abort,
+            slice_bytes: slice_bytes.max(64),
+            scratch: Vec::new(),
+            premul: Vec::new(),
+            staging: Vec::new(),
+            plans: HashMap::new(),
+            p2p_sent: vec![0; nranks],
+            p2p_recvd: vec![0; nranks],
+            pollfds: Vec::new(),
+        }
+    }
+
+    /// Closes every connection, so that peers blocked on this rank see it at once.
+    pub(crate) fn shutdown_all(&mut self) {
+        for c in self.conns.iter_mut().flatten() {
+            c.shutdown();
+        }
+    }
+
+    /// The cached schedule for `args` and element size `esize`.
+    fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
+        let slice = (self.slice_bytes / esize).max(1);
+        let key = (*args, slice);
+        if let Some(s) = self.plans.get(&key) {
+            return Arc::clone(s);
+        }
+        let opts = AlgoOptions { slice };
+        let s = Arc::new(coll::build(args, self.rank, self.nranks, &opts));
+        if self.plans.len() > 4096 {
+            self.plans.clear();
+        }
+        self.plans.insert(key, Arc::clone(&s));
+        s
+    }
+
+    /// Runs one collective on this rank. `ctx` names it for headers and errors; `op` is the
+    /// element-wise reduction for reducing collectives.
+    pub(crate) fn run_collective(
+        &mut self,
+        args: &CollArgs,
+        dtype: DataType,
+        op: ElemOp,
+        premul: Option<f64>,
+        mem: Memory,
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let (in_len, out_len) = args.kind.buffer_lens(args.count, self.nranks);
+        let mut mem = mem;
+        let mut args = *args;
+        if let Some(factor) = premul {
+            // Reduce a scaled copy of the input, out of place.
+            let in_bytes = in_len * es;
+            if self.premul.len() < in_bytes {
+                self.premul.resize(in_bytes, 0);
+            }
+            let (in_off, _) = args.kind.in_place_offsets(args.count, self.rank);
+            let (src, avail) = if mem.in_place {
+                (mem.output as *const u8, mem.output_len)
+            } else {
+                (mem.input, mem.input_len)
+            };
+            let off = if mem.in_place { in_off * es } else { 0 };
+            if off + in_bytes > avail {
+                return Err(ferroccl_transport::Error::internal(format!(
+                    "{}: input of {avail} bytes is too short",
+                    ctx.label()
+                )));
+            }
+            // SAFETY: `off + in_bytes <= avail`, the input's length checked above.
+            let src = unsafe { src.add(off) };
+            // SAFETY: `src` holds `in_bytes` readable bytes (checked by the caller), and
+            // `premul` is engine-owned memory that no one else references.
+            let src = unsafe { std::slice::from_raw_parts(src, in_bytes) };
+            ferroccl_kernels::scale_into(dtype, &mut self.premul[..in_bytes], src, factor);
+            mem.input = self.premul.as_ptr();
+            mem.input_len = in_bytes;
+            if mem.in_place {
+                mem.in_place = false;
+                args.in_place = false;
+                // In place, the output starts at the output offset inside the one buffer.
+                let (_, out_off) = args.kind.in_place_offsets(args.count, self.rank);
+                let out_bytes = (out_off * es).min(mem.output_len);
+                // SAFETY: `out_bytes <= output_len`, so the pointer stays in the buffer.
+                mem.output = unsafe { mem.output.add(out_bytes) };
+                mem.output_len -= out_bytes;
+            }
+        }
+        let sched = self.plan(&args, es);
+        let need = sched.scratch * es;
+        if self.scratch.len() < need {
+            self.scratch.resize(need, 0);
+        }
+        let (in_off, out_off) = if args.in_place {
+            args.kind.in_place_offsets(args.count, self.rank)
+        } else {
+            (0, 0)
+        };
+        let _ = (in_len, out_len);
+        let layout = Layout {
+            es,
+            scratch_len: sched.scratch * es,
+            in_off,
+            out_off,
+            mem,
+            scratch: self.scratch.as_mut_ptr(),
+        };
+        let mut raw: Vec<RawOp> = Vec::new();
+        for st in &sched.steps {
+            raw.clear();
+            for o in &st.ops {
+                if let Op::Copy { src, dst } = *o {
+                    let (s, n) = layout.resolve(&src, ctx)?;
+                    let (d, m) = layout.resolve(&dst, ctx)?;
+                    debug_assert_eq!(n, m);
+                    if s != d && n > 0 {
+                        // SAFETY: both ranges are in bounds (resolve checked them); `copy`
+                        // allows overlap.
+                        unsafe { std::ptr::copy(s, d, n.min(m)) };
+                    }
+                    continue;
+                }
+                raw.push(layout.raw_op(o, ctx)?);
+            }
+            if !raw.is_empty() {
+                self.run_step(&raw, dtype, op, ctx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs communication ops concurrently until all are done.
+    pub(crate) fn run_step(
+        &mut self,
+        ops: &[RawOp],
+        dtype: DataType,
+        op: ElemOp,
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let nstage = ops
+            .iter()
+            .filter(|o| matches!(o, RawOp::RecvReduce { .. }))
+            .count();
+        if self.staging.len() < nstage {
+            self.staging.resize_with(nstage, Vec::new);
+        }
+        step::run(
+            &mut self.conns,
+            &mut self.staging,
+            &mut self.pollfds,
+            &self.wait,
+            &self.abort,
+            ops,
+            dtype,
+            op,
+            ctx,
+        )
+    }
+}
+
+/// Resolves spans to memory.
+struct Layout {
+    es: usize,
+    /// Scratch bytes.
+    scratch_len: usize,
+    in_off: usize,
+    out_off: usize,
+    mem: Memory,
+    scratch: *mut u8,
+}
+
+impl Layout {
+    /// Start pointer and byte length of `span`, after checking it lies in its buffer.
+    fn resolve(&self, span: &Span, ctx: &OpContext) -> Result<(*mut u8, usize)> {
+        let (limit, base, off) = match span.buf {
+            BufKind::Input if self.mem.in_place => {
+                (self.mem.output_len, self.mem.output, self.in_off)
+            }
+            BufKind::Input => (self.mem.input_len, self.mem.input as *mut u8, 0),
+            BufKind::Output => (self.mem.output_len, self.mem.output, self.out_off),
+            BufKind::Scratch => (self.scratch_len, self.scratch, 0),
+        };
+        let start = (off + span.offset) * self.es;
+        let len = span.len * self.es;
+        if start + len > limit {
+            return Err(ferroccl_transport::Error::internal(format!(
+                "{}: schedule span {:?} {}..{} lies outside the buffer of {} bytes",
+                ctx.label(),
+                span.buf,
+                span.offset,
+                span.end(),
+                limit
+            )));
+        }
+        // SAFETY: `start + len <= limit`, the length of the buffer (caller-checked) or of the
+        // engine's scratch.
+        let p = unsafe { base.add(start) };
+        Ok((p, len))
+    }
+
+    fn raw_op(&self, op: &Op, ctx: &OpContext) -> Result<RawOp> {
+        Ok(match *op {
+            Op::Send { peer, src } => {
+                let (p, len) = self.resolve(&src, ctx)?;
+                RawOp::Send {
+                    peer,
+                    ptr: p,
+                    len,
+                    header: ctx.header(len),
+                }
+            }
+            Op::Recv { peer, dst } => {
+                let (p, len) = self.resolve(&dst, ctx)?;
+                RawOp::Recv {
+                    peer,
+                    ptr: p,
+                    len,
+                    header: ctx.header(len),
+                }
+            }
+            Op::RecvReduce { peer, src, dst } => {
+                let (s, len) = self.resolve(&src, ctx)?;
+                let (d, _) = self.resolve(&dst, ctx)?;
+                RawOp::RecvReduce {
+                    peer,
+                    src: s,
+                    dst: d,
+                    len,
+                    header: ctx.header(len),
+                }
+            }
+            Op::Copy { .. } => {
+                return Err(ferroccl_transport::Error::internal(
+                    "copy is not a communication op",
+                ))
+            }
+        })
+    }
+}

@@ -1,0 +1,325 @@
+//! The conformance suite with ranks as threads of one process (in-memory rendezvous, TCP over
+//! loopback), plus API-level behaviour: errors, async work, split, groups.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::conformance::{run_sweep, Sweep};
+use ferroccl::{Communicator, Config, ErrorKind, ReduceOp};
+
+fn config() -> Config {
+    Config {
+        timeout: Duration::from_secs(60),
+        ..Config::default()
+    }
+}
+
+/// Runs `f` on every rank of a fresh `n`-rank thread group; returns the results in rank order.
+fn on_ranks<R: Send>(n: usize, cfg: Config, f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
+    let comms = Communicator::local_group(n, cfg).expect("init");
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+fn sweep(n: usize, sw: &Sweep) {
+    let res = on_ranks(n, config(), |c| run_sweep(c, sw, 1000 * n as u64));
+    for (r, x) in res.iter().enumerate() {
+        if let Err(e) = x {
+            panic!("nranks {n}, rank {r}: {e}");
+        }
+    }
+}
+
+#[test]
+fn conformance_small_counts_all_dtypes_and_ops() {
+    for n in [1, 2, 3, 4, 5, 7, 8] {
+        sweep(n, &Sweep::full_small());
+    }
+}
+
+#[test]
+fn conformance_large_count() {
+    for n in [1, 2, 3, 5, 8] {
+        sweep(n, &Sweep::large());
+    }
+}
+
+#[test]
+fn conformance_with_small_slices_and_one_stream() {
+    // Many pipelined steps per call, and every message on one socket.
+    let cfg = Config {
+        slice_bytes: 4096,
+        nstreams: 1,
+        ..config()
+    };
+    let mut sw = Sweep::large();
+    sw.counts = vec![100_003];
+    for n in [2, 3, 4] {
+        let res = on_ranks(n, cfg.clone(), |c| run_sweep(c, &sw, 7));
+        for x in res {
+            x.unwrap();
+        }
+    }
+}
+
+#[test]
+fn mismatched_counts_fail_with_a_clear_error() {
+    let res = on_ranks(3, config(), |c| {
+        let count = if c.rank() == 2 { 4096 } else { 1024 };
+        let mut buf = vec![1.0f32; count];
+        let r = c.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+        // The communicator stays failed: a later call returns the same error.
+        let again = c.all_reduce_in_place(&mut [0f32; 4], ReduceOp::Sum);
+        (r, again)
+    });
+    let mut named = false;
+    for (rank, (r, again)) in res.into_iter().enumerate() {
+        let e = r.expect_err("a mismatched allreduce must fail on every rank");
+        assert!(matches!(e.kind(), ErrorKind::Remote), "rank {rank}: {e}");
+        assert!(e.message().starts_with("all_reduce #1"), "rank {rank}: {e}");
+        if e.message().contains("4096 x f32") && e.message().contains("1024 x f32") {
+            named = true;
+        }
+        assert_eq!(again.unwrap_err(), e);
+    }
+    assert!(named, "some rank must name both counts");
+}
+
+#[test]
+fn mismatched_dtypes_and_collectives_fail() {
+    let res = on_ranks(2, config(), |c| {
+        if c.rank() == 0 {
+            let mut b = vec![0f32; 64];
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum)
+        } else {
+            let mut b = vec![0i32; 64];
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum)
+        }
+    });
+    let msgs: Vec<String> = res
+        .into_iter()
+        .map(|r| r.unwrap_err().to_string())
+        .collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("64 x i32") && m.contains("64 x f32")),
+        "{msgs:?}"
+    );
+
+    let res = on_ranks(2, config(), |c| {
+        let mut b = vec![0f32; 64];
+        if c.rank() == 0 {
+            c.all_reduce_in_place(&mut b, ReduceOp::Sum)
+        } else {
+            c.broadcast(&mut b, 0)
+        }
+    });
+    let msgs: Vec<String> = res
+        .into_iter()
+        .map(|r| r.unwrap_err().to_string())
+        .collect();
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("broadcast #1") && m.contains("all_reduce #1")),
+        "{msgs:?}"
+    );
+}
+
+#[test]
+fn bad_arguments_name_the_operation_and_value() {
+    let res = on_ranks(2, config(), |c| {
+        let mut b = vec![0f32; 8];
+        let root = c.broadcast(&mut b, 9).unwrap_err();
+        let short = c
+            .all_reduce(&[1f32; 8], &mut [0f32; 7], ReduceOp::Sum)
+            .unwrap_err();
+        let peer = c.send(&[1u8], 5).unwrap_err();
+        // Bad arguments do not fail the communicator.
+        c.all_reduce_in_place(&mut b, ReduceOp::Sum).unwrap();
+        (root, short, peer)
+    });
+    for (root, short, peer) in res {
+        assert_eq!(root.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            root.message().contains("broadcast") && root.message().contains("invalid root 9"),
+            "{root}"
+        );
+        assert!(
+            short.message().contains("receive buffer has 7 elements"),
+            "{short}"
+        );
+        assert!(peer.message().contains("invalid peer 5"), "{peer}");
+    }
+}
+
+#[test]
+fn async_work_completes_in_issue_order() {
+    let res = on_ranks(3, config(), |c| {
+        let r = c.rank() as i64;
+        let works: Vec<_> = (0..20)
+            .map(|k| {
+                c.all_reduce_async::<i64, _>(vec![r * 100 + k; 1000 + k as usize], ReduceOp::Sum)
+                    .unwrap()
+            })
+            .collect();
+        // A blocking call issued after them runs after them.
+        let mut b = vec![r; 10];
+        c.all_reduce_in_place(&mut b, ReduceOp::Max).unwrap();
+        let outs: Vec<Vec<i64>> = works.into_iter().map(|w| w.wait().unwrap()).collect();
+        (outs, b)
+    });
+    for (outs, b) in res {
+        assert_eq!(b, vec![2; 10]);
+        for (k, o) in outs.iter().enumerate() {
+            let k = k as i64;
+            assert_eq!(o.len(), 1000 + k as usize);
+            assert!(o.iter().all(|&x| x == 300 + 3 * k), "work {k}");
+        }
+    }
+}
+
+#[test]
+fn async_all_gather_and_test() {
+    let res = on_ranks(4, config(), |c| {
+        let mut w = c
+            .all_gather_async(vec![c.rank() as u32; 3], vec![0u32; 12])
+            .unwrap();
+        let start = Instant::now();
+        while !w.test() {
+            assert!(start.elapsed() < Duration::from_secs(30));
+            std::thread::yield_now();
+        }
+        w.wait().unwrap().1
+    });
+    for out in res {
+        assert_eq!(out, vec![0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]);
+    }
+}
+
+#[test]
+fn split_by_parity_with_reversed_keys() {
+    let res = on_ranks(5, config(), |c| {
+        let color = if c.rank() == 4 {
+            None
+        } else {
+            Some((c.rank() % 2) as u32)
+        };
+        let sub = c.split(color, -(c.rank() as i64)).unwrap();
+        sub.map(|s| {
+            let mut v = vec![c.rank() as u32; 3];
+            s.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            let mut ids = vec![0u32; s.nranks()];
+            s.all_gather(&[c.rank() as u32], &mut ids).unwrap();
+            (s.rank(), s.nranks(), v[0], ids)
+        })
+    });
+    assert_eq!(res[4], None);
+    // Evens {0, 2} ordered by key -rank: 2 first.
+    assert_eq!(res[0], Some((1, 2, 2, vec![2, 0])));
+    assert_eq!(res[2], Some((0, 2, 2, vec![2, 0])));
+    assert_eq!(res[1], Some((1, 2, 4, vec![3, 1])));
+    assert_eq!(res[3], Some((0, 2, 4, vec![3, 1])));
+}
+
+#[test]
+fn groups_match_sends_in_order_and_handle_self() {
+    let res = on_ranks(3, config(), |c| {
+        let (r, n) = (c.rank(), c.nranks());
+        let a = vec![r as u64 * 10 + 1; 5];
+        let b = vec![r as u64 * 10 + 2; 70_000];
+        let mut got_a = vec![0u64; 5];
+        let mut got_b = vec![0u64; 70_000];
+        let mut me = vec![0u64; 5];
+        let mut g = c.group();
+        for p in 0..n {
+            if p != r {
+                g.send(&a, p).send(&b, p);
+            }
+        }
+        g.send(&a, r).recv(&mut me, r);
+        let peer = (r + 1) % n;
+        g.recv(&mut got_a, peer).recv(&mut got_b, peer);
+        // The other peer's messages are received too, into scratch.
+        let other = (r + 2) % n;
+        let mut o1 = vec![0u64; 5];
+        let mut o2 = vec![0u64; 70_000];
+        g.recv(&mut o1, other).recv(&mut o2, other);
+        g.run().unwrap();
+        (got_a[0], got_b[69_999], me[0], o1[0], o2[0])
+    });
+    for (r, (a, b, me, o1, o2)) in res.into_iter().enumerate() {
+        let p = (r + 1) % 3;
+        let o = (r + 2) % 3;
+        assert_eq!((a, b), (p as u64 * 10 + 1, p as u64 * 10 + 2));
+        assert_eq!(me, r as u64 * 10 + 1);
+        assert_eq!((o1, o2), (o as u64 * 10 + 1, o as u64 * 10 + 2));
+    }
+}
+
+#[test]
+fn p2p_size_mismatch_is_an_error_not_a_hang() {
+    let res = on_ranks(2, config(), |c| {
+        if c.rank() == 0 {
+            c.send(&[1f32; 100], 1)
+        } else {
+            c.recv(&mut [0f32; 50], 0)
+        }
+    });
+    let e = res[1].clone().unwrap_err();
+    assert!(
+        e.message()
+            .contains("rank 0 sent 100 x f32, rank 1 expected 50 x f32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn timeout_names_the_peer() {
+    let cfg = Config {
+        timeout: Duration::from_millis(500),
+        ..Config::default()
+    };
+    let res = on_ranks(2, cfg, |c| {
+        if c.rank() == 0 {
+            let start = Instant::now();
+            let e = c
+                .all_reduce_in_place(&mut [1f32; 16], ReduceOp::Sum)
+                .unwrap_err();
+            (Some(e), start.elapsed())
+        } else {
+            // Rank 1 never joins the allreduce; it only waits out rank 0's deadline.
+            std::thread::sleep(Duration::from_millis(1500));
+            (None, Duration::ZERO)
+        }
+    });
+    let (e, took) = (res[0].0.clone().unwrap(), res[0].1);
+    assert_eq!(e.kind(), ErrorKind::Timeout);
+    assert!(e.message().contains("all_reduce #1 on rank 0"), "{e}");
+    assert!(e.message().contains("rank 1 ("), "{e}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn abort_returns_promptly_and_fails_later_calls() {
+    let comms = Communicator::local_group(2, config()).unwrap();
+    let c0 = &comms[0];
+    std::thread::scope(|s| {
+        let h = s.spawn(|| c0.all_reduce_in_place(&mut vec![1f32; 1 << 20], ReduceOp::Sum));
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        c0.abort();
+        assert!(t.elapsed() < Duration::from_secs(1));
+        let e = h.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
+    });
+    let e = c0.barrier().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Aborted);
+    // The peer sees the closed connection instead of hanging.
+    let e = comms[1].barrier().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
+}

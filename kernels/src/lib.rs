@@ -8,7 +8,7 @@
 //! | combine two buffers          | [`reduce_inplace`] (`dst op= src`), [`reduce`] (`dst = a op b`) |
 //! | pre-multiplied sum, average  | [`scale`], [`scale_into`], [`divide`]                         |
 //! | fp8 element types            | [`Fp8E4M3`] (saturating, max 448), [`Fp8E5M2`] (max 57344)    |
-//! | obviously-correct oracle     | [`reference`]: same functions, one scalar element at a time   |
+//! | obviously-correct oracle     | [`reference`](mod@reference): same functions, one scalar element at a time   |
 //! | instruction-set choice       | [`simd::isa`], [`simd::Isa`], `FERRO_KERNEL_ISA`              |
 //!
 //! Buffers are byte slices in native byte order, as they come from user tensors, network
@@ -16,7 +16,7 @@
 //! Lengths must be equal (in bytes) and a multiple of [`DataType::size`], or the functions
 //! panic; callers validate user input first and report a proper error.
 //!
-//! # Arithmetic (identical in the fast kernels and in [`reference`])
+//! # Arithmetic (identical in the fast kernels and in [`reference`](mod@reference))
 //!
 //! - Integers: sum and prod wrap; max/min are the usual ones.
 //! - Floats: max/min are IEEE 754-2019 `maximum`/`minimum`: a NaN operand makes the result NaN,

@@ -283,16 +283,30 @@ impl Communicator {
         env: &bootstrap::env::LaunchEnv,
         config: Config,
     ) -> Result<Communicator> {
+        let mut v = Self::from_launch_env_threads(env, config, 1)?;
+        v.pop()
+            .ok_or_else(|| Error::internal("from_env: no communicator was created"))
+    }
+
+    /// Joins the job described by `env` with `threads` ranks in this process: process `p` of
+    /// `P` holds ranks `p × threads .. (p + 1) × threads` of `P × threads` (as nccl-tests' `-t`).
+    /// Element `t` of the result is rank `p × threads + t`.
+    pub fn from_launch_env_threads(
+        env: &bootstrap::env::LaunchEnv,
+        config: Config,
+        threads: usize,
+    ) -> Result<Vec<Communicator>> {
+        let threads = threads.max(1);
         let id = hash64(&[b"ferroccl-job", env.job_id.as_bytes()]);
-        let deadline = config.timeout;
         let (store, server): (Arc<dyn Store>, Option<bootstrap::TcpStoreServer>) = match env
             .store_addr
         {
             Some(addr) => {
                 let server = if env.host_store {
-                    Some(bootstrap::TcpStoreServer::bind(addr).map_err(|e| {
+                    let bind = env.store_bind_addr().unwrap_or(addr);
+                    Some(bootstrap::TcpStoreServer::bind(bind).map_err(|e| {
                         e.context(format!(
-                            "rank {} hosts the rendezvous store at {addr}",
+                            "rank {} hosts the rendezvous store at {bind}",
                             env.rank
                         ))
                     })?)
@@ -300,7 +314,7 @@ impl Communicator {
                     None
                 };
                 (
-                    Arc::new(bootstrap::TcpStore::connect(addr, deadline)?),
+                    Arc::new(bootstrap::TcpStore::connect(addr, config.timeout)?),
                     server,
                 )
             }
@@ -313,7 +327,25 @@ impl Communicator {
                 (Arc::new(bootstrap::FileStore::new(dir)?), None)
             }
         };
-        Self::init_inner(store, env.rank, env.nranks, id, config, server)
+        let nranks = env.nranks * threads;
+        let first = env.rank * threads;
+        let mut server = server;
+        if threads == 1 {
+            return Ok(vec![Self::init_inner(
+                store, first, nranks, id, config, server,
+            )?]);
+        }
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                let config = config.clone();
+                let server = if t == 0 { server.take() } else { None };
+                std::thread::Builder::new()
+                    .name(format!("ferroccl-init-{}", first + t))
+                    .spawn(move || Self::init_inner(store, first + t, nranks, id, config, server))
+            })
+            .collect();
+        join_inits(handles)
     }
 
     /// Joins the communicator named by a [`bootstrap::UniqueId`] (NCCL's path: one rank
@@ -324,7 +356,7 @@ impl Communicator {
         nranks: usize,
         config: Config,
     ) -> Result<Communicator> {
-        let store = bootstrap::TcpStore::connect(uid.addr(), config.timeout)?;
+        let store = uid.connect(config.timeout)?;
         Self::init(Arc::new(store), rank, nranks, uid.magic(), config)
     }
 
@@ -342,24 +374,7 @@ impl Communicator {
                     .spawn(move || Communicator::init(store, r, nranks, id, config))
             })
             .collect();
-        let mut out = Vec::with_capacity(nranks);
-        let mut first_err = None;
-        for h in handles {
-            let h = h.map_err(|e| Error::io("starting an init thread", &e))?;
-            match h.join() {
-                Ok(Ok(c)) => out.push(c),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(_) => {
-                    first_err.get_or_insert(Error::internal("an init thread panicked"));
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        join_inits(handles)
     }
 
     /// This rank, in `0..nranks()`.
@@ -967,6 +982,34 @@ impl Drop for Communicator {
         // Let queued work finish (or fail), then stop the progress thread.
         drop(lock(&self.worker).take());
         lock(&self.inner.engine).shutdown_all();
+    }
+}
+
+type InitHandle = std::io::Result<std::thread::JoinHandle<Result<Communicator>>>;
+
+/// Collects communicators initialised on threads, in order; the first error wins.
+fn join_inits(handles: Vec<InitHandle>) -> Result<Vec<Communicator>> {
+    let mut out = Vec::with_capacity(handles.len());
+    let mut first_err = None;
+    for h in handles {
+        match h {
+            Err(e) => {
+                first_err.get_or_insert(Error::io("starting an init thread", &e));
+            }
+            Ok(h) => match h.join() {
+                Ok(Ok(c)) => out.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::internal("an init thread panicked"));
+                }
+            },
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
     }
 }
 

@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod child;
 pub mod conformance;
 pub mod netns;

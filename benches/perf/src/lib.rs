@@ -38,6 +38,7 @@ pub mod bw;
 pub mod codec;
 pub mod coll;
 pub mod data;
+pub mod ferro;
 pub mod json;
 pub mod local;
 pub mod report;

@@ -1,0 +1,5 @@
+//! `all_gather_perf`: nccl-tests-compatible all_gather bandwidth tool for ferroccl.
+
+fn main() {
+    ferroccl_perf::ferro::tool_main(ferroccl_perf::Coll::AllGather)
+}

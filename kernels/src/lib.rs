@@ -77,7 +77,7 @@ pub(crate) fn check_binary(what: &str, dtype: DataType, dst_len: usize, src_len:
 #[track_caller]
 pub(crate) fn check_unary(what: &str, dtype: DataType, len: usize) {
     assert!(
-        len % dtype.size() == 0,
+        len.is_multiple_of(dtype.size()),
         "{what}: buffer length {len} bytes is not a multiple of the {dtype} element size {}",
         dtype.size()
     );

@@ -465,7 +465,7 @@ fn tasks_on_node(list: &str, node: Option<usize>) -> Option<usize> {
         if times > 1 << 20 || counts.len() + times > 1 << 20 {
             return None;
         }
-        counts.extend(std::iter::repeat(count).take(times));
+        counts.extend(std::iter::repeat_n(count, times));
     }
     match node {
         Some(n) => counts.get(n).copied(),

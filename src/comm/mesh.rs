@@ -21,10 +21,10 @@ pub(crate) fn connect_all(
     deadline: Instant,
 ) -> Result<Vec<Option<Conn>>> {
     let mut conns: Vec<Option<Conn>> = (0..nranks).map(|_| None).collect();
-    for peer in rank + 1..nranks {
+    for (peer, slot) in conns.iter_mut().enumerate().skip(rank + 1) {
         let addr = addrs(peer)?;
         let c = connect(rank, comm_id, peer, addr, cfg, deadline)?;
-        conns[peer] = Some(Conn::Tcp(c));
+        *slot = Some(Conn::Tcp(c));
     }
     let lower: Vec<usize> = (0..rank).collect();
     if !lower.is_empty() {

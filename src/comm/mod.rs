@@ -805,7 +805,7 @@ impl Communicator {
 
     fn block_count(&self, name: &str, len: usize) -> Result<usize> {
         let n = self.inner.nranks;
-        if len % n != 0 {
+        if !len.is_multiple_of(n) {
             return Err(Error::invalid_argument(format!(
                 "{name} on rank {}: buffer of {len} elements is not a multiple of nranks {n}",
                 self.inner.rank

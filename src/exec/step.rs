@@ -362,7 +362,7 @@ fn reduce_range(
     from: usize,
 ) {
     let n = incoming.len();
-    if src == dst as *const u8 {
+    if std::ptr::eq(src, dst) {
         // SAFETY: `dst..dst+len` is writable for the call and used by no other op of the step;
         // `from + n <= len`.
         let d = unsafe { std::slice::from_raw_parts_mut(dst.add(from), n) };

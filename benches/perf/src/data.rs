@@ -152,7 +152,7 @@ impl DataSpec {
                 let t = (max_pow2(self.dtype) as usize).min(n);
                 let two = (rank + 2 * index) % n < t && h & 1 == 1;
                 let magnitude = if two { 2 } else { 1 };
-                if signed && (h >> 1) % 3 == 0 {
+                if signed && (h >> 1).is_multiple_of(3) {
                     -magnitude
                 } else {
                     magnitude
@@ -169,7 +169,7 @@ impl DataSpec {
         // Pair j = ranks 2j and 2j+1 (a last odd rank has no partner and no offset).
         let pair = rank / 2;
         let has_partner = rank ^ 1 < n;
-        let d_sign = if rank % 2 == 0 { 1 } else { -1 };
+        let d_sign = if rank.is_multiple_of(2) { 1 } else { -1 };
         let hp = mix(self.seed ^ 0xA5A5, pair, index);
         if c == 0 {
             // More ranks than exact integers: one pair per element carries +d/-d, the

@@ -176,53 +176,43 @@ fn encode(d: DataType, v: Val, out: &mut Vec<u8>) {
 
 /// The reduction over `n` ranks of element `i`, as the library defines it.
 fn reduced(d: DataType, op: ReduceOp, case: u64, n: usize, i: usize) -> Val {
-    let vals: Vec<Val> = (0..n).map(|r| value(d, op, case, r, n, i)).collect();
+    let val = |r: usize| value(d, op, case, r, n, i);
     if let Some((bits, signed)) = int_bits(d) {
-        let xs: Vec<i128> = vals
-            .iter()
-            .map(|v| match v {
-                Val::I(x) => *x,
-                Val::F(_) => unreachable!(),
-            })
-            .collect();
-        let w = |v: i128| wrap(v, bits, signed);
-        let r = match op {
-            ReduceOp::Sum => xs.iter().fold(0i128, |a, &x| w(a.wrapping_add(x))),
-            ReduceOp::Prod => xs.iter().fold(1i128, |a, &x| w(a.wrapping_mul(x))),
-            ReduceOp::Max => *xs.iter().max().unwrap(),
-            ReduceOp::Min => *xs.iter().min().unwrap(),
-            ReduceOp::Avg => xs.iter().fold(0i128, |a, &x| w(a.wrapping_add(x))) / n as i128,
-            ReduceOp::PreMulSum(_) => xs.iter().enumerate().fold(0i128, |a, (r, &x)| {
-                w(a.wrapping_add(w(x.wrapping_mul(premul_scalar(r) as i128))))
-            }),
+        let x = |r: usize| match val(r) {
+            Val::I(x) => x,
+            Val::F(_) => unreachable!("integer dtype"),
         };
-        return Val::I(r);
+        let w = |v: i128| wrap(v, bits, signed);
+        let sum = || (0..n).fold(0i128, |a, r| w(a.wrapping_add(x(r))));
+        return Val::I(match op {
+            ReduceOp::Sum => sum(),
+            ReduceOp::Prod => (0..n).fold(1i128, |a, r| w(a.wrapping_mul(x(r)))),
+            ReduceOp::Max => (0..n).map(x).max().unwrap_or(0),
+            ReduceOp::Min => (0..n).map(x).min().unwrap_or(0),
+            ReduceOp::Avg => sum() / n as i128,
+            ReduceOp::PreMulSum(_) => (0..n).fold(0i128, |a, r| {
+                w(a.wrapping_add(w(x(r).wrapping_mul(premul_scalar(r) as i128))))
+            }),
+        });
     }
-    let xs: Vec<f64> = vals
-        .iter()
-        .map(|v| match v {
-            Val::F(x) => *x,
-            Val::I(_) => unreachable!(),
-        })
-        .collect();
+    let x = |r: usize| match val(r) {
+        Val::F(x) => x,
+        Val::I(_) => unreachable!("float dtype"),
+    };
+    let sum = || (0..n).map(x).sum::<f64>();
     Val::F(match op {
-        ReduceOp::Sum => xs.iter().sum(),
-        ReduceOp::Prod => xs.iter().product(),
-        ReduceOp::Max => xs.iter().cloned().fold(f64::MIN, f64::max),
-        ReduceOp::Min => xs.iter().cloned().fold(f64::MAX, f64::min),
+        ReduceOp::Sum => sum(),
+        ReduceOp::Prod => (0..n).map(x).product(),
+        ReduceOp::Max => (0..n).map(x).fold(f64::MIN, f64::max),
+        ReduceOp::Min => (0..n).map(x).fold(f64::MAX, f64::min),
         ReduceOp::Avg => {
-            let s: f64 = xs.iter().sum();
             if d == DataType::Float64 {
-                s / n as f64
+                sum() / n as f64
             } else {
-                f64::from(s as f32 / n as f32)
+                f64::from(sum() as f32 / n as f32)
             }
         }
-        ReduceOp::PreMulSum(_) => xs
-            .iter()
-            .enumerate()
-            .map(|(r, x)| x * premul_scalar(r))
-            .sum(),
+        ReduceOp::PreMulSum(_) => (0..n).map(|r| x(r) * premul_scalar(r)).sum(),
     })
 }
 
@@ -257,9 +247,16 @@ fn fill_reduced(
 
 /// Raw distinct bytes for data-movement collectives (any bit pattern must survive).
 fn fill_raw(case: u64, rank: usize, bytes: std::ops::Range<usize>) -> Vec<u8> {
-    bytes
-        .map(|i| h(case, rank, i / 8).to_le_bytes()[i % 8])
-        .collect()
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = bytes.start;
+    while i < bytes.end {
+        let word = h(case, rank, i / 8).to_le_bytes();
+        let k = i % 8;
+        let take = (8 - k).min(bytes.end - i);
+        out.extend_from_slice(&word[k..k + take]);
+        i += take;
+    }
+    out
 }
 
 fn op_for(op: ReduceOp, rank: usize) -> ReduceOp {

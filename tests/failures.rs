@@ -213,12 +213,10 @@ fn killed_rank_fails_every_survivor_promptly() {
     );
 }
 
-/// The stricter goal: every survivor's error names the rank that died, not the neighbour whose
-/// own failure reached it first. Today a survivor that was waiting on the other survivor sees
-/// that one close its connections (the communicator closes them when it fails) and reports
-/// `rank 0 (...) closed the connection`.
+/// The stricter check: every survivor's error names the rank that died, even a survivor that was
+/// waiting on the other survivor (a failing rank publishes its reason before it closes its
+/// connections, and a peer that sees the close adds that reason).
 #[test]
-#[ignore = "failures do not carry their cause to peers yet: a survivor may name the other survivor"]
 fn killed_rank_is_named_by_every_survivor() {
     let _serial = serial();
     for (r, s) in kill_job().iter().enumerate() {

@@ -100,6 +100,8 @@ struct Inner {
     turn: Condvar,
     splits: AtomicU64,
     groups: AtomicU64,
+    /// The rendezvous store, kept to tell peers why this rank failed (and to learn why they did).
+    store: Option<Arc<dyn Store>>,
     /// Keeps a rendezvous store this rank hosts alive as long as the communicator.
     _store_server: Option<bootstrap::TcpStoreServer>,
 }
@@ -220,10 +222,18 @@ impl Communicator {
             );
         }
         Ok(Self::from_parts(
-            rank, nranks, id, config, ip, conns, server,
+            rank,
+            nranks,
+            id,
+            config,
+            ip,
+            conns,
+            Some(store),
+            server,
         ))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn from_parts(
         rank: usize,
         nranks: usize,
@@ -231,6 +241,7 @@ impl Communicator {
         config: Config,
         listen_ip: IpAddr,
         conns: Vec<Option<crate::exec::Conn>>,
+        store: Option<Arc<dyn Store>>,
         server: Option<bootstrap::TcpStoreServer>,
     ) -> Communicator {
         let aborted = Arc::new(AtomicBool::new(false));
@@ -259,6 +270,7 @@ impl Communicator {
                 turn: Condvar::new(),
                 splits: AtomicU64::new(0),
                 groups: AtomicU64::new(0),
+                store,
                 _store_server: server,
             }),
             worker: Mutex::new(None),
@@ -402,10 +414,12 @@ impl Communicator {
     /// without waiting for peers.
     pub fn abort(&self) {
         self.inner.aborted.store(true, Ordering::SeqCst);
-        self.inner.fail(Error::new(
+        let e = Error::new(
             ErrorKind::Aborted,
             format!("rank {}: the communicator was aborted", self.inner.rank),
-        ));
+        );
+        self.inner.publish_failure(&e);
+        self.inner.fail(e);
         if let Ok(mut e) = self.inner.engine.try_lock() {
             e.shutdown_all();
         }
@@ -527,6 +541,7 @@ impl Communicator {
             inner.config.clone(),
             inner.listen_ip,
             conns,
+            inner.store.clone(),
             None,
         )))
     }
@@ -1231,12 +1246,45 @@ impl Inner {
             return Err(e);
         }
         let mut engine = lock(&self.engine);
-        let r = f(&mut engine);
-        if let Err(e) = &r {
-            self.fail(e.clone());
-            engine.shutdown_all();
+        match f(&mut engine) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let e = self.explain(e);
+                self.publish_failure(&e);
+                self.fail(e.clone());
+                engine.shutdown_all();
+                Err(e)
+            }
         }
-        r
+    }
+
+    fn failure_key(&self, rank: usize) -> String {
+        format!("ferroccl/{:016x}/failed/{rank}", self.id)
+    }
+
+    /// Tells peers, through the store, why this rank is about to close its connections.
+    fn publish_failure(&self, e: &Error) {
+        if let Some(store) = &self.store {
+            let _ = store.set(&self.failure_key(self.rank), e.message().as_bytes());
+        }
+    }
+
+    /// A lost connection to a peer that failed on purpose: add the peer's own reason, which
+    /// names the rank that really failed.
+    fn explain(&self, e: Error) -> Error {
+        let (Some(peer), Some(store)) = (e.peer(), &self.store) else {
+            return e;
+        };
+        if e.kind() != ErrorKind::Remote {
+            return e;
+        }
+        match store.get(&self.failure_key(peer), Duration::from_millis(300)) {
+            Ok(why) => e.append(format!(
+                "rank {peer} had failed: {}",
+                String::from_utf8_lossy(&why)
+            )),
+            Err(_) => e,
+        }
     }
 }
 

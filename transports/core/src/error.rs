@@ -48,6 +48,8 @@ impl ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    /// The peer whose connection failed, when the error comes from one.
+    peer: Option<usize>,
 }
 
 impl Error {
@@ -56,6 +58,7 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            peer: None,
         }
     }
 
@@ -97,6 +100,23 @@ impl Error {
     /// The message, without the category.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The peer whose connection failed, when the error comes from one.
+    pub fn peer(&self) -> Option<usize> {
+        self.peer
+    }
+
+    /// The same error, attributed to the connection to `peer`.
+    pub fn with_peer(mut self, peer: usize) -> Self {
+        self.peer = Some(peer);
+        self
+    }
+
+    /// The same error with `more` appended to the message (`"message; more"`).
+    pub fn append(mut self, more: impl fmt::Display) -> Self {
+        self.message = format!("{}; {more}", self.message);
+        self
     }
 
     /// The same error with `context` put in front of the message (`"context: message"`).

@@ -407,11 +407,11 @@ impl TcpConnection {
     }
 
     fn io_error(&self, what: &str, e: std::io::Error) -> Error {
-        Error::remote(format!("{what} {}: {e}", self.peer))
+        Error::remote(format!("{what} {}: {e}", self.peer)).with_peer(self.peer.rank)
     }
 
     fn closed_error(&self) -> Error {
-        Error::remote(format!("{} closed the connection", self.peer))
+        Error::remote(format!("{} closed the connection", self.peer)).with_peer(self.peer.rank)
     }
 }
 

@@ -323,3 +323,16 @@ fn abort_returns_promptly_and_fails_later_calls() {
     let e = comms[1].barrier().unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
 }
+
+#[test]
+fn conformance_large_count_every_dtype_and_op_all_reduce() {
+    // The large count through every dtype × op, on an odd number of ranks (uneven chunks).
+    let sw = Sweep {
+        colls: vec!["all_reduce"],
+        ..Sweep {
+            counts: vec![(1 << 20) + 3],
+            ..Sweep::full_small()
+        }
+    };
+    sweep(3, &sw);
+}

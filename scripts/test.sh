@@ -10,3 +10,7 @@ echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
+echo "== C ABI (feature capi): libnccl.so.2, include/nccl.h, C programs"
+cargo clippy -p ferroccl --no-deps --features capi --all-targets --quiet -- -D warnings
+FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
+  cargo test -p ferroccl --features capi --lib --test capi --no-fail-fast

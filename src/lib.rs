@@ -41,6 +41,8 @@
 //! ```
 
 pub mod bootstrap;
+#[cfg(feature = "capi")]
+pub mod capi;
 pub mod coll;
 pub mod comm;
 mod exec;

@@ -1,0 +1,975 @@
+//! The exported functions: every `ncclX` of `include/nccl.h`, and its `pncclX` alias.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_int, c_void};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use super::comm::{self, lookup, read_config, register, unregister, CommOptions, Shared};
+use super::env;
+use super::error::{error_string, guard, last_error_ptr, result_of, set_last_error};
+use super::group;
+use super::ops::{
+    dtype_arg, rank_arg, read_scalar, reduction_arg, Op, PreMul, Reduction, Rooted, Scalar,
+};
+use super::types::*;
+use crate::bootstrap::{iface, TcpStoreServer, UniqueId};
+use crate::coll::CollKind;
+use crate::{Communicator, Error, ReduceOp, Result};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Defines `ncclX` and its alias `pncclX` with the same signature.
+macro_rules! nccl_api {
+    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $r:ty $body:block) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments follow NCCL's contract for this call: NULL only where NCCL allows
+        /// it, otherwise pointing to memory of the size the other arguments imply, kept valid
+        /// (and, for buffers an operation writes, unused by the caller) until the operation
+        /// completes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r $body
+
+        #[doc = concat!("`", stringify!($pname), "`: the profiling alias of [`", stringify!($name), "`].")]
+        ///
+        /// # Safety
+        #[doc = concat!("As for [`", stringify!($name), "`].")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($a: $t),*) -> $r {
+            // SAFETY: the same contract as the function it aliases, which the caller upholds.
+            unsafe { $name($($a),*) }
+        }
+    };
+}
+
+/// Stores `v` through the caller's out-pointer `p`, refusing NULL.
+///
+/// # Safety
+/// `p` is NULL or valid for a write of `T`.
+unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
+    }
+    // SAFETY: non-NULL, and valid for a write by the caller's contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
+    }
+    Ok(())
+}
+
+fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
+    if stream.is_null() {
+        return Ok(());
+    }
+    Err(Error::new(
+        crate::ErrorKind::Unsupported,
+        format!(
+            "{api}: stream {stream:p} is a CUDA stream, but this libnccl (ferroccl) is built \
+             without CUDA support: pass a NULL stream and host buffers"
+        ),
+    ))
+}
+
+/// Runs an operation-issuing call; its argument error also fails the enclosing group.
+fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
+    f().inspect_err(group::note_error)
+}
+
+// ----- version, unique id -----
+
+nccl_api! {
+    /// Writes `NCCL_VERSION_CODE` (2.19.3: 21903).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
+        guard("ncclGetVersion", || {
+            // SAFETY: the caller passes NULL or a writable int.
+            unsafe { put("ncclGetVersion", "version", version, NCCL_VERSION_CODE) }?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+/// Store servers started by `ncclGetUniqueId`, by job magic, until a communicator of this
+/// process takes one over.
+static SERVERS: LazyLock<Mutex<HashMap<u64, Arc<TcpStoreServer>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+nccl_api! {
+    /// Creates a unique id: starts a rendezvous store in this process (kept until a
+    /// communicator using the id is destroyed) and names it. With `NCCL_COMM_ID=host:port`,
+    /// names a store at that address instead, which rank 0 will host.
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut ncclUniqueId) -> ncclResult_t {
+        const API: &str = "ncclGetUniqueId";
+        guard(API, || {
+            check_out(API, "uniqueId", unique_id)?;
+            let uid = match env::comm_id(&env::process_env)? {
+                Some(uid) => uid,
+                None => {
+                    let config = env::config()?;
+                    let ip = iface::pick_address(config.socket_ifname.as_deref())
+                        .map_err(|e| e.context(API))?;
+                    let (uid, server) = UniqueId::create(SocketAddr::new(ip, 0))
+                        .map_err(|e| e.context(API))?;
+                    lock(&SERVERS).insert(uid.magic(), Arc::new(server));
+                    uid
+                }
+            };
+            // SAFETY: checked non-NULL; the caller passes a writable ncclUniqueId.
+            unsafe { put(API, "uniqueId", unique_id, ncclUniqueId::from_bytes(uid.as_bytes())) }?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+/// The store server this rank should keep alive for `uid`, if this process hosts it.
+fn server_for(api: &str, uid: &UniqueId, rank: usize) -> Result<Option<Arc<TcpStoreServer>>> {
+    if let Some(s) = lock(&SERVERS).remove(&uid.magic()) {
+        return Ok(Some(s));
+    }
+    if rank == 0 {
+        if let Some(cid) = env::comm_id(&env::process_env)? {
+            if cid == *uid {
+                let s = TcpStoreServer::bind_with_magic(uid.addr(), uid.magic()).map_err(|e| {
+                    e.context(format!(
+                        "{api}: rank 0 hosts the store at NCCL_COMM_ID={}",
+                        uid.addr()
+                    ))
+                })?;
+                return Ok(Some(Arc::new(s)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+// ----- communicators -----
+
+/// # Safety
+/// `out` is NULL or writable.
+unsafe fn init_rank(
+    api: &str,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    opts: CommOptions,
+) -> Result<ncclResult_t> {
+    check_out(api, "comm", out)?;
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            Error::invalid_argument(format!("{api}: invalid nranks {nranks} (must be >= 1)"))
+        })?;
+    let r = usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| {
+            Error::invalid_argument(format!(
+                "{api}: invalid rank {rank} (rank must be 0..{})",
+                n - 1
+            ))
+        })?;
+    let uid = UniqueId::from_bytes(id.to_bytes())
+        .map_err(|e| e.context(format!("{api}: commId is not an id from ncclGetUniqueId")))?;
+    let config = env::config()?;
+    let shared = Shared::new(opts.blocking, 0);
+    if let Some(s) = server_for(api, &uid, r)? {
+        shared.keep_server(s);
+    }
+    let api_owned = api.to_string();
+    let init =
+        move || Communicator::from_unique_id(&uid, r, n, config).map_err(|e| e.context(&api_owned));
+    if opts.blocking && !group::in_group() {
+        match init() {
+            Ok(c) => {
+                shared.finish_init(Ok(c));
+                // SAFETY: checked non-NULL; writable by the caller's contract.
+                unsafe { out.write(register(shared)) };
+                Ok(ncclSuccess)
+            }
+            Err(e) => {
+                // SAFETY: as above.
+                unsafe { out.write(std::ptr::null_mut()) };
+                Err(e)
+            }
+        }
+    } else {
+        let s = Arc::clone(&shared);
+        shared.submit(move || s.finish_init(init()))?;
+        let handle = register(Arc::clone(&shared));
+        // SAFETY: checked non-NULL; writable by the caller's contract.
+        unsafe { out.write(handle) };
+        if group::in_group() {
+            group::touch(&shared);
+            return Ok(ncclSuccess);
+        }
+        Ok(ncclInProgress)
+    }
+}
+
+nccl_api! {
+    /// Joins communicator `commId` as `rank` of `nranks` (blocking).
+    fn ncclCommInitRank / pncclCommInitRank(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        comm_id: ncclUniqueId,
+        rank: c_int,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommInitRank";
+        guard(API, || {
+            let opts = CommOptions { blocking: env::default_blocking(&env::process_env) };
+            // SAFETY: the caller passes NULL or a writable ncclComm_t.
+            unsafe { init_rank(API, comm, nranks, &comm_id, rank, opts) }
+        })
+    }
+}
+
+nccl_api! {
+    /// As `ncclCommInitRank`, with a config (`NULL`: defaults). With `config->blocking = 0`
+    /// it returns `ncclInProgress` at once; poll `ncclCommGetAsyncError`.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        comm_id: ncclUniqueId,
+        rank: c_int,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommInitRankConfig";
+        guard(API, || {
+            // SAFETY: the caller passes NULL or an initialized config of `config->size` bytes.
+            let opts = unsafe { read_config(API, config, env::default_blocking(&env::process_env)) }?;
+            // SAFETY: the caller passes NULL or a writable ncclComm_t.
+            unsafe { init_rank(API, comm, nranks, &comm_id, rank, opts) }
+        })
+    }
+}
+
+nccl_api! {
+    /// Creates `ndev` communicators of this process, ranks 0..ndev, into `comms[0..ndev]`.
+    /// `devlist` (may be NULL) only labels them (`ncclCommCuDevice`).
+    fn ncclCommInitAll / pncclCommInitAll(
+        comms: *mut ncclComm_t,
+        ndev: c_int,
+        devlist: *const c_int,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommInitAll";
+        guard(API, || {
+            check_out(API, "comms", comms)?;
+            let n = usize::try_from(ndev).ok().filter(|&n| n >= 1).ok_or_else(|| {
+                Error::invalid_argument(format!("{API}: invalid ndev {ndev} (must be >= 1)"))
+            })?;
+            let devs: Vec<c_int> = if devlist.is_null() {
+                (0..ndev).collect()
+            } else {
+                // SAFETY: a non-NULL devlist holds ndev ints by the caller's contract.
+                unsafe { std::slice::from_raw_parts(devlist, n) }.to_vec()
+            };
+            if let Some((i, d)) = devs.iter().enumerate().find(|(_, &d)| d < 0) {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: invalid device devlist[{i}] = {d} (must be >= 0)"
+                )));
+            }
+            let config = env::config()?;
+            let made = Communicator::local_group(n, config).map_err(|e| e.context(API))?;
+            for (i, (c, dev)) in made.into_iter().zip(devs).enumerate() {
+                let handle = register(Shared::ready(c, true, dev));
+                // SAFETY: comms holds ndev writable handles by the caller's contract.
+                unsafe { comms.add(i).write(handle) };
+            }
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Splits `comm`: ranks passing the same `color` form a new communicator, ordered by
+    /// `key`; `NCCL_SPLIT_NOCOLOR` (-1) takes part and gets NULL. Every rank must call it.
+    fn ncclCommSplit / pncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommSplit";
+        guard(API, || issuing(|| {
+            let parent = lookup(API, comm)?;
+            check_out(API, "newcomm", newcomm)?;
+            let color = match color {
+                NCCL_SPLIT_NOCOLOR => None,
+                c => Some(u32::try_from(c).map_err(|_| {
+                    Error::invalid_argument(format!(
+                        "{API}: invalid color {c} (must be >= 0 or NCCL_SPLIT_NOCOLOR)"
+                    ))
+                })?),
+            };
+            // SAFETY: the caller passes NULL or an initialized config of `config->size` bytes.
+            let opts = unsafe { read_config(API, config, parent.blocking) }?;
+            let child = color.map(|_| Shared::new(opts.blocking, parent.cu_device));
+            let handle = child.clone().map_or(std::ptr::null_mut(), register);
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { newcomm.write(handle) };
+            let op = Op::Split { color, key: i64::from(key), child };
+            let r = group::issue(API, &parent, op);
+            if r.is_err() && !handle.is_null() && !group::in_group() {
+                let _ = unregister(API, handle);
+                // SAFETY: as above.
+                unsafe { newcomm.write(std::ptr::null_mut()) };
+            }
+            r
+        }))
+    }
+}
+
+nccl_api! {
+    /// Finishes the communicator's queued work; afterwards only `ncclCommDestroy` is allowed.
+    /// Non-blocking: `ncclInProgress` until the work is done.
+    fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+        const API: &str = "ncclCommFinalize";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            shared.finalized.store(true, Ordering::SeqCst);
+            if shared.blocking {
+                shared.wait_idle();
+            } else if shared.busy() {
+                return Ok(ncclInProgress);
+            }
+            match shared.async_status() {
+                None => Ok(ncclInProgress),
+                Some(None) => Ok(ncclSuccess),
+                Some(Some(e)) => Err(e.context(API)),
+            }
+        })
+    }
+}
+
+nccl_api! {
+    /// Waits for the communicator's queued work, closes its connections and frees it.
+    fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+        const API: &str = "ncclCommDestroy";
+        guard(API, || {
+            let shared = unregister(API, comm)?;
+            shared.stop_worker();
+            if let Some(Ok(c)) = shared.try_ready() {
+                drop(shared);
+                if let Ok(c) = Arc::try_unwrap(c) {
+                    // An earlier failure was already reported by the call that hit it.
+                    let _ = c.destroy();
+                }
+            }
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Aborts the communicator (operations in flight fail promptly, peers notice) and frees
+    /// it. Does not wait for peers.
+    fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+        const API: &str = "ncclCommAbort";
+        guard(API, || {
+            let shared = unregister(API, comm)?;
+            shared.abort();
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Writes `ncclInProgress` while initialization or non-blocking work runs, then
+    /// `ncclSuccess` or the communicator's first error (whose text `ncclGetLastError` then
+    /// returns).
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(
+        comm: ncclComm_t,
+        async_error: *mut ncclResult_t,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommGetAsyncError";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            check_out(API, "asyncError", async_error)?;
+            let code = match shared.async_status() {
+                None => ncclInProgress,
+                Some(None) => ncclSuccess,
+                Some(Some(e)) => {
+                    set_last_error(&e.to_string());
+                    result_of(e.kind())
+                }
+            };
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { async_error.write(code) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+/// The ready communicator for a query, or `Ok(Err(code))` while it initializes.
+fn query(
+    api: &str,
+    comm: ncclComm_t,
+) -> Result<std::result::Result<Arc<Communicator>, ncclResult_t>> {
+    let shared = lookup(api, comm)?;
+    match shared.try_ready() {
+        None => {
+            set_last_error(&comm::still_initializing(api).to_string());
+            Ok(Err(ncclInProgress))
+        }
+        Some(r) => Ok(Ok(r.map_err(|e| e.context(api))?)),
+    }
+}
+
+nccl_api! {
+    /// Writes the number of ranks.
+    fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+        const API: &str = "ncclCommCount";
+        guard(API, || {
+            check_out(API, "count", count)?;
+            let c = match query(API, comm)? {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            // SAFETY: the caller passes a writable int (checked non-NULL).
+            unsafe { put(API, "count", count, c.nranks() as c_int) }?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Writes this rank.
+    fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+        const API: &str = "ncclCommUserRank";
+        guard(API, || {
+            check_out(API, "rank", rank)?;
+            let c = match query(API, comm)? {
+                Ok(c) => c,
+                Err(code) => return Ok(code),
+            };
+            // SAFETY: the caller passes a writable int (checked non-NULL).
+            unsafe { put(API, "rank", rank, c.rank() as c_int) }?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Writes the communicator's device label: its `ncclCommInitAll` devlist entry, else 0
+    /// (there is no CUDA device).
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+        const API: &str = "ncclCommCuDevice";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            // SAFETY: the caller passes NULL or a writable int.
+            unsafe { put(API, "device", device, shared.cu_device) }?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// A short description of `result`.
+    fn ncclGetErrorString / pncclGetErrorString(result: ncclResult_t) -> *const c_char {
+        error_string(result).as_ptr()
+    }
+}
+
+nccl_api! {
+    /// The last error of this thread, in words naming the call, argument and value (empty if
+    /// none). Valid until the next failing call on this thread. `comm` is not used.
+    fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
+        let _ = comm;
+        last_error_ptr()
+    }
+}
+
+// ----- reduction operations -----
+
+nccl_api! {
+    /// Makes a reduction that multiplies each rank's input by `*scalar` (of `datatype`) and
+    /// sums. `ncclScalarHostImmediate`: the scalar is read now; `ncclScalarDevice`: read
+    /// each time an operation runs (host memory here).
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut ncclRedOp_t,
+        scalar: *mut c_void,
+        datatype: ncclDataType_t,
+        residence: ncclScalarResidence_t,
+        comm: ncclComm_t,
+    ) -> ncclResult_t {
+        const API: &str = "ncclRedOpCreatePreMulSum";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            check_out(API, "op", op)?;
+            let dtype = dtype_arg(API, datatype)?;
+            if scalar.is_null() {
+                return Err(Error::invalid_argument(format!("{API}: scalar is NULL")));
+            }
+            let scalar = match residence {
+                // SAFETY: a non-NULL scalar points to one element of `datatype`.
+                ncclScalarHostImmediate => Scalar::Value(unsafe { read_scalar(scalar.cast(), dtype) }),
+                ncclScalarDevice => Scalar::At(scalar.cast_const().cast()),
+                r => {
+                    return Err(Error::invalid_argument(format!(
+                        "{API}: invalid residence {r} (ncclScalarDevice = 0 or ncclScalarHostImmediate = 1)"
+                    )))
+                }
+            };
+            if let Scalar::Value(v) = scalar {
+                if !v.is_finite() {
+                    return Err(Error::invalid_argument(format!("{API}: scalar {v} is not finite")));
+                }
+            }
+            let made = PreMul { dtype, scalar };
+            let mut ops = lock(&shared.redops);
+            let index = match ops.iter().position(Option::is_none) {
+                Some(i) => {
+                    ops[i] = Some(made);
+                    i
+                }
+                None => {
+                    ops.push(Some(made));
+                    ops.len() - 1
+                }
+            };
+            let code = c_int::try_from(index)
+                .ok()
+                .and_then(|i| i.checked_add(ncclNumOps))
+                .ok_or_else(|| Error::invalid_usage(format!("{API}: too many operations")))?;
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { op.write(code) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Frees an operation made by `ncclRedOpCreatePreMulSum` on `comm`.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: ncclRedOp_t, comm: ncclComm_t) -> ncclResult_t {
+        const API: &str = "ncclRedOpDestroy";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            let mut ops = lock(&shared.redops);
+            let slot = usize::try_from(op - ncclNumOps).ok().and_then(|i| ops.get_mut(i));
+            match slot {
+                Some(s @ Some(_)) => {
+                    *s = None;
+                    Ok(ncclSuccess)
+                }
+                _ => Err(Error::invalid_argument(format!(
+                    "{API}: invalid operation {op} (not made by ncclRedOpCreatePreMulSum on this \
+                     communicator, or already destroyed; built-in operations 0..{} cannot be \
+                     destroyed)",
+                    ncclNumOps - 1
+                ))),
+            }
+        })
+    }
+}
+
+// ----- collectives -----
+
+#[allow(clippy::too_many_arguments)]
+fn collective(
+    api: &'static str,
+    kind: impl FnOnce(usize) -> CollKind,
+    root: Option<c_int>,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    op: Option<ncclRedOp_t>,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(api, || {
+        issuing(|| {
+            let shared = lookup(api, comm)?;
+            host_stream(api, stream)?;
+            let dtype = dtype_arg(api, datatype)?;
+            let red = match op {
+                Some(op) => reduction_arg(api, &shared, op, dtype)?,
+                None => Reduction::Op(ReduceOp::Sum),
+            };
+            let root = match root {
+                Some(r) => rank_arg(api, "root", r)?,
+                None => 0,
+            };
+            let op = Op::Coll {
+                api,
+                kind: kind(root),
+                send: send.cast(),
+                recv: recv.cast(),
+                count,
+                dtype,
+                red,
+            };
+            group::issue(api, &shared, op)
+        })
+    })
+}
+
+nccl_api! {
+    /// Every rank's `recvbuff` becomes the reduction of all ranks' `sendbuff` (`count`
+    /// elements; in place when the two are equal).
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclAllReduce", |_| CollKind::AllReduce, None, sendbuff, recvbuff, count, datatype, Some(op), comm, stream)
+    }
+}
+
+nccl_api! {
+    /// The root's `recvbuff` becomes the reduction of all ranks' `sendbuff` (`recvbuff` is
+    /// not used elsewhere).
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclReduce", |root| CollKind::Reduce { root }, Some(root), sendbuff, recvbuff, count, datatype, Some(op), comm, stream)
+    }
+}
+
+nccl_api! {
+    /// Every rank's `recvbuff` becomes the root's `sendbuff` (`sendbuff` is read on the root
+    /// only).
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclBroadcast", |root| CollKind::Broadcast { root }, Some(root), sendbuff, recvbuff, count, datatype, None, comm, stream)
+    }
+}
+
+nccl_api! {
+    /// In-place broadcast: every rank's `buff` becomes the root's.
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclBcast", |root| CollKind::Broadcast { root }, Some(root), buff, buff, count, datatype, None, comm, stream)
+    }
+}
+
+nccl_api! {
+    /// `recvbuff` (`nranks × sendcount` elements) becomes every rank's `sendbuff`, in rank
+    /// order (in place when `sendbuff == recvbuff + rank × sendcount`).
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclAllGather", |_| CollKind::AllGather, None, sendbuff, recvbuff, sendcount, datatype, None, comm, stream)
+    }
+}
+
+nccl_api! {
+    /// `recvbuff` (`recvcount` elements) becomes block `rank` of the reduction of all ranks'
+    /// `sendbuff` (`nranks × recvcount`; in place when `recvbuff == sendbuff + rank ×
+    /// recvcount`).
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclReduceScatter", |_| CollKind::ReduceScatter, None, sendbuff, recvbuff, recvcount, datatype, Some(op), comm, stream)
+    }
+}
+
+nccl_api! {
+    /// Block `p` (`count` elements) of `sendbuff` goes to rank `p`, which stores it as block
+    /// `rank` of its `recvbuff`.
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        collective("ncclAlltoAll", |_| CollKind::AllToAll, None, sendbuff, recvbuff, count, datatype, None, comm, stream)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rooted(
+    api: &'static str,
+    which: Rooted,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(api, || {
+        issuing(|| {
+            let shared = lookup(api, comm)?;
+            host_stream(api, stream)?;
+            let dtype = dtype_arg(api, datatype)?;
+            let root = rank_arg(api, "root", root)?;
+            let op = Op::Rooted {
+                api,
+                which,
+                root,
+                send: send.cast(),
+                recv: recv.cast(),
+                count,
+                dtype,
+            };
+            group::issue(api, &shared, op)
+        })
+    })
+}
+
+nccl_api! {
+    /// The root's `recvbuff` (`nranks × count`) receives every rank's `sendbuff` (`count`), in
+    /// rank order.
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        rooted("ncclGather", Rooted::Gather, sendbuff, recvbuff, count, datatype, root, comm, stream)
+    }
+}
+
+nccl_api! {
+    /// Rank `p`'s `recvbuff` (`count`) receives block `p` of the root's `sendbuff`.
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        rooted("ncclScatter", Rooted::Scatter, sendbuff, recvbuff, count, datatype, root, comm, stream)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn p2p(
+    api: &'static str,
+    send: bool,
+    buf: *mut c_void,
+    count: usize,
+    datatype: ncclDataType_t,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    guard(api, || {
+        issuing(|| {
+            let shared = lookup(api, comm)?;
+            host_stream(api, stream)?;
+            let dtype = dtype_arg(api, datatype)?;
+            let peer = rank_arg(api, "peer", peer)?;
+            let op = if send {
+                Op::Send {
+                    buf: buf.cast_const().cast(),
+                    count,
+                    dtype,
+                    peer,
+                }
+            } else {
+                Op::Recv {
+                    buf: buf.cast(),
+                    count,
+                    dtype,
+                    peer,
+                }
+            };
+            group::issue(api, &shared, op)
+        })
+    })
+}
+
+nccl_api! {
+    /// Sends `count` elements to `peer`, which calls `ncclRecv`. Inside a group, all sends and
+    /// receives run together.
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        p2p("ncclSend", true, sendbuff.cast_mut(), count, datatype, peer, comm, stream)
+    }
+}
+
+nccl_api! {
+    /// Receives `count` elements from `peer`.
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) -> ncclResult_t {
+        p2p("ncclRecv", false, recvbuff, count, datatype, peer, comm, stream)
+    }
+}
+
+// ----- groups -----
+
+nccl_api! {
+    /// Starts (or nests) a group on this thread: operations are queued until the matching
+    /// outermost `ncclGroupEnd`.
+    fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
+        guard("ncclGroupStart", || {
+            group::start();
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Ends a group; the outermost end runs the queued operations and waits for them
+    /// (non-blocking communicators: `ncclInProgress`).
+    fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
+        guard("ncclGroupEnd", group::end)
+    }
+}
+
+// ----- memory -----
+
+static REG_SERIAL: AtomicUsize = AtomicUsize::new(1);
+
+nccl_api! {
+    /// Registers a buffer with the communicator. Host buffers need no registration here: the
+    /// handle only has to be given back to `ncclCommDeregister`.
+    fn ncclCommRegister / pncclCommRegister(
+        comm: ncclComm_t,
+        buff: *mut c_void,
+        size: usize,
+        handle: *mut *mut c_void,
+    ) -> ncclResult_t {
+        const API: &str = "ncclCommRegister";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            check_out(API, "handle", handle)?;
+            if buff.is_null() {
+                return Err(Error::invalid_argument(format!("{API}: buff is NULL")));
+            }
+            let key = 0x1000 + 16 * REG_SERIAL.fetch_add(1, Ordering::Relaxed);
+            lock(&shared.registrations).insert(key, (buff as usize, size));
+            // SAFETY: checked non-NULL; writable by the caller's contract. The handle is an
+            // opaque number, never dereferenced.
+            unsafe { handle.write(std::ptr::without_provenance_mut(key)) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Releases a handle from `ncclCommRegister`.
+    fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+        const API: &str = "ncclCommDeregister";
+        guard(API, || {
+            let shared = lookup(API, comm)?;
+            let removed = lock(&shared.registrations).remove(&(handle as usize));
+            match removed {
+                Some(_) => Ok(ncclSuccess),
+                None => Err(Error::invalid_argument(format!(
+                    "{API}: handle {handle:p} is not registered with this communicator"
+                ))),
+            }
+        })
+    }
+}
+
+/// Blocks from `ncclMemAlloc` not yet freed.
+static ALLOCATIONS: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
+
+nccl_api! {
+    /// Allocates `size` bytes of page-aligned host memory (NCCL allocates device memory).
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        const API: &str = "ncclMemAlloc";
+        guard(API, || {
+            check_out(API, "ptr", ptr)?;
+            if size == 0 {
+                return Err(Error::invalid_argument(format!("{API}: size is 0")));
+            }
+            let mut p: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `p` is a valid place for the result; 4096 is a power of two and a
+            // multiple of the pointer size.
+            let rc = unsafe { libc::posix_memalign(&mut p, 4096, size) };
+            if rc != 0 || p.is_null() {
+                return Err(Error::io(
+                    format_args!("{API}: allocating {size} bytes"),
+                    &std::io::Error::from_raw_os_error(rc),
+                ));
+            }
+            lock(&ALLOCATIONS).insert(p as usize);
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { ptr.write(p) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Frees memory from `ncclMemAlloc` (NULL: nothing).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        const API: &str = "ncclMemFree";
+        guard(API, || {
+            if ptr.is_null() {
+                return Ok(ncclSuccess);
+            }
+            if !lock(&ALLOCATIONS).remove(&(ptr as usize)) {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: {ptr:p} was not allocated by ncclMemAlloc (or was already freed)"
+                )));
+            }
+            // SAFETY: `ptr` came from posix_memalign in ncclMemAlloc and is freed once (it
+            // was just removed from the set of live blocks).
+            unsafe { libc::free(ptr) };
+            Ok(ncclSuccess)
+        })
+    }
+}

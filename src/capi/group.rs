@@ -1,0 +1,176 @@
+//! `ncclGroupStart` / `ncclGroupEnd`: a thread-local nesting depth and the operations queued
+//! while it is above zero. A call outside any group is a group of one operation.
+//!
+//! At the outermost `ncclGroupEnd` the queued operations run, per communicator: collectives
+//! and splits in issue order, then all sends and receives at once. Communicators run at the
+//! same time, each on its own thread, so one thread may drive several communicators of one
+//! process (the `ncclCommInitAll` pattern) without deadlock. Non-blocking communicators get
+//! their work queued on their background thread and the call returns `ncclInProgress`.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::comm::Shared;
+use super::ops::{execute, validate, Op};
+use super::types::*;
+use crate::{Error, Result};
+
+#[derive(Debug, Default)]
+struct Pending {
+    depth: usize,
+    /// The first argument error of a call inside the group: the group then runs nothing.
+    error: Option<Error>,
+    batches: Vec<(Arc<Shared>, Vec<Op>)>,
+}
+
+thread_local! {
+    static GROUP: RefCell<Pending> = RefCell::new(Pending::default());
+}
+
+/// `ncclGroupStart`.
+pub(crate) fn start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Whether this thread is inside a group.
+pub(crate) fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// Notes a failed call: inside a group, the group will fail too (as in NCCL).
+pub(crate) fn note_error(e: &Error) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 {
+            g.error.get_or_insert_with(|| e.clone());
+        }
+    });
+}
+
+/// Makes the group's end wait for `shared` (a communicator initialized inside the group).
+pub(crate) fn touch(shared: &Arc<Shared>) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if !g.batches.iter().any(|(s, _)| Arc::ptr_eq(s, shared)) {
+            g.batches.push((Arc::clone(shared), Vec::new()));
+        }
+    });
+}
+
+/// Issues `op` on `shared`: queued inside a group, run now outside one. Arguments are checked
+/// now when the communicator is ready, else when the operation runs.
+pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResult_t> {
+    if shared.finalized.load(Ordering::SeqCst) {
+        return Err(Error::invalid_usage(format!(
+            "{api}: the communicator was finalized (ncclCommFinalize); only \
+             ncclCommDestroy is allowed now"
+        )));
+    }
+    if let Some(ready) = shared.try_ready() {
+        let comm = ready?;
+        validate(&op, comm.rank(), comm.nranks())?;
+    }
+    let queued = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Some(op);
+        }
+        match g.batches.iter_mut().find(|(s, _)| Arc::ptr_eq(s, shared)) {
+            Some((_, ops)) => ops.push(op),
+            None => g.batches.push((Arc::clone(shared), vec![op])),
+        }
+        None
+    });
+    match queued {
+        Some(op) => run(vec![(Arc::clone(shared), vec![op])]),
+        None => Ok(ncclSuccess),
+    }
+}
+
+/// `ncclGroupEnd`.
+pub(crate) fn end() -> Result<ncclResult_t> {
+    let taken = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::invalid_usage(
+                "ncclGroupEnd: not inside a group (no matching ncclGroupStart)",
+            ));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(None);
+        }
+        Ok(Some((g.error.take(), std::mem::take(&mut g.batches))))
+    })?;
+    match taken {
+        None => Ok(ncclSuccess),
+        Some((Some(e), _)) => Err(e.context(
+            "ncclGroupEnd: a call inside the group failed, so the group's operations were not run",
+        )),
+        Some((None, batches)) => run(batches),
+    }
+}
+
+/// Runs the batches of one group; see the module docs.
+fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
+    let mut in_progress = false;
+    let mut blocking = Vec::new();
+    for (shared, ops) in batches {
+        if shared.blocking {
+            blocking.push((shared, ops));
+            continue;
+        }
+        in_progress = true;
+        if ops.is_empty() {
+            continue;
+        }
+        let s = Arc::clone(&shared);
+        shared.submit(move || {
+            if let Err(e) = s.wait_ready().and_then(|c| execute(&c, ops)) {
+                s.record_async(e);
+            }
+        })?;
+    }
+    let results: Vec<Result<()>> = if blocking.len() == 1 {
+        blocking.into_iter().map(run_blocking).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = blocking
+                .into_iter()
+                .map(|b| {
+                    std::thread::Builder::new()
+                        .name("ferroccl-group".into())
+                        .spawn_scoped(scope, move || run_blocking(b))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Err(e) => Err(Error::io("ncclGroupEnd: starting a thread", &e)),
+                    Ok(h) => h.join().unwrap_or_else(|_| {
+                        Err(Error::internal(
+                            "ncclGroupEnd: a communicator's thread panicked",
+                        ))
+                    }),
+                })
+                .collect()
+        })
+    };
+    for r in results {
+        r?;
+    }
+    Ok(if in_progress {
+        ncclInProgress
+    } else {
+        ncclSuccess
+    })
+}
+
+fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
+    let comm = shared.wait_ready()?;
+    if ops.is_empty() {
+        return Ok(());
+    }
+    execute(&comm, ops)
+}

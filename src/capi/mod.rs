@@ -1,0 +1,45 @@
+//! NCCL's C API (`include/nccl.h`, NCCL 2.19 plus `ncclAlltoAll`, `ncclGather` and
+//! `ncclScatter`), exported from the shared library `libnccl.so.2` that
+//! `scripts/build-capi.sh` builds (cargo feature `capi`). Programs written against NVIDIA's
+//! header compile, link and run against it on host memory.
+//!
+//! Build: `scripts/build-capi.sh` (`cargo rustc -p ferroccl --release --features capi --lib
+//! --crate-type cdylib -- -C link-arg=-Wl,-soname,libnccl.so.2`, then a copy to `libnccl.so.2`).
+//!
+//! | piece | where |
+//! |---|---|
+//! | C types, enum values, `ncclConfig_t` | [`types`] |
+//! | every exported `ncclX` and `pncclX` | [`api`] |
+//! | result codes, last error, panic guard | [`error`] |
+//! | `NCCL_*` environment variables | [`env`] |
+//! | groups (`ncclGroupStart`/`End`) | `group` |
+//! | communicator handles, non-blocking work | `comm` |
+//!
+//! Semantics on host memory:
+//! - A NULL stream means host buffers; a call on a blocking communicator completes before it
+//!   returns. A non-NULL stream is `ncclInvalidUsage` (no CUDA support is built in).
+//! - Non-blocking communicators (`config.blocking = 0`) return `ncclInProgress` and run their
+//!   work on a background thread; `ncclCommGetAsyncError` reports `ncclInProgress` until it is
+//!   done, then `ncclSuccess` or the error.
+//! - Groups nest per thread; the outermost `ncclGroupEnd` runs what was queued, each
+//!   communicator on its own thread, sends and receives of one communicator together.
+//! - Every entry point checks its arguments as NCCL does (the last-error string names the
+//!   argument and its value), catches panics (`ncclInternalError`), and maps ferroccl's
+//!   error kinds to `ncclResult_t` in [`error::result_of`]. NCCL 2.19 has no `ncclTimeout`:
+//!   timeouts are `ncclRemoteError`.
+//! - Communicator handles are looked up in a table, never dereferenced: a stale or made-up
+//!   handle is `ncclInvalidArgument`, not a crash.
+
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+
+pub mod api;
+mod comm;
+pub mod env;
+pub mod error;
+mod group;
+mod ops;
+pub mod types;
+
+pub use api::*;
+pub use comm::{live_count, read_config, CommOptions};
+pub use types::*;

@@ -1,0 +1,644 @@
+//! Operations issued through the C API: their argument checks and how they run on a
+//! [`Communicator`] over raw host pointers.
+
+use std::ffi::c_int;
+use std::sync::Arc;
+
+use ferroccl_kernels::{DataType, Fp8E4M3, Fp8E5M2};
+
+use super::comm::Shared;
+use super::types::*;
+use crate::coll::CollKind;
+use crate::{Communicator, Error, ReduceOp, Result};
+
+/// A pre-multiplied sum made by `ncclRedOpCreatePreMulSum`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PreMul {
+    /// The element type the operation was made for.
+    pub dtype: DataType,
+    /// Where the scalar is.
+    pub scalar: Scalar,
+}
+
+/// The scalar of a pre-multiplied sum.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scalar {
+    /// Read when the operation was made.
+    Value(f64),
+    /// Read from this address each time an operation runs (`ncclScalarDevice`).
+    At(*const u8),
+}
+
+// SAFETY: the address is only read, while an operation using it runs; NCCL's contract makes
+// the caller keep it valid until the operation is destroyed.
+unsafe impl Send for Scalar {}
+
+/// The reduction of a collective.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reduction {
+    /// A built-in operation, or a pre-multiplied sum with its scalar known.
+    Op(ReduceOp),
+    /// A pre-multiplied sum whose scalar is read when it runs.
+    ScalarAt(*const u8, DataType),
+}
+
+/// Reads one element of `dtype` at `p` as `f64`.
+///
+/// # Safety
+/// `p` points to a readable element of `dtype` (any alignment).
+pub(crate) unsafe fn read_scalar(p: *const u8, dtype: DataType) -> f64 {
+    let mut b = [0u8; 8];
+    // SAFETY: the caller guarantees `dtype.size()` (at most 8) readable bytes at `p`.
+    unsafe { std::ptr::copy_nonoverlapping(p, b.as_mut_ptr(), dtype.size()) };
+    let b2 = [b[0], b[1]];
+    let b4 = [b[0], b[1], b[2], b[3]];
+    match dtype {
+        DataType::Int8 => f64::from(b[0] as i8),
+        DataType::Uint8 => f64::from(b[0]),
+        DataType::Int32 => f64::from(i32::from_ne_bytes(b4)),
+        DataType::Uint32 => f64::from(u32::from_ne_bytes(b4)),
+        DataType::Int64 => i64::from_ne_bytes(b) as f64,
+        DataType::Uint64 => u64::from_ne_bytes(b) as f64,
+        DataType::Float16 => half::f16::from_ne_bytes(b2).to_f64(),
+        DataType::Bfloat16 => half::bf16::from_ne_bytes(b2).to_f64(),
+        DataType::Float32 => f64::from(f32::from_ne_bytes(b4)),
+        DataType::Float64 => f64::from_ne_bytes(b),
+        DataType::Float8E4M3 => f64::from(Fp8E4M3::from_bits(b[0]).to_f32()),
+        DataType::Float8E5M2 => f64::from(Fp8E5M2::from_bits(b[0]).to_f32()),
+    }
+}
+
+/// A collective with a root that ferroccl builds from sends and receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rooted {
+    /// The root receives every rank's block, in rank order.
+    Gather,
+    /// The root sends block `p` to rank `p`.
+    Scatter,
+}
+
+/// One operation issued on a communicator, waiting to run.
+#[derive(Debug)]
+pub(crate) enum Op {
+    /// A collective ferroccl runs as one schedule.
+    Coll {
+        api: &'static str,
+        kind: CollKind,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        red: Reduction,
+    },
+    /// Gather or scatter, from point-to-point operations.
+    Rooted {
+        api: &'static str,
+        which: Rooted,
+        root: usize,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    },
+    /// `ncclSend`.
+    Send {
+        buf: *const u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+    /// `ncclRecv`.
+    Recv {
+        buf: *mut u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+    /// `ncclCommSplit`: makes `child` ready (or failed); `None` for `NCCL_SPLIT_NOCOLOR`.
+    Split {
+        color: Option<u32>,
+        key: i64,
+        child: Option<Arc<Shared>>,
+    },
+}
+
+// SAFETY: the pointers are the caller's buffers, which NCCL's contract keeps valid and
+// untouched by the caller until the operation completes (its call returns, or
+// ncclCommGetAsyncError stops reporting ncclInProgress); the thread that runs the operation is
+// the only one using them meanwhile.
+unsafe impl Send for Op {}
+
+fn invalid(api: &str, what: impl std::fmt::Display) -> Error {
+    Error::invalid_argument(format!("{api}: {what}"))
+}
+
+/// The data type with NCCL code `v`.
+pub(crate) fn dtype_arg(api: &str, v: ncclDataType_t) -> Result<DataType> {
+    DataType::from_nccl(i64::from(v)).ok_or_else(|| {
+        invalid(
+            api,
+            format!(
+                "invalid data type {v} (valid: 0..{}, see ncclDataType_t)",
+                ncclNumTypes - 1
+            ),
+        )
+    })
+}
+
+/// The reduction with NCCL code `op` on `shared`, for elements of `dtype`.
+pub(crate) fn reduction_arg(
+    api: &str,
+    shared: &Shared,
+    op: ncclRedOp_t,
+    dtype: DataType,
+) -> Result<Reduction> {
+    let fixed = match op {
+        ncclSum => ReduceOp::Sum,
+        ncclProd => ReduceOp::Prod,
+        ncclMax => ReduceOp::Max,
+        ncclMin => ReduceOp::Min,
+        ncclAvg => ReduceOp::Avg,
+        _ => {
+            let made = usize::try_from(op - ncclNumOps)
+                .ok()
+                .and_then(|i| shared.redops.lock().ok()?.get(i).copied().flatten());
+            let Some(p) = made else {
+                return Err(invalid(
+                    api,
+                    format!(
+                        "invalid reduction operation {op} (built-in: 0..{}; others come from \
+                         ncclRedOpCreatePreMulSum on this communicator)",
+                        ncclNumOps - 1
+                    ),
+                ));
+            };
+            if p.dtype != dtype {
+                return Err(invalid(
+                    api,
+                    format!(
+                        "reduction operation {op} was made for data type {} but the call uses {}",
+                        p.dtype as c_int, dtype as c_int
+                    ),
+                ));
+            }
+            return Ok(match p.scalar {
+                Scalar::Value(f) => Reduction::Op(ReduceOp::PreMulSum(f)),
+                Scalar::At(ptr) => Reduction::ScalarAt(ptr, dtype),
+            });
+        }
+    };
+    Ok(Reduction::Op(fixed))
+}
+
+/// A root or peer argument.
+pub(crate) fn rank_arg(api: &str, what: &str, v: c_int) -> Result<usize> {
+    usize::try_from(v).map_err(|_| invalid(api, format!("invalid {what} {v} (must be >= 0)")))
+}
+
+fn check_rank(api: &str, what: &str, v: usize, nranks: usize) -> Result<()> {
+    if v >= nranks {
+        return Err(invalid(
+            api,
+            format!("invalid {what} {v} ({what} must be 0..{})", nranks - 1),
+        ));
+    }
+    Ok(())
+}
+
+/// `count × mult` elements of `dtype` in bytes, if that fits a buffer.
+fn bytes_of(api: &str, count: usize, mult: usize, dtype: DataType) -> Result<usize> {
+    count
+        .checked_mul(mult)
+        .and_then(|n| n.checked_mul(dtype.size()))
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            invalid(
+                api,
+                format!(
+                    "count {count} x {mult} elements of {} bytes overflows the address space",
+                    dtype.size()
+                ),
+            )
+        })
+}
+
+fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
+}
+
+fn non_null(api: &str, name: &str, p: *const u8) -> Result<()> {
+    if p.is_null() {
+        return Err(invalid(api, format!("{name} is NULL")));
+    }
+    Ok(())
+}
+
+/// How a collective uses its buffers on one rank, after the checks.
+#[derive(Debug)]
+enum Layout {
+    /// Nothing to do (count 0).
+    Empty,
+    /// One buffer (`send: None` to ferroccl).
+    InPlace { buf: *mut u8, len: usize },
+    /// Separate buffers; a length of 0 means the buffer is not used on this rank.
+    Apart {
+        send: *const u8,
+        send_len: usize,
+        recv: *mut u8,
+        recv_len: usize,
+    },
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coll_layout(
+    api: &str,
+    kind: CollKind,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    rank: usize,
+    nranks: usize,
+) -> Result<Layout> {
+    if let Some(root) = kind.root() {
+        check_rank(api, "root", root, nranks)?;
+    }
+    bytes_of(api, count, nranks, dtype)?;
+    if count == 0 {
+        return Ok(Layout::Empty);
+    }
+    let es = dtype.size();
+    let (in_len, out_len) = kind.buffer_lens(count, nranks);
+    let (in_b, out_b) = (in_len * es, out_len * es);
+    let is_root = kind.root() == Some(rank);
+    let send_used = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+    let recv_used = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+    if send_used {
+        non_null(api, "sendbuff", send)?;
+    }
+    if recv_used {
+        non_null(api, "recvbuff", recv)?;
+    }
+    let (s, r) = (send as usize, recv as usize);
+    let in_place = match kind {
+        CollKind::AllGather => s == r.wrapping_add(rank * count * es),
+        CollKind::ReduceScatter => r == s.wrapping_add(rank * count * es),
+        _ => s == r && !send.is_null(),
+    };
+    if in_place {
+        let (buf, len) = match kind {
+            CollKind::ReduceScatter => (send.cast_mut(), in_b),
+            CollKind::Reduce { .. } if !is_root => (recv, in_b),
+            _ => (recv, in_b.max(out_b)),
+        };
+        return Ok(Layout::InPlace { buf, len });
+    }
+    let send_len = if send_used { in_b } else { 0 };
+    let recv_len = if recv_used { out_b } else { 0 };
+    if overlaps(send, send_len, recv, recv_len) {
+        return Err(invalid(
+            api,
+            format!(
+                "sendbuff {send:p} ({send_len} bytes) and recvbuff {recv:p} ({recv_len} bytes) \
+                 overlap without being the in-place layout"
+            ),
+        ));
+    }
+    Ok(Layout::Apart {
+        send,
+        send_len,
+        recv,
+        recv_len,
+    })
+}
+
+/// Checks `op` for a communicator of `nranks` ranks on which this is `rank`.
+pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
+    match *op {
+        Op::Coll {
+            api,
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } => coll_layout(api, kind, send, recv, count, dtype, rank, nranks).map(drop),
+        Op::Rooted {
+            api,
+            which,
+            root,
+            send,
+            recv,
+            count,
+            dtype,
+        } => rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks).map(drop),
+        Op::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks).map(drop),
+        Op::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks).map(drop),
+        Op::Split { .. } => Ok(()),
+    }
+}
+
+fn p2p_check(
+    api: &str,
+    name: &str,
+    buf: *const u8,
+    count: usize,
+    dtype: DataType,
+    peer: usize,
+    nranks: usize,
+) -> Result<usize> {
+    check_rank(api, "peer", peer, nranks)?;
+    let b = bytes_of(api, count, 1, dtype)?;
+    if b > 0 {
+        non_null(api, name, buf)?;
+    }
+    Ok(b)
+}
+
+/// Buffers of a gather or scatter on one rank: `(send, send bytes, recv, recv bytes, block
+/// bytes, whether the root's own block is already in place)`.
+type RootedLayout = (*const u8, usize, *mut u8, usize, usize, bool);
+
+#[allow(clippy::too_many_arguments)]
+fn rooted_layout(
+    api: &str,
+    which: Rooted,
+    root: usize,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dtype: DataType,
+    rank: usize,
+    nranks: usize,
+) -> Result<RootedLayout> {
+    check_rank(api, "root", root, nranks)?;
+    let all = bytes_of(api, count, nranks, dtype)?;
+    let block = count * dtype.size();
+    let is_root = rank == root;
+    let (send_len, recv_len) = match (which, is_root) {
+        (Rooted::Gather, true) => (block, all),
+        (Rooted::Gather, false) => (block, 0),
+        (Rooted::Scatter, true) => (all, block),
+        (Rooted::Scatter, false) => (0, block),
+    };
+    if count == 0 {
+        return Ok((send, 0, recv, 0, 0, true));
+    }
+    if send_len > 0 {
+        non_null(api, "sendbuff", send)?;
+    }
+    if recv_len > 0 {
+        non_null(api, "recvbuff", recv)?;
+    }
+    let own = root * block;
+    let in_place = is_root
+        && match which {
+            Rooted::Gather => send as usize == (recv as usize).wrapping_add(own),
+            Rooted::Scatter => recv as usize == (send as usize).wrapping_add(own),
+        };
+    if !in_place && overlaps(send, send_len, recv, recv_len) {
+        return Err(invalid(
+            api,
+            format!(
+                "sendbuff {send:p} and recvbuff {recv:p} overlap without being the in-place layout"
+            ),
+        ));
+    }
+    Ok((send, send_len, recv, recv_len, block, in_place))
+}
+
+/// Runs the operations of one group on `comm`: collectives and splits in issue order, then
+/// every send and receive together (so that pairs never deadlock).
+pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>) -> Result<()> {
+    let mut p2p = Vec::new();
+    for op in ops {
+        match op {
+            Op::Send { .. } | Op::Recv { .. } => p2p.push(op),
+            other => run_one(comm, other)?,
+        }
+    }
+    if !p2p.is_empty() {
+        run_p2p(comm, &p2p)?;
+    }
+    Ok(())
+}
+
+fn run_one(comm: &Communicator, op: Op) -> Result<()> {
+    let (rank, n) = (comm.rank(), comm.nranks());
+    match op {
+        Op::Coll {
+            api,
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            red,
+        } => {
+            let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
+            let op = match red {
+                Reduction::Op(op) => op,
+                // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
+                // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
+                Reduction::ScalarAt(p, d) => ReduceOp::PreMulSum(unsafe { read_scalar(p, d) }),
+            };
+            match layout {
+                Layout::Empty => Ok(()),
+                Layout::InPlace { buf, len } => {
+                    // SAFETY: `coll_layout` checked `buf` is non-NULL; the caller's in-place
+                    // buffer holds `len` bytes and nothing else uses it until the call ends.
+                    let buf = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                    comm.raw_collective(kind, None, buf, count, dtype, op)
+                }
+                Layout::Apart {
+                    send,
+                    send_len,
+                    recv,
+                    recv_len,
+                } => {
+                    // SAFETY: a used buffer is non-NULL (checked) and holds the bytes NCCL's
+                    // count says; the two do not overlap (checked); the caller keeps them
+                    // valid and unused by others until the call ends.
+                    let (s, r) = unsafe { (slice(send, send_len), slice_mut(recv, recv_len)) };
+                    comm.raw_collective(kind, Some(s), r, count, dtype, op)
+                }
+            }
+        }
+        Op::Rooted {
+            api,
+            which,
+            root,
+            send,
+            recv,
+            count,
+            dtype,
+        } => {
+            let (send, send_len, recv, recv_len, block, in_place) =
+                rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
+            if block == 0 {
+                return Ok(());
+            }
+            // Used buffers are non-NULL with the lengths NCCL's count gives, and overlap only
+            // in the exact in-place layout, where the root's own block is not copied (so the
+            // two slices are never both made). The caller keeps them valid until the call ends.
+            let mut g = comm.group();
+            match (which, rank == root) {
+                (Rooted::Gather, true) => {
+                    // SAFETY: see above.
+                    let r = unsafe { slice_mut(recv, recv_len) };
+                    if !in_place {
+                        // SAFETY: see above; not in place, so no overlap with `r`.
+                        let s = unsafe { slice(send, send_len) };
+                        r[root * block..(root + 1) * block].copy_from_slice(s);
+                    }
+                    for (p, chunk) in r.chunks_mut(block).enumerate() {
+                        if p != root {
+                            g.recv(chunk, p);
+                        }
+                    }
+                    g.run()
+                }
+                (Rooted::Scatter, true) => {
+                    // SAFETY: see above.
+                    let s = unsafe { slice(send, send_len) };
+                    if !in_place {
+                        // SAFETY: see above; not in place, so no overlap with `s`.
+                        let r = unsafe { slice_mut(recv, recv_len) };
+                        r.copy_from_slice(&s[root * block..(root + 1) * block]);
+                    }
+                    for (p, chunk) in s.chunks(block).enumerate() {
+                        if p != root {
+                            g.send(chunk, p);
+                        }
+                    }
+                    g.run()
+                }
+                (Rooted::Gather, false) => {
+                    // SAFETY: see above.
+                    g.send(unsafe { slice(send, send_len) }, root);
+                    g.run()
+                }
+                (Rooted::Scatter, false) => {
+                    // SAFETY: see above.
+                    g.recv(unsafe { slice_mut(recv, recv_len) }, root);
+                    g.run()
+                }
+            }
+        }
+        Op::Split { color, key, child } => {
+            let r = comm.split(color, key);
+            match (child, r) {
+                (Some(child), Ok(Some(c))) => {
+                    child.finish_init(Ok(c));
+                    Ok(())
+                }
+                (Some(child), Ok(None)) => {
+                    let e = Error::internal("ncclCommSplit: the split made no communicator");
+                    child.finish_init(Err(e.clone()));
+                    Err(e)
+                }
+                (Some(child), Err(e)) => {
+                    child.finish_init(Err(e.clone()));
+                    Err(e)
+                }
+                (None, r) => r.map(drop),
+            }
+        }
+        Op::Send { .. } | Op::Recv { .. } => run_p2p(comm, &[op]),
+    }
+}
+
+/// # Safety
+/// `len == 0`, or `p` points to `len` readable bytes that nobody writes while the slice lives.
+unsafe fn slice<'a>(p: *const u8, len: usize) -> &'a [u8] {
+    if len == 0 {
+        &[]
+    } else {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+}
+
+/// # Safety
+/// `len == 0`, or `p` points to `len` writable bytes that nothing else uses while the slice
+/// lives.
+unsafe fn slice_mut<'a>(p: *mut u8, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+}
+
+fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
+    let n = comm.nranks();
+    // (address, bytes, written) of every buffer, to refuse a receive overlapping anything.
+    let mut spans: Vec<(*const u8, usize, bool)> = Vec::with_capacity(ops.len());
+    for op in ops {
+        match *op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => spans.push((
+                buf,
+                p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?,
+                false,
+            )),
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => spans.push((
+                buf,
+                p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?,
+                true,
+            )),
+            _ => {}
+        }
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
+                return Err(Error::invalid_argument(format!(
+                    "ncclGroupEnd: buffers {:p} ({} bytes) and {:p} ({} bytes) of one group \
+                     overlap and one of them is a receive buffer",
+                    a.0, a.1, b.0, b.1
+                )));
+            }
+        }
+    }
+    let mut g = comm.group();
+    for (op, &(p, len, _)) in ops.iter().zip(&spans) {
+        match *op {
+            // Buffers are non-NULL when `len > 0` (checked); a receive buffer overlaps no
+            // other buffer of the group (checked above); the caller keeps them valid until
+            // the group completes.
+            Op::Send { peer, .. } => {
+                // SAFETY: see above.
+                g.send(unsafe { slice(p, len) }, peer);
+            }
+            Op::Recv { peer, buf, .. } => {
+                // SAFETY: see above.
+                g.recv(unsafe { slice_mut(buf, len) }, peer);
+            }
+            _ => {}
+        }
+    }
+    g.run()
+}

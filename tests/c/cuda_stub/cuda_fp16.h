@@ -1,0 +1,1 @@
+/* Empty: see cuda_runtime.h. */

@@ -12,5 +12,6 @@ echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
 echo "== C ABI (feature capi): libnccl.so.2, include/nccl.h, C programs"
 cargo clippy -p ferroccl --no-deps --features capi --all-targets --quiet -- -D warnings
+FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" FERROCCL_REQUIRE_NVIDIA_HEADER=1 \
 FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
   cargo test -p ferroccl --features capi --lib --test capi --no-fail-fast

@@ -72,14 +72,43 @@ fn lib_dir() -> &'static Path {
 }
 
 fn nvidia_include() -> Option<PathBuf> {
+    let from_list = std::env::var("FERROCCL_NVIDIA_INCLUDES")
+        .ok()
+        .and_then(|l| {
+            l.split(':')
+                .map(PathBuf::from)
+                .find(|d| d.join("nccl.h").exists())
+        });
     let candidates = [
+        from_list,
         std::env::var_os("FERROCCL_NVIDIA_NCCL_INCLUDE").map(PathBuf::from),
         Some(PathBuf::from("/tmp/ncclwheel/nvidia/nccl/include")),
     ];
-    candidates
+    let found = candidates
         .into_iter()
         .flatten()
-        .find(|d| d.join("nccl.h").exists())
+        .find(|d| d.join("nccl.h").exists());
+    if found.is_none() && std::env::var_os("FERROCCL_REQUIRE_NVIDIA_HEADER").is_some() {
+        panic!("NVIDIA's nccl.h is required (FERROCCL_REQUIRE_NVIDIA_HEADER) but was not found");
+    }
+    found
+}
+
+/// Compiler flags for NVIDIA's header: the real CUDA headers when `FERROCCL_NVIDIA_INCLUDES`
+/// lists them (`scripts/nvidia-headers.sh`), else a minimal stand-in for `cuda_runtime.h`.
+fn nvidia_flags(inc: &Path) -> Vec<String> {
+    let mut flags = vec![format!("-I{}", inc.display())];
+    match std::env::var("FERROCCL_NVIDIA_INCLUDES") {
+        Ok(list)
+            if list
+                .split(':')
+                .any(|d| Path::new(d).join("cuda_runtime.h").exists()) =>
+        {
+            flags.extend(list.split(':').map(|d| format!("-I{d}")));
+        }
+        _ => flags.push(format!("-I{ROOT}/tests/c/cuda_stub")),
+    }
+    flags
 }
 
 fn out_dir() -> PathBuf {
@@ -88,13 +117,18 @@ fn out_dir() -> PathBuf {
     d
 }
 
-/// Compiles `tests/c/<src>` into `<name>` with `flags`; links against libnccl when `link`.
+/// Compiles `tests/c/<src>` (or `<src>` from the repository root when it has a `/`) into
+/// `<name>` with `flags`; links against libnccl when `link`.
 fn gcc(src: &str, name: &str, flags: &[&str], link: bool) -> PathBuf {
     let exe = out_dir().join(name);
     let mut cmd = Command::new("gcc");
     cmd.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1"])
         .args(flags)
-        .arg(Path::new(ROOT).join("tests/c").join(src))
+        .arg(if src.contains('/') {
+            Path::new(ROOT).join(src)
+        } else {
+            Path::new(ROOT).join("tests/c").join(src)
+        })
         .arg("-o")
         .arg(&exe);
     if link {
@@ -272,13 +306,9 @@ fn header_agrees_with_nvidia_header() {
         eprintln!("NVIDIA's nccl.h not found: skipping the comparison");
         return;
     };
-    let stub = format!("-I{ROOT}/tests/c/cuda_stub");
-    let exe = gcc(
-        "abi.c",
-        "abi_nvidia",
-        &[&format!("-I{}", inc.display()), &stub],
-        false,
-    );
+    let flags = nvidia_flags(&inc);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("abi.c", "abi_nvidia", &flags, false);
     let out = Command::new(&exe).output().expect("running abi");
     let nvidia = parse_facts(&String::from_utf8_lossy(&out.stdout));
     let rust = rust_facts();
@@ -453,6 +483,19 @@ fn c_program_with_nccl_comm_id_and_init_all() {
     let id = format!("127.0.0.1:{port}");
     run_c(&exe, &["3", "commid"], &[("NCCL_COMM_ID", &id)]);
     run_c(&exe, &["3", "all"], &[]);
+    run_c(&exe, &["2", "mismatch"], &[]);
+    run_c(&exe, &["3", "mismatch"], &[]);
+}
+
+#[test]
+fn c_example_links_ferroccl_in_place_of_nccl() {
+    let exe = gcc(
+        "examples/c/allreduce.c",
+        "allreduce_example",
+        &[&our_include()],
+        true,
+    );
+    run_c(&exe, &["3"], &[]);
 }
 
 #[test]
@@ -461,14 +504,13 @@ fn c_program_built_against_nvidia_header() {
         eprintln!("NVIDIA's nccl.h not found: skipping");
         return;
     };
-    let flags = [
-        format!("-I{}", inc.display()),
-        format!("-I{ROOT}/tests/c/cuda_stub"),
-    ];
+    let flags = nvidia_flags(&inc);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let exe = gcc("collectives.c", "collectives_nvidia", &flags, true);
     run_c(&exe, &["2"], &[]);
+    run_c(&exe, &["3"], &[]);
     run_c(&exe, &["2", "all"], &[]);
+    run_c(&exe, &["3", "mismatch"], &[]);
 }
 
 // ----- in-process calls -----

@@ -4,6 +4,8 @@
  *   collectives NRANKS          rank 0 creates the id and sends it to the others by pipe
  *   collectives NRANKS commid   every rank calls ncclGetUniqueId itself (NCCL_COMM_ID set)
  *   collectives NDEV all        one process, ncclCommInitAll, one thread driving every comm
+ *   collectives NRANKS mismatch ranks disagree on a count: every rank gets an error naming the
+ *                               counts (no hang), the async error stays set, abort succeeds
  *
  * Exit status 0 when every check passed. */
 #include <nccl.h>
@@ -264,6 +266,28 @@ static int run_rank(int rank, int n, ncclUniqueId id) {
   return 0;
 }
 
+/* Rank 0 reduces 1024 floats, the others 4096: an error, not a hang or wrong data. */
+static int run_mismatch(int rank, int n, ncclUniqueId id) {
+  g_rank = rank;
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  size_t count = rank == 0 ? 1024 : 4096;
+  float *buf = calloc(count, sizeof(float));
+  ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, comm, NULL);
+  const char *m = ncclGetLastError(NULL);
+  EXPECT(r == ncclRemoteError, "mismatched allreduce returned %d (%s)", (int)r, m);
+  EXPECT(strstr(m, "all_reduce") != NULL, "last error \"%s\" names the operation", m);
+  ncclResult_t async = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(comm, &async));
+  EXPECT(async != ncclSuccess && async != ncclInProgress, "async error %d", (int)async);
+  /* Every later call fails the same way. */
+  r = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, NULL);
+  EXPECT(r != ncclSuccess, "a call on a failed communicator returned %d", (int)r);
+  CHECK(ncclCommAbort(comm));
+  free(buf);
+  return 0;
+}
+
 /* One process, one thread, every communicator: collectives and a ring of sends in groups. */
 static int run_all(int n) {
   g_rank = 0;
@@ -308,6 +332,7 @@ int main(int argc, char **argv) {
   if (n < 1) return 1;
   if (strcmp(mode, "all") == 0) return run_all(n);
   int commid = strcmp(mode, "commid") == 0;
+  int mismatch = strcmp(mode, "mismatch") == 0;
   int (*pipes)[2] = calloc(n, sizeof *pipes);
   for (int r = 0; r < n; r++)
     if (pipe(pipes[r]) != 0) return 1;
@@ -326,7 +351,7 @@ int main(int argc, char **argv) {
       _exit(4);
     }
     fflush(stdout);
-    _exit(run_rank(r, n, id));
+    _exit(mismatch ? run_mismatch(r, n, id) : run_rank(r, n, id));
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {

@@ -109,10 +109,7 @@ impl<'a> Group<'a> {
             let mut dtype = DataType::Uint8;
             for o in ops.iter_mut() {
                 match o {
-                    P2p::Send { buf, dtype: d, peer } if *peer == rank => {
-                        let _ = d;
-                        self_sends.push(buf);
-                    }
+                    P2p::Send { buf, peer, .. } if *peer == rank => self_sends.push(buf),
                     P2p::Send { buf, dtype: d, peer } => {
                         engine.p2p_sent[*peer] += 1;
                         dtype = *d;

@@ -46,6 +46,8 @@ pub mod capi;
 pub mod coll;
 pub mod comm;
 mod exec;
+pub mod plan;
+pub mod sim;
 
 pub use comm::{Communicator, Config, Group, ReduceOp, Work};
 pub use ferroccl_kernels::{DataType, ElemOp, Element};

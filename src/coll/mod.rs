@@ -2,17 +2,27 @@
 //! to a [`Schedule`]. No I/O and no `unsafe` here.
 #![forbid(unsafe_code)]
 
+mod algorithm;
+mod binomial;
 mod builder;
 mod chain;
 pub mod check;
+mod hier;
 mod pairwise;
+mod rd;
 mod ring;
 pub mod schedule;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_algo;
+mod topology;
+mod tree;
 
+pub use algorithm::{build_all, build_with, Algorithm};
 pub use check::{check, check_schedules, Checker};
 pub use schedule::{BufKind, Op, Schedule, Span, Step};
+pub use topology::Topology;
 
 /// Which collective, with its root where it has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,310 @@
+//! `ferroccl-sim`: predicts collective times on a modelled cluster by running the real
+//! schedules, and prints them in the perf tools' table layout.
+//!
+//! ```text
+//! ferroccl-sim --ranks 16384 --ranks-per-host 8 [--op allreduce] [--algo auto|all|ring,tree,...]
+//!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
+//!              [--slice BYTES] [--slow HOST=FACTOR] [--topology FILE]
+//! ```
+//!
+//! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
+//! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
+//! `nic_gbps X`, `slow HOST FACTOR`.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ferroccl::coll::{AlgoOptions, Algorithm, CollArgs, CollKind, Topology};
+use ferroccl::plan::{CostModel, Link, Overrides};
+use ferroccl::sim::{busbw_factor, simulate, Cluster};
+
+struct Opts {
+    ranks: usize,
+    per_host: usize,
+    op: CollKind,
+    algos: Option<Vec<Algorithm>>,
+    all: bool,
+    begin: usize,
+    end: usize,
+    factor: usize,
+    model: CostModel,
+    slice: Option<usize>,
+    slow: Vec<(usize, f64)>,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (d, m) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    d.parse::<usize>()
+        .ok()
+        .and_then(|v| v.checked_mul(m))
+        .ok_or_else(|| format!("bad size '{s}'"))
+}
+
+fn parse_op(s: &str) -> Result<CollKind, String> {
+    Ok(match s.replace('_', "").as_str() {
+        "allreduce" => CollKind::AllReduce,
+        "allgather" => CollKind::AllGather,
+        "reducescatter" => CollKind::ReduceScatter,
+        "broadcast" => CollKind::Broadcast { root: 0 },
+        "reduce" => CollKind::Reduce { root: 0 },
+        "alltoall" => CollKind::AllToAll,
+        _ => return Err(format!("unknown --op '{s}'")),
+    })
+}
+
+fn num<T: std::str::FromStr>(v: &str, what: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("bad {what} '{v}'"))
+}
+
+fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--topology {path}: {e}"))?;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bad = || format!("{path}:{}: cannot read '{line}'", i + 1);
+        match (w[0], w.len()) {
+            ("ranks", 2) => o.ranks = num(w[1], "ranks")?,
+            ("ranks_per_host", 2) => o.per_host = num(w[1], "ranks_per_host")?,
+            ("intra", 2) => o.model.intra = Link::parse(w[1])?,
+            ("inter", 2) => o.model.inter = Link::parse(w[1])?,
+            ("nic_gbps", 2) => o.model.nic_gbps = Some(num(w[1], "nic_gbps")?),
+            ("link", 4) => {
+                o.model
+                    .calibrate(Link::parse(w[1])?, num(w[2], "alpha")?, num(w[3], "beta")?)?
+            }
+            ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
+            _ => return Err(bad()),
+        }
+    }
+    Ok(())
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let mut o = Opts {
+        ranks: 16,
+        per_host: 8,
+        op: CollKind::AllReduce,
+        algos: None,
+        all: false,
+        begin: 8,
+        end: 128 << 20,
+        factor: 4,
+        model: CostModel::default(),
+        slice: None,
+        slow: Vec::new(),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        if flag == "-h" || flag == "--help" {
+            return Err(String::new());
+        }
+        let v = args
+            .get(i + 1)
+            .ok_or_else(|| format!("{flag} needs a value"))?
+            .as_str();
+        match flag {
+            "--ranks" | "-n" => o.ranks = num(v, "--ranks")?,
+            "--ranks-per-host" | "-k" => o.per_host = num(v, "--ranks-per-host")?,
+            "--op" => o.op = parse_op(v)?,
+            "--algo" => match v {
+                "auto" => o.algos = None,
+                "all" => o.all = true,
+                _ => {
+                    o.algos = Some(
+                        v.split(',')
+                            .map(str::parse)
+                            .collect::<Result<Vec<Algorithm>, _>>()?,
+                    )
+                }
+            },
+            "-b" | "--minbytes" => o.begin = parse_size(v)?,
+            "-e" | "--maxbytes" => o.end = parse_size(v)?,
+            "-f" | "--stepfactor" => o.factor = num(v, "-f")?,
+            "--intra" => o.model.intra = Link::parse(v)?,
+            "--inter" => o.model.inter = Link::parse(v)?,
+            "--nic-gbps" => o.model.nic_gbps = Some(num(v, "--nic-gbps")?),
+            "--slice" => o.slice = Some(parse_size(v)?),
+            "--slow" => {
+                let (h, f) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("bad --slow '{v}'"))?;
+                o.slow.push((num(h, "host")?, num(f, "factor")?));
+            }
+            "--topology" => apply_file(&mut o, v)?,
+            _ => return Err(format!("unknown option '{flag}'")),
+        }
+        i += 2;
+    }
+    if o.ranks == 0 || o.per_host == 0 || o.factor < 2 {
+        return Err("--ranks, --ranks-per-host must be positive and -f at least 2".into());
+    }
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("ferroccl-sim: {e}");
+            }
+            eprintln!(
+                "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
+                 [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
+                 [--inter tcp] [--nic-gbps X] [--slice BYTES] [--slow HOST=FACTOR] \
+                 [--topology FILE]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferroccl-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let topo = Topology::uniform(o.ranks, o.per_host);
+    let nhosts = topo.nhosts();
+    let mut slowdown = vec![1.0; nhosts];
+    for &(h, f) in &o.slow {
+        if h >= nhosts || f.is_nan() || f < 1.0 {
+            return Err(format!(
+                "--slow {h}={f}: host must be < {nhosts}, factor >= 1"
+            ));
+        }
+        slowdown[h] = f;
+    }
+    let cluster = Cluster {
+        topo: topo.clone(),
+        intra: o.model.link(o.model.intra),
+        inter: o.model.link(o.model.inter),
+        nic_gbps: o.model.nic_gbps,
+        copy_gbps: 10.0,
+        slowdown,
+    };
+    let elem = 4;
+    let started = Instant::now();
+    println!(
+        "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), {}",
+        o.ranks,
+        o.per_host,
+        nhosts,
+        o.model.intra.name(),
+        cluster.intra,
+        o.model.inter.name(),
+        cluster.inter,
+        o.op.name()
+    );
+    println!(
+        "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12} {:>8} {:>8} {:>6}  slice",
+        "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong",
+    );
+    println!(
+        "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12} {:>8} {:>8} {:>6}",
+        "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    let per_rank = matches!(
+        o.op,
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll
+    );
+    let mut size = o.begin.max(elem);
+    while size <= o.end {
+        // nccl-tests sizes: the whole buffer for all_gather / reduce_scatter / all_to_all.
+        let count = if per_rank {
+            (size / elem / o.ranks).max(1)
+        } else {
+            size / elem
+        };
+        let bytes = count * elem;
+        let algos: Vec<(Algorithm, usize)> = if o.all {
+            Algorithm::ALL
+                .into_iter()
+                .filter(|a| a.supports(o.op))
+                .map(|a| {
+                    (
+                        a,
+                        o.model
+                            .choose(
+                                o.op,
+                                bytes,
+                                &topo,
+                                &Overrides {
+                                    algo: Some(a),
+                                    rules: Vec::new(),
+                                },
+                            )
+                            .slice_bytes,
+                    )
+                })
+                .collect()
+        } else if let Some(list) = &o.algos {
+            list.iter()
+                .map(|&a| {
+                    (
+                        a,
+                        o.model
+                            .choose(
+                                o.op,
+                                bytes,
+                                &topo,
+                                &Overrides {
+                                    algo: Some(a),
+                                    rules: Vec::new(),
+                                },
+                            )
+                            .slice_bytes,
+                    )
+                })
+                .collect()
+        } else {
+            let c = o.model.choose(o.op, bytes, &topo, &Overrides::default());
+            vec![(c.algo, c.slice_bytes)]
+        };
+        for (algo, slice_bytes) in algos {
+            let slice = o.slice.unwrap_or(slice_bytes) / elem;
+            let args = CollArgs {
+                kind: o.op,
+                count,
+                in_place: false,
+            };
+            let shown = if per_rank { bytes * o.ranks } else { bytes };
+            let shown_count = if per_rank { count * o.ranks } else { count };
+            let root = o.op.root().map_or(-1, |r| r as i64);
+            let redop = if o.op.reduces() { "sum" } else { "none" };
+            match simulate(&cluster, &args, elem, algo, &AlgoOptions { slice }, None) {
+                Ok(r) => {
+                    let algbw = shown as f64 / r.time_us / 1e3;
+                    let busbw = algbw * busbw_factor(o.op, o.ranks);
+                    println!(
+                        "  {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12.1} {:>8.3} {:>8.3} {:>6}  {}",
+                        shown, shown_count, "float", redop, root, algo.name(), r.time_us, algbw,
+                        busbw, "N/A", slice * elem
+                    );
+                }
+                Err(e) => println!("  {shown:>10} {shown_count:>12} {algo}: {e}"),
+            }
+        }
+        size = match size.checked_mul(o.factor) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    println!("# simulated in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}

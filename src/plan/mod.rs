@@ -1,0 +1,413 @@
+//! The tuner: an alpha-beta cost model per (algorithm, link) that picks, for every call, the
+//! cheapest algorithm and slice for its size, rank count and topology. Pure code: no I/O, no
+//! environment reading, no clock. The caller logs [`Choice`] (its `Display`) at debug level.
+//!
+//! A message of `b` bytes over a link costs `alpha + b / beta`; an algorithm's cost is the sum
+//! over its steps on the slowest link each step uses (see [`CostModel::cost`] and
+//! docs/ALGORITHMS.md for every formula).
+//!
+//! ```
+//! use ferroccl::coll::{Algorithm, CollKind, Topology};
+//! use ferroccl::plan::{CostModel, Overrides};
+//!
+//! let model = CostModel::default();
+//! let topo = Topology::uniform(64, 8);
+//! let small = model.choose(CollKind::AllReduce, 1024, &topo, &Overrides::default());
+//! let large = model.choose(CollKind::AllReduce, 256 << 20, &topo, &Overrides::default());
+//! assert_ne!(small.algo, Algorithm::Ring);
+//! assert_eq!(large.algo, Algorithm::Hierarchical);
+//! ```
+#![forbid(unsafe_code)]
+
+mod rules;
+
+use std::fmt;
+
+pub use rules::{Overrides, Rule};
+
+use crate::coll::{Algorithm, CollKind, Topology};
+
+/// A kind of link between two ranks, as the cost model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Link {
+    /// Shared memory between ranks of one host.
+    Shm,
+    /// TCP sockets.
+    Tcp,
+    /// RDMA (InfiniBand / RoCE).
+    Rdma,
+    /// NVLink between GPUs of one host.
+    Nvlink,
+}
+
+impl Link {
+    /// Every link kind, in the order of [`CostModel::links`].
+    pub const ALL: [Link; 4] = [Link::Shm, Link::Tcp, Link::Rdma, Link::Nvlink];
+
+    /// Name in logs and topology files.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Link::Shm => "shm",
+            Link::Tcp => "tcp",
+            Link::Rdma => "rdma",
+            Link::Nvlink => "nvlink",
+        }
+    }
+
+    /// Parses [`Link::name`].
+    pub fn parse(s: &str) -> Result<Link, String> {
+        Link::ALL
+            .into_iter()
+            .find(|l| l.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| format!("unknown link '{s}' (expected shm, tcp, rdma or nvlink)"))
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Link::Shm => 0,
+            Link::Tcp => 1,
+            Link::Rdma => 2,
+            Link::Nvlink => 3,
+        }
+    }
+}
+
+/// Latency and bandwidth of one link kind.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkCost {
+    /// Per-message latency in microseconds.
+    pub alpha_us: f64,
+    /// Bandwidth in GB/s (10^9 bytes per second) of one flow.
+    pub beta_gbps: f64,
+}
+
+impl LinkCost {
+    /// Microseconds to move `bytes` in one message.
+    pub fn time_us(&self, bytes: f64) -> f64 {
+        self.alpha_us + bytes / (self.beta_gbps * 1e3)
+    }
+}
+
+/// The default link table. Shared memory: two copies through a ring (~1 µs, ~10 GB/s per
+/// flow on a current server). TCP: 10 GbE (~25 µs through the kernel, 1.25 GB/s). RDMA:
+/// 100 Gb/s InfiniBand or RoCE (~3 µs, 12 GB/s). NVLink: ~2 µs, 100 GB/s per direction.
+pub const DEFAULT_LINKS: [LinkCost; 4] = [
+    LinkCost {
+        alpha_us: 1.0,
+        beta_gbps: 10.0,
+    },
+    LinkCost {
+        alpha_us: 25.0,
+        beta_gbps: 1.25,
+    },
+    LinkCost {
+        alpha_us: 3.0,
+        beta_gbps: 12.0,
+    },
+    LinkCost {
+        alpha_us: 2.0,
+        beta_gbps: 100.0,
+    },
+];
+
+/// Slices the tuner tries, in bytes.
+pub const SLICE_CANDIDATES: [usize; 5] = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// The cost model: a link table, which link joins ranks of one host and of different hosts,
+/// and the NIC every host's inter-host traffic shares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CostModel {
+    /// `links[Link::index]`: see [`DEFAULT_LINKS`].
+    pub links: [LinkCost; 4],
+    /// Link between ranks of one host. Default shm.
+    pub intra: Link,
+    /// Link between hosts. Default tcp.
+    pub inter: Link,
+    /// Bandwidth of a host's NIC in GB/s, shared by the host's ranks that talk across hosts at
+    /// the same time; `None`: the inter link's bandwidth.
+    pub nic_gbps: Option<f64>,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            links: DEFAULT_LINKS,
+            intra: Link::Shm,
+            inter: Link::Tcp,
+            nic_gbps: None,
+        }
+    }
+}
+
+/// What the tuner picked for one call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// The algorithm.
+    pub algo: Algorithm,
+    /// Largest message, in bytes (divide by the element size for [`AlgoOptions::slice`]).
+    ///
+    /// [`AlgoOptions::slice`]: crate::coll::AlgoOptions::slice
+    pub slice_bytes: usize,
+    /// Predicted time in microseconds.
+    pub predicted_us: f64,
+    /// Why: `model`, `FERRO_ALGO` or the rule that matched.
+    pub reason: String,
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "algo={} slice={}B predicted={:.1}us ({})",
+            self.algo, self.slice_bytes, self.predicted_us, self.reason
+        )
+    }
+}
+
+/// Shape of the ranks: hosts, ranks per host (largest host), total.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    n: f64,
+    hosts: f64,
+    per_host: f64,
+    uniform: bool,
+}
+
+impl Shape {
+    fn of(topo: &Topology) -> Shape {
+        let hosts = topo.hosts();
+        Shape {
+            n: topo.nranks() as f64,
+            hosts: hosts.len() as f64,
+            per_host: hosts.iter().map(Vec::len).max().unwrap_or(1) as f64,
+            uniform: topo.is_uniform(),
+        }
+    }
+}
+
+fn log2_ceil(x: f64) -> f64 {
+    if x <= 1.0 {
+        0.0
+    } else {
+        x.log2().ceil()
+    }
+}
+
+impl CostModel {
+    /// The cost of `link`.
+    pub fn link(&self, link: Link) -> LinkCost {
+        self.links[link.index()]
+    }
+
+    /// Replaces the constants of `link` by measured ones (for `FERRO_TUNE=measure`: the
+    /// communicator times a small and a large message per transport at init and calls this).
+    /// Non-finite or non-positive values are refused with an error naming them.
+    pub fn calibrate(
+        &mut self,
+        link: Link,
+        latency_us: f64,
+        bandwidth_gbps: f64,
+    ) -> Result<(), String> {
+        if !(latency_us.is_finite() && latency_us >= 0.0) {
+            return Err(format!(
+                "calibrate {}: bad latency {latency_us} us",
+                link.name()
+            ));
+        }
+        if !(bandwidth_gbps.is_finite() && bandwidth_gbps > 0.0) {
+            return Err(format!(
+                "calibrate {}: bad bandwidth {bandwidth_gbps} GB/s",
+                link.name()
+            ));
+        }
+        self.links[link.index()] = LinkCost {
+            alpha_us: latency_us,
+            beta_gbps: bandwidth_gbps,
+        };
+        Ok(())
+    }
+
+    /// The cost of a step crossing hosts with `sharers` ranks of a host on the NIC at once.
+    fn inter_cost(&self, sharers: f64) -> LinkCost {
+        let l = self.link(self.inter);
+        let nic = self.nic_gbps.unwrap_or(l.beta_gbps);
+        LinkCost {
+            alpha_us: l.alpha_us,
+            beta_gbps: l.beta_gbps.min(nic / sharers.max(1.0)),
+        }
+    }
+
+    /// The slowest link a step of a flat algorithm (one flow per host across) uses.
+    fn flat_link(&self, s: Shape) -> LinkCost {
+        let intra = self.link(self.intra);
+        if s.hosts <= 1.0 {
+            return intra;
+        }
+        let inter = self.inter_cost(1.0);
+        LinkCost {
+            alpha_us: intra.alpha_us.max(inter.alpha_us),
+            beta_gbps: intra.beta_gbps.min(inter.beta_gbps),
+        }
+    }
+
+    /// Predicted microseconds of `algo` for `kind` on `topo`, with `bytes` = count x element
+    /// size (NCCL's count: per rank block for all_gather / reduce_scatter / all_to_all) and
+    /// messages of at most `slice_bytes`. `f64::INFINITY` where `algo` cannot run the call.
+    pub fn cost(
+        &self,
+        algo: Algorithm,
+        kind: CollKind,
+        bytes: usize,
+        topo: &Topology,
+        slice_bytes: usize,
+    ) -> f64 {
+        let s = Shape::of(topo);
+        if !algo.supports(kind) {
+            return f64::INFINITY;
+        }
+        if s.n <= 1.0 || bytes == 0 {
+            return 0.0;
+        }
+        let (n, h, k) = (s.n, s.hosts, s.per_host);
+        let b = bytes as f64;
+        let slice = slice_bytes.max(1) as f64;
+        let flat = self.flat_link(s);
+        let intra = self.link(self.intra);
+        // Steps of `len` bytes each, `len` cut into rounds of `per_round` bytes.
+        let rounds = |len: f64, per_round: f64| (len / per_round).ceil().max(1.0);
+        match (algo, kind) {
+            (Algorithm::Ring, CollKind::AllReduce) => {
+                let r = rounds(b, slice * n);
+                2.0 * (n - 1.0) * (r * flat.alpha_us + b / n / (flat.beta_gbps * 1e3))
+            }
+            (Algorithm::Ring, _) => {
+                let r = rounds(b, slice);
+                (n - 1.0) * (r * flat.alpha_us + b / (flat.beta_gbps * 1e3))
+            }
+            (Algorithm::Chain, _) => {
+                let m = rounds(b, slice);
+                (m + n - 2.0) * flat.time_us(b / m)
+            }
+            (Algorithm::Pairwise, _) => {
+                let r = rounds(b, slice);
+                (n - 1.0) * (r * flat.alpha_us + b / (flat.beta_gbps * 1e3))
+            }
+            (Algorithm::Binomial, _) => {
+                let r = rounds(b, slice);
+                log2_ceil(n) * r * flat.time_us(b / r)
+            }
+            (Algorithm::RecursiveDoubling, _) => {
+                let p = 2f64.powf(n.log2().floor());
+                let steps = p.log2() + if p < n { 2.0 } else { 0.0 };
+                let r = rounds(b, slice);
+                // A host's ranks all cross the NIC at once in the steps across hosts.
+                let across = if h > 1.0 { self.inter_cost(k) } else { intra };
+                let link = LinkCost {
+                    alpha_us: flat.alpha_us,
+                    beta_gbps: flat.beta_gbps.min(across.beta_gbps),
+                };
+                steps * r * link.time_us(b / r)
+            }
+            (Algorithm::Tree, _) => {
+                // Each half goes up and down its tree in chunks; the pipeline is as deep as
+                // the tree (host levels plus the chain) and a host's NIC moves every byte
+                // once up and once down.
+                let depth = log2_ceil(h + 1.0) + k - 1.0;
+                let m = rounds(b / 2.0, slice);
+                let chunk = b / 2.0 / m;
+                let up_down = 2.0 * (depth + 2.0 * m - 1.0);
+                let inter = if h > 1.0 { self.inter_cost(2.0) } else { intra };
+                let link = LinkCost {
+                    alpha_us: flat.alpha_us,
+                    beta_gbps: intra.beta_gbps.min(inter.beta_gbps),
+                };
+                up_down * link.time_us(chunk)
+            }
+            (Algorithm::Hierarchical, CollKind::AllReduce) => {
+                let across = self.inter_cost(k);
+                let r = rounds(b, slice * k);
+                let local =
+                    2.0 * (k - 1.0) * (r * intra.alpha_us + b / k / (intra.beta_gbps * 1e3));
+                let part = b / k;
+                let net = if h > 1.0 {
+                    2.0 * (h - 1.0) * (r * across.alpha_us + part / h / (across.beta_gbps * 1e3))
+                } else {
+                    0.0
+                };
+                local + net
+            }
+            (Algorithm::Hierarchical, CollKind::AllGather | CollKind::ReduceScatter) => {
+                if !s.uniform {
+                    return f64::INFINITY;
+                }
+                let across = self.inter_cost(k);
+                let r = rounds(b, slice);
+                let net = (h - 1.0) * (r * across.alpha_us + b / (across.beta_gbps * 1e3));
+                let local = (k - 1.0) * (r * intra.alpha_us + h * b / (intra.beta_gbps * 1e3));
+                net + local
+            }
+            (Algorithm::Hierarchical, _) => {
+                let m = rounds(b, slice);
+                (m + n - 2.0) * flat.time_us(b / m)
+            }
+        }
+    }
+
+    /// The cheapest (algorithm, slice) for `kind` with `bytes` (count x element size) on
+    /// `topo`, unless `overrides` force one: `FERRO_ALGO` first (where the algorithm
+    /// implements `kind`), then the first rule for `kind` whose size range holds `bytes`.
+    /// Forced algorithms still get the cheapest slice.
+    pub fn choose(
+        &self,
+        kind: CollKind,
+        bytes: usize,
+        topo: &Topology,
+        overrides: &Overrides,
+    ) -> Choice {
+        let forced = overrides.forced(kind, bytes);
+        let candidates: Vec<Algorithm> = match &forced {
+            Some((algo, _)) => vec![*algo],
+            None => Algorithm::ALL
+                .into_iter()
+                .filter(|a| a.supports(kind))
+                .collect(),
+        };
+        let mut best: Option<Choice> = None;
+        for algo in candidates {
+            for slice in SLICE_CANDIDATES.into_iter().rev() {
+                let t = self.cost(algo, kind, bytes, topo, slice);
+                if best.as_ref().is_none_or(|b| t < b.predicted_us) {
+                    best = Some(Choice {
+                        algo,
+                        slice_bytes: slice,
+                        predicted_us: t,
+                        reason: String::new(),
+                    });
+                }
+            }
+        }
+        let fallback = Algorithm::default_for(kind);
+        let mut choice = best.unwrap_or(Choice {
+            algo: fallback,
+            slice_bytes: 4 << 20,
+            predicted_us: f64::INFINITY,
+            reason: String::new(),
+        });
+        if !choice.predicted_us.is_finite() {
+            // Nothing the model can run (e.g. a forced hierarchical all_gather on uneven
+            // hosts): the default algorithm always can.
+            choice.algo = fallback;
+            choice.reason = format!("{} cannot run here, default", choice.algo);
+            choice.predicted_us = self.cost(fallback, kind, bytes, topo, choice.slice_bytes);
+            return choice;
+        }
+        choice.reason = match forced {
+            Some((_, why)) => why,
+            None => "cost model".to_string(),
+        };
+        choice
+    }
+}
+
+#[cfg(test)]
+mod tests;

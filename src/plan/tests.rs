@@ -1,0 +1,206 @@
+//! The tuner's choices as data, the cost formulas on hand-computed cases, and the rule parser.
+
+use super::*;
+
+fn model_with(intra: Link, inter: Link) -> CostModel {
+    CostModel {
+        intra,
+        inter,
+        ..CostModel::default()
+    }
+}
+
+#[test]
+fn choices_as_data() {
+    use Algorithm::*;
+    let ar = CollKind::AllReduce;
+    let bc = CollKind::Broadcast { root: 0 };
+    let tcp = model_with(Link::Shm, Link::Tcp);
+    let rdma = model_with(Link::Nvlink, Link::Rdma);
+    // (model, nranks, ranks per host, collective, bytes, expected)
+    let table: &[(&CostModel, usize, usize, CollKind, usize, Algorithm)] = &[
+        (&tcp, 8, 8, ar, 64, RecursiveDoubling),
+        (&tcp, 8, 8, ar, 64 << 20, Ring),
+        (&tcp, 1024, 8, ar, 64, RecursiveDoubling),
+        (&tcp, 1024, 8, ar, 4 << 20, Hierarchical),
+        (&tcp, 16384, 8, ar, 8 << 10, RecursiveDoubling),
+        (&tcp, 16384, 8, ar, 64 << 20, Hierarchical),
+        (&rdma, 256, 8, ar, 4, RecursiveDoubling),
+        (&tcp, 64, 8, bc, 64, Binomial),
+        (&tcp, 64, 8, bc, 256 << 20, Chain),
+        (&tcp, 4, 1, CollKind::AllToAll, 1000, Pairwise),
+    ];
+    for &(m, n, k, kind, bytes, want) in table {
+        let topo = Topology::uniform(n, k);
+        let c = m.choose(kind, bytes, &topo, &Overrides::default());
+        assert_eq!(
+            c.algo,
+            want,
+            "{} {n} ranks x {k}/host {bytes} B over {}: {c}",
+            kind.name(),
+            m.inter.name()
+        );
+        assert_eq!(c.reason, "cost model");
+    }
+}
+
+#[test]
+fn cheapest_wins_on_a_custom_table() {
+    // Costless bandwidth: only steps count, so the fewest steps win at any size.
+    let mut m = CostModel::default();
+    for l in Link::ALL {
+        m.calibrate(l, 10.0, 1e12).unwrap();
+    }
+    let topo = Topology::uniform(32, 4);
+    let c = m.choose(CollKind::AllReduce, 1 << 20, &topo, &Overrides::default());
+    assert_eq!(c.algo, Algorithm::RecursiveDoubling, "{c}");
+    // Costless latency: bandwidth-optimal algorithms win.
+    for l in Link::ALL {
+        m.calibrate(l, 0.0, 1.0).unwrap();
+    }
+    let flat = Topology::single_host(32);
+    let c = m.choose(CollKind::AllReduce, 1 << 20, &flat, &Overrides::default());
+    assert!(
+        matches!(c.algo, Algorithm::Ring | Algorithm::Hierarchical),
+        "{c}"
+    );
+}
+
+#[test]
+fn ring_cost_is_the_alpha_beta_formula() {
+    let m = model_with(Link::Tcp, Link::Tcp);
+    let topo = Topology::single_host(4);
+    // 4 ranks, 4000 bytes, one round: 2 * 3 * (25 us + 1000 B / 1250 B/us).
+    let t = m.cost(Algorithm::Ring, CollKind::AllReduce, 4000, &topo, 1 << 20);
+    assert!((t - 6.0 * (25.0 + 0.8)).abs() < 1e-9, "{t}");
+    // Two rounds when the slice holds half of each chunk: twice the latency.
+    let t = m.cost(Algorithm::Ring, CollKind::AllReduce, 4000, &topo, 500);
+    assert!((t - 6.0 * (50.0 + 0.8)).abs() < 1e-9, "{t}");
+    let t = m.cost(
+        Algorithm::RecursiveDoubling,
+        CollKind::AllReduce,
+        4000,
+        &topo,
+        1 << 20,
+    );
+    assert!((t - 2.0 * (25.0 + 3.2)).abs() < 1e-9, "{t}");
+    assert!(m
+        .cost(Algorithm::Tree, CollKind::AllGather, 10, &topo, 1 << 20)
+        .is_infinite());
+}
+
+#[test]
+fn costs_grow_with_size_and_ranks() {
+    let m = CostModel::default();
+    for algo in [
+        Algorithm::Ring,
+        Algorithm::Tree,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Hierarchical,
+    ] {
+        let mut last = 0.0;
+        for bytes in [1usize, 1 << 10, 1 << 20, 1 << 30] {
+            let t = m.cost(
+                algo,
+                CollKind::AllReduce,
+                bytes,
+                &Topology::uniform(64, 8),
+                1 << 20,
+            );
+            assert!(t > last, "{algo} {bytes}: {t} <= {last}");
+            last = t;
+        }
+        let small = m.cost(
+            algo,
+            CollKind::AllReduce,
+            4096,
+            &Topology::uniform(16, 8),
+            1 << 20,
+        );
+        let big = m.cost(
+            algo,
+            CollKind::AllReduce,
+            4096,
+            &Topology::uniform(4096, 8),
+            1 << 20,
+        );
+        assert!(big > small, "{algo}");
+    }
+}
+
+#[test]
+fn overrides_force_the_choice() {
+    let m = CostModel::default();
+    let topo = Topology::uniform(64, 8);
+    let o = Overrides::parse("ring").unwrap();
+    let c = m.choose(CollKind::AllReduce, 8, &topo, &o);
+    assert_eq!(
+        (c.algo, c.reason.as_str()),
+        (Algorithm::Ring, "FERRO_ALGO=ring")
+    );
+    // Not implemented for broadcast: the model decides.
+    let c = m.choose(CollKind::Broadcast { root: 1 }, 8, &topo, &o);
+    assert_eq!(c.reason, "cost model");
+    let o = Overrides::parse("allreduce=rd:0-8K;tree:8K-1M;ring:1M-max, broadcast=chain:0-max")
+        .unwrap();
+    let cases = [
+        (0, Algorithm::RecursiveDoubling),
+        (8191, Algorithm::RecursiveDoubling),
+        (8192, Algorithm::Tree),
+        ((1 << 20) - 1, Algorithm::Tree),
+        (1 << 20, Algorithm::Ring),
+        (1 << 40, Algorithm::Ring),
+    ];
+    for (bytes, want) in cases {
+        let c = m.choose(CollKind::AllReduce, bytes, &topo, &o);
+        assert_eq!(c.algo, want, "{bytes}: {c}");
+        assert!(c.reason.starts_with("rule allreduce="), "{c}");
+    }
+    let c = m.choose(CollKind::Broadcast { root: 0 }, 1, &topo, &o);
+    assert_eq!(c.algo, Algorithm::Chain);
+    let c = m.choose(CollKind::AllGather, 1, &topo, &o);
+    assert_eq!(c.reason, "cost model");
+}
+
+#[test]
+fn rule_errors_name_the_token() {
+    let bad = [
+        ("allreduce=rd:0-8X", "'8X'"),
+        ("allreduce=rdx:0-8K", "'rdx'"),
+        ("allreduse=rd:0-8K", "'allreduse'"),
+        ("allreduce=rd", "'rd'"),
+        ("allreduce=rd:8K", "'8K'"),
+        ("allreduce=rd:8K-8K", "'8K-8K'"),
+        (
+            "broadcast=ring:0-max",
+            "'ring' does not implement broadcast",
+        ),
+        ("tre", "'tre'"),
+    ];
+    for (s, needle) in bad {
+        let e = Overrides::parse(s).unwrap_err();
+        assert!(e.contains(needle), "{s}: {e}");
+    }
+    assert_eq!(Overrides::parse("  ").unwrap(), Overrides::default());
+}
+
+#[test]
+fn calibrate_replaces_constants_and_refuses_nonsense() {
+    let mut m = CostModel::default();
+    m.calibrate(Link::Tcp, 40.0, 2.5).unwrap();
+    assert_eq!(
+        m.link(Link::Tcp),
+        LinkCost {
+            alpha_us: 40.0,
+            beta_gbps: 2.5
+        }
+    );
+    assert!(m
+        .calibrate(Link::Shm, f64::NAN, 1.0)
+        .unwrap_err()
+        .contains("NaN"));
+    assert!(m
+        .calibrate(Link::Shm, 1.0, 0.0)
+        .unwrap_err()
+        .contains("bandwidth 0"));
+}

@@ -1,0 +1,478 @@
+//! The simulator: runs the real schedules of a collective on a modelled cluster and predicts
+//! its time. Pure code: no I/O; `ferroccl-sim` prints the results.
+//!
+//! Model: a rank starts step `t` when it finished step `t - 1` (its copies take
+//! `bytes / copy_gbps`); a message starts when both its sender and its receiver are in the
+//! steps that hold it (rendezvous) and takes `alpha + bytes / beta` of its link, times the
+//! slowdown of the slower host; a step ends when its last message does. Between hosts, a host's
+//! NIC is shared evenly by the ranks of the host that talk across hosts in the schedule.
+//!
+//! Two modes:
+//! * full: every rank's schedule is built and run (exact for the model);
+//! * symmetric: on equal hosts with consecutive ranks (`rank / K` is the host), algorithms that
+//!   look the same from every host (ring, hierarchical all_reduce / all_gather /
+//!   reduce_scatter, pairwise) run only the schedules of host 0; a peer on another host is
+//!   taken to behave like the rank of host 0 with the same local rank, shifted. Stragglers
+//!   then slow every host by the worst factor (an upper bound).
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+
+use crate::coll::{
+    build_all, build_with, AlgoOptions, Algorithm, CollArgs, CollKind, Op, Schedule, Topology,
+};
+use crate::plan::LinkCost;
+
+/// A modelled cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cluster {
+    /// Hosts and ranks.
+    pub topo: Topology,
+    /// Link between ranks of one host.
+    pub intra: LinkCost,
+    /// Link between hosts (one flow).
+    pub inter: LinkCost,
+    /// NIC bandwidth of a host in GB/s, shared by its ranks that talk across hosts; `None`:
+    /// the inter link's bandwidth.
+    pub nic_gbps: Option<f64>,
+    /// Local copy bandwidth in GB/s.
+    pub copy_gbps: f64,
+    /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
+    /// at full speed.
+    pub slowdown: Vec<f64>,
+}
+
+/// How the schedules were run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every rank.
+    Full,
+    /// Host 0's ranks standing in for every host.
+    Symmetric,
+}
+
+/// The outcome of one simulated call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimResult {
+    /// Predicted time in microseconds (the last rank to finish).
+    pub time_us: f64,
+    /// How the schedules were run.
+    pub mode: Mode,
+    /// Messages simulated (counting each once per simulated sender).
+    pub messages: usize,
+}
+
+/// Most ops the full mode runs before refusing (memory and time).
+pub const MAX_FULL_OPS: usize = 20_000_000;
+
+/// Whether `algo` on `kind` looks the same from every host (see the module docs).
+fn symmetric_algo(algo: Algorithm, kind: CollKind) -> bool {
+    matches!(
+        (algo, kind),
+        (Algorithm::Ring, _)
+            | (Algorithm::Pairwise, _)
+            | (
+                Algorithm::Hierarchical,
+                CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
+            )
+    )
+}
+
+/// Whether every rank moves the same number of messages: no part of any round is empty (an
+/// empty part drops its messages on some ranks only, breaking the symmetry).
+fn every_message_nonempty(
+    args: &CollArgs,
+    algo: Algorithm,
+    n: usize,
+    k: usize,
+    opts: &AlgoOptions,
+) -> bool {
+    let count = args.count;
+    if args.kind != CollKind::AllReduce {
+        return count > 0;
+    }
+    let per_round = if algo == Algorithm::Hierarchical {
+        k
+    } else {
+        n
+    };
+    let round = opts.slice.max(1).saturating_mul(per_round);
+    count >= n && (count.is_multiple_of(round) || count % round >= n)
+}
+
+/// Ranks per host when `topo` is equal hosts of consecutive ranks.
+fn host_major(topo: &Topology) -> Option<usize> {
+    let hosts = topo.hosts();
+    let k = hosts.first()?.len();
+    let ok = hosts
+        .iter()
+        .enumerate()
+        .all(|(h, rs)| rs.len() == k && rs.iter().enumerate().all(|(l, &r)| r == h * k + l));
+    ok.then_some(k)
+}
+
+/// Simulates `args` with `algo` on `cluster`, elements of `elem_size` bytes. `symmetric`:
+/// `Some(true)` forces the symmetric mode (an error where it does not apply), `Some(false)`
+/// the full mode, `None` picks symmetric where it applies and more than 64 ranks run.
+pub fn simulate(
+    cluster: &Cluster,
+    args: &CollArgs,
+    elem_size: usize,
+    algo: Algorithm,
+    opts: &AlgoOptions,
+    symmetric: Option<bool>,
+) -> Result<SimResult, String> {
+    let topo = &cluster.topo;
+    let n = topo.nranks();
+    let k = host_major(topo).filter(|_| symmetric_algo(algo, args.kind));
+    let use_sym = match symmetric {
+        Some(true) => {
+            if k.is_none() {
+                return Err(format!(
+                    "{}: symmetric simulation needs equal hosts of consecutive ranks and a \
+                     ring, pairwise or hierarchical algorithm (got {algo})",
+                    args.kind.name()
+                ));
+            }
+            true
+        }
+        Some(false) => false,
+        None => {
+            k.is_some() && n > 64 && every_message_nonempty(args, algo, n, k.unwrap_or(1), opts)
+        }
+    };
+    run(
+        cluster,
+        args,
+        elem_size,
+        algo,
+        opts,
+        use_sym,
+        k.unwrap_or(1),
+    )
+}
+
+/// One simulation in the given mode (`kk`: ranks per host for the symmetric mode).
+fn run(
+    cluster: &Cluster,
+    args: &CollArgs,
+    elem_size: usize,
+    algo: Algorithm,
+    opts: &AlgoOptions,
+    use_sym: bool,
+    kk: usize,
+) -> Result<SimResult, String> {
+    let topo = &cluster.topo;
+    let n = topo.nranks();
+    let hosts = topo.hosts();
+    let mut host_index = vec![0; n];
+    for (h, rs) in hosts.iter().enumerate() {
+        for &r in rs {
+            host_index[r] = h;
+        }
+    }
+    let (scheds, real): (Vec<Schedule>, Vec<usize>) = if use_sym {
+        let s = (0..kk.min(n))
+            .map(|r| build_with(args, r, n, opts, algo, topo))
+            .collect::<Result<Vec<_>, _>>()?;
+        (s, (0..kk.min(n)).collect())
+    } else {
+        // Estimate from a few ranks before building them all (the tree plans everything).
+        let probe = if algo == Algorithm::Tree {
+            0
+        } else {
+            [0, n / 2, n - 1]
+                .into_iter()
+                .map(|r| build_with(args, r, n, opts, algo, topo).map(|s| s.ops().count()))
+                .collect::<Result<Vec<_>, _>>()?
+                .into_iter()
+                .max()
+                .unwrap_or(0)
+        };
+        let estimate = probe.saturating_mul(n);
+        if estimate > MAX_FULL_OPS {
+            return Err(format!(
+                "{}: about {estimate} ops to simulate with {algo} on {n} ranks (at most \
+                 {MAX_FULL_OPS}); use a larger slice or a count of at least nranks",
+                args.kind.name()
+            ));
+        }
+        let s = build_all(args, n, opts, algo, topo)?;
+        let ops: usize = s.iter().map(|s| s.ops().count()).sum();
+        if ops > MAX_FULL_OPS {
+            return Err(format!(
+                "{}: {ops} ops to simulate with {algo} on {n} ranks (at most {MAX_FULL_OPS}); \
+                 use a larger slice",
+                args.kind.name()
+            ));
+        }
+        (s, (0..n).collect())
+    };
+    // Sim index standing in for real rank p, and the shift from it to p.
+    let rep = |p: usize| -> (usize, usize) {
+        if use_sym {
+            (p % kk, p - p % kk)
+        } else {
+            (p, 0)
+        }
+    };
+    let slow = |h: usize| cluster.slowdown.get(h).copied().unwrap_or(1.0).max(1.0);
+    let worst = (0..hosts.len()).map(slow).fold(1.0, f64::max);
+    // Ranks per host sending (receiving) across hosts: they share the NIC's two directions.
+    let mut senders = vec![0usize; hosts.len()];
+    let mut receivers = vec![0usize; hosts.len()];
+    for s in &scheds {
+        let r = s.rank;
+        let across = |p: usize| host_index[p] != host_index[r];
+        let (mut out, mut inc) = (false, false);
+        for op in s.ops() {
+            match *op {
+                Op::Send { peer, .. } => out |= across(peer),
+                Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => inc |= across(peer),
+                Op::Copy { .. } => {}
+            }
+        }
+        senders[host_index[r]] += usize::from(out);
+        receivers[host_index[r]] += usize::from(inc);
+    }
+    if use_sym {
+        let (a, b) = (senders[0], receivers[0]);
+        senders.iter_mut().for_each(|x| *x = a);
+        receivers.iter_mut().for_each(|x| *x = b);
+    }
+    let nic = cluster.nic_gbps.unwrap_or(cluster.inter.beta_gbps);
+    let cost = |a: usize, b: usize, len: usize| -> f64 {
+        let bytes = (len * elem_size) as f64;
+        let (ha, hb) = (host_index[a], host_index[b]);
+        let f = if use_sym {
+            worst
+        } else {
+            slow(ha).max(slow(hb))
+        };
+        let t = if ha == hb {
+            cluster.intra.time_us(bytes)
+        } else {
+            let share = senders[ha].max(receivers[hb]).max(1) as f64;
+            let beta = cluster.inter.beta_gbps.min(nic / share);
+            cluster.inter.alpha_us + bytes / (beta * 1e3)
+        };
+        t * f
+    };
+    let partners = match_partners(&scheds, n, &rep)?;
+    let copy_time = |s: &Schedule, t: usize| -> f64 {
+        let bytes: usize = s.steps[t]
+            .ops
+            .iter()
+            .map(|op| match *op {
+                Op::Copy { src, dst } if src != dst => src.len * elem_size,
+                _ => 0,
+            })
+            .sum();
+        bytes as f64 / (cluster.copy_gbps * 1e3) * if use_sym { worst } else { 1.0 }
+    };
+    let m = scheds.len();
+    let mut cur = vec![usize::MAX; m];
+    let mut ready = vec![0.0f64; m];
+    let mut finish = vec![0.0f64; m];
+    let mut pending = vec![0usize; m];
+    let mut queue: Vec<usize> = Vec::new();
+    let mut messages = 0;
+    let mut enter = |r: usize,
+                     t: usize,
+                     start: f64,
+                     cur: &mut Vec<usize>,
+                     ready: &mut Vec<f64>,
+                     finish: &mut Vec<f64>,
+                     pending: &mut Vec<usize>,
+                     queue: &mut Vec<usize>| {
+        cur[r] = t;
+        let s = &scheds[r];
+        if t >= s.steps.len() {
+            finish[r] = start;
+            return;
+        }
+        ready[r] = start + copy_time(s, t);
+        finish[r] = ready[r];
+        let mut left = 0;
+        for (i, op) in s.steps[t].ops.iter().enumerate() {
+            let (peer, len, sends) = match *op {
+                Op::Send { peer, src } => (peer, src.len, true),
+                Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => (peer, dst.len, false),
+                Op::Copy { .. } => continue,
+            };
+            let (q, qs, j) = partners[r][t][i];
+            if q == r && qs == t {
+                // The image of this rank on another host: matched within the step, once.
+                if i < j {
+                    let end = ready[r] + cost(real[r], peer, len);
+                    finish[r] = finish[r].max(end);
+                }
+                if sends {
+                    messages += 1;
+                }
+                continue;
+            }
+            if sends {
+                messages += 1;
+            }
+            if cur[q] == qs {
+                let (a, b) = if sends {
+                    (real[r], peer)
+                } else {
+                    (peer, real[r])
+                };
+                let end = ready[r].max(ready[q]) + cost(a, b, len);
+                finish[r] = finish[r].max(end);
+                finish[q] = finish[q].max(end);
+                pending[q] -= 1;
+                if pending[q] == 0 {
+                    queue.push(q);
+                }
+            } else {
+                left += 1;
+            }
+        }
+        pending[r] = left;
+        if left == 0 {
+            queue.push(r);
+        }
+    };
+    for r in 0..m {
+        enter(
+            r,
+            0,
+            0.0,
+            &mut cur,
+            &mut ready,
+            &mut finish,
+            &mut pending,
+            &mut queue,
+        );
+    }
+    while let Some(r) = queue.pop() {
+        let t = cur[r];
+        if t >= scheds[r].steps.len() {
+            continue;
+        }
+        let start = finish[r];
+        enter(
+            r,
+            t + 1,
+            start,
+            &mut cur,
+            &mut ready,
+            &mut finish,
+            &mut pending,
+            &mut queue,
+        );
+    }
+    if let Some(r) = (0..m).find(|&r| cur[r] < scheds[r].steps.len()) {
+        return Err(format!(
+            "{}: simulation stalled with rank {} at step {} of {} ({algo})",
+            args.kind.name(),
+            real[r],
+            cur[r],
+            scheds[r].steps.len()
+        ));
+    }
+    let time_us = finish.iter().copied().fold(0.0, f64::max);
+    Ok(SimResult {
+        time_us,
+        mode: if use_sym { Mode::Symmetric } else { Mode::Full },
+        messages,
+    })
+}
+
+/// (peer, sends) -> (step, op) of one rank's messages, in order.
+type OpIndex = HashMap<(usize, bool), Vec<(usize, usize)>>;
+
+/// For every op of every simulated rank: (simulated partner, its step, its op index).
+type Partners = Vec<Vec<Vec<(usize, usize, usize)>>>;
+
+/// FIFO matching of the simulated ranks' messages; a peer `p` is stood in for by `rep(p)`
+/// shifted by `rep(p).1`.
+fn match_partners(
+    scheds: &[Schedule],
+    n: usize,
+    rep: &dyn Fn(usize) -> (usize, usize),
+) -> Result<Partners, String> {
+    // Per simulated rank: (peer, sends) -> (step, op) in order.
+    let mut index: Vec<OpIndex> = Vec::with_capacity(scheds.len());
+    for s in scheds {
+        let mut m: HashMap<(usize, bool), Vec<(usize, usize)>> = HashMap::new();
+        for (t, step) in s.steps.iter().enumerate() {
+            for (i, op) in step.ops.iter().enumerate() {
+                let key = match *op {
+                    Op::Send { peer, .. } => (peer, true),
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => (peer, false),
+                    Op::Copy { .. } => continue,
+                };
+                m.entry(key).or_default().push((t, i));
+            }
+        }
+        index.push(m);
+    }
+    let mut partners: Partners = Vec::with_capacity(scheds.len());
+    for (pos, s) in scheds.iter().enumerate() {
+        let scheds_pos = |_: &Schedule| pos;
+        let mut seen: HashMap<(usize, bool), usize> = HashMap::new();
+        let mut per_step = Vec::with_capacity(s.steps.len());
+        for step in &s.steps {
+            let mut per_op = Vec::with_capacity(step.ops.len());
+            for op in &step.ops {
+                let (peer, sends) = match *op {
+                    Op::Send { peer, .. } => (peer, true),
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => (peer, false),
+                    Op::Copy { .. } => {
+                        per_op.push((usize::MAX, usize::MAX, usize::MAX));
+                        continue;
+                    }
+                };
+                let k = seen.entry((peer, sends)).or_insert(0);
+                let (q, shift) = rep(peer);
+                let me = (s.rank + n - shift % n) % n;
+                let found = index
+                    .get(q)
+                    .and_then(|m| m.get(&(me, !sends)))
+                    .and_then(|v| v.get(*k));
+                let mine = index[scheds_pos(s)].get(&(peer, sends)).map_or(0, Vec::len);
+                let theirs = index
+                    .get(q)
+                    .and_then(|m| m.get(&(me, !sends)))
+                    .map_or(0, Vec::len);
+                if mine != theirs {
+                    return Err(format!(
+                        "rank {}: {mine} messages {} rank {peer}, which has {theirs}",
+                        s.rank,
+                        if sends { "to" } else { "from" }
+                    ));
+                }
+                let Some(&(qs, j)) = found else {
+                    return Err(format!(
+                        "rank {}: message {k} {} rank {peer} has no other end",
+                        s.rank,
+                        if sends { "to" } else { "from" }
+                    ));
+                };
+                *k += 1;
+                per_op.push((q, qs, j));
+            }
+            per_step.push(per_op);
+        }
+        partners.push(per_step);
+    }
+    Ok(partners)
+}
+
+/// nccl-tests' bus bandwidth factor for `kind` on `n` ranks.
+pub fn busbw_factor(kind: CollKind, n: usize) -> f64 {
+    let n = n as f64;
+    match kind {
+        CollKind::AllReduce => 2.0 * (n - 1.0) / n,
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll => (n - 1.0) / n,
+        CollKind::Broadcast { .. } | CollKind::Reduce { .. } => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

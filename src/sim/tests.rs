@@ -1,0 +1,157 @@
+//! The simulator against hand-computed alpha-beta costs, its two modes against each other, and
+//! its behaviour at scale.
+
+use super::*;
+
+const LINK: LinkCost = LinkCost {
+    alpha_us: 10.0,
+    beta_gbps: 1.0,
+};
+
+fn cluster(topo: Topology) -> Cluster {
+    Cluster {
+        topo,
+        intra: LINK,
+        inter: LinkCost {
+            alpha_us: 50.0,
+            beta_gbps: 0.5,
+        },
+        nic_gbps: None,
+        copy_gbps: 10.0,
+        slowdown: Vec::new(),
+    }
+}
+
+fn all_reduce(count: usize) -> CollArgs {
+    CollArgs {
+        kind: CollKind::AllReduce,
+        count,
+        in_place: true,
+    }
+}
+
+const BIG: AlgoOptions = AlgoOptions { slice: 1 << 30 };
+
+fn time(c: &Cluster, a: &CollArgs, algo: Algorithm, sym: Option<bool>) -> f64 {
+    simulate(c, a, 4, algo, &BIG, sym).unwrap().time_us
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+#[test]
+fn ring_matches_hand_computed_cost() {
+    // 4 ranks, 4000 floats: 6 steps of 1000 floats (4000 B at 1000 B/us) after 10 us each.
+    let c = cluster(Topology::single_host(4));
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 6.0 * (10.0 + 4.0)), "{t}");
+    // Two hosts of two: every step waits for the slower link (50 us + 4000 B at 500 B/us);
+    // the NIC carries one flow per host.
+    let c = cluster(Topology::uniform(4, 2));
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 6.0 * (50.0 + 8.0)), "{t}");
+}
+
+#[test]
+fn tree_matches_hand_computed_cost() {
+    // Two hosts of one rank: each tree moves its half up in slot 0 and down in slot 1, both
+    // trees at once: 2 x (50 + 4000 B / 500 B/us).
+    let c = cluster(Topology::uniform(2, 1));
+    let t = time(&c, &all_reduce(2000), Algorithm::Tree, Some(false));
+    assert!(close(t, 2.0 * (50.0 + 8.0)), "{t}");
+    // One host of three: chains 0-1-2 and 2-1-0; the middle rank receives one chunk per slot,
+    // so the two halves take 5 slots of (10 + 4000 B / 1000 B/us).
+    let c = cluster(Topology::single_host(3));
+    let t = time(&c, &all_reduce(2000), Algorithm::Tree, Some(false));
+    assert!(close(t, 5.0 * (10.0 + 4.0)), "{t}");
+}
+
+#[test]
+fn recursive_doubling_and_binomial_match_hand_computed_cost() {
+    let c = cluster(Topology::single_host(8));
+    let mut a = all_reduce(1000);
+    a.in_place = false;
+    let t = time(&c, &a, Algorithm::RecursiveDoubling, Some(false));
+    assert!(close(t, 3.0 * (10.0 + 4.0)), "{t}");
+    // In place, the third exchange lands in scratch and a copy (4000 B at 10 GB/s) follows.
+    let t = time(
+        &c,
+        &all_reduce(1000),
+        Algorithm::RecursiveDoubling,
+        Some(false),
+    );
+    assert!(close(t, 3.0 * (10.0 + 4.0) + 0.4), "{t}");
+    let a = CollArgs {
+        kind: CollKind::Broadcast { root: 5 },
+        count: 1000,
+        in_place: true,
+    };
+    let t = time(&c, &a, Algorithm::Binomial, Some(false));
+    assert!(close(t, 3.0 * (10.0 + 4.0)), "{t}");
+}
+
+#[test]
+fn symmetric_mode_agrees_with_full_mode() {
+    let c = cluster(Topology::uniform(64, 8));
+    for (algo, kind, count) in [
+        (Algorithm::Ring, CollKind::AllReduce, 64 * 100),
+        (Algorithm::Hierarchical, CollKind::AllReduce, 64 * 100),
+        (Algorithm::Hierarchical, CollKind::AllGather, 100),
+        (Algorithm::Hierarchical, CollKind::ReduceScatter, 100),
+        (Algorithm::Ring, CollKind::AllGather, 100),
+        (Algorithm::Pairwise, CollKind::AllToAll, 10),
+    ] {
+        let a = CollArgs {
+            kind,
+            count,
+            in_place: false,
+        };
+        let full = time(&c, &a, algo, Some(false));
+        let sym = time(&c, &a, algo, Some(true));
+        assert!(
+            close(full, sym),
+            "{algo} {}: full {full} sym {sym}",
+            kind.name()
+        );
+    }
+    let e = simulate(&c, &all_reduce(10), 4, Algorithm::Tree, &BIG, Some(true)).unwrap_err();
+    assert!(e.contains("symmetric"), "{e}");
+}
+
+#[test]
+fn a_straggler_slows_the_call() {
+    let mut c = cluster(Topology::uniform(16, 4));
+    let a = all_reduce(16_000);
+    let base = time(&c, &a, Algorithm::Ring, Some(false));
+    c.slowdown = vec![1.0, 1.0, 3.0, 1.0];
+    let slow = time(&c, &a, Algorithm::Ring, Some(false));
+    assert!(slow > 2.0 * base, "{slow} vs {base}");
+}
+
+#[test]
+fn monotonic_and_sane_at_scale() {
+    let c = cluster(Topology::uniform(2048, 8));
+    let opts = AlgoOptions { slice: 1 << 18 };
+    for algo in [
+        Algorithm::Ring,
+        Algorithm::Hierarchical,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Tree,
+    ] {
+        let mut last = 0.0;
+        for count in [1usize, 1 << 10, 1 << 16, 1 << 20] {
+            let r = simulate(&c, &all_reduce(count), 4, algo, &opts, None).unwrap();
+            assert!(r.time_us > last, "{algo} {count}: {} <= {last}", r.time_us);
+            // Never faster than moving the bytes once over the NIC, never absurdly slow.
+            let floor = (count * 4) as f64 / (c.inter.beta_gbps * 1e3);
+            assert!(r.time_us >= floor, "{algo} {count}: {}", r.time_us);
+            assert!(r.time_us < 1e9, "{algo} {count}: {}", r.time_us);
+            last = r.time_us;
+        }
+    }
+    // Small messages: latency algorithms beat the ring by far at this scale.
+    let rd = time(&c, &all_reduce(8), Algorithm::RecursiveDoubling, None);
+    let ring = time(&c, &all_reduce(8), Algorithm::Ring, None);
+    assert!(rd * 50.0 < ring, "rd {rd} ring {ring}");
+}

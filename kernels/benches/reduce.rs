@@ -6,7 +6,14 @@
 //! for the copy are directly comparable as memory bandwidth. (For NCCL-style "algorithm
 //! bandwidth" of an in-place reduce, divide the kernel figure by 3.)
 //!
-//! Run: `cargo bench -p ferroccl-kernels --bench reduce`.
+//! Groups:
+//! * `f32_sum_64MiB`: f32 sum per ISA and the scalar reference, beside `copy_from_slice`.
+//! * `sum_64MiB`: sum for a few other types.
+//! * `dtype_op_8MiB`: every data type × op on 8 MiB buffers, beside `copy_from_slice` on the
+//!   same buffers (`memcpy`), with short measurement times.
+//!
+//! Run: `cargo bench -p ferroccl-kernels --bench reduce` (a filter such as `dtype_op` runs
+//! one group).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -109,5 +116,35 @@ fn bench_other_dtypes(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_f32_sum, bench_other_dtypes);
+/// Every data type × op on 8 MiB buffers (`out = a op b`, 3 × 8 MiB of traffic); the copy
+/// between the same buffers (2 × 8 MiB) is the yardstick.
+fn bench_dtype_op(c: &mut Criterion) {
+    const SMALL: usize = 8 << 20;
+    let mut g = c.benchmark_group("dtype_op_8MiB");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_millis(300));
+    // Byte patterns that are valid, finite values in every type.
+    // `out = a op b` with fixed inputs, so repeated products never drift into subnormals.
+    let a: Vec<u8> = (0..SMALL).map(|i| (i % 61) as u8 & 0x3f).collect();
+    let b: Vec<u8> = (0..SMALL).map(|i| (i % 53) as u8 & 0x3f).collect();
+    let mut out = vec![0u8; SMALL];
+    g.throughput(Throughput::Bytes(2 * SMALL as u64));
+    g.bench_function("memcpy", |bench| {
+        bench.iter(|| out.copy_from_slice(black_box(&a)))
+    });
+    g.throughput(Throughput::Bytes(3 * SMALL as u64));
+    for dtype in DataType::ALL {
+        for op in ElemOp::ALL {
+            g.bench_function(format!("{}/{}", dtype.name(), op.name()), |bench| {
+                bench.iter(|| {
+                    ferroccl_kernels::reduce(dtype, op, &mut out, black_box(&a), black_box(&b))
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_f32_sum, bench_other_dtypes, bench_dtype_op);
 criterion_main!(benches);

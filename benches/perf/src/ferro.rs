@@ -124,7 +124,8 @@ impl FerroComm {
                     g.recv(block, p);
                 }
             }
-        } else {
+        } else if bytes > 0 {
+            // The root posts no receive for empty blocks, so nothing is sent for them.
             let src: &[u8] = match send {
                 Some(s) => &s[..bytes],
                 None => &recv[r * bytes..(r + 1) * bytes],
@@ -157,7 +158,8 @@ impl FerroComm {
                 let (mine, _) = recv.split_at_mut(bytes);
                 if r == root {
                     mine.copy_from_slice(&s[r * bytes..(r + 1) * bytes]);
-                } else {
+                } else if bytes > 0 {
+                    // The root sends nothing for empty blocks.
                     g.recv(mine, root);
                 }
                 g.run()
@@ -171,7 +173,7 @@ impl FerroComm {
                             g.send(block, p);
                         }
                     }
-                } else {
+                } else if bytes > 0 {
                     g.recv(&mut recv[r * bytes..(r + 1) * bytes], root);
                 }
                 g.run()

@@ -586,3 +586,69 @@ fn ferrorun_stops_the_job_when_a_rank_panics() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A rank killed while shared-memory transfers are in flight.
+
+/// Shared-memory segment files in /dev/shm created by process `pid`.
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let tag = format!("-p{pid}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ferroccl-") && n.contains(&tag))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The job of [`child_dies_mid_allreduce`] over shared memory (the three ranks share this host;
+/// `FERRO_TRANSPORTS=shm` makes sure no TCP socket is involved): every survivor fails within the
+/// deadline naming the dead rank, and no segment of the job is left in /dev/shm.
+#[test]
+fn killed_rank_over_shared_memory_fails_survivors_and_leaves_no_segments() {
+    let _serial = serial();
+    let store = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let job = job_id("dies-shm");
+    let ranks: Vec<Running> = (0..3)
+        .map(|r| {
+            let mut env = rank_env(r, 3, store, &job, KILL_TIMEOUT_S);
+            env.push(("FERRO_TRANSPORTS", "shm".to_string()));
+            Running::spawn(self_command("child_dies_mid_allreduce", "dies", &env))
+        })
+        .collect();
+    let pids: Vec<u32> = ranks.iter().map(Running::id).collect();
+    let outs: Vec<Finished> = ranks
+        .into_iter()
+        .map(|p| p.finish(Duration::from_secs(120)))
+        .collect();
+    let all = || {
+        outs.iter()
+            .enumerate()
+            .map(|(r, o)| format!("=== rank {r}: {}", o.dump()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let killed = outs[2].tagged("KILLING ");
+    assert_eq!(killed.len(), 1, "{}", all());
+    let died_at: u128 = field(&killed[0], "at_ms");
+    for (r, out) in outs.iter().take(2).enumerate() {
+        assert!(out.success(), "survivor {r}: {}", all());
+        let failed = out.tagged("FAILED ");
+        assert_eq!(failed.len(), 1, "survivor {r}: {}", all());
+        let line = &failed[0];
+        let after_ms = field::<u128>(line, "at_ms").saturating_sub(died_at);
+        // Long before the deadline: a watcher thread wakes the rank when the peer's pidfd fires.
+        assert!(
+            after_ms < u128::from(KILL_TIMEOUT_S) * 1000 / 4,
+            "survivor {r} noticed after {after_ms} ms: {line}"
+        );
+        assert!(line.contains("rank 2 (shm, pid"), "survivor {r}: {line}");
+        println!("survivor {r}: {after_ms} ms after the kill: {line}");
+    }
+    for (r, &pid) in pids.iter().enumerate() {
+        let left = shm_files_of(pid);
+        assert!(left.is_empty(), "rank {r} (pid {pid}) left {left:?}");
+    }
+}

@@ -186,3 +186,63 @@ fn four_hosts_two_ranks_each_reduced_sweep() {
 fn two_hosts_large_counts() {
     over_hosts("two_hosts_large_counts", 2, 4, "large");
 }
+
+/// Two hosts with two ranks each: shared memory between the ranks of a host, TCP between hosts
+/// (as logged per peer with `FERRO_DEBUG=INFO`), and the whole sweep passes over the mix.
+#[test]
+fn two_hosts_two_ranks_each_mix_shared_memory_and_tcp() {
+    let test = "two_hosts_two_ranks_each_mix_shared_memory_and_tcp";
+    if let Err(why) = netns_available() {
+        println!("skipped: {test}: {why}");
+        return;
+    }
+    let (nhosts, nranks) = (2, 4);
+    let hosts = NetnsHosts::up(nhosts).expect("build namespace hosts");
+    let out = ferrorun_self(
+        nranks,
+        Some(&hosts.netns_arg()),
+        "child_netns_conformance",
+        "netns",
+        &[
+            (child::SWEEP_VAR, "reduced".to_string()),
+            ("FERRO_TIMEOUT", "60".to_string()),
+            ("FERRO_DEBUG", "INFO".to_string()),
+        ],
+        JOB_LIMIT,
+    );
+    assert!(out.success(), "{test}: {}", out.dump());
+    let mut seen = BTreeSet::new();
+    for l in out.tagged("ferroccl rank ") {
+        let Some((rank, info)) = l
+            .strip_prefix("ferroccl rank ")
+            .and_then(|r| r.split_once(" TRANSPORT: "))
+        else {
+            continue;
+        };
+        let r: usize = rank.parse().expect("rank in TRANSPORT line");
+        // Rank r runs on host r % nhosts; local rank in rank order on that host.
+        assert!(
+            info.starts_with(&format!("local rank {} of 2 ", r / nhosts)),
+            "{l}"
+        );
+        let peers = info.split_once("peers ").map_or("", |(_, p)| p);
+        for entry in peers.split(", ") {
+            let (p, how) = entry.split_once(':').expect("peer:transport");
+            let p: usize = p.parse().expect("peer rank");
+            let want = if p % nhosts == r % nhosts {
+                "shm"
+            } else {
+                "tcp"
+            };
+            assert!(how.starts_with(want), "rank {r} to {p}: {l}");
+        }
+        seen.insert(r);
+    }
+    assert_eq!(seen, (0..nranks).collect(), "{}", out.dump());
+    let cases = expected_cases(&sweep_named("reduced"));
+    let lines = out.tagged("CASES ");
+    assert_eq!(lines.len(), nranks, "{}", out.dump());
+    for l in &lines {
+        assert_eq!(field::<usize>(l, "cases"), cases, "{l}");
+    }
+}

@@ -1,5 +1,6 @@
 //! Settings of a communicator, read once from `FERRO_*` environment variables.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::{Error, Result};
@@ -26,6 +27,49 @@ pub struct Config {
     pub spin: Duration,
     /// `FERRO_DEBUG`: `WARN` (default), `INFO` or `DEBUG`: what ferroccl prints to stderr.
     pub debug: DebugLevel,
+    /// `FERRO_TRANSPORTS` (e.g. `shm,tcp` or `tcp`): the transports to try for each peer pair,
+    /// in order of preference; the first that can connect the pair wins (shared memory only
+    /// between ranks of one host). `FERRO_SHM_DISABLE=1` removes `shm`. Default `shm,tcp`.
+    pub transports: Vec<Transport>,
+    /// `FERRO_SHM_RING_BYTES`: bytes of each shared-memory ring (rounded up to a power of two,
+    /// at least 4 KiB). Default 4 MiB.
+    pub shm_ring_bytes: usize,
+    /// `FERRO_SHM_CMA` (`0` disables): large shared-memory messages are read straight from the
+    /// sender's buffer (`process_vm_readv`) where the kernel allows it. Default on.
+    pub shm_cma: bool,
+    /// `FERRO_SHM_CMA_MIN`: messages of at least this many bytes use cross-memory attach.
+    /// Default 256 KiB.
+    pub shm_cma_min: usize,
+    /// `FERRO_SHM_DIR`: where shared-memory segments are created. Default `/dev/shm`.
+    pub shm_dir: PathBuf,
+    /// `FERRO_HOST_ID`: replaces the detected host identity (machine id, host name, network
+    /// namespace); ranks with equal ids are on one host. Default: detected.
+    pub host_id: Option<String>,
+}
+
+/// A way for two ranks to exchange bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// Shared memory (ranks of one host).
+    Shm,
+    /// TCP sockets.
+    Tcp,
+}
+
+impl Transport {
+    /// The name used in `FERRO_TRANSPORTS` and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// How much ferroccl logs.
@@ -48,6 +92,12 @@ impl Default for Config {
             slice_bytes: 4 << 20,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
+            transports: vec![Transport::Shm, Transport::Tcp],
+            shm_ring_bytes: 4 << 20,
+            shm_cma: true,
+            shm_cma_min: 256 << 10,
+            shm_dir: PathBuf::from("/dev/shm"),
+            host_id: None,
         }
     }
 }
@@ -98,12 +148,69 @@ impl Config {
                 _ => return Err(bad("FERRO_DEBUG", &v, "WARN, INFO or DEBUG")),
             };
         }
+        if let Some(v) = var("FERRO_TRANSPORTS") {
+            let mut list = Vec::new();
+            for word in v.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+                let t = match word.to_ascii_lowercase().as_str() {
+                    "shm" => Transport::Shm,
+                    "tcp" | "socket" => Transport::Tcp,
+                    _ => return Err(bad("FERRO_TRANSPORTS", &v, "a list of shm, tcp")),
+                };
+                if !list.contains(&t) {
+                    list.push(t);
+                }
+            }
+            if list.is_empty() {
+                return Err(bad("FERRO_TRANSPORTS", &v, "a list of shm, tcp"));
+            }
+            c.transports = list;
+        }
+        if let Some(v) = var("FERRO_SHM_DISABLE") {
+            if flag(&v, "FERRO_SHM_DISABLE")? {
+                c.transports.retain(|&t| t != Transport::Shm);
+                if c.transports.is_empty() {
+                    c.transports.push(Transport::Tcp);
+                }
+            }
+        }
+        if let Some(v) = var("FERRO_SHM_RING_BYTES") {
+            let n = parse_size(&v)
+                .and_then(usize::checked_next_power_of_two)
+                .filter(|&n| n <= 1 << 30)
+                .ok_or_else(|| bad("FERRO_SHM_RING_BYTES", &v, "a size like 4M, at most 1G"))?;
+            c.shm_ring_bytes = n.max(4096);
+        }
+        if let Some(v) = var("FERRO_SHM_CMA") {
+            c.shm_cma = flag(&v, "FERRO_SHM_CMA")?;
+        }
+        if let Some(v) = var("FERRO_SHM_CMA_MIN") {
+            c.shm_cma_min =
+                parse_size(&v).ok_or_else(|| bad("FERRO_SHM_CMA_MIN", &v, "a size like 256K"))?;
+        }
+        if let Some(v) = var("FERRO_SHM_DIR") {
+            if !v.is_empty() {
+                c.shm_dir = PathBuf::from(v);
+            }
+        }
+        if let Some(v) = var("FERRO_HOST_ID") {
+            if !v.is_empty() {
+                c.host_id = Some(v);
+            }
+        }
         Ok(c)
     }
 }
 
 fn bad(var: &str, value: &str, want: &str) -> Error {
     Error::invalid_argument(format!("{var}={value:?}: expected {want}"))
+}
+
+fn flag(v: &str, var: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(bad(var, v, "0 or 1")),
+    }
 }
 
 fn parse<T: std::str::FromStr>(v: &str, var: &str) -> Result<T> {
@@ -149,6 +256,36 @@ mod tests {
         assert_eq!(c.nstreams, 4);
         assert_eq!(c.slice_bytes, 1 << 20);
         assert_eq!(c.debug, DebugLevel::Info);
+    }
+
+    #[test]
+    fn transport_settings() {
+        assert_eq!(
+            with(&[]).unwrap().transports,
+            vec![Transport::Shm, Transport::Tcp]
+        );
+        let c = with(&[("FERRO_TRANSPORTS", "tcp")]).unwrap();
+        assert_eq!(c.transports, vec![Transport::Tcp]);
+        let c = with(&[("FERRO_TRANSPORTS", "tcp, shm")]).unwrap();
+        assert_eq!(c.transports, vec![Transport::Tcp, Transport::Shm]);
+        let c = with(&[("FERRO_SHM_DISABLE", "1")]).unwrap();
+        assert_eq!(c.transports, vec![Transport::Tcp]);
+        let c = with(&[("FERRO_SHM_DISABLE", "1"), ("FERRO_TRANSPORTS", "shm")]).unwrap();
+        assert_eq!(c.transports, vec![Transport::Tcp]);
+        let c = with(&[
+            ("FERRO_SHM_RING_BYTES", "3M"),
+            ("FERRO_SHM_CMA", "0"),
+            ("FERRO_SHM_CMA_MIN", "1M"),
+            ("FERRO_HOST_ID", "node7"),
+        ])
+        .unwrap();
+        assert_eq!(c.shm_ring_bytes, 4 << 20);
+        assert!(!c.shm_cma);
+        assert_eq!(c.shm_cma_min, 1 << 20);
+        assert_eq!(c.host_id.as_deref(), Some("node7"));
+        let e = with(&[("FERRO_TRANSPORTS", "ib")]).unwrap_err();
+        assert!(e.message().contains("FERRO_TRANSPORTS=\"ib\""), "{e}");
+        assert!(with(&[("FERRO_SHM_CMA", "maybe")]).is_err());
     }
 
     #[test]

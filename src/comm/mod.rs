@@ -11,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
+use ferroccl_transport_shm::ShmConfig;
 use ferroccl_transport_tcp::{TcpConfig, TcpEndpoint};
 
 use crate::bootstrap::{self, MemoryStore, Store};
@@ -18,7 +19,7 @@ use crate::coll::{CollArgs, CollKind};
 use crate::exec::{kind, Engine, Memory, OpContext, WaitPolicy};
 use crate::{Error, ErrorKind, Result};
 
-pub use config::{parse_size, Config, DebugLevel};
+pub use config::{parse_size, Config, DebugLevel, Transport};
 pub use group::Group;
 pub use work::Work;
 
@@ -104,6 +105,10 @@ struct Inner {
     store: Option<Arc<dyn Store>>,
     /// Keeps a rendezvous store this rank hosts alive as long as the communicator.
     _store_server: Option<bootstrap::TcpStoreServer>,
+    /// Host id of every rank (equal ids: one host).
+    hosts: Vec<u64>,
+    /// Transport chosen for each peer (None for this rank).
+    transports: Vec<Option<Transport>>,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.
@@ -133,6 +138,37 @@ pub(crate) fn hash64(parts: &[&[u8]]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// Connection settings of rank `rank` of a communicator `id` whose ranks live on `hosts`.
+fn mesh_config<'a>(
+    config: &'a Config,
+    rank: usize,
+    nranks: usize,
+    id: u64,
+    hosts: &'a [u64],
+    deadline: Instant,
+) -> mesh::MeshConfig<'a> {
+    mesh::MeshConfig {
+        rank,
+        nranks,
+        comm_id: id,
+        hosts,
+        transports: &config.transports,
+        tcp: TcpConfig {
+            nstreams: config.nstreams,
+            ..TcpConfig::default()
+        },
+        shm: ShmConfig {
+            ring_bytes: config.shm_ring_bytes,
+            cma: config.shm_cma,
+            cma_min: config.shm_cma_min,
+            dir: config.shm_dir.clone(),
+            ..ShmConfig::default()
+        },
+        debug: config.debug,
+        deadline,
+    }
 }
 
 fn random_u64() -> u64 {
@@ -185,6 +221,7 @@ impl Communicator {
         let endpoint =
             TcpEndpoint::listen(ip).map_err(|e| e.context(format!("init on rank {rank}")))?;
         let prefix = format!("ferroccl/{id:016x}");
+        let host = ferroccl_transport_shm::host_id(config.host_id.as_deref());
         store.set(
             &format!("{prefix}/addr/{rank}"),
             endpoint.addr().to_string().as_bytes(),
@@ -193,30 +230,72 @@ impl Communicator {
             &format!("{prefix}/nranks/{rank}"),
             nranks.to_string().as_bytes(),
         )?;
-        let addr_of = |peer: usize| -> Result<SocketAddr> {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let n = store.get(&format!("{prefix}/nranks/{peer}"), left)?;
+        store.set(
+            &format!("{prefix}/host/{rank}"),
+            format!("{host:016x}").as_bytes(),
+        )?;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        let ctx = |e: Error| e.context(format!("init on rank {rank}"));
+        // Every rank's host, after checking that it runs with the same nranks.
+        let mut hosts = vec![host; nranks];
+        for (peer, h) in hosts.iter_mut().enumerate() {
+            if peer == rank {
+                continue;
+            }
+            let n = store.get(&format!("{prefix}/nranks/{peer}"), left())?;
             if n != nranks.to_string().as_bytes() {
                 return Err(Error::invalid_usage(format!(
                     "init: rank {peer} was started with nranks {}, rank {rank} with {nranks}",
                     String::from_utf8_lossy(&n)
                 )));
             }
-            let v = store.get(&format!("{prefix}/addr/{peer}"), left)?;
+            let v = store.get(&format!("{prefix}/host/{peer}"), left())?;
+            let s = String::from_utf8_lossy(&v);
+            *h = u64::from_str_radix(&s, 16).map_err(|_| {
+                Error::internal(format!("init: rank {peer} published a bad host id {s:?}"))
+            })?;
+        }
+        let addr_of = |peer: usize| -> Result<SocketAddr> {
+            let v = store.get(&format!("{prefix}/addr/{peer}"), left())?;
             let s = String::from_utf8_lossy(&v);
             s.parse().map_err(|_| {
                 Error::internal(format!("init: rank {peer} published a bad address {s:?}"))
             })
         };
-        let tcp = TcpConfig {
-            nstreams: config.nstreams,
-            ..TcpConfig::default()
+        let mc = mesh_config(&config, rank, nranks, id, &hosts, deadline);
+        let own = mesh::create_segment(&mc);
+        store.set(
+            &format!("{prefix}/shmseg/{rank}"),
+            own.as_ref().map_or("", |s| s.name()).as_bytes(),
+        )?;
+        let name_of = |peer: usize| -> Result<Option<String>> {
+            let v = store.get(&format!("{prefix}/shmseg/{peer}"), left())?;
+            Ok(Some(String::from_utf8_lossy(&v).into_owned()).filter(|s| !s.is_empty()))
         };
-        let conns = mesh::connect_all(rank, nranks, id, &endpoint, &addr_of, &tcp, deadline)
-            .map_err(|e| e.context(format!("init on rank {rank}")))?;
+        let mapped = mesh::map_segments(&mc, own.as_ref(), &name_of).map_err(ctx)?;
+        let list: Vec<String> = mesh::mapped_ranks(&mapped)
+            .iter()
+            .map(usize::to_string)
+            .collect();
+        store.set(
+            &format!("{prefix}/shmmapped/{rank}"),
+            list.join(",").as_bytes(),
+        )?;
+        let peer_mapped_me = |peer: usize| -> Result<bool> {
+            let v = store.get(&format!("{prefix}/shmmapped/{peer}"), left())?;
+            let me = rank.to_string();
+            Ok(String::from_utf8_lossy(&v).split(',').any(|r| r == me))
+        };
+        let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
+            .map_err(ctx)?;
         if config.debug >= DebugLevel::Info {
+            let nshm = mesh
+                .transports
+                .iter()
+                .filter(|t| **t == Some(Transport::Shm))
+                .count();
             eprintln!(
-                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer",
+                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
                 endpoint.addr(),
                 config.nstreams
             );
@@ -227,7 +306,8 @@ impl Communicator {
             id,
             config,
             ip,
-            conns,
+            mesh,
+            hosts,
             Some(store),
             server,
         ))
@@ -240,7 +320,8 @@ impl Communicator {
         id: u64,
         config: Config,
         listen_ip: IpAddr,
-        conns: Vec<Option<crate::exec::Conn>>,
+        mesh: mesh::Mesh,
+        hosts: Vec<u64>,
         store: Option<Arc<dyn Store>>,
         server: Option<bootstrap::TcpStoreServer>,
     ) -> Communicator {
@@ -248,7 +329,7 @@ impl Communicator {
         let engine = Engine::new(
             rank,
             nranks,
-            conns,
+            mesh.conns,
             WaitPolicy {
                 spin: config.spin,
                 timeout: config.timeout,
@@ -272,6 +353,8 @@ impl Communicator {
                 groups: AtomicU64::new(0),
                 store,
                 _store_server: server,
+                hosts,
+                transports: mesh.transports,
             }),
             worker: Mutex::new(None),
         }
@@ -399,6 +482,28 @@ impl Communicator {
         self.inner.nranks
     }
 
+    /// This rank's host id: ranks with equal ids share a host (machine id, host name and
+    /// network namespace, or `FERRO_HOST_ID`).
+    pub fn host_id(&self) -> u64 {
+        self.inner.hosts[self.inner.rank]
+    }
+
+    /// This rank's position among the ranks of its host, in rank order (`0..local_nranks()`).
+    pub fn local_rank(&self) -> usize {
+        mesh::local_position(self.inner.rank, &self.inner.hosts).0
+    }
+
+    /// Ranks of this communicator on this rank's host (this one included).
+    pub fn local_nranks(&self) -> usize {
+        mesh::local_position(self.inner.rank, &self.inner.hosts).1
+    }
+
+    /// The transport connecting this rank with `peer`; `None` for this rank itself or a rank
+    /// out of range.
+    pub fn transport(&self, peer: usize) -> Option<Transport> {
+        self.inner.transports.get(peer).copied().flatten()
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -477,70 +582,104 @@ impl Communicator {
             .filter(|&r| my_color >= 0 && entry(r).0 == my_color)
             .collect();
         members.sort_by_key(|&r| (entry(r).1, r));
-        // Members listen on a new endpoint and share its address through the parent.
-        let endpoint = if my_color >= 0 {
-            Some(TcpEndpoint::listen(inner.listen_ip)?)
-        } else {
-            None
-        };
-        const ADDR_LEN: usize = 64;
-        let mut my_addr = [0u8; ADDR_LEN];
-        if let Some(ep) = &endpoint {
-            let s = ep.addr().to_string();
-            my_addr[..s.len()].copy_from_slice(s.as_bytes());
-        }
-        let mut addrs = vec![0u8; ADDR_LEN * n];
-        self.raw_collective(
-            CollKind::AllGather,
-            Some(&my_addr),
-            &mut addrs,
-            ADDR_LEN,
-            DataType::Uint8,
-            ReduceOp::Sum,
-        )?;
-        let Some(endpoint) = endpoint else {
-            return Ok(None);
-        };
+        let is_member = my_color >= 0;
+        let new_rank = members.iter().position(|&r| r == inner.rank);
         let split_no = inner.splits.fetch_add(1, Ordering::Relaxed);
         let id = hash64(&[
             &inner.id.to_le_bytes(),
             &split_no.to_le_bytes(),
             &my_color.to_le_bytes(),
         ]);
-        let new_rank = members
-            .iter()
-            .position(|&r| r == inner.rank)
-            .ok_or_else(|| Error::internal("split: this rank is not among its color's members"))?;
+        // The members' hosts are known from the parent: no exchange needed for them.
+        let hosts: Vec<u64> = members.iter().map(|&r| inner.hosts[r]).collect();
+        let deadline = Instant::now() + inner.config.timeout;
+        let mc =
+            new_rank.map(|nr| mesh_config(&inner.config, nr, members.len(), id, &hosts, deadline));
+        // Members listen on a new endpoint and create their segments, and share the address
+        // and segment name through the parent.
+        let endpoint = if is_member {
+            Some(TcpEndpoint::listen(inner.listen_ip)?)
+        } else {
+            None
+        };
+        let own = mc.as_ref().and_then(mesh::create_segment);
+        const ADDR_LEN: usize = 64;
+        const SEG_LEN: usize = 96;
+        const CARD_LEN: usize = ADDR_LEN + SEG_LEN;
+        let mut my_card = [0u8; CARD_LEN];
+        if let Some(ep) = &endpoint {
+            let s = ep.addr().to_string();
+            my_card[..s.len()].copy_from_slice(s.as_bytes());
+        }
+        if let Some(seg) = &own {
+            let n = seg.name().as_bytes();
+            if n.len() <= SEG_LEN {
+                my_card[ADDR_LEN..ADDR_LEN + n.len()].copy_from_slice(n);
+            }
+        }
+        let mut cards = vec![0u8; CARD_LEN * n];
+        self.raw_collective(
+            CollKind::AllGather,
+            Some(&my_card),
+            &mut cards,
+            CARD_LEN,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        let text = |old: usize, from: usize, len: usize| -> String {
+            let raw = &cards[CARD_LEN * old + from..CARD_LEN * old + from + len];
+            let end = raw.iter().position(|&b| b == 0).unwrap_or(len);
+            String::from_utf8_lossy(&raw[..end]).into_owned()
+        };
+        let mapped = match &mc {
+            Some(mc) => {
+                let name_of = |new_peer: usize| -> Result<Option<String>> {
+                    Ok(Some(text(members[new_peer], ADDR_LEN, SEG_LEN)).filter(|s| !s.is_empty()))
+                };
+                mesh::map_segments(mc, own.as_ref(), &name_of)?
+            }
+            None => Vec::new(),
+        };
+        // Which parent ranks' segments each rank mapped, as a bitmap over parent ranks.
+        let bitmap_len = n.div_ceil(8);
+        let mut my_bits = vec![0u8; bitmap_len];
+        for new_peer in mesh::mapped_ranks(&mapped) {
+            let old = members[new_peer];
+            my_bits[old / 8] |= 1 << (old % 8);
+        }
+        let mut bits = vec![0u8; bitmap_len * n];
+        self.raw_collective(
+            CollKind::AllGather,
+            Some(&my_bits),
+            &mut bits,
+            bitmap_len,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        let (Some(endpoint), Some(mc)) = (endpoint, mc) else {
+            return Ok(None);
+        };
+        let me = inner.rank;
+        let peer_mapped_me = |new_peer: usize| -> Result<bool> {
+            let old = members[new_peer];
+            Ok(bits[bitmap_len * old + me / 8] & (1 << (me % 8)) != 0)
+        };
         let addr_of = |new_peer: usize| -> Result<SocketAddr> {
             let old = members[new_peer];
-            let raw = &addrs[ADDR_LEN * old..ADDR_LEN * (old + 1)];
-            let end = raw.iter().position(|&b| b == 0).unwrap_or(ADDR_LEN);
-            let s = String::from_utf8_lossy(&raw[..end]);
+            let s = text(old, 0, ADDR_LEN);
             s.parse()
                 .map_err(|_| Error::internal(format!("split: rank {old} sent a bad address {s:?}")))
         };
-        let tcp = TcpConfig {
-            nstreams: inner.config.nstreams,
-            ..TcpConfig::default()
-        };
-        let deadline = Instant::now() + inner.config.timeout;
-        let conns = mesh::connect_all(
-            new_rank,
-            members.len(),
-            id,
-            &endpoint,
-            &addr_of,
-            &tcp,
-            deadline,
-        )
-        .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
+        let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
+            .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
         Ok(Some(Self::from_parts(
-            new_rank,
+            mc.rank,
             members.len(),
             id,
             inner.config.clone(),
             inner.listen_ip,
-            conns,
+            mesh,
+            hosts.clone(),
             inner.store.clone(),
             None,
         )))

@@ -5,9 +5,12 @@
 //! operation (the caller's thread or the communicator's progress thread) holds the engine.
 //!
 //! Waiting: an op with nothing to move spins for `spin` (cheap hand-offs between ranks on
-//! different cores), then sleeps in `poll(2)` on the sockets it waits for, so ranks sharing a core
-//! still progress and an idle rank burns no CPU. Every wait has a deadline: no bytes moved for
-//! `timeout` is an error naming the operation, this rank and the peer.
+//! different cores; after the first few microseconds it yields the core between checks, so that
+//! ranks sharing a core still progress), then sleeps: on the rank's shared-memory doorbell (a
+//! futex) when it waits only for shared-memory peers, in `poll(2)` on the sockets when it waits
+//! only for TCP peers, and in `poll(2)` with a 1 ms limit when it waits for both. An idle rank
+//! burns no CPU. Every wait has a deadline: no bytes moved for `timeout` is an error naming the
+//! operation, this rank and the peer.
 
 mod step;
 
@@ -17,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Connection, Header, PeerInfo, PollFd, Progress, Result};
+use ferroccl_transport::{Connection, Doorbell, Header, PeerInfo, PollFd, Progress, Result};
+use ferroccl_transport_shm::ShmConnection;
 use ferroccl_transport_tcp::TcpConnection;
 
 use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
@@ -28,19 +32,31 @@ pub(crate) use step::{kind, OpContext, RawOp};
 #[derive(Debug)]
 pub(crate) enum Conn {
     Tcp(TcpConnection),
+    Shm(ShmConnection),
 }
 
 impl Conn {
     fn get(&mut self) -> &mut dyn Connection {
         match self {
             Conn::Tcp(c) => c,
+            Conn::Shm(c) => c,
         }
     }
 
     fn get_ref(&self) -> &dyn Connection {
         match self {
             Conn::Tcp(c) => c,
+            Conn::Shm(c) => c,
         }
+    }
+
+    /// Whether waiting for this connection means waiting on the doorbell, not on descriptors.
+    pub(crate) fn uses_doorbell(&self) -> bool {
+        matches!(self, Conn::Shm(_))
+    }
+
+    pub(crate) fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        self.get_ref().doorbell()
     }
 
     pub(crate) fn peer(&self) -> &PeerInfo {
@@ -103,6 +119,8 @@ pub(crate) struct Engine {
     pub conns: Vec<Option<Conn>>,
     pub wait: WaitPolicy,
     pub abort: Arc<AtomicBool>,
+    /// The doorbell shared-memory peers ring (None without shared-memory connections).
+    bell: Option<Arc<dyn Doorbell>>,
     /// Bytes of the largest message an algorithm may put in one step.
     pub slice_bytes: usize,
     scratch: Vec<u8>,
@@ -125,9 +143,11 @@ impl Engine {
         abort: Arc<AtomicBool>,
         slice_bytes: usize,
     ) -> Engine {
+        let bell = conns.iter().flatten().find_map(Conn::doorbell);
         Engine {
             rank,
             nranks,
+            bell,
             conns,
             wait,
             abort,
@@ -280,6 +300,7 @@ impl Engine {
             &mut self.conns,
             &mut self.staging,
             &mut self.pollfds,
+            self.bell.as_deref(),
             &self.wait,
             &self.abort,
             ops,

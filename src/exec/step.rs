@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Error, ErrorKind, Header, PollFd, Progress, Result, MAX_PARTS};
+use ferroccl_transport::{Doorbell, Error, ErrorKind, Header, PollFd, Progress, Result, MAX_PARTS};
 
 use super::{Conn, WaitPolicy};
 
@@ -216,6 +216,7 @@ pub(crate) fn run(
     conns: &mut [Option<Conn>],
     staging: &mut [Vec<u8>],
     pollfds: &mut Vec<PollFd>,
+    bell: Option<&dyn Doorbell>,
     wait: &WaitPolicy,
     abort: &AtomicBool,
     ops: &[RawOp],
@@ -238,6 +239,9 @@ pub(crate) fn run(
     let mut last_progress = Instant::now();
     let mut idle_since: Option<Instant> = None;
     loop {
+        // Read before checking the connections: a change made after this read bumps it, and
+        // the doorbell wait below then returns at once.
+        let seen = bell.map(|b| b.seq());
         let mut moved = false;
         let mut all_done = true;
         for i in 0..ops.len() {
@@ -331,27 +335,48 @@ pub(crate) fn run(
         }
         let now = Instant::now();
         let idle = *idle_since.get_or_insert(now);
-        if now.duration_since(idle) < wait.spin {
-            std::hint::spin_loop();
+        let idle_for = now.duration_since(idle);
+        if idle_for < wait.spin {
+            if idle_for < PURE_SPIN {
+                std::hint::spin_loop();
+            } else {
+                // Brief spinning catches a peer on another core; beyond that, give the core to
+                // a rank that shares it (more ranks than cores) before checking again.
+                std::thread::yield_now();
+            }
             continue;
         }
         if now.duration_since(last_progress) >= wait.timeout {
             return Err(timeout_error(conns, ops, &st, wait.timeout, ctx));
         }
         pollfds.clear();
+        let mut on_bell = false;
         for (o, s) in ops.iter().zip(&st) {
             if !s.done {
                 if let Some(Some(c)) = conns.get(o.peer()) {
+                    on_bell |= c.uses_doorbell();
                     c.poll_fds(o.is_send(), !o.is_send(), pollfds);
                 }
             }
         }
         let left = wait
             .timeout
-            .saturating_sub(now.duration_since(last_progress));
-        sleep_on(pollfds, left.min(Duration::from_millis(100)));
+            .saturating_sub(now.duration_since(last_progress))
+            .min(MAX_SLEEP);
+        match (on_bell, bell, seen) {
+            (true, Some(b), Some(seen)) if pollfds.is_empty() => b.wait(seen, left),
+            (true, _, _) => sleep_on(pollfds, left.min(MIXED_SLEEP)),
+            _ => sleep_on(pollfds, left),
+        }
     }
 }
+
+/// Pure busy-waiting before yielding between checks.
+const PURE_SPIN: Duration = Duration::from_micros(10);
+/// Longest single sleep (the abort flag and peers' liveness are checked between sleeps).
+const MAX_SLEEP: Duration = Duration::from_millis(100);
+/// Longest sleep in poll(2) while shared-memory peers, which cannot wake poll, are awaited too.
+const MIXED_SLEEP: Duration = Duration::from_millis(1);
 
 fn reduce_range(
     dtype: DataType,

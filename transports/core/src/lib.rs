@@ -6,16 +6,21 @@
 //! | [`Header`] | the 40 bytes in front of every message, checked by the receiver |
 //! | [`Progress`] | where one message stands between non-blocking calls |
 //! | [`PeerInfo`] | the rank and address of the other end, for error messages |
+//! | [`Doorbell`] | a word peers bump when they change what a rank may wait for (shared memory) |
 //!
 //! A transport never knows which collective it serves: the executor gives it a header and a
 //! payload and asks it to move them, one message after another, in order. No call blocks; an
-//! executor with nothing to do waits on the descriptors from [`Connection::poll_fds`].
+//! executor with nothing to do waits on the descriptors from [`Connection::poll_fds`], or, for
+//! transports without descriptors (shared memory), on the [`Doorbell`] from
+//! [`Connection::doorbell`].
 
 mod error;
 
 pub use error::{Error, ErrorKind, Result};
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Bytes of an encoded [`Header`].
 pub const HEADER_LEN: usize = 40;
@@ -168,6 +173,22 @@ pub struct PollFd {
     pub write: bool,
 }
 
+/// A word that other ranks' transports bump whenever they change something this rank may be
+/// waiting for (bytes arrived, space freed, a peer closed), so that an idle executor can sleep
+/// instead of polling memory.
+///
+/// The protocol is the one of a futex: read [`Doorbell::seq`] *before* checking the connections
+/// for progress; if nothing moved, call [`Doorbell::wait`] with that value. A change made after
+/// the read bumps the value, and `wait` then returns at once instead of sleeping.
+pub trait Doorbell: Send + Sync + fmt::Debug {
+    /// The current value (an Acquire load).
+    fn seq(&self) -> u32;
+
+    /// Sleeps until the value differs from `seen`, someone wakes this doorbell, or `timeout`
+    /// passes. May return early for no reason; callers re-check and wait again.
+    fn wait(&self, seen: u32, timeout: Duration);
+}
+
 /// A connection to one peer. Messages in each direction are delivered whole and in order.
 ///
 /// No method blocks. `send` and `recv` move what they can now and report whether the message is
@@ -194,6 +215,13 @@ pub trait Connection: Send + fmt::Debug {
 
     /// Descriptors to poll while waiting for the send (`sending`) or receive (`receiving`) side.
     fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>);
+
+    /// The doorbell that the peer rings when it changes this connection's state, for transports
+    /// that have no descriptors to poll (shared memory). All connections of one rank that have a
+    /// doorbell share the same one. `None` (the default): wait on [`Connection::poll_fds`].
+    fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        None
+    }
 
     /// Closes the connection so that the peer sees it closed at once. Idempotent.
     fn shutdown(&mut self);

@@ -1,0 +1,589 @@
+//! A connection between two ranks of one host over their shared-memory rings.
+//!
+//! Each direction is the ring that the receiver owns (in its segment) and the sender produces
+//! into. A message is a 64-byte frame — mode, the 40-byte [`Header`], and for cross-memory
+//! attach the payload's address and length — followed, in inline mode, by the payload. Frames
+//! are written whole (the ring always has room for one when it is empty), so a receiver sees a
+//! header all at once.
+//!
+//! Large payloads (at least `cma_min` bytes, where the receiver proved at setup that it can read
+//! the sender's memory) are not copied through the ring: the receiver reads them with
+//! `process_vm_readv` straight into its destination and acknowledges every piece through
+//! `cma_acked`; the send completes once all of it is acknowledged, so the sender's buffer stays
+//! untouched until then. If the kernel refuses the read, the receiver sets `CMA_DENIED` and the
+//! sender streams the rest through the ring instead.
+//!
+//! Flags in each ring's control block (all Release stores / Acquire loads):
+//! `PRODUCER_CLOSED` / `CONSUMER_CLOSED` — that side shut the connection down;
+//! `CMA_OK` — set by the consumer at setup when it can read the producer's memory;
+//! `CMA_DENIED` — set by the consumer when a read was refused.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferroccl_transport::{
+    Connection, Doorbell, Error, Header, Part, PeerInfo, PollFd, Progress, Result, HEADER_LEN,
+};
+
+use crate::bell::Bell;
+use crate::cma::{self, CmaError};
+use crate::ring::{Consumer, Producer, RawStorage, RingCtl};
+use crate::segment::{Mapping, OwnSegment, PeerSegment};
+use crate::sync::Ordering;
+use crate::ShmConfig;
+
+const PRODUCER_CLOSED: usize = 0;
+const CONSUMER_CLOSED: usize = 1;
+const CMA_OK: usize = 2;
+const CMA_DENIED: usize = 3;
+
+const FRAME_LEN: usize = 64;
+const FRAME_MAGIC: u32 = 0x4d53_5246; // "FRSM"
+const MODE_INLINE: u32 = 1;
+const MODE_CMA: u32 = 2;
+
+/// How often an idle side checks whether the peer process still exists.
+const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+
+/// One direction's ring as seen from this rank.
+#[derive(Debug)]
+struct RingEnd {
+    /// Keeps the ring's memory mapped.
+    _map: Arc<Mapping>,
+    ctl: *const RingCtl,
+    data: RawStorage,
+}
+
+impl RingEnd {
+    fn new(map: &Arc<Mapping>, slot: usize, ring_bytes: usize) -> RingEnd {
+        let ctl: *const RingCtl = &map.slot_ctl(slot, ring_bytes).ring;
+        let data_off = map.slot_data(slot, ring_bytes);
+        // SAFETY: `slot_ctl` checked that the slot's data lies inside the mapping, which `map`
+        // keeps alive as long as this value; `ring_bytes` is a power of two (checked at
+        // creation and open).
+        let data = unsafe { RawStorage::new(map.at(data_off), ring_bytes) };
+        RingEnd {
+            _map: Arc::clone(map),
+            ctl,
+            data,
+        }
+    }
+
+    fn ctl(&self) -> &RingCtl {
+        // SAFETY: points into `self._map`, alive and aligned; RingCtl is all atomics.
+        unsafe { &*self.ctl }
+    }
+
+    fn flag(&self, i: usize) -> bool {
+        // Acquire: pairs with the Release store that set the flag.
+        self.ctl().flags.0[i].load(Ordering::Acquire) != 0
+    }
+
+    fn set_flag(&self, i: usize) {
+        // Release: what the setter did before (acknowledgements in particular) is visible to
+        // whoever sees the flag.
+        self.ctl().flags.0[i].store(1, Ordering::Release);
+    }
+}
+
+/// One peer pair over shared memory.
+#[derive(Debug)]
+pub struct ShmConnection {
+    peer: PeerInfo,
+    /// Ring this rank produces into (in the peer's segment).
+    tx: RingEnd,
+    /// Ring this rank consumes from (in its own segment).
+    rx: RingEnd,
+    my_bell: Arc<Bell>,
+    peer_bell: Arc<Bell>,
+    peer_pid: u32,
+    /// Becomes readable when the peer process exits (absent for a peer in this process).
+    pidfd: Option<OwnedFd>,
+    last_liveness: Instant,
+    cfg: ShmConfig,
+    tx_mode: u32,
+    tx_cma_base: u64,
+    rx_mode: u32,
+    rx_addr: u64,
+    rx_len: u64,
+    rx_cma_warned: bool,
+    closed: bool,
+    watch: Option<Arc<PeerWatch>>,
+}
+
+// SAFETY: the raw pointers point into mappings held by the connection; shared state is reached
+// only through atomics and the ring protocol, and one connection is used by one thread at a time.
+unsafe impl Send for ShmConnection {}
+
+/// Opens a pidfd for `pid`: a descriptor that polls readable once the process has exited.
+fn pidfd_open(pid: u32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+impl ShmConnection {
+    /// Probes whether this rank (the owner of `own`) can read the memory of `peer_seg`'s owner
+    /// with cross-memory attach, and if so tells the peer, through the `CMA_OK` flag of the
+    /// ring it produces into, that it may send large payloads that way. Call it after mapping,
+    /// before the ranks tell each other that setup is done. Returns the probe's result.
+    pub fn offer_cma(own: &OwnSegment, peer_seg: &PeerSegment) -> bool {
+        let Some(slot) = own.slot_of(peer_seg.owner_rank) else {
+            return false;
+        };
+        if !peer_seg.same_pid_ns {
+            return false;
+        }
+        let (addr, value) = peer_seg.probe;
+        let ok = cma::probe(peer_seg.owner_pid, addr, value);
+        if ok {
+            RingEnd::new(&own.map, slot, own.ring_bytes).set_flag(CMA_OK);
+        }
+        ok
+    }
+
+    /// Connects this rank (the owner of `own`) with the owner of `peer_seg`, which this rank has
+    /// mapped. Both sides build their connection from the same pair of segments.
+    pub fn new(own: &OwnSegment, peer_seg: &PeerSegment, cfg: &ShmConfig) -> Result<ShmConnection> {
+        let peer_rank = peer_seg.owner_rank;
+        let rx_slot = own.slot_of(peer_rank).ok_or_else(|| {
+            Error::internal(format!(
+                "rank {}: own shared-memory segment has no ring for rank {peer_rank}",
+                own.rank
+            ))
+        })?;
+        let rx = RingEnd::new(&own.map, rx_slot, own.ring_bytes);
+        let tx = RingEnd::new(&peer_seg.map, peer_seg.slot, peer_seg.ring_bytes);
+        let same_process = peer_seg.owner_pid == std::process::id() && peer_seg.same_pid_ns;
+        let pidfd = if peer_seg.same_pid_ns && !same_process {
+            pidfd_open(peer_seg.owner_pid)
+        } else {
+            None
+        };
+        Ok(ShmConnection {
+            peer: PeerInfo {
+                rank: peer_rank,
+                addr: format!("shm, pid {}", peer_seg.owner_pid),
+            },
+            my_bell: own.bell(),
+            peer_bell: peer_seg.bell(),
+            peer_pid: peer_seg.owner_pid,
+            pidfd,
+            last_liveness: Instant::now(),
+            cfg: cfg.clone(),
+            tx_mode: MODE_INLINE,
+            tx_cma_base: 0,
+            rx_mode: MODE_INLINE,
+            rx_addr: 0,
+            rx_len: 0,
+            rx_cma_warned: false,
+            closed: false,
+            watch: None,
+            tx,
+            rx,
+        })
+    }
+
+    /// The peer's process id.
+    pub fn peer_pid(&self) -> u32 {
+        self.peer_pid
+    }
+
+    /// Attaches the watch that wakes this rank when a peer process exits.
+    pub fn set_watch(&mut self, watch: Arc<PeerWatch>) {
+        self.watch = Some(watch);
+    }
+
+    /// Whether this rank may send large payloads by cross-memory attach now: the receiver
+    /// proved it can read this process, never refused, and the configuration allows it.
+    pub fn cma_enabled(&self) -> bool {
+        self.cfg.cma && self.tx.flag(CMA_OK) && !self.tx.flag(CMA_DENIED)
+    }
+
+    fn producer(&self) -> Producer<'_, RawStorage> {
+        // SAFETY: this connection is the only producer of its tx ring: the segment owner built
+        // one slot per peer and only this rank writes the slot named after it.
+        unsafe { Producer::new(self.tx.ctl(), &self.tx.data) }
+    }
+
+    fn consumer(&self) -> Consumer<'_, RawStorage> {
+        // SAFETY: this connection is the only consumer of its rx ring (the slot of this peer in
+        // this rank's own segment).
+        unsafe { Consumer::new(self.rx.ctl(), &self.rx.data) }
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::remote(format!("{} closed the connection", self.peer)).with_peer(self.peer.rank)
+    }
+
+    /// The peer's process vanished without closing its connections (killed, crashed). The
+    /// error is not attributed to the peer (`Error::peer`), since a process that died that way
+    /// published no reason for the communicator to look up.
+    fn exited_error(&self) -> Error {
+        Error::remote(format!(
+            "{} exited (process {} is gone) without closing the connection",
+            self.peer, self.peer_pid
+        ))
+    }
+
+    /// With nothing to move: fails if the peer closed or its process is gone.
+    fn check_peer(&mut self) -> Result<()> {
+        if self.tx.flag(CONSUMER_CLOSED) || self.rx.flag(PRODUCER_CLOSED) {
+            return Err(self.closed_error());
+        }
+        if let Some(fd) = &self.pidfd {
+            let now = Instant::now();
+            let told = self
+                .watch
+                .as_ref()
+                .is_some_and(|w| w.exited.load(std::sync::atomic::Ordering::Acquire));
+            if told || now.duration_since(self.last_liveness) >= LIVENESS_EVERY {
+                self.last_liveness = now;
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd; zero timeout.
+                let rc = unsafe { libc::poll(&mut p, 1, 0) };
+                if rc > 0 && p.revents != 0 {
+                    return Err(self.exited_error());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start(p: &mut Progress, len: usize) {
+        p.header_pos = HEADER_LEN;
+        p.started = true;
+        p.nparts = 1;
+        p.parts[0] = Part {
+            start: 0,
+            pos: 0,
+            end: len,
+        };
+    }
+
+    fn send_inline(&mut self, payload: &[u8], p: &mut Progress) -> Result<()> {
+        let pos = p.parts[0].pos;
+        let end = payload.len().min(pos + self.cfg.max_io.max(4096));
+        if pos == end {
+            return Ok(());
+        }
+        let n = self.producer().write(&payload[pos..end]);
+        if n > 0 {
+            p.parts[0].pos += n;
+            self.peer_bell.ring();
+            Ok(())
+        } else {
+            self.check_peer()
+        }
+    }
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(w)
+}
+
+impl Connection for ShmConnection {
+    fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    fn send(&mut self, header: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        if header.len != payload.len() as u64 {
+            return Err(Error::internal(format!(
+                "send to {}: header says {} bytes, payload has {}",
+                self.peer,
+                header.len,
+                payload.len()
+            )));
+        }
+        if !p.started {
+            if self.producer().free() < FRAME_LEN {
+                self.check_peer()?;
+                return Ok(false);
+            }
+            let cma = payload.len() >= self.cfg.cma_min.max(1) && self.cma_enabled();
+            let mut frame = [0u8; FRAME_LEN];
+            frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+            let mode = if cma { MODE_CMA } else { MODE_INLINE };
+            frame[4..8].copy_from_slice(&mode.to_le_bytes());
+            frame[8..48].copy_from_slice(&header.encode());
+            if cma {
+                frame[48..56].copy_from_slice(&(payload.as_ptr() as u64).to_le_bytes());
+                frame[56..64].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+                // Acquire: the receiver's acknowledgements so far; read before the frame is
+                // published, since the receiver may acknowledge this message right after.
+                self.tx_cma_base = self.tx.ctl().cma_acked.0.load(Ordering::Acquire);
+            }
+            let n = self.producer().write(&frame);
+            if n != FRAME_LEN {
+                return Err(Error::internal(format!(
+                    "send to {}: wrote {n} of {FRAME_LEN} frame bytes into a ring with room",
+                    self.peer
+                )));
+            }
+            self.tx_mode = mode;
+            Self::start(p, payload.len());
+            self.peer_bell.ring();
+        }
+        if self.tx_mode == MODE_CMA {
+            // Denied is read before the acknowledgement count, which the receiver stored first.
+            let denied = self.tx.flag(CMA_DENIED);
+            let acked = self.tx.ctl().cma_acked.0.load(Ordering::Acquire) - self.tx_cma_base;
+            let before = p.parts[0].pos;
+            p.parts[0].pos = (acked as usize).min(payload.len());
+            if p.parts[0].pos < payload.len() {
+                if denied {
+                    self.tx_mode = MODE_INLINE;
+                } else if p.parts[0].pos == before {
+                    self.check_peer()?;
+                }
+            }
+        }
+        if self.tx_mode == MODE_INLINE {
+            self.send_inline(payload, p)?;
+        }
+        Ok(p.done())
+    }
+
+    fn recv(&mut self, header: &mut Header, payload: &mut [u8], p: &mut Progress) -> Result<bool> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        if !p.header_done() {
+            if self.consumer().available() < FRAME_LEN {
+                self.check_peer()?;
+                return Ok(false);
+            }
+            let mut frame = [0u8; FRAME_LEN];
+            self.consumer().read(&mut frame);
+            self.peer_bell.ring();
+            let mut hb = [0u8; HEADER_LEN];
+            hb.copy_from_slice(&frame[8..48]);
+            let mode = u32_at(&frame, 4);
+            let h = Header::decode(&hb)
+                .filter(|_| u32_at(&frame, 0) == FRAME_MAGIC)
+                .filter(|_| mode == MODE_INLINE || mode == MODE_CMA)
+                .ok_or_else(|| {
+                    Error::remote(format!(
+                        "garbled message frame from {} (the ring is out of step)",
+                        self.peer
+                    ))
+                    .with_peer(self.peer.rank)
+                })?;
+            self.rx_mode = mode;
+            self.rx_addr = u64_at(&frame, 48);
+            self.rx_len = u64_at(&frame, 56);
+            *header = h;
+            p.header_pos = HEADER_LEN;
+            // The caller checks the header before the payload is read.
+            return Ok(false);
+        }
+        if !p.started {
+            if header.len != payload.len() as u64
+                || (self.rx_mode == MODE_CMA && self.rx_len != header.len)
+            {
+                return Err(Error::internal(format!(
+                    "recv from {}: header says {} bytes, buffer has {}",
+                    self.peer,
+                    header.len,
+                    payload.len()
+                )));
+            }
+            Self::start(p, payload.len());
+        }
+        let pos = p.parts[0].pos;
+        let end = payload.len().min(pos + self.cfg.max_io.max(4096));
+        if pos == end {
+            return Ok(p.done());
+        }
+        if self.rx_mode == MODE_CMA {
+            match cma::read(
+                self.peer_pid,
+                self.rx_addr + pos as u64,
+                &mut payload[pos..end],
+            ) {
+                Ok(0) => self.check_peer()?,
+                Ok(n) => {
+                    p.parts[0].pos += n;
+                    // Release: only this side writes `cma_acked`; the sender may reuse its
+                    // buffer once it sees the count.
+                    self.rx
+                        .ctl()
+                        .cma_acked
+                        .0
+                        .fetch_add(n as u64, Ordering::Release);
+                    self.peer_bell.ring();
+                    if p.done() && self.rx.flag(PRODUCER_CLOSED) {
+                        // The sender gave up (and may have released its buffer) before we
+                        // finished: what we read cannot be trusted.
+                        return Err(self.closed_error());
+                    }
+                }
+                Err(CmaError::Denied(errno)) => {
+                    if !self.rx_cma_warned {
+                        self.rx_cma_warned = true;
+                        eprintln!(
+                            "ferroccl SHM: process_vm_readv from {} refused (errno {errno}); \
+                             large messages go through the ring instead",
+                            self.peer
+                        );
+                    }
+                    self.rx.set_flag(CMA_DENIED);
+                    self.peer_bell.ring();
+                    self.rx_mode = MODE_INLINE;
+                }
+                Err(CmaError::Gone) => return Err(self.exited_error()),
+                Err(CmaError::Other(errno)) => {
+                    self.check_peer()?;
+                    return Err(Error::io(
+                        format_args!(
+                            "reading {} bytes of {}'s buffer at {:#x} (process_vm_readv)",
+                            end - pos,
+                            self.peer,
+                            self.rx_addr + pos as u64
+                        ),
+                        &std::io::Error::from_raw_os_error(errno),
+                    )
+                    .with_peer(self.peer.rank));
+                }
+            }
+            return Ok(p.done());
+        }
+        let n = self.consumer().read(&mut payload[pos..end]);
+        if n > 0 {
+            p.parts[0].pos += n;
+            self.peer_bell.ring();
+        } else {
+            self.check_peer()?;
+        }
+        Ok(p.done())
+    }
+
+    fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+
+    fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        Some(Arc::clone(&self.my_bell) as Arc<dyn Doorbell>)
+    }
+
+    fn shutdown(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.tx.set_flag(PRODUCER_CLOSED);
+            self.rx.set_flag(CONSUMER_CLOSED);
+            self.peer_bell.ring();
+        }
+    }
+}
+
+impl Drop for ShmConnection {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A thread that sleeps in `poll(2)` on the pidfds of a rank's shared-memory peers and rings the
+/// rank's doorbell when one of them exits, so that a rank asleep on its doorbell notices a
+/// crashed peer at once instead of at its next timed check. Stops when dropped.
+#[derive(Debug)]
+pub struct PeerWatch {
+    exited: Arc<AtomicBool>,
+    stop: Option<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PeerWatch {
+    /// Watches the processes `pids` (other than this one) for rank `rank`, ringing `bell`.
+    /// `None` where no peer is in another process or the watch cannot be set up (the timed
+    /// checks still detect exits then).
+    pub fn start(rank: usize, pids: &[u32], bell: Arc<Bell>) -> Option<Arc<PeerWatch>> {
+        let me = std::process::id();
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut seen = Vec::new();
+        for &p in pids {
+            if p != me && !seen.contains(&p) {
+                seen.push(p);
+                fds.extend(pidfd_open(p));
+            }
+        }
+        if fds.is_empty() {
+            return None;
+        }
+        let mut pipe = [0i32; 2];
+        // SAFETY: `pipe` is a writable array of two descriptors.
+        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both descriptors are fresh and owned by nothing else.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+        let exited = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&exited);
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroccl-watch-{rank}"))
+            .spawn(move || {
+                let mut fds = fds;
+                loop {
+                    let mut pfds: Vec<libc::pollfd> = std::iter::once(&rd)
+                        .chain(fds.iter())
+                        .map(|f| libc::pollfd {
+                            fd: f.as_raw_fd(),
+                            events: libc::POLLIN,
+                            revents: 0,
+                        })
+                        .collect();
+                    // SAFETY: `pfds` is a live array of `pfds.len()` pollfd structs.
+                    let rc =
+                        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
+                    if rc < 0 || pfds[0].revents != 0 {
+                        return;
+                    }
+                    let gone: Vec<usize> =
+                        (1..pfds.len()).filter(|&i| pfds[i].revents != 0).collect();
+                    for &i in gone.iter().rev() {
+                        fds.remove(i - 1);
+                    }
+                    if !gone.is_empty() {
+                        flag.store(true, std::sync::atomic::Ordering::Release);
+                        bell.ring();
+                    }
+                    if fds.is_empty() {
+                        return;
+                    }
+                }
+            })
+            .ok()?;
+        Some(Arc::new(PeerWatch {
+            exited,
+            stop: Some(wr),
+            thread: Some(thread),
+        }))
+    }
+}
+
+impl Drop for PeerWatch {
+    fn drop(&mut self) {
+        // Closing the pipe's write end makes the read end readable (EOF): the thread returns.
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! ferroccl's shared-memory transport, for ranks on one host.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`host_id`] | which ranks share a host (machine id, host name, network namespace) |
+//! | [`OwnSegment`] | a rank's file in `/dev/shm`: its doorbell and one incoming ring per local peer |
+//! | [`PeerSegment`] | a peer's segment, mapped by this rank to produce into its ring |
+//! | [`ShmConnection`] | one peer pair: the two rings, doorbells, cross-memory attach for large payloads |
+//! | [`ShmConfig`] | ring size, cross-memory attach threshold, directory |
+//!
+//! Setup, per communicator: every rank that has peers on its host creates its segment and
+//! publishes the name; maps each local peer's; tells the others which it mapped; and once both
+//! sides of a pair have mapped each other's segment they build a [`ShmConnection`] and the
+//! owner unlinks its file (nothing is left in `/dev/shm`, even after a crash).
+//!
+//! The unsafe core — the single-producer/single-consumer ring (`ring.rs`) and the doorbell
+//! handshake (`bell.rs`) — reaches its atomics through `sync.rs`, so the same protocol is
+//! model-checked with loom: `RUSTFLAGS="--cfg loom" cargo test -p ferroccl-transport-shm
+//! --release --lib`.
+
+mod ring;
+mod sync;
+
+#[cfg(not(loom))]
+mod bell;
+#[cfg(not(loom))]
+mod cma;
+#[cfg(not(loom))]
+mod conn;
+#[cfg(not(loom))]
+mod host;
+#[cfg(not(loom))]
+mod segment;
+
+#[cfg(not(loom))]
+pub use bell::Bell;
+#[cfg(not(loom))]
+pub use conn::{PeerWatch, ShmConnection};
+#[cfg(not(loom))]
+pub use host::{host_description, host_id, namespace_inode};
+#[cfg(not(loom))]
+pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
+
+use std::path::PathBuf;
+
+/// Settings of the shared-memory transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Bytes of each ring (a power of two, at least 4096). `FERRO_SHM_RING_BYTES`, default 4 MiB.
+    pub ring_bytes: usize,
+    /// Whether large payloads may be read straight from the sender's memory
+    /// (`process_vm_readv`) where the kernel allows it. `FERRO_SHM_CMA`, default on.
+    pub cma: bool,
+    /// Payloads of at least this many bytes use cross-memory attach. `FERRO_SHM_CMA_MIN`,
+    /// default 256 KiB.
+    pub cma_min: usize,
+    /// Most bytes one `send`/`recv` call moves, so that the executor can interleave work (reduce
+    /// what arrived while it is in cache). Default 512 KiB.
+    pub max_io: usize,
+    /// Where segments live. `FERRO_SHM_DIR`, default `/dev/shm`.
+    pub dir: PathBuf,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            ring_bytes: 4 << 20,
+            cma: true,
+            cma_min: 256 << 10,
+            max_io: 512 << 10,
+            dir: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+/// The file name of rank `rank`'s segment for communicator `comm_id`, made unique per process
+/// and call (`ferroccl-<id>-r<rank>-p<pid>-<nonce>`).
+#[cfg(not(loom))]
+pub fn segment_name(comm_id: u64, rank: usize) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NONCE: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let n = NONCE.fetch_add(1, Ordering::Relaxed);
+    let nonce = host::fnv(&[&t.to_le_bytes(), &n.to_le_bytes()]) as u32;
+    format!(
+        "ferroccl-{comm_id:016x}-r{rank}-p{}-{nonce:08x}",
+        std::process::id()
+    )
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,232 @@
+//! Pairs of connections over segments in a private directory, on threads of this process.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use ferroccl_transport::{Connection, ErrorKind, Header, Progress};
+
+use super::*;
+
+fn tmp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "ferroccl-shm-test-{tag}-{}-{}",
+        std::process::id(),
+        segment_name(0, 0)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Two connected ranks (0 and 1) and the directory their segments lived in.
+fn pair(cfg: &ShmConfig) -> (ShmConnection, ShmConnection) {
+    let id = 0x1234_5678;
+    let n0 = segment_name(id, 0);
+    let n1 = segment_name(id, 1);
+    let mut s0 = OwnSegment::create(&cfg.dir, &n0, id, 0, &[1], cfg.ring_bytes).unwrap();
+    let mut s1 = OwnSegment::create(&cfg.dir, &n1, id, 1, &[0], cfg.ring_bytes).unwrap();
+    let p1 = PeerSegment::open(&cfg.dir, &n1, id, 1, 0).unwrap();
+    let p0 = PeerSegment::open(&cfg.dir, &n0, id, 0, 1).unwrap();
+    if cfg.cma {
+        ShmConnection::offer_cma(&s0, &p1);
+        ShmConnection::offer_cma(&s1, &p0);
+    }
+    s0.unlink();
+    s1.unlink();
+    let c0 = ShmConnection::new(&s0, &p1, cfg).unwrap();
+    let c1 = ShmConnection::new(&s1, &p0, cfg).unwrap();
+    (c0, c1)
+}
+
+fn header(len: usize, seq: u64) -> Header {
+    Header {
+        kind: 1,
+        dtype: 7,
+        op: 0,
+        seq,
+        count: len as u64 / 4,
+        root: u32::MAX,
+        len: len as u64,
+    }
+}
+
+/// Sends `msgs` from `a` to `b` on two threads and checks every byte and header.
+fn exchange(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| ((i * 31 + k * 7) % 253) as u8).collect())
+        .collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (k, m) in msgs.iter().enumerate() {
+                let h = header(m.len(), k as u64);
+                let mut p = Progress::default();
+                let t = Instant::now();
+                while !a.send(&h, m, &mut p).unwrap() {
+                    assert!(t.elapsed() < Duration::from_secs(20), "send {k} stuck");
+                    std::thread::yield_now();
+                }
+            }
+        });
+        for (k, m) in msgs.iter().enumerate() {
+            let mut got = vec![0u8; m.len()];
+            let mut h = Header::default();
+            let mut p = Progress::default();
+            let t = Instant::now();
+            loop {
+                let done = b.recv(&mut h, &mut got, &mut p).unwrap();
+                if p.header_done() && !p.started {
+                    assert_eq!(h, header(m.len(), k as u64));
+                }
+                if done {
+                    break;
+                }
+                assert!(t.elapsed() < Duration::from_secs(20), "recv {k} stuck");
+                std::thread::yield_now();
+            }
+            assert!(got == *m, "message {k} of {} bytes differs", m.len());
+        }
+    });
+}
+
+#[test]
+fn messages_of_every_size_arrive_intact_both_ways() {
+    let dir = tmp_dir("sizes");
+    let cfg = ShmConfig {
+        ring_bytes: 4096,
+        cma: false,
+        max_io: 1000,
+        dir: dir.clone(),
+        ..ShmConfig::default()
+    };
+    let (mut a, mut b) = pair(&cfg);
+    // The segments were unlinked once both sides mapped them.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    let sizes = [0, 1, 7, 40, 4095, 4096, 4097, 100_003, 3, 0];
+    exchange(&mut a, &mut b, &sizes);
+    exchange(&mut b, &mut a, &sizes);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn large_messages_by_cross_memory_attach() {
+    let dir = tmp_dir("cma");
+    let cfg = ShmConfig {
+        ring_bytes: 1 << 16,
+        cma: true,
+        cma_min: 10_000,
+        max_io: 1 << 16,
+        dir: dir.clone(),
+    };
+    let (mut a, mut b) = pair(&cfg);
+    if !a.cma_enabled() {
+        println!("process_vm_readv is not allowed here; only the ring path is checked");
+    }
+    exchange(&mut a, &mut b, &[9_999, 10_000, 1 << 20, 5, 3_000_017]);
+    exchange(&mut b, &mut a, &[1 << 20, 17]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn shutdown_is_seen_by_the_peer_after_the_data() {
+    let dir = tmp_dir("close");
+    let cfg = ShmConfig {
+        ring_bytes: 4096,
+        dir: dir.clone(),
+        ..ShmConfig::default()
+    };
+    let (mut a, mut b) = pair(&cfg);
+    let m = [5u8, 6, 7];
+    let mut p = Progress::default();
+    assert!(a.send(&header(3, 9), &m, &mut p).unwrap());
+    a.shutdown();
+    // The message sent before the close still arrives whole.
+    let mut got = [0u8; 3];
+    let mut h = Header::default();
+    let mut p = Progress::default();
+    while !b.recv(&mut h, &mut got, &mut p).unwrap() {}
+    assert_eq!(got, m);
+    let mut p = Progress::default();
+    let e = b.recv(&mut h, &mut got, &mut p).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote);
+    assert_eq!(e.peer(), Some(0));
+    assert!(e.to_string().contains("rank 0 (shm, pid"), "{e}");
+    let e = a
+        .send(&header(3, 10), &m, &mut Progress::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("rank 1"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn doorbell_wakes_a_sleeper_and_times_out_otherwise() {
+    let dir = tmp_dir("bell");
+    let cfg = ShmConfig {
+        ring_bytes: 4096,
+        dir: dir.clone(),
+        ..ShmConfig::default()
+    };
+    let (mut a, b) = pair(&cfg);
+    let bell = b.doorbell().unwrap();
+    let seen = bell.seq();
+    let t = Instant::now();
+    bell.wait(seen, Duration::from_millis(30));
+    assert!(
+        t.elapsed() >= Duration::from_millis(25),
+        "{:?}",
+        t.elapsed()
+    );
+    let seen = bell.seq();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(20));
+            let mut p = Progress::default();
+            assert!(a.send(&header(1, 0), &[1], &mut p).unwrap());
+        });
+        let t = Instant::now();
+        while bell.seq() == seen {
+            bell.wait(seen, Duration::from_secs(10));
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_full_directory_is_a_clear_unsupported_error() {
+    // Asking for more than any tmpfs here holds (1 TiB of rings) must fail cleanly, not SIGBUS.
+    let dir = tmp_dir("full");
+    let shm = PathBuf::from("/dev/shm");
+    let target = if shm.is_dir() { shm } else { dir.clone() };
+    let name = segment_name(7, 0);
+    let peers: Vec<usize> = (1..=256).collect();
+    match OwnSegment::create(&target, &name, 7, 0, &peers, 4 << 30) {
+        Ok(_) => println!("{} accepted 1 TiB; nothing to check", target.display()),
+        Err(e) => {
+            assert!(
+                e.kind() == ErrorKind::Unsupported || e.kind() == ErrorKind::System,
+                "{e}"
+            );
+            assert!(e.to_string().contains(&target.display().to_string()), "{e}");
+        }
+    }
+    assert!(
+        !target.join(&name).exists(),
+        "a failed segment must not stay behind"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn mismatched_segments_are_refused() {
+    let dir = tmp_dir("refuse");
+    let name = segment_name(1, 0);
+    let _s = OwnSegment::create(&dir, &name, 1, 0, &[1], 4096).unwrap();
+    let e = PeerSegment::open(&dir, &name, 2, 0, 1).unwrap_err();
+    assert!(e.to_string().contains("communicator"), "{e}");
+    let e = PeerSegment::open(&dir, &name, 1, 0, 5).unwrap_err();
+    assert!(e.to_string().contains("no ring for rank 5"), "{e}");
+    assert!(OwnSegment::create(&dir, "x", 1, 0, &[1], 5000).is_err());
+    drop(_s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -336,3 +336,64 @@ fn conformance_large_count_every_dtype_and_op_all_reduce() {
     };
     sweep(3, &sw);
 }
+
+/// `n` ranks as threads, `per_host` consecutive ranks on each pretend host (`FERRO_HOST_ID`),
+/// so that hierarchical and tree algorithms see several hosts (TCP between them, shared memory
+/// inside).
+fn on_hosts<R: Send>(
+    n: usize,
+    per_host: usize,
+    cfg: Config,
+    f: impl Fn(&Communicator) -> R + Sync,
+) -> Vec<R> {
+    let store: std::sync::Arc<dyn ferroccl::bootstrap::Store> =
+        std::sync::Arc::new(ferroccl::bootstrap::MemoryStore::new());
+    let id = 0x5eed_0000 + (n * 100 + per_host) as u64 + std::process::id() as u64 * 1_000_000;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (store, f, mut cfg) = (store.clone(), &f, cfg.clone());
+                cfg.host_id = Some(format!("host{}", r / per_host));
+                s.spawn(move || {
+                    let comm = Communicator::init(store, r, n, id, cfg).expect("init");
+                    f(&comm)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+#[test]
+fn conformance_with_every_algorithm_on_several_hosts() {
+    let sw = Sweep {
+        dtypes: vec![
+            ferroccl::DataType::Float32,
+            ferroccl::DataType::Int32,
+            ferroccl::DataType::Bfloat16,
+            ferroccl::DataType::Uint8,
+            ferroccl::DataType::Float64,
+        ],
+        counts: vec![0, 1, 7, 1000, 20_011],
+        ..Sweep::full_small()
+    };
+    for algo in [
+        "ring", "tree", "rd", "hier", "binomial", "chain", "pairwise",
+    ] {
+        for (n, per_host) in [(3, 1), (4, 2), (5, 2), (8, 4)] {
+            let cfg = Config {
+                algo: Some(algo.to_string()),
+                slice_bytes: 16 << 10,
+                ..config()
+            };
+            let res = on_hosts(n, per_host, cfg, |c| run_sweep(c, &sw, 31 * n as u64));
+            for (r, x) in res.into_iter().enumerate() {
+                if let Err(e) = x {
+                    panic!("FERRO_ALGO={algo}, nranks {n}, {per_host} per host, rank {r}: {e}");
+                }
+            }
+        }
+    }
+}

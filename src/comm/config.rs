@@ -31,6 +31,10 @@ pub struct Config {
     /// in order of preference; the first that can connect the pair wins (shared memory only
     /// between ranks of one host). `FERRO_SHM_DISABLE=1` removes `shm`. Default `shm,tcp`.
     pub transports: Vec<Transport>,
+    /// `FERRO_ALGO`: force an algorithm (`ring`, `tree`, `rd`, `hier`, `binomial`, `chain`,
+    /// `pairwise`) or give per-size rules (`allreduce=rd:0-8K;tree:8K-1M;ring:1M-max`); see
+    /// [`crate::plan::Overrides`]. Default: the cost model picks per call.
+    pub algo: Option<String>,
     /// `FERRO_SHM_RING_BYTES`: bytes of each shared-memory ring (rounded up to a power of two,
     /// at least 4 KiB). Default 4 MiB.
     pub shm_ring_bytes: usize,
@@ -93,6 +97,7 @@ impl Default for Config {
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: vec![Transport::Shm, Transport::Tcp],
+            algo: None,
             shm_ring_bytes: 4 << 20,
             shm_cma: true,
             shm_cma_min: 256 << 10,
@@ -139,6 +144,13 @@ impl Config {
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);
+        }
+        if let Some(v) = var("FERRO_ALGO") {
+            if !v.trim().is_empty() {
+                crate::plan::Overrides::parse(&v)
+                    .map_err(|e| Error::invalid_argument(format!("FERRO_ALGO={v:?}: {e}")))?;
+                c.algo = Some(v);
+            }
         }
         if let Some(v) = var("FERRO_DEBUG") {
             c.debug = match v.to_ascii_uppercase().as_str() {

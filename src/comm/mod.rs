@@ -213,6 +213,11 @@ impl Communicator {
                 "init: rank {rank} is not in 0..{nranks}"
             )));
         }
+        if let Some(a) = &config.algo {
+            crate::plan::Overrides::parse(a).map_err(|e| {
+                Error::invalid_argument(format!("init on rank {rank}: algorithm rules {a:?}: {e}"))
+            })?;
+        }
         let deadline = Instant::now() + config.timeout;
         let ip = match &config.socket_ifname {
             Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
@@ -336,6 +341,7 @@ impl Communicator {
             },
             Arc::clone(&aborted),
             config.slice_bytes,
+            tuning(&config, &hosts),
         );
         Communicator {
             inner: Arc::new(Inner {
@@ -1164,6 +1170,37 @@ fn join_inits(handles: Vec<InitHandle>) -> Result<Vec<Communicator>> {
     match first_err {
         Some(e) => Err(e),
         None => Ok(out),
+    }
+}
+
+/// The tuner of a communicator whose ranks live on `hosts`.
+fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
+    let mut seen: Vec<u64> = Vec::new();
+    let host_of = hosts
+        .iter()
+        .map(|h| match seen.iter().position(|x| x == h) {
+            Some(i) => i,
+            None => {
+                seen.push(*h);
+                seen.len() - 1
+            }
+        })
+        .collect();
+    let mut model = crate::plan::CostModel::default();
+    if !config.transports.contains(&Transport::Shm) {
+        model.intra = crate::plan::Link::Tcp;
+    }
+    // Config::from_lookup validated the rules; a Config built by hand may hold bad ones.
+    let overrides = config
+        .algo
+        .as_deref()
+        .and_then(|a| crate::plan::Overrides::parse(a).ok())
+        .unwrap_or_default();
+    crate::exec::Tuning {
+        model,
+        topo: crate::coll::Topology { host_of },
+        overrides,
+        debug: config.debug >= DebugLevel::Debug,
     }
 }
 

@@ -85,6 +85,16 @@ impl Conn {
     }
 }
 
+/// How the engine picks algorithms: the cost model, the ranks' hosts and `FERRO_ALGO`.
+#[derive(Debug, Clone)]
+pub(crate) struct Tuning {
+    pub model: crate::plan::CostModel,
+    pub topo: coll::Topology,
+    pub overrides: crate::plan::Overrides,
+    /// Log every choice (rank 0, `FERRO_DEBUG=DEBUG`).
+    pub debug: bool,
+}
+
 /// Waiting and deadline settings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct WaitPolicy {
@@ -128,6 +138,8 @@ pub(crate) struct Engine {
     premul: Vec<u8>,
     staging: Vec<Vec<u8>>,
     plans: HashMap<(CollArgs, usize), Arc<Schedule>>,
+    /// Picks the algorithm of each call.
+    tuning: Tuning,
     /// Sequence numbers of point-to-point messages per peer, each direction.
     pub p2p_sent: Vec<u64>,
     pub p2p_recvd: Vec<u64>,
@@ -142,6 +154,7 @@ impl Engine {
         wait: WaitPolicy,
         abort: Arc<AtomicBool>,
         slice_bytes: usize,
+        tuning: Tuning,
     ) -> Engine {
         let bell = conns.iter().flatten().find_map(Conn::doorbell);
         Engine {
@@ -156,6 +169,7 @@ impl Engine {
             premul: Vec::new(),
             staging: Vec::new(),
             plans: HashMap::new(),
+            tuning,
             p2p_sent: vec![0; nranks],
             p2p_recvd: vec![0; nranks],
             pollfds: Vec::new(),
@@ -169,7 +183,8 @@ impl Engine {
         }
     }
 
-    /// The cached schedule for `args` and element size `esize`.
+    /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
+    /// picks for the call's size (or `FERRO_ALGO` forces).
     fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
         let slice = (self.slice_bytes / esize).max(1);
         let key = (*args, slice);
@@ -177,7 +192,36 @@ impl Engine {
             return Arc::clone(s);
         }
         let opts = AlgoOptions { slice };
-        let s = Arc::new(coll::build(args, self.rank, self.nranks, &opts));
+        let t = &self.tuning;
+        let choice = t
+            .model
+            .choose(args.kind, args.count * esize, &t.topo, &t.overrides);
+        let built = coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo);
+        let s = match built {
+            Ok(s) => {
+                if t.debug && self.rank == 0 {
+                    eprintln!(
+                        "ferroccl rank 0 TUNING: {} count {} ({} bytes): {choice}",
+                        args.kind.name(),
+                        args.count,
+                        args.count * esize
+                    );
+                }
+                s
+            }
+            Err(why) => {
+                if t.debug && self.rank == 0 {
+                    eprintln!(
+                        "ferroccl rank 0 TUNING: {} count {}: {} cannot run ({why}); default algorithm",
+                        args.kind.name(),
+                        args.count,
+                        choice.algo
+                    );
+                }
+                coll::build(args, self.rank, self.nranks, &opts)
+            }
+        };
+        let s = Arc::new(s);
         if self.plans.len() > 4096 {
             self.plans.clear();
         }

@@ -85,6 +85,9 @@ impl Conn {
     }
 }
 
+/// Largest allreduce, in bytes, whose algorithm the uncalibrated cost model picks.
+const AUTO_TUNED_MAX: usize = 8 << 10;
+
 /// How the engine picks algorithms: the cost model, the ranks' hosts and `FERRO_ALGO`.
 #[derive(Debug, Clone)]
 pub(crate) struct Tuning {
@@ -193,9 +196,22 @@ impl Engine {
         }
         let opts = AlgoOptions { slice };
         let t = &self.tuning;
-        let choice = t
-            .model
-            .choose(args.kind, args.count * esize, &t.topo, &t.overrides);
+        let bytes = args.count * esize;
+        let choice = if t.overrides == crate::plan::Overrides::default()
+            && !(matches!(args.kind, coll::CollKind::AllReduce) && bytes <= AUTO_TUNED_MAX)
+        {
+            // Until the cost model is calibrated on the machine (FERRO_TUNE=measure), it
+            // chooses only small allreduces, where its pick was measured to win; elsewhere
+            // the default algorithm (ring, chain, pairwise) measured best over TCP and shm.
+            crate::plan::Choice {
+                algo: coll::Algorithm::default_for(args.kind),
+                slice_bytes: self.slice_bytes,
+                predicted_us: f64::NAN,
+                reason: "default".to_string(),
+            }
+        } else {
+            t.model.choose(args.kind, bytes, &t.topo, &t.overrides)
+        };
         let built = coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo);
         let s = match built {
             Ok(s) => {

@@ -314,11 +314,33 @@ fn sigterm_to_the_launcher_reaches_every_rank() {
         ],
         3,
     );
+    let pid = child.id() as libc::pid_t;
     // SAFETY: kill with a pid of our own child.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    // Bounded: if the launcher ignored the signal, kill it so the test fails instead of hanging.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            for _ in 0..300 {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            // SAFETY: our child is not reaped until `done` is set, so the pid is still ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            true
+        })
+    };
     let mut rest = String::new();
-    reader.read_to_string(&mut rest).expect("read");
+    let _ = reader.read_to_string(&mut rest);
     let status = child.wait().expect("wait");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        !watchdog.join().expect("watchdog"),
+        "ferrorun ignored SIGTERM:\n{rest}"
+    );
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{rest}");
     let stopped: BTreeSet<&str> = rest.lines().map(|l| split_prefix(l).1).collect();
     assert_eq!(

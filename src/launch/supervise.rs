@@ -488,7 +488,9 @@ fn stop_started(ranks: &mut [RankProcess]) {
 fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Stop> {
     let mut stop: Option<(Stop, Instant)> = None;
     let mut sigkill_sent = false;
-    let mut signals_seen = SIGNAL_COUNT.load(Ordering::SeqCst);
+    // Counted from 0, not from now: a signal that arrived while the ranks were starting (after
+    // `catch_signals`) must still be forwarded.
+    let mut signals_seen = 0;
     loop {
         for i in 0..ranks.len() {
             if ranks[i].status.is_some() {

@@ -102,7 +102,7 @@ impl<'a> Group<'a> {
         }
         let (ticket, _) = inner.ticket(false);
         let mut ops = self.ops;
-        inner.execute(ticket, "group", |engine| {
+        inner.execute(ticket, |engine| {
             // Messages to self are copies, matched in order.
             let mut self_sends: Vec<&[u8]> = Vec::new();
             let mut raw: Vec<RawOp> = Vec::with_capacity(ops.len());

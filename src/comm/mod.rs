@@ -540,7 +540,7 @@ impl Communicator {
     /// communicator's error if it failed.
     pub fn destroy(self) -> Result<()> {
         let t = self.inner.ticket(false).0;
-        let r = self.inner.execute(t, "destroy", |e| {
+        let r = self.inner.execute(t, |e| {
             e.shutdown_all();
             Ok(())
         });
@@ -766,7 +766,7 @@ impl Communicator {
             output_len: recv.len(),
             in_place: send.is_none(),
         };
-        inner.execute(ticket, name, |e| call.run(e, seq, mem))
+        inner.execute(ticket, |e| call.run(e, seq, mem))
     }
 
     // ----- typed collectives -----
@@ -1015,7 +1015,7 @@ impl Communicator {
                 output_len: ol,
                 in_place,
             };
-            let r = inner.execute(ticket, call.name, |e| call.run(e, seq, mem));
+            let r = inner.execute(ticket, |e| call.run(e, seq, mem));
             let _ = tx.send((r, bufs));
         });
         match self.worker()?.as_ref() {
@@ -1397,12 +1397,7 @@ impl Inner {
     }
 
     /// Runs `f` on the engine when `ticket`'s turn comes; failures fail the communicator.
-    fn execute(
-        &self,
-        ticket: u64,
-        _name: &str,
-        f: impl FnOnce(&mut Engine) -> Result<()>,
-    ) -> Result<()> {
+    fn execute(&self, ticket: u64, f: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         struct Turn<'a>(&'a Inner, u64);
         impl Drop for Turn<'_> {
             fn drop(&mut self) {
@@ -1463,6 +1458,3 @@ impl Inner {
         }
     }
 }
-
-/// How long a rank waits by default; see [`Config::timeout`].
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);

@@ -257,7 +257,7 @@ impl Engine {
         ctx: &OpContext,
     ) -> Result<()> {
         let es = dtype.size();
-        let (in_len, out_len) = args.kind.buffer_lens(args.count, self.nranks);
+        let (in_len, _) = args.kind.buffer_lens(args.count, self.nranks);
         let mut mem = mem;
         let mut args = *args;
         if let Some(factor) = premul {
@@ -308,7 +308,6 @@ impl Engine {
         } else {
             (0, 0)
         };
-        let _ = (in_len, out_len);
         let layout = Layout {
             es,
             scratch_len: sched.scratch * es,

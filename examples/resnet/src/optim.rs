@@ -1,0 +1,174 @@
+//! SGD with momentum and weight decay (PyTorch's update rule), and the large-batch learning-rate
+//! recipe of Goyal et al.: the rate scaled linearly with the global batch, a gradual warm-up, then
+//! step or cosine decay.
+
+use tch::Tensor;
+
+/// SGD with momentum, weight decay and optional Nesterov momentum, as `torch.optim.SGD` with
+/// dampening 0: `d = g + wd·p; v = μ·v + d; p -= lr · (nesterov ? d + μ·v : v)`.
+///
+/// The momentum buffers are plain tensors owned here, so checkpoints can save and restore them.
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Tensor>,
+    momentum_buffers: Vec<Tensor>,
+    /// Momentum μ.
+    pub momentum: f64,
+    /// Weight decay (L2 penalty) applied to every parameter.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+}
+
+impl Sgd {
+    /// An optimizer over `params` with zero momentum buffers.
+    pub fn new(params: Vec<Tensor>, momentum: f64, weight_decay: f64, nesterov: bool) -> Sgd {
+        let momentum_buffers = params.iter().map(Tensor::zeros_like).collect();
+        Sgd { params, momentum_buffers, momentum, weight_decay, nesterov }
+    }
+
+    /// The momentum buffers, one per parameter, in the order given to [`Sgd::new`].
+    pub fn momentum_buffers(&self) -> &[Tensor] {
+        &self.momentum_buffers
+    }
+
+    /// One update with learning rate `lr` from the parameters' current gradients.
+    pub fn step(&mut self, lr: f64) {
+        tch::no_grad(|| {
+            for (p, v) in self.params.iter().zip(self.momentum_buffers.iter_mut()) {
+                let g = p.grad();
+                if !g.defined() {
+                    continue;
+                }
+                let d = if self.weight_decay != 0.0 { &g + p * self.weight_decay } else { g };
+                let _ = v.g_mul_scalar_(self.momentum).g_add_(&d);
+                let update = if self.nesterov { d + &*v * self.momentum } else { v.shallow_clone() };
+                let mut p = p.shallow_clone();
+                let _ = p.g_sub_(&(update * lr));
+            }
+        });
+    }
+
+    /// Sets every gradient to zero.
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.params {
+            p.zero_grad();
+        }
+    }
+}
+
+/// How the rate decays after the warm-up.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decay {
+    /// Multiply by `factor` at each of these epochs.
+    Step {
+        /// Epochs at which the rate drops.
+        milestones: Vec<f64>,
+        /// Factor of each drop.
+        factor: f64,
+    },
+    /// Half a cosine from the peak rate down to zero at the last epoch.
+    Cosine,
+    /// Constant after the warm-up.
+    Constant,
+}
+
+/// The learning rate as a function of (fractional) epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LrSchedule {
+    /// Rate for a global batch of `base_batch`.
+    pub base_lr: f64,
+    /// Global batch the base rate is given for (256 in Goyal et al.).
+    pub base_batch: usize,
+    /// Global batch of this run.
+    pub global_batch: usize,
+    /// Epochs of linear warm-up from `base_lr` to the scaled rate.
+    pub warmup_epochs: f64,
+    /// Decay after the warm-up.
+    pub decay: Decay,
+    /// Epochs of the whole run (for cosine).
+    pub total_epochs: f64,
+}
+
+impl LrSchedule {
+    /// The peak rate: `base_lr · global_batch / base_batch` (the linear scaling rule).
+    pub fn peak(&self) -> f64 {
+        self.base_lr * self.global_batch as f64 / self.base_batch as f64
+    }
+
+    /// The rate at fractional epoch `epoch` (epoch 1.5 = halfway through the second epoch).
+    pub fn at(&self, epoch: f64) -> f64 {
+        let peak = self.peak();
+        if epoch < self.warmup_epochs {
+            // Goyal et al.: start at the unscaled rate, reach the scaled one after the warm-up.
+            let start = self.base_lr.min(peak);
+            return start + (peak - start) * epoch / self.warmup_epochs;
+        }
+        match &self.decay {
+            Decay::Constant => peak,
+            Decay::Step { milestones, factor } => {
+                let drops = milestones.iter().filter(|&&m| epoch >= m).count();
+                peak * factor.powi(drops as i32)
+            }
+            Decay::Cosine => {
+                let span = (self.total_epochs - self.warmup_epochs).max(f64::MIN_POSITIVE);
+                let t = ((epoch - self.warmup_epochs) / span).clamp(0.0, 1.0);
+                0.5 * peak * (1.0 + (std::f64::consts::PI * t).cos())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn schedule(decay: Decay) -> LrSchedule {
+        LrSchedule { base_lr: 0.1, base_batch: 256, global_batch: 1024, warmup_epochs: 5.0, decay, total_epochs: 90.0 }
+    }
+
+    #[test]
+    fn warmup_rises_linearly_to_the_scaled_rate() {
+        let s = schedule(Decay::Constant);
+        assert!((s.peak() - 0.4).abs() < 1e-12);
+        assert!((s.at(0.0) - 0.1).abs() < 1e-12);
+        assert!((s.at(2.5) - 0.25).abs() < 1e-12);
+        assert!((s.at(5.0) - 0.4).abs() < 1e-12);
+        assert!((s.at(50.0) - 0.4).abs() < 1e-12);
+    }
+
+    #[test]
+    fn step_and_cosine_decay() {
+        let s = schedule(Decay::Step { milestones: vec![30.0, 60.0, 80.0], factor: 0.1 });
+        assert!((s.at(29.9) - 0.4).abs() < 1e-12);
+        assert!((s.at(30.0) - 0.04).abs() < 1e-12);
+        assert!((s.at(85.0) - 0.0004).abs() < 1e-12);
+        let c = schedule(Decay::Cosine);
+        assert!((c.at(5.0) - 0.4).abs() < 1e-12);
+        assert!((c.at(47.5) - 0.2).abs() < 1e-12);
+        assert!(c.at(90.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sgd_matches_the_update_rule() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
+        let mut opt = Sgd::new(vec![p.shallow_clone()], 0.9, 0.1, false);
+        // loss = sum(p^2): g = 2p.
+        for _ in 0..2 {
+            opt.zero_grad();
+            (&p * &p).sum(Kind::Float).backward();
+            opt.step(0.5);
+        }
+        // Step 1: d = 2p + 0.1p = 2.1p; v = d; p1 = p - 0.5·2.1p = -0.05p.
+        // Step 2: d = 2.1·p1; v = 0.9·2.1p + 2.1·p1; p2 = p1 - 0.5·v.
+        let want = |p0: f64| {
+            let p1 = -0.05 * p0;
+            let v = 0.9 * 2.1 * p0 + 2.1 * p1;
+            p1 - 0.5 * v
+        };
+        let got: Vec<f32> = Vec::try_from(&p.detach().to_device(Device::Cpu)).unwrap();
+        assert!((f64::from(got[0]) - want(1.0)).abs() < 1e-5, "{got:?}");
+        assert!((f64::from(got[1]) - want(-2.0)).abs() < 1e-5, "{got:?}");
+    }
+}

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# libtorch for examples/resnet (PyPI torch in a virtual environment; installed on first use).
+eval "$(scripts/torch-env.sh)"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"

@@ -47,8 +47,12 @@ impl Dataset {
         if let Some(rng) = augment {
             xs = augment_batch(&xs, rng);
         }
-        let mean = Tensor::from_slice(&CIFAR_MEAN).to_kind(Kind::Float).view([1, 3, 1, 1]);
-        let std = Tensor::from_slice(&CIFAR_STD).to_kind(Kind::Float).view([1, 3, 1, 1]);
+        let mean = Tensor::from_slice(&CIFAR_MEAN)
+            .to_kind(Kind::Float)
+            .view([1, 3, 1, 1]);
+        let std = Tensor::from_slice(&CIFAR_STD)
+            .to_kind(Kind::Float)
+            .view([1, 3, 1, 1]);
         ((xs - mean) / std, self.labels.index_select(0, &idx))
     }
 
@@ -92,9 +96,17 @@ fn augment_batch(xs: &Tensor, rng: &mut SplitMix64) -> Tensor {
 
 /// A fixed random batch with fixed labels: the standard throughput benchmark's input, generated
 /// once per rank and used for every step, so no data loading is timed.
-pub fn synthetic_batch(batch: usize, image_size: i64, num_classes: i64, seed: u64) -> (Tensor, Tensor) {
+pub fn synthetic_batch(
+    batch: usize,
+    image_size: i64,
+    num_classes: i64,
+    seed: u64,
+) -> (Tensor, Tensor) {
     tch::manual_seed(seed as i64);
-    let xs = Tensor::randn([batch as i64, 3, image_size, image_size], (Kind::Float, Device::Cpu));
+    let xs = Tensor::randn(
+        [batch as i64, 3, image_size, image_size],
+        (Kind::Float, Device::Cpu),
+    );
     let ys = Tensor::randint(num_classes, [batch as i64], (Kind::Int64, Device::Cpu));
     (xs, ys)
 }
@@ -119,7 +131,11 @@ pub fn load_cifar(path: &Path) -> Result<(Dataset, Option<Dataset>)> {
         bail!("cifar10: no data_batch_*.bin in {}", path.display());
     }
     let test_path = path.join("test_batch.bin");
-    let test = if test_path.exists() { Some(read_cifar_files(&[test_path])?) } else { None };
+    let test = if test_path.exists() {
+        Some(read_cifar_files(&[test_path])?)
+    } else {
+        None
+    };
     Ok((read_cifar_files(&train)?, test))
 }
 
@@ -137,7 +153,11 @@ fn read_cifar_files(files: &[PathBuf]) -> Result<Dataset> {
         }
         for rec in bytes.chunks_exact(CIFAR_RECORD) {
             if rec[0] > 9 {
-                bail!("cifar10: {}: label {} is not a class 0..9", f.display(), rec[0]);
+                bail!(
+                    "cifar10: {}: label {} is not a class 0..9",
+                    f.display(),
+                    rec[0]
+                );
             }
             labels.push(i64::from(rec[0]));
             pixels.extend_from_slice(&rec[1..]);
@@ -166,7 +186,9 @@ pub fn load_image_folder(root: &Path, size: i64) -> Result<Dataset> {
     let mut images = Vec::new();
     let mut labels = Vec::new();
     for (c, dir) in classes.iter().enumerate() {
-        let mut files: Vec<PathBuf> = fs::read_dir(dir)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let mut files: Vec<PathBuf> = fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
         files.sort();
         for f in files {
             let img = tch::vision::image::load_and_resize(&f, size, size)
@@ -240,9 +262,24 @@ pub struct DistributedSampler {
 
 impl DistributedSampler {
     /// Sampler over `len` samples for `rank` of `nranks`.
-    pub fn new(len: usize, global_batch: usize, rank: usize, nranks: usize, seed: u64) -> DistributedSampler {
-        assert!(global_batch > 0 && rank < nranks, "sampler: global batch {global_batch}, rank {rank} of {nranks}");
-        DistributedSampler { len, global_batch, rank, nranks, seed }
+    pub fn new(
+        len: usize,
+        global_batch: usize,
+        rank: usize,
+        nranks: usize,
+        seed: u64,
+    ) -> DistributedSampler {
+        assert!(
+            global_batch > 0 && rank < nranks,
+            "sampler: global batch {global_batch}, rank {rank} of {nranks}"
+        );
+        DistributedSampler {
+            len,
+            global_batch,
+            rank,
+            nranks,
+            seed,
+        }
     }
 
     /// Steps in one epoch (the last may be short).
@@ -255,7 +292,12 @@ impl DistributedSampler {
         let perm = permutation(self.len, self.seed.wrapping_add(epoch as u64));
         perm.chunks(self.global_batch)
             .map(|step| {
-                let mine = step.iter().skip(self.rank).step_by(self.nranks).copied().collect();
+                let mine = step
+                    .iter()
+                    .skip(self.rank)
+                    .step_by(self.nranks)
+                    .copied()
+                    .collect();
                 (mine, step.len())
             })
             .collect()
@@ -276,7 +318,8 @@ pub fn write_pattern_dataset(dir: &Path, train: usize, test: usize, seed: u64) -
             out.extend_from_slice(&pattern_image(class, &mut rng));
         }
         let path = dir.join(name);
-        let mut f = fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let mut f =
+            fs::File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
         f.write_all(&out)?;
     }
     Ok(())
@@ -314,7 +357,9 @@ mod tests {
             for len in [0, 1, 7, 64, 101] {
                 let g = 12;
                 let one = DistributedSampler::new(len, g, 0, 1, 9).epoch(3);
-                let parts: Vec<_> = (0..nranks).map(|r| DistributedSampler::new(len, g, r, nranks, 9).epoch(3)).collect();
+                let parts: Vec<_> = (0..nranks)
+                    .map(|r| DistributedSampler::new(len, g, r, nranks, 9).epoch(3))
+                    .collect();
                 assert_eq!(one.len(), len.div_ceil(g));
                 for (s, (whole, gb)) in one.iter().enumerate() {
                     let mut union: Vec<usize> = parts.iter().flat_map(|p| p[s].0.clone()).collect();
@@ -351,7 +396,40 @@ mod tests {
         assert_eq!(ys.size(), vec![3]);
         fs::write(dir.join("data_batch_2.bin"), [1u8; 100]).unwrap();
         let err = load_cifar(&dir).unwrap_err().to_string();
-        assert!(err.contains("data_batch_2.bin") && err.contains("100 bytes"), "{err}");
+        assert!(
+            err.contains("data_batch_2.bin") && err.contains("100 bytes"),
+            "{err}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn image_folder_reads_classes_in_name_order_and_resizes() {
+        let dir =
+            std::env::temp_dir().join(format!("ferroccl-resnet-folder-{}", std::process::id()));
+        for (class, shade) in [("cat", 10u8), ("dog", 200u8)] {
+            fs::create_dir_all(dir.join(class)).unwrap();
+            for i in 0..2 {
+                let img = Tensor::full([3, 20, 30], i64::from(shade), (Kind::Uint8, Device::Cpu));
+                tch::vision::image::save(&img, dir.join(class).join(format!("{i}.png"))).unwrap();
+            }
+        }
+        let ds = load_image_folder(&dir, 16).unwrap();
+        assert_eq!((ds.len(), ds.num_classes), (4, 2));
+        assert_eq!(ds.images.size(), vec![4, 3, 16, 16]);
+        assert_eq!(Vec::<i64>::try_from(&ds.labels).unwrap(), vec![0, 0, 1, 1]);
+        // "dog" (class 1) images are the bright ones.
+        assert!(
+            ds.images
+                .get(3)
+                .to_kind(Kind::Float)
+                .mean(Kind::Float)
+                .double_value(&[])
+                > 150.0
+        );
+        fs::write(dir.join("dog").join("2.png"), b"not an image").unwrap();
+        let err = format!("{:#}", load_image_folder(&dir, 16).unwrap_err());
+        assert!(err.contains("2.png"), "{err}");
         fs::remove_dir_all(&dir).unwrap();
     }
 

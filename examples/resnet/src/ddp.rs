@@ -92,14 +92,24 @@ impl Buf {
     /// The view borrows the buffer's memory: it must be dropped before the buffer is moved into
     /// a collective or freed. Every caller here uses it for one `copy_` and drops it.
     fn view(&mut self, offset: usize, numel: usize) -> Tensor {
-        assert!(offset + numel <= self.len(), "view {offset}+{numel} of a buffer of {}", self.len());
+        assert!(
+            offset + numel <= self.len(),
+            "view {offset}+{numel} of a buffer of {}",
+            self.len()
+        );
         let kind = self.wire().kind();
         let elem = kind.elt_size_in_bytes();
         // SAFETY: the range lies inside the buffer (asserted above); the buffer is a live Vec
         // of the element type `kind` describes, and the view is dropped before the Vec moves or
         // is freed (see above), so libtorch never reads or writes outside it.
         unsafe {
-            Tensor::from_blob(self.ptr().add(offset * elem), &[numel as i64], &[], kind, Device::Cpu)
+            Tensor::from_blob(
+                self.ptr().add(offset * elem),
+                &[numel as i64],
+                &[],
+                kind,
+                Device::Cpu,
+            )
         }
     }
 
@@ -141,8 +151,11 @@ pub fn broadcast_tensors(comm: &Communicator, tensors: &[Tensor], root: usize) -
             offset += n;
         }
     }
-    let Buf::F32(mut flat) = buf else { unreachable!("an f32 buffer") };
-    comm.broadcast(&mut flat, root).with_context(|| format!("broadcast of {total} values from rank {root}"))?;
+    let Buf::F32(mut flat) = buf else {
+        unreachable!("an f32 buffer")
+    };
+    comm.broadcast(&mut flat, root)
+        .with_context(|| format!("broadcast of {total} values from rank {root}"))?;
     let mut buf = Buf::F32(flat);
     let mut offset = 0;
     tch::no_grad(|| {
@@ -184,13 +197,21 @@ pub struct GradReducer {
 
 impl GradReducer {
     /// Buckets for `params`: each a trainable variable and the model stage it belongs to.
-    pub fn new(comm: Arc<Communicator>, params: Vec<(Tensor, usize)>, bucket_bytes: usize, wire: Wire) -> Result<GradReducer> {
+    pub fn new(
+        comm: Arc<Communicator>,
+        params: Vec<(Tensor, usize)>,
+        bucket_bytes: usize,
+        wire: Wire,
+    ) -> Result<GradReducer> {
         if bucket_bytes == 0 {
             bail!("bucket size must be at least 1 byte");
         }
         // Every parameter gets a gradient tensor now, so that a rank with nothing to compute in a
         // step (a short last batch) still has zeros to send.
-        let zero: Vec<Tensor> = params.iter().map(|(p, _)| (p * 0.0).sum(Kind::Float)).collect();
+        let zero: Vec<Tensor> = params
+            .iter()
+            .map(|(p, _)| (p * 0.0).sum(Kind::Float))
+            .collect();
         Tensor::stack(&zero, 0).sum(Kind::Float).backward();
         let mut order: Vec<usize> = (0..params.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(params[i].1));
@@ -199,20 +220,37 @@ impl GradReducer {
         for i in order {
             let n = params[i].0.numel();
             if fill.saturating_add(n * 4) > bucket_bytes && fill != 0 {
-                buckets.push(Bucket { members: Vec::new(), ready_stage: usize::MAX, buf: None, work: None });
+                buckets.push(Bucket {
+                    members: Vec::new(),
+                    ready_stage: usize::MAX,
+                    buf: None,
+                    work: None,
+                });
                 fill = 0;
             }
             let b = buckets.last_mut().expect("a bucket was pushed above");
-            let offset = b.members.last().map_or(0, |&(j, o)| o + params[j].0.numel());
+            let offset = b
+                .members
+                .last()
+                .map_or(0, |&(j, o)| o + params[j].0.numel());
             b.members.push((i, offset));
             b.ready_stage = b.ready_stage.min(params[i].1);
             fill += n * 4;
         }
         for b in &mut buckets {
-            let len = b.members.last().map_or(0, |&(j, o)| o + params[j].0.numel());
+            let len = b
+                .members
+                .last()
+                .map_or(0, |&(j, o)| o + params[j].0.numel());
             b.buf = Some(Buf::new(wire, len));
         }
-        Ok(GradReducer { comm, params, buckets, launched: 0, op: ReduceOp::Sum })
+        Ok(GradReducer {
+            comm,
+            params,
+            buckets,
+            launched: 0,
+            op: ReduceOp::Sum,
+        })
     }
 
     /// Number of buckets.
@@ -224,7 +262,11 @@ impl GradReducer {
     pub fn bucket_bytes(&self) -> Vec<usize> {
         self.buckets
             .iter()
-            .map(|b| b.buf.as_ref().map_or(0, |x| x.len() * x.wire().kind().elt_size_in_bytes()))
+            .map(|b| {
+                b.buf
+                    .as_ref()
+                    .map_or(0, |x| x.len() * x.wire().kind().elt_size_in_bytes())
+            })
             .collect()
     }
 
@@ -237,7 +279,8 @@ impl GradReducer {
 
     /// Backward has finished `stage` (and every later one): start every bucket now complete.
     pub fn stage_done(&mut self, stage: usize) -> Result<()> {
-        while self.launched < self.buckets.len() && self.buckets[self.launched].ready_stage >= stage {
+        while self.launched < self.buckets.len() && self.buckets[self.launched].ready_stage >= stage
+        {
             self.launch(self.launched)?;
             self.launched += 1;
         }
@@ -246,14 +289,19 @@ impl GradReducer {
 
     fn launch(&mut self, i: usize) -> Result<()> {
         let bucket = &mut self.buckets[i];
-        let mut buf = bucket.buf.take().expect("a bucket is launched once per step");
+        let mut buf = bucket
+            .buf
+            .take()
+            .expect("a bucket is launched once per step");
         tch::no_grad(|| {
             for &(j, offset) in &bucket.members {
                 let g = self.params[j].0.grad();
                 buf.view(offset, g.numel()).copy_(&g.reshape([-1]));
             }
         });
-        let work = buf.all_reduce(&self.comm, self.op).with_context(|| format!("gradient bucket {i}"))?;
+        let work = buf
+            .all_reduce(&self.comm, self.op)
+            .with_context(|| format!("gradient bucket {i}"))?;
         bucket.work = Some(work);
         Ok(())
     }
@@ -265,7 +313,9 @@ impl GradReducer {
         let t0 = Instant::now();
         for (i, bucket) in self.buckets.iter_mut().enumerate() {
             let work = bucket.work.take().expect("every bucket was launched");
-            let buf = work.wait().with_context(|| format!("gradient bucket {i}"))?;
+            let buf = work
+                .wait()
+                .with_context(|| format!("gradient bucket {i}"))?;
             bucket.buf = Some(buf);
         }
         let waited = t0.elapsed();
@@ -293,7 +343,10 @@ impl GradReducer {
         }
         for (i, bucket) in self.buckets.iter_mut().enumerate() {
             let work = bucket.work.take().expect("launched above");
-            bucket.buf = Some(work.wait().with_context(|| format!("gradient bucket {i}"))?);
+            bucket.buf = Some(
+                work.wait()
+                    .with_context(|| format!("gradient bucket {i}"))?,
+            );
         }
         Ok(t0.elapsed())
     }

@@ -74,7 +74,12 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// The standard network for `image_size`: the small stem below 64×64 pixels and up to it.
     pub fn for_images(arch: Arch, num_classes: i64, width: i64, image_size: i64) -> ModelConfig {
-        ModelConfig { arch, num_classes, width, small_stem: image_size <= 64 }
+        ModelConfig {
+            arch,
+            num_classes,
+            width,
+            small_stem: image_size <= 64,
+        }
     }
 }
 
@@ -101,11 +106,18 @@ pub const STAGE_PREFIXES: [&[&str]; 6] = [
 
 /// The stage a variable called `name` belongs to.
 pub fn stage_of(name: &str) -> Option<usize> {
-    STAGE_PREFIXES.iter().position(|prefixes| prefixes.iter().any(|p| name.starts_with(p)))
+    STAGE_PREFIXES
+        .iter()
+        .position(|prefixes| prefixes.iter().any(|p| name.starts_with(p)))
 }
 
 fn conv(p: nn::Path, c_in: i64, c_out: i64, ksize: i64, padding: i64, stride: i64) -> nn::Conv2D {
-    let cfg = nn::ConvConfig { stride, padding, bias: false, ..Default::default() };
+    let cfg = nn::ConvConfig {
+        stride,
+        padding,
+        bias: false,
+        ..Default::default()
+    };
     nn::conv2d(p, c_in, c_out, ksize, cfg)
 }
 
@@ -115,7 +127,9 @@ fn bn(p: nn::Path, c: i64) -> nn::BatchNorm {
 
 fn downsample(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> nn::SequentialT {
     if stride != 1 || c_in != c_out {
-        nn::seq_t().add(conv(&p / "0", c_in, c_out, 1, 0, stride)).add(bn(&p / "1", c_out))
+        nn::seq_t()
+            .add(conv(&p / "0", c_in, c_out, 1, 0, stride))
+            .add(bn(&p / "1", c_out))
     } else {
         nn::seq_t()
     }
@@ -128,7 +142,12 @@ fn basic_block(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> nn::FuncT<'st
     let bn2 = bn(&p / "bn2", c_out);
     let down = downsample(&p / "downsample", c_in, c_out, stride);
     nn::func_t(move |xs, train| {
-        let ys = xs.apply(&conv1).apply_t(&bn1, train).relu().apply(&conv2).apply_t(&bn2, train);
+        let ys = xs
+            .apply(&conv1)
+            .apply_t(&bn1, train)
+            .relu()
+            .apply(&conv2)
+            .apply_t(&bn2, train);
         (xs.apply_t(&down, train) + ys).relu()
     })
 }
@@ -156,11 +175,22 @@ fn bottleneck_block(p: nn::Path, c_in: i64, c_mid: i64, stride: i64) -> nn::Func
     })
 }
 
-fn layer(p: nn::Path, arch: Arch, c_in: i64, c_mid: i64, stride: i64, n: i64) -> nn::FuncT<'static> {
+fn layer(
+    p: nn::Path,
+    arch: Arch,
+    c_in: i64,
+    c_mid: i64,
+    stride: i64,
+    n: i64,
+) -> nn::FuncT<'static> {
     let e = arch.expansion();
     let mut blocks = nn::seq_t();
     for i in 0..n {
-        let (cin, s) = if i == 0 { (c_in, stride) } else { (c_mid * e, 1) };
+        let (cin, s) = if i == 0 {
+            (c_in, stride)
+        } else {
+            (c_mid * e, 1)
+        };
         let bp = &p / i.to_string();
         blocks = if e == 1 {
             blocks.add(basic_block(bp, cin, c_mid, s))
@@ -178,7 +208,11 @@ impl ResNet {
         let e = cfg.arch.expansion();
         let blocks = cfg.arch.blocks();
         let small = cfg.small_stem;
-        let conv1 = if small { conv(p / "conv1", 3, w, 3, 1, 1) } else { conv(p / "conv1", 3, w, 7, 3, 2) };
+        let conv1 = if small {
+            conv(p / "conv1", 3, w, 3, 1, 1)
+        } else {
+            conv(p / "conv1", 3, w, 7, 3, 2)
+        };
         let bn1 = bn(p / "bn1", w);
         let stem = nn::func_t(move |xs, train| {
             let ys = xs.apply(&conv1).apply_t(&bn1, train).relu();
@@ -193,7 +227,14 @@ impl ResNet {
         for (i, &n) in blocks.iter().enumerate() {
             let c_mid = w << i;
             let stride = if i == 0 { 1 } else { 2 };
-            stages.push(layer(p / format!("layer{}", i + 1), cfg.arch, c_in, c_mid, stride, n));
+            stages.push(layer(
+                p / format!("layer{}", i + 1),
+                cfg.arch,
+                c_in,
+                c_mid,
+                stride,
+                n,
+            ));
             c_in = c_mid * e;
         }
         let fc = nn::linear(p / "fc", c_in, cfg.num_classes, Default::default());
@@ -239,9 +280,16 @@ mod tests {
             assert!(stage_of(name).is_some(), "{name} has no stage");
         }
         // torchvision's resnet18 with 10 classes has 11,181,642 parameters.
-        let trainable: i64 = vs.trainable_variables().iter().map(|t| t.numel() as i64).sum();
+        let trainable: i64 = vs
+            .trainable_variables()
+            .iter()
+            .map(|t| t.numel() as i64)
+            .sum();
         assert_eq!(trainable, 11_181_642);
-        let out = net.forward(&Tensor::zeros([2, 3, 64, 64], (Kind::Float, Device::Cpu)), false);
+        let out = net.forward(
+            &Tensor::zeros([2, 3, 64, 64], (Kind::Float, Device::Cpu)),
+            false,
+        );
         assert_eq!(out.size(), vec![2, 10]);
     }
 
@@ -251,7 +299,10 @@ mod tests {
         let cfg = ModelConfig::for_images(Arch::ResNet50, 7, 8, 32);
         let net = ResNet::new(&vs.root(), cfg);
         assert_eq!(net.num_stages(), 6);
-        let out = net.forward(&Tensor::zeros([3, 3, 32, 32], (Kind::Float, Device::Cpu)), true);
+        let out = net.forward(
+            &Tensor::zeros([3, 3, 32, 32], (Kind::Float, Device::Cpu)),
+            true,
+        );
         assert_eq!(out.size(), vec![3, 7]);
         assert!(vs.variables().contains_key("layer3.5.conv3.weight"));
     }

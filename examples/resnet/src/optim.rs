@@ -24,7 +24,13 @@ impl Sgd {
     /// An optimizer over `params` with zero momentum buffers.
     pub fn new(params: Vec<Tensor>, momentum: f64, weight_decay: f64, nesterov: bool) -> Sgd {
         let momentum_buffers = params.iter().map(Tensor::zeros_like).collect();
-        Sgd { params, momentum_buffers, momentum, weight_decay, nesterov }
+        Sgd {
+            params,
+            momentum_buffers,
+            momentum,
+            weight_decay,
+            nesterov,
+        }
     }
 
     /// The momentum buffers, one per parameter, in the order given to [`Sgd::new`].
@@ -40,9 +46,17 @@ impl Sgd {
                 if !g.defined() {
                     continue;
                 }
-                let d = if self.weight_decay != 0.0 { &g + p * self.weight_decay } else { g };
+                let d = if self.weight_decay != 0.0 {
+                    &g + p * self.weight_decay
+                } else {
+                    g
+                };
                 let _ = v.g_mul_scalar_(self.momentum).g_add_(&d);
-                let update = if self.nesterov { d + &*v * self.momentum } else { v.shallow_clone() };
+                let update = if self.nesterov {
+                    d + &*v * self.momentum
+                } else {
+                    v.shallow_clone()
+                };
                 let mut p = p.shallow_clone();
                 let _ = p.g_sub_(&(update * lr));
             }
@@ -125,7 +139,14 @@ mod tests {
     use tch::{Device, Kind};
 
     fn schedule(decay: Decay) -> LrSchedule {
-        LrSchedule { base_lr: 0.1, base_batch: 256, global_batch: 1024, warmup_epochs: 5.0, decay, total_epochs: 90.0 }
+        LrSchedule {
+            base_lr: 0.1,
+            base_batch: 256,
+            global_batch: 1024,
+            warmup_epochs: 5.0,
+            decay,
+            total_epochs: 90.0,
+        }
     }
 
     #[test]
@@ -140,7 +161,10 @@ mod tests {
 
     #[test]
     fn step_and_cosine_decay() {
-        let s = schedule(Decay::Step { milestones: vec![30.0, 60.0, 80.0], factor: 0.1 });
+        let s = schedule(Decay::Step {
+            milestones: vec![30.0, 60.0, 80.0],
+            factor: 0.1,
+        });
         assert!((s.at(29.9) - 0.4).abs() < 1e-12);
         assert!((s.at(30.0) - 0.04).abs() < 1e-12);
         assert!((s.at(85.0) - 0.0004).abs() < 1e-12);

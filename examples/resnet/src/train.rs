@@ -151,7 +151,8 @@ pub struct Options {
 }
 
 fn parse_arch(s: &str) -> Result<Arch, String> {
-    Arch::parse(s).ok_or_else(|| format!("unknown architecture {s:?} (resnet18, resnet34, resnet50)"))
+    Arch::parse(s)
+        .ok_or_else(|| format!("unknown architecture {s:?} (resnet18, resnet34, resnet50)"))
 }
 
 fn parse_wire(s: &str) -> Result<Wire, String> {
@@ -172,8 +173,14 @@ struct StepTimes {
 impl StepTimes {
     fn as_ms(&self) -> [f64; 5] {
         let n = f64::from(self.steps.max(1));
-        [self.forward, self.backward, self.comm_wait, self.optimizer, self.total]
-            .map(|d| d.as_secs_f64() * 1e3 / n)
+        [
+            self.forward,
+            self.backward,
+            self.comm_wait,
+            self.optimizer,
+            self.total,
+        ]
+        .map(|d| d.as_secs_f64() * 1e3 / n)
     }
 }
 
@@ -197,7 +204,12 @@ impl Trainer {
     /// Runs forward, backward (starting bucket allreduces as stages finish) and waits for the
     /// averaged gradients. `weight` is this rank's share of the step's global batch. Returns
     /// this rank's loss (0 for an empty batch) and the forward, backward and wait times.
-    fn step(&mut self, xs: Option<&Tensor>, ys: &Tensor, weight: f64) -> Result<(f64, [Duration; 3])> {
+    fn step(
+        &mut self,
+        xs: Option<&Tensor>,
+        ys: &Tensor,
+        weight: f64,
+    ) -> Result<(f64, [Duration; 3])> {
         self.opt.zero_grad();
         self.reducer.begin_step(weight);
         let t0 = Instant::now();
@@ -208,7 +220,10 @@ impl Trainer {
             return Ok((0.0, [Duration::ZERO, t1 - t0, waited]));
         };
         if !self.overlap {
-            let loss = self.net.forward(xs, self.bn_train).cross_entropy_for_logits(ys);
+            let loss = self
+                .net
+                .forward(xs, self.bn_train)
+                .cross_entropy_for_logits(ys);
             let t1 = Instant::now();
             loss.backward();
             let t2 = Instant::now();
@@ -255,17 +270,27 @@ impl Trainer {
                 let logits = self.net.forward(&xs, false);
                 let n = chunk.len() as f64;
                 sums[0] += logits.cross_entropy_for_logits(&ys).double_value(&[]) * n;
-                sums[1] += logits.argmax(-1, false).eq_tensor(&ys).sum(Kind::Float).double_value(&[]);
+                sums[1] += logits
+                    .argmax(-1, false)
+                    .eq_tensor(&ys)
+                    .sum(Kind::Float)
+                    .double_value(&[]);
                 sums[2] += n;
             }
         });
-        self.comm.all_reduce_in_place(&mut sums, ReduceOp::Sum).context("evaluation totals")?;
+        self.comm
+            .all_reduce_in_place(&mut sums, ReduceOp::Sum)
+            .context("evaluation totals")?;
         let n = sums[2].max(1.0);
         Ok((sums[0] / n, sums[1] / n))
     }
 
     fn momentum_named(&self) -> Vec<(String, Tensor)> {
-        self.params.iter().zip(self.opt.momentum_buffers()).map(|((n, _), m)| (n.clone(), m.shallow_clone())).collect()
+        self.params
+            .iter()
+            .zip(self.opt.momentum_buffers())
+            .map(|((n, _), m)| (n.clone(), m.shallow_clone()))
+            .collect()
     }
 }
 
@@ -275,7 +300,9 @@ fn communicator() -> Result<Communicator> {
         Ok(Communicator::from_env()?)
     } else {
         let config = ferroccl::Config::from_env()?;
-        Communicator::local_group(1, config)?.pop().context("a one-rank communicator")
+        Communicator::local_group(1, config)?
+            .pop()
+            .context("a one-rank communicator")
     }
 }
 
@@ -295,7 +322,10 @@ pub fn run(opts: &Options) -> Result<()> {
     let (train_set, eval_set) = match opts.data {
         DataKind::Synthetic => (None, None),
         DataKind::Cifar10 | DataKind::Folder => {
-            let dir = opts.data_dir.as_ref().context("--data cifar10 and --data folder need --data-dir")?;
+            let dir = opts
+                .data_dir
+                .as_ref()
+                .context("--data cifar10 and --data folder need --data-dir")?;
             let (train, test) = if opts.data == DataKind::Cifar10 {
                 data::load_cifar(dir)?
             } else {
@@ -308,8 +338,14 @@ pub fn run(opts: &Options) -> Result<()> {
             (Some(train), Some(test))
         }
     };
-    let num_classes = train_set.as_ref().map_or(opts.num_classes, |d| d.num_classes);
-    let image_size = if opts.data == DataKind::Cifar10 { 32 } else { opts.image_size };
+    let num_classes = train_set
+        .as_ref()
+        .map_or(opts.num_classes, |d| d.num_classes);
+    let image_size = if opts.data == DataKind::Cifar10 {
+        32
+    } else {
+        opts.image_size
+    };
 
     // Model: every rank builds it, rank 0's values (or checkpoint) win.
     tch::manual_seed(opts.seed as i64);
@@ -318,12 +354,25 @@ pub fn run(opts: &Options) -> Result<()> {
     let net = ResNet::new(&vs.root(), cfg);
     let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
-    let params: Vec<(String, Tensor)> =
-        vars.iter().filter(|(_, t)| t.requires_grad()).map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-    let opt = Sgd::new(params.iter().map(|(_, t)| t.shallow_clone()).collect(), opts.momentum, opts.weight_decay, opts.nesterov);
+    let params: Vec<(String, Tensor)> = vars
+        .iter()
+        .filter(|(_, t)| t.requires_grad())
+        .map(|(n, t)| (n.clone(), t.shallow_clone()))
+        .collect();
+    let opt = Sgd::new(
+        params.iter().map(|(_, t)| t.shallow_clone()).collect(),
+        opts.momentum,
+        opts.weight_decay,
+        opts.nesterov,
+    );
     let staged: Vec<(Tensor, usize)> = params
         .iter()
-        .map(|(n, t)| Ok((t.shallow_clone(), stage_of(n).with_context(|| format!("variable {n} has no stage"))?)))
+        .map(|(n, t)| {
+            Ok((
+                t.shallow_clone(),
+                stage_of(n).with_context(|| format!("variable {n} has no stage"))?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let bucket_bytes = (opts.bucket_mb * (1 << 20) as f64) as usize;
     let reducer = GradReducer::new(comm.clone(), staged, bucket_bytes, opts.compress)?;
@@ -343,19 +392,34 @@ pub fn run(opts: &Options) -> Result<()> {
     if lead {
         if let Some(path) = &opts.resume {
             progress = checkpoint::load(path, &tr.vars, &tr.momentum_named())?;
-            println!("resumed from {} at epoch {} (step {})", path.display(), progress.epoch + 1, progress.step);
+            println!(
+                "resumed from {} at epoch {} (step {})",
+                path.display(),
+                progress.epoch + 1,
+                progress.step
+            );
         }
     }
     let mut state: Vec<Tensor> = tr.vars.iter().map(|(_, t)| t.shallow_clone()).collect();
     state.extend(tr.opt.momentum_buffers().iter().map(Tensor::shallow_clone));
-    state.push(Tensor::from_slice(&[progress.epoch as f32, progress.step as f32]));
+    state.push(Tensor::from_slice(&[
+        progress.epoch as f32,
+        progress.step as f32,
+    ]));
     broadcast_tensors(&comm, &state, 0).context("initial parameters from rank 0")?;
     let meta = state.last().expect("pushed above");
-    progress = Progress { epoch: meta.double_value(&[0]) as usize, step: meta.double_value(&[1]) as usize };
+    progress = Progress {
+        epoch: meta.double_value(&[0]) as usize,
+        step: meta.double_value(&[1]) as usize,
+    };
 
-    let sampler = train_set.as_ref().map(|d| DistributedSampler::new(d.len(), global_batch, rank, nranks, opts.seed));
+    let sampler = train_set
+        .as_ref()
+        .map(|d| DistributedSampler::new(d.len(), global_batch, rank, nranks, opts.seed));
     let steps_per_epoch = match &sampler {
-        Some(s) => opts.steps.map_or(s.steps_per_epoch(), |cap| cap.min(s.steps_per_epoch())),
+        Some(s) => opts
+            .steps
+            .map_or(s.steps_per_epoch(), |cap| cap.min(s.steps_per_epoch())),
         None => opts.steps.unwrap_or(50),
     };
     let schedule = LrSchedule {
@@ -364,15 +428,24 @@ pub fn run(opts: &Options) -> Result<()> {
         global_batch,
         warmup_epochs: opts.warmup_epochs,
         decay: match opts.decay {
-            DecayKind::Step => Decay::Step { milestones: opts.milestones.clone(), factor: opts.decay_factor },
+            DecayKind::Step => Decay::Step {
+                milestones: opts.milestones.clone(),
+                factor: opts.decay_factor,
+            },
             DecayKind::Cosine => Decay::Cosine,
             DecayKind::Constant => Decay::Constant,
         },
         total_epochs: opts.epochs as f64,
     };
     let local_batch = global_batch / nranks + usize::from(rank < global_batch % nranks);
-    let synthetic = (opts.data == DataKind::Synthetic)
-        .then(|| data::synthetic_batch(local_batch, image_size, num_classes, opts.seed.wrapping_add(1 + rank as u64)));
+    let synthetic = (opts.data == DataKind::Synthetic).then(|| {
+        data::synthetic_batch(
+            local_batch,
+            image_size,
+            num_classes,
+            opts.seed.wrapping_add(1 + rank as u64),
+        )
+    });
     if lead {
         let bytes = tr.reducer.bucket_bytes();
         println!(
@@ -398,12 +471,22 @@ pub fn run(opts: &Options) -> Result<()> {
     let mut last_loss = f64::NAN;
     for epoch in progress.epoch..opts.epochs {
         let plan = sampler.as_ref().map(|s| s.epoch(epoch));
-        let bar = if lead { ProgressBar::new(steps_per_epoch as u64) } else { ProgressBar::hidden() };
-        bar.set_draw_target(if lead { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+        let bar = if lead {
+            ProgressBar::new(steps_per_epoch as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        bar.set_draw_target(if lead {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        });
         bar.set_style(
-            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed}<{eta})")
-                .expect("a valid template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed}<{eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
         );
         bar.set_prefix(format!("{}/{}", epoch + 1, opts.epochs));
         let mut weighted_losses = Vec::with_capacity(steps_per_epoch);
@@ -420,7 +503,12 @@ pub fn run(opts: &Options) -> Result<()> {
                         (Some(xs), ys, idx.len(), *gb)
                     }
                 }
-                (_, Some((xs, ys)), _) => (Some(xs.shallow_clone()), ys.shallow_clone(), local_batch, global_batch),
+                (_, Some((xs, ys)), _) => (
+                    Some(xs.shallow_clone()),
+                    ys.shallow_clone(),
+                    local_batch,
+                    global_batch,
+                ),
                 _ => unreachable!("either a data set or synthetic data"),
             };
             let weight = n_local as f64 / n_global as f64;
@@ -445,17 +533,18 @@ pub fn run(opts: &Options) -> Result<()> {
             }
             bar.inc(1);
             bar.set_message(format!("loss {loss:.4} lr {lr:.4}"));
-            if opts.log_every > 0 && lead && progress.step % opts.log_every == 0 {
+            if opts.log_every > 0 && lead && progress.step.is_multiple_of(opts.log_every) {
                 bar.suspend(|| println!("progress step {} rank-loss {loss:.6}", progress.step));
             }
         }
         bar.finish_and_clear();
         // Exact global losses of every step of the epoch: each rank's loss weighted by its share.
-        comm.all_reduce_in_place(&mut weighted_losses, ReduceOp::Sum).context("epoch losses")?;
+        comm.all_reduce_in_place(&mut weighted_losses, ReduceOp::Sum)
+            .context("epoch losses")?;
         let first_step = progress.step - steps_per_epoch;
         if lead && opts.log_every > 0 {
             for (i, l) in weighted_losses.iter().enumerate() {
-                if (first_step + i + 1) % opts.log_every == 0 {
+                if (first_step + i + 1).is_multiple_of(opts.log_every) {
                     println!("loss step {} {l:.6}", first_step + i + 1);
                 }
             }
@@ -471,7 +560,9 @@ pub fn run(opts: &Options) -> Result<()> {
         if lead {
             let [f, b, w, o, t] = times.as_ms();
             let ips = timed_images as f64 / timed_wall.as_secs_f64().max(1e-9);
-            let eval_text = eval.map_or(String::new(), |(l, a)| format!(" eval_loss {l:.4} eval_acc {:.2}%", 100.0 * a));
+            let eval_text = eval.map_or(String::new(), |(l, a)| {
+                format!(" eval_loss {l:.4} eval_acc {:.2}%", 100.0 * a)
+            });
             println!(
                 "epoch {}/{} train_loss {train_loss:.4}{eval_text} lr {:.4} | {ips:.1} images/s ({:.1} per rank) | step ms: forward {f:.1} backward {b:.1} comm_wait {w:.1} optimizer {o:.1} total {t:.1}",
                 epoch + 1,
@@ -497,14 +588,21 @@ pub fn run(opts: &Options) -> Result<()> {
     } else {
         None
     };
-    // Step times averaged over the ranks; images/s from the slowest rank's wall time.
+    // Step times averaged over the ranks; images/s from the slowest rank's wall time. A rank
+    // that finishes backward early also waits for the others to catch up: the rank that waited
+    // least shows what communication itself left exposed.
     let mut ms = times.as_ms().to_vec();
-    comm.all_reduce_in_place(&mut ms, ReduceOp::Avg).context("step times")?;
+    let mut least_wait = [ms[2]];
+    comm.all_reduce_in_place(&mut ms, ReduceOp::Avg)
+        .context("step times")?;
+    comm.all_reduce_in_place(&mut least_wait, ReduceOp::Min)
+        .context("step times")?;
     let mut wall = [timed_wall.as_secs_f64()];
-    comm.all_reduce_in_place(&mut wall, ReduceOp::Max).context("wall time")?;
+    comm.all_reduce_in_place(&mut wall, ReduceOp::Max)
+        .context("wall time")?;
     if lead {
         let ips = timed_images as f64 / wall[0].max(1e-9);
-        let hidden = exposed_ms.map(|e| (1.0 - ms[2] / e).clamp(0.0, 1.0));
+        let hidden = exposed_ms.map(|e| (1.0 - least_wait[0] / e).clamp(0.0, 1.0));
         let result = serde_json::json!({
             "impl": "ferroccl",
             "arch": opts.arch.to_string(),
@@ -518,6 +616,7 @@ pub fn run(opts: &Options) -> Result<()> {
             "images_per_sec": ips,
             "images_per_sec_per_rank": ips / nranks as f64,
             "step_ms": {"forward": ms[0], "backward": ms[1], "comm_wait": ms[2], "optimizer": ms[3], "total": ms[4]},
+            "comm_wait_least_ms": least_wait[0],
             "comm_exposed_ms": exposed_ms,
             "comm_hidden_fraction": hidden,
             "buckets": tr.reducer.num_buckets(),

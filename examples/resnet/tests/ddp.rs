@@ -24,7 +24,11 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Starts `nranks` processes of `resnet_ddp args`, one per rank.
@@ -39,7 +43,10 @@ fn spawn(nranks: usize, args: &[String], job: &str) -> Vec<Child> {
                 .env("FERRO_LOCAL_RANK", r.to_string())
                 .env("FERRO_LOCAL_NRANKS", nranks.to_string())
                 .env("FERRO_STORE_ADDR", format!("127.0.0.1:{port}"))
-                .env("FERRO_JOB_ID", format!("{job}-{}-{port}", std::process::id()))
+                .env(
+                    "FERRO_JOB_ID",
+                    format!("{job}-{}-{port}", std::process::id()),
+                )
                 .env("FERRO_TIMEOUT", "120")
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -52,7 +59,10 @@ fn spawn(nranks: usize, args: &[String], job: &str) -> Vec<Child> {
 /// Runs a job to the end; panics with every rank's output unless all succeed. Returns rank 0's
 /// standard output.
 fn run(nranks: usize, args: &[String], job: &str) -> String {
-    let outs: Vec<Output> = spawn(nranks, args, job).into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let outs: Vec<Output> = spawn(nranks, args, job)
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
     let dump = || {
         outs.iter()
             .enumerate()
@@ -84,13 +94,19 @@ fn step_losses(out: &str) -> Vec<(usize, f64)> {
         .filter_map(|l| l.strip_prefix("loss step "))
         .map(|l| {
             let mut it = l.split_whitespace();
-            (it.next().unwrap().parse().unwrap(), it.next().unwrap().parse().unwrap())
+            (
+                it.next().unwrap().parse().unwrap(),
+                it.next().unwrap().parse().unwrap(),
+            )
         })
         .collect()
 }
 
 fn result_json(out: &str) -> serde_json::Value {
-    let line = out.lines().find_map(|l| l.strip_prefix("RESULT ")).unwrap_or_else(|| panic!("no RESULT in:\n{out}"));
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT in:\n{out}"));
     serde_json::from_str(line).unwrap()
 }
 
@@ -145,7 +161,10 @@ fn n_ranks_with_batch_b_over_n_equal_one_rank_with_batch_b() {
             }
             let diff = (a - b).abs().max().double_value(&[]);
             let scale = a.abs().max().double_value(&[]).max(1e-3);
-            assert!(diff <= 1e-4 * scale + 1e-6, "{other}: {na} differs by {diff} (scale {scale})");
+            assert!(
+                diff <= 1e-4 * scale + 1e-6,
+                "{other}: {na} differs by {diff} (scale {scale})"
+            );
             moved += a.abs().sum(tch::Kind::Double).double_value(&[]);
         }
         assert!(moved > 0.0);
@@ -159,7 +178,10 @@ fn n_ranks_with_batch_b_over_n_equal_one_rank_with_batch_b() {
         .zip(&untouched)
         .filter(|((n, _), _)| n.starts_with("model.") && n.ends_with("weight"))
         .any(|((_, a), (_, b))| (a - b).abs().max().double_value(&[]) > 1e-4);
-    assert!(changed, "three steps at lr 0.2 left every weight where it was");
+    assert!(
+        changed,
+        "three steps at lr 0.2 left every weight where it was"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -197,7 +219,11 @@ fn short_real_data_run_on_two_ranks_beats_chance_clearly() {
     assert!(acc >= 0.5, "held-out accuracy {acc} after 3 epochs:\n{out}");
     assert_eq!(r["nranks"], 2);
     assert_eq!(r["wire"], "bf16");
-    assert_eq!(out.lines().filter(|l| l.starts_with("epoch ")).count(), 3, "{out}");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("epoch ")).count(),
+        3,
+        "{out}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -228,24 +254,50 @@ fn checkpoint_from_two_ranks_resumes_on_one_with_the_same_losses() {
         a
     };
     let ckpt = dir.join("ckpt-{epoch}.ot");
-    let both = run(2, &base(&["--checkpoint", ckpt.to_str().unwrap()]), "resume2");
-    let resumed = run(1, &base(&["--resume", dir.join("ckpt-1.ot").to_str().unwrap()]), "resume1");
+    let both = run(
+        2,
+        &base(&["--checkpoint", ckpt.to_str().unwrap()]),
+        "resume2",
+    );
+    let resumed = run(
+        1,
+        &base(&["--resume", dir.join("ckpt-1.ot").to_str().unwrap()]),
+        "resume1",
+    );
     assert!(resumed.contains("resumed from"), "{resumed}");
     let full = step_losses(&both);
     let tail = step_losses(&resumed);
     // 96 images, global batch 16: 6 steps per epoch; the resumed run does steps 7..12.
     assert_eq!(full.len(), 12, "{both}");
-    assert_eq!(tail.iter().map(|s| s.0).collect::<Vec<_>>(), (7..=12).collect::<Vec<_>>(), "{resumed}");
+    assert_eq!(
+        tail.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (7..=12).collect::<Vec<_>>(),
+        "{resumed}"
+    );
     for ((sa, a), (sb, b)) in full[6..].iter().zip(&tail) {
         assert_eq!(sa, sb);
-        assert!((a - b).abs() <= 1e-4 * a.abs().max(1.0), "step {sa}: {a} on 2 ranks, {b} resumed on 1");
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+            "step {sa}: {a} on 2 ranks, {b} resumed on 1"
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_rank_dying_mid_epoch_fails_the_others_naming_it() {
-    let args = args(&["--data", "synthetic", "--image-size", "16", "--batch-size", "4", "--steps", "100000", "--log-every", "1"]);
+    let args = args(&[
+        "--data",
+        "synthetic",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--steps",
+        "100000",
+        "--log-every",
+        "1",
+    ]);
     let mut children = spawn(3, &args, "death");
     // Wait until training is under way, then kill rank 1.
     let stdout = children[0].stdout.take().unwrap();
@@ -257,7 +309,8 @@ fn a_rank_dying_mid_epoch_fails_the_others_naming_it() {
             }
         }
     });
-    rx.recv_timeout(Duration::from_secs(120)).expect("rank 0 never reached step 5");
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("rank 0 never reached step 5");
     children[1].kill().unwrap();
     let killed_at = Instant::now();
     for r in [0, 2] {
@@ -266,13 +319,19 @@ fn a_rank_dying_mid_epoch_fails_the_others_naming_it() {
             if let Some(s) = child.try_wait().unwrap() {
                 break s;
             }
-            assert!(killed_at.elapsed() < Duration::from_secs(60), "rank {r} still running 60 s after rank 1 died");
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(60),
+                "rank {r} still running 60 s after rank 1 died"
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(!status.success(), "rank {r} exited 0 although rank 1 died");
         let mut err = String::new();
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-        assert!(err.contains("resnet_ddp:") && err.contains("rank 1"), "rank {r} did not name rank 1:\n{err}");
+        assert!(
+            err.contains("resnet_ddp:") && err.contains("rank 1"),
+            "rank {r} did not name rank 1:\n{err}"
+        );
     }
     let _ = children[1].wait();
 }

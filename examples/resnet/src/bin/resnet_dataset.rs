@@ -25,5 +25,8 @@ fn main() {
         eprintln!("resnet_dataset: {e:#}");
         std::process::exit(1);
     }
-    println!("wrote {train} training and {test} test images to {}", dir.display());
+    println!(
+        "wrote {train} training and {test} test images to {}",
+        dir.display()
+    );
 }

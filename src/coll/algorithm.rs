@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{binomial, chain, hier, pairwise, rd, ring, tree};
+use super::{binomial, chain, hier, pairwise, rd, rhd, ring, tree};
 use super::{build, AlgoOptions, CollArgs, CollKind, Schedule, Topology};
 
 /// An algorithm that [`build_with`] can lay out as a schedule.
@@ -16,6 +16,7 @@ use super::{build, AlgoOptions, CollArgs, CollKind, Schedule, Topology};
 /// | `pairwise` | all_to_all |
 /// | `tree` (double binary tree over hosts, chain inside) | all_reduce |
 /// | `rd` (recursive doubling) | all_reduce |
+/// | `rhd` (Rabenseifner: recursive halving, then doubling) | all_reduce |
 /// | `hier` (inside hosts, across, inside again) | all_reduce, broadcast, reduce; all_gather and reduce_scatter on equal hosts |
 /// | `binomial` | broadcast, reduce |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,6 +31,9 @@ pub enum Algorithm {
     Tree,
     /// Recursive doubling: `log2 n` (+2 for non-powers of two) full-vector exchanges.
     RecursiveDoubling,
+    /// Rabenseifner: reduce-scatter by recursive halving, all_gather by recursive doubling;
+    /// `2 log2 n` (+2) steps moving `2 S (n - 1) / n` bytes per rank.
+    Rabenseifner,
     /// Hierarchical: inside each host, across hosts among equal local ranks, inside again.
     Hierarchical,
     /// Binomial tree (broadcast, reduce): `ceil(log2 n)` steps.
@@ -38,12 +42,13 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::Chain,
         Algorithm::Pairwise,
         Algorithm::Tree,
         Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
         Algorithm::Hierarchical,
         Algorithm::Binomial,
     ];
@@ -56,6 +61,7 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise",
             Algorithm::Tree => "tree",
             Algorithm::RecursiveDoubling => "rd",
+            Algorithm::Rabenseifner => "rhd",
             Algorithm::Hierarchical => "hier",
             Algorithm::Binomial => "binomial",
         }
@@ -81,6 +87,7 @@ impl Algorithm {
                 | (Algorithm::Pairwise, AllToAll)
                 | (Algorithm::Tree, AllReduce)
                 | (Algorithm::RecursiveDoubling, AllReduce)
+                | (Algorithm::Rabenseifner, AllReduce)
                 | (
                     Algorithm::Hierarchical,
                     AllReduce | AllGather | ReduceScatter | Broadcast { .. } | Reduce { .. }
@@ -100,11 +107,14 @@ impl FromStr for Algorithm {
     type Err = String;
 
     /// Parses a name of [`Algorithm::name`] (case-insensitive; `recursive_doubling`,
-    /// `hierarchical` and `double_tree` are accepted too).
+    /// `rabenseifner`, `halving_doubling`, `hierarchical` and `double_tree` are accepted too).
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim().to_ascii_lowercase();
         let alias = match t.as_str() {
             "recursive_doubling" | "recursive-doubling" => Some(Algorithm::RecursiveDoubling),
+            "rabenseifner" | "halving_doubling" | "halving-doubling" => {
+                Some(Algorithm::Rabenseifner)
+            }
             "hierarchical" => Some(Algorithm::Hierarchical),
             "double_tree" | "doubletree" => Some(Algorithm::Tree),
             _ => None,
@@ -228,6 +238,9 @@ fn build_one(
         (Algorithm::Tree, CollKind::AllReduce) => tree::all_reduce(count, rank, topo, slice),
         (Algorithm::RecursiveDoubling, CollKind::AllReduce) => {
             rd::all_reduce(count, in_place, rank, nranks, slice)
+        }
+        (Algorithm::Rabenseifner, CollKind::AllReduce) => {
+            rhd::all_reduce(count, rank, nranks, slice)
         }
         (Algorithm::Hierarchical, CollKind::AllReduce) => {
             hier::all_reduce(count, rank, topo, slice)

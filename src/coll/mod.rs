@@ -10,6 +10,7 @@ pub mod check;
 mod hier;
 mod pairwise;
 mod rd;
+mod rhd;
 mod ring;
 pub mod schedule;
 #[cfg(test)]

@@ -51,7 +51,10 @@ fn sweep(
     ranks: impl Iterator<Item = usize>,
 ) {
     let mut checker = Checker::new();
-    let topology_free = matches!(algo, Algorithm::RecursiveDoubling | Algorithm::Binomial);
+    let topology_free = matches!(
+        algo,
+        Algorithm::RecursiveDoubling | Algorithm::Rabenseifner | Algorithm::Binomial
+    );
     for n in ranks {
         let mut topos = layouts(n);
         if topology_free {
@@ -121,6 +124,15 @@ fn sweep_tree_all_reduce() {
 fn sweep_recursive_doubling_all_reduce() {
     sweep(
         Algorithm::RecursiveDoubling,
+        &|_| vec![CollKind::AllReduce],
+        1..=64,
+    );
+}
+
+#[test]
+fn sweep_rabenseifner_all_reduce() {
+    sweep(
+        Algorithm::Rabenseifner,
         &|_| vec![CollKind::AllReduce],
         1..=64,
     );
@@ -227,6 +239,10 @@ fn names_round_trip_and_bad_names_are_named() {
         "RD".parse::<Algorithm>().unwrap(),
         Algorithm::RecursiveDoubling
     );
+    assert_eq!(
+        "rabenseifner".parse::<Algorithm>().unwrap(),
+        Algorithm::Rabenseifner
+    );
     let e = "rign".parse::<Algorithm>().unwrap_err();
     assert!(e.contains("'rign'") && e.contains("ring"), "{e}");
 }
@@ -295,4 +311,40 @@ fn hierarchical_all_reduce_crosses_hosts_only_between_equal_local_ranks() {
             );
         }
     }
+}
+
+#[test]
+fn rabenseifner_halves_then_doubles() {
+    let opts = AlgoOptions { slice: 1 << 20 };
+    let a = args(CollKind::AllReduce, 1600, false);
+    let topo = Topology::single_host(16);
+    let s = build_with(&a, 5, 16, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+    // 4 halving and 4 doubling steps; the first halving sends half, the last a sixteenth.
+    assert_eq!(s.steps.len(), 8);
+    let sent: Vec<usize> = s
+        .steps
+        .iter()
+        .map(|st| {
+            st.ops
+                .iter()
+                .map(|op| match *op {
+                    Op::Send { src, .. } => src.len,
+                    _ => 0,
+                })
+                .sum()
+        })
+        .collect();
+    assert_eq!(sent, vec![800, 400, 200, 100, 100, 200, 400, 800]);
+    // The largest exchange is with the nearest partner.
+    let first_peer = s.steps[0].ops.iter().find_map(|op| match *op {
+        Op::Send { peer, .. } => Some(peer),
+        _ => None,
+    });
+    assert_eq!(first_peer, Some(4));
+    // 12 ranks: 8 exchange, odd ranks below 8 also fold and unfold.
+    let topo = Topology::single_host(12);
+    let s = build_with(&a, 3, 12, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+    assert_eq!(s.steps.len(), 2 * 3 + 2);
+    let s = build_with(&a, 2, 12, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+    assert_eq!(s.steps.len(), 2);
 }

@@ -20,11 +20,17 @@ fn choices_as_data() {
     // (model, nranks, ranks per host, collective, bytes, expected)
     let table: &[(&CostModel, usize, usize, CollKind, usize, Algorithm)] = &[
         (&tcp, 8, 8, ar, 64, RecursiveDoubling),
-        (&tcp, 8, 8, ar, 64 << 20, Ring),
+        (&tcp, 8, 8, ar, 64 << 10, Rabenseifner),
+        (&tcp, 8, 8, ar, 64 << 20, Rabenseifner),
+        // Not a power of two: folding costs two full-vector messages, the ring wins large.
+        (&tcp, 12, 12, ar, 64 << 10, Rabenseifner),
+        (&tcp, 12, 12, ar, 64 << 20, Ring),
         (&tcp, 1024, 8, ar, 64, RecursiveDoubling),
-        (&tcp, 1024, 8, ar, 4 << 20, Hierarchical),
-        (&tcp, 16384, 8, ar, 8 << 10, RecursiveDoubling),
-        (&tcp, 16384, 8, ar, 64 << 20, Hierarchical),
+        (&tcp, 1024, 8, ar, 4 << 20, Rabenseifner),
+        (&tcp, 16384, 8, ar, 2 << 10, RecursiveDoubling),
+        (&tcp, 16384, 8, ar, 64 << 20, Rabenseifner),
+        // Uneven hosts: Rabenseifner's partners are anywhere; hierarchical keeps to the NIC.
+        (&tcp, 24, 7, ar, 64 << 20, Hierarchical),
         (&rdma, 256, 8, ar, 4, RecursiveDoubling),
         (&tcp, 64, 8, bc, 64, Binomial),
         (&tcp, 64, 8, bc, 256 << 20, Chain),

@@ -92,6 +92,23 @@ fn recursive_doubling_and_binomial_match_hand_computed_cost() {
 }
 
 #[test]
+fn rabenseifner_matches_hand_computed_cost() {
+    // 4 ranks, 4000 floats: halving moves 2000 then 1000 floats, doubling 1000 then 2000,
+    // each step one message each way at once: 4 x 10 us + (8000 + 4000 + 4000 + 8000) B at
+    // 1000 B/us.
+    let c = cluster(Topology::single_host(4));
+    let mut a = all_reduce(4000);
+    a.in_place = false;
+    let t = time(&c, &a, Algorithm::Rabenseifner, Some(false));
+    assert!(close(t, 4.0 * 10.0 + 24.0), "{t}");
+    // 6 ranks: ranks 0 and 2 fold into 1 and 3 first and get the result back last, two
+    // full-vector messages (16000 B) around the 4-rank exchange.
+    let c = cluster(Topology::single_host(6));
+    let t = time(&c, &a, Algorithm::Rabenseifner, Some(false));
+    assert!(close(t, 2.0 * (10.0 + 16.0) + 4.0 * 10.0 + 24.0), "{t}");
+}
+
+#[test]
 fn symmetric_mode_agrees_with_full_mode() {
     let c = cluster(Topology::uniform(64, 8));
     for (algo, kind, count) in [
@@ -137,6 +154,7 @@ fn monotonic_and_sane_at_scale() {
         Algorithm::Ring,
         Algorithm::Hierarchical,
         Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
         Algorithm::Tree,
     ] {
         let mut last = 0.0;

@@ -49,6 +49,15 @@ pub struct Config {
     /// `FERRO_HOST_ID`: replaces the detected host identity (machine id, host name, network
     /// namespace); ranks with equal ids are on one host. Default: detected.
     pub host_id: Option<String>,
+    /// `FERRO_TUNE`: `model` (default) uses the cost model's documented link constants;
+    /// `measure` times a few ping-pongs per transport in use at init (rank 0 measures, every
+    /// rank uses its numbers) and calibrates the model with them, after which the tuner picks
+    /// every call's algorithm.
+    pub tune_measure: bool,
+    /// `FERRO_LINK_DELAY_US`: test and benchmark tooling, off (0) by default. Adds this
+    /// one-way delay to every message between ranks of different hosts (TCP connections
+    /// across host ids); delays of messages in flight overlap. Both ends must set it.
+    pub link_delay: Duration,
 }
 
 /// A way for two ranks to exchange bytes.
@@ -103,6 +112,8 @@ impl Default for Config {
             shm_cma_min: 256 << 10,
             shm_dir: PathBuf::from("/dev/shm"),
             host_id: None,
+            tune_measure: false,
+            link_delay: Duration::ZERO,
         }
     }
 }
@@ -209,6 +220,24 @@ impl Config {
                 c.host_id = Some(v);
             }
         }
+        if let Some(v) = var("FERRO_TUNE") {
+            c.tune_measure = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "model" | "default" => false,
+                "measure" => true,
+                _ => return Err(bad("FERRO_TUNE", &v, "model or measure")),
+            };
+        }
+        if let Some(v) = var("FERRO_LINK_DELAY_US") {
+            let us: f64 = parse(&v, "FERRO_LINK_DELAY_US")?;
+            if !(us.is_finite() && (0.0..=10_000_000.0).contains(&us)) {
+                return Err(bad(
+                    "FERRO_LINK_DELAY_US",
+                    &v,
+                    "microseconds from 0 to 10000000",
+                ));
+            }
+            c.link_delay = Duration::from_secs_f64(us / 1e6);
+        }
         Ok(c)
     }
 }
@@ -268,6 +297,20 @@ mod tests {
         assert_eq!(c.nstreams, 4);
         assert_eq!(c.slice_bytes, 1 << 20);
         assert_eq!(c.debug, DebugLevel::Info);
+    }
+
+    #[test]
+    fn tuning_and_delay_settings() {
+        let c = with(&[("FERRO_TUNE", "measure"), ("FERRO_LINK_DELAY_US", "200")]).unwrap();
+        assert!(c.tune_measure);
+        assert_eq!(c.link_delay, Duration::from_micros(200));
+        let c = with(&[("FERRO_TUNE", "model"), ("FERRO_LINK_DELAY_US", "0")]).unwrap();
+        assert!(!c.tune_measure);
+        assert_eq!(c.link_delay, Duration::ZERO);
+        let e = with(&[("FERRO_TUNE", "guess")]).unwrap_err();
+        assert!(e.message().contains("FERRO_TUNE=\"guess\""), "{e}");
+        let e = with(&[("FERRO_LINK_DELAY_US", "-5")]).unwrap_err();
+        assert!(e.message().contains("FERRO_LINK_DELAY_US=\"-5\""), "{e}");
     }
 
     #[test]

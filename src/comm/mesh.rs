@@ -41,6 +41,8 @@ pub(crate) struct MeshConfig<'a> {
     pub shm: ShmConfig,
     pub debug: DebugLevel,
     pub deadline: Instant,
+    /// One-way delay added to TCP connections across hosts (`FERRO_LINK_DELAY_US`).
+    pub link_delay: std::time::Duration,
 }
 
 impl MeshConfig<'_> {
@@ -239,11 +241,20 @@ pub(crate) fn connect_all(
     // The segments stay mapped through the connections; the names are gone.
     drop(mapped);
     drop(own);
+    // Both ends of a pair see the same host ids, so both wrap or neither does.
+    let tcp = |c: ferroccl_transport_tcp::TcpConnection| -> Result<Conn> {
+        let p = c.peer().rank;
+        if mc.link_delay.is_zero() || mc.hosts[p] == mc.hosts[rank] {
+            return Ok(Conn::Tcp(c));
+        }
+        let d = ferroccl_transport::Delayed::new(c, mc.link_delay)?;
+        Ok(Conn::DelayedTcp(Box::new(d)))
+    };
     for p in rank + 1..nranks {
         if choice[p] == Some(Transport::Tcp) {
             let addr = addrs(p)?;
             let c = connect(rank, mc.comm_id, p, addr, &mc.tcp, mc.deadline)?;
-            conns[p] = Some(Conn::Tcp(c));
+            conns[p] = Some(tcp(c)?);
         }
     }
     let lower: Vec<usize> = (0..rank)
@@ -252,7 +263,7 @@ pub(crate) fn connect_all(
     if !lower.is_empty() {
         for c in endpoint.accept(rank, mc.comm_id, &lower, &mc.tcp, mc.deadline)? {
             let p = c.peer().rank;
-            conns[p] = Some(Conn::Tcp(c));
+            conns[p] = Some(tcp(c)?);
         }
     }
     if mc.debug >= DebugLevel::Info {
@@ -261,8 +272,9 @@ pub(crate) fn connect_all(
             .filter(|&p| p != rank)
             .map(|p| {
                 let extra = match &conns[p] {
-                    Some(Conn::Shm(c)) if c.cma_enabled() => " (+cma)",
-                    _ => "",
+                    Some(Conn::Shm(c)) if c.cma_enabled() => " (+cma)".to_string(),
+                    Some(Conn::DelayedTcp(c)) => format!(" (+{} us delay)", c.delay().as_micros()),
+                    _ => String::new(),
                 };
                 format!("{p}:{}{extra}", choice[p].map_or("none", Transport::name))
             })

@@ -168,6 +168,7 @@ fn mesh_config<'a>(
         },
         debug: config.debug,
         deadline,
+        link_delay: config.link_delay,
     }
 }
 

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Connection, Doorbell, Header, PeerInfo, PollFd, Progress, Result};
+use ferroccl_transport::{
+    Connection, Delayed, Doorbell, Header, PeerInfo, PollFd, Progress, Result,
+};
 use ferroccl_transport_shm::ShmConnection;
 use ferroccl_transport_tcp::TcpConnection;
 
@@ -33,6 +35,8 @@ pub(crate) use step::{kind, OpContext, RawOp};
 pub(crate) enum Conn {
     Tcp(TcpConnection),
     Shm(ShmConnection),
+    /// TCP across hosts with `FERRO_LINK_DELAY_US` added (test and benchmark tooling).
+    DelayedTcp(Box<Delayed<TcpConnection>>),
 }
 
 impl Conn {
@@ -40,6 +44,7 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c,
             Conn::Shm(c) => c,
+            Conn::DelayedTcp(c) => c.as_mut(),
         }
     }
 
@@ -47,6 +52,7 @@ impl Conn {
         match self {
             Conn::Tcp(c) => c,
             Conn::Shm(c) => c,
+            Conn::DelayedTcp(c) => c.as_ref(),
         }
     }
 

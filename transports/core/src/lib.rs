@@ -7,6 +7,7 @@
 //! | [`Progress`] | where one message stands between non-blocking calls |
 //! | [`PeerInfo`] | the rank and address of the other end, for error messages |
 //! | [`Doorbell`] | a word peers bump when they change what a rank may wait for (shared memory) |
+//! | [`Delayed`] | test and benchmark tooling: a wrapper adding a fixed one-way delay per message |
 //!
 //! A transport never knows which collective it serves: the executor gives it a header and a
 //! payload and asks it to move them, one message after another, in order. No call blocks; an
@@ -14,8 +15,10 @@
 //! transports without descriptors (shared memory), on the [`Doorbell`] from
 //! [`Connection::doorbell`].
 
+pub mod delay;
 mod error;
 
+pub use delay::Delayed;
 pub use error::{Error, ErrorKind, Result};
 
 use std::fmt;

@@ -36,8 +36,8 @@
 #
 # What it needs:
 #   PYTHON (default /opt/ferroccl/torch-venv/bin/python) with torch, torchvision, matplotlib and
-#   numpy; when torch is missing it is installed there (python3 -m venv, then
-#   pip install torch==2.13.0 torchvision==0.28.0 matplotlib numpy) unless SCALING_NO_INSTALL=1.
+#   numpy; when torch is missing scripts/torch-env.sh installs them into that virtual environment
+#   (unless SCALING_NO_INSTALL=1).
 #   resnet_ddp links the same libtorch (tch, LIBTORCH_USE_PYTORCH=1): this script puts
 #   PYTHON's directory first on PATH and torch's lib directory on LD_LIBRARY_PATH for both the
 #   build and the runs. RESNET_DDP=/path/to/binary runs that binary instead of building one.
@@ -101,24 +101,14 @@ RAW=$OUT/raw
 mkdir -p "$OUT" "$RAW"
 
 # --- Python with torch ------------------------------------------------------------------------
-if ! "$PYTHON" -c 'import torch, torchvision, matplotlib, numpy' 2>/dev/null; then
-    if [ "${SCALING_NO_INSTALL:-0}" = 1 ]; then
-        echo "scaling.sh: $PYTHON cannot import torch, torchvision, matplotlib and numpy" \
-            "(set PYTHON, or unset SCALING_NO_INSTALL to install them)" >&2
-        exit 1
-    fi
-    if [ ! -x "$PYTHON" ]; then
-        venv=$(dirname "$(dirname "$PYTHON")")
-        say "creating a virtual environment in $venv"
-        python3 -m venv "$venv"
-    fi
-    say "installing torch==2.13.0 torchvision==0.28.0 matplotlib numpy for $PYTHON"
-    "$PYTHON" -m pip install --quiet torch==2.13.0 torchvision==0.28.0 matplotlib numpy
+# scripts/torch-env.sh installs torch, torchvision, matplotlib and numpy when they are missing and
+# prints LIBTORCH_USE_PYTORCH, PATH and LD_LIBRARY_PATH for building and running resnet_ddp.
+if [ "${SCALING_NO_INSTALL:-0}" = 1 ] && ! "$PYTHON" -c 'import torch, torchvision, matplotlib, numpy' 2>/dev/null; then
+    echo "scaling.sh: $PYTHON cannot import torch, torchvision, matplotlib and numpy" \
+        "(set PYTHON, or unset SCALING_NO_INSTALL to install them)" >&2
+    exit 1
 fi
-TORCH_LIB=$("$PYTHON" -c 'import torch, os; print(os.path.dirname(torch.__file__))')/lib
-export PATH="$(dirname "$PYTHON"):$PATH"
-export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export LIBTORCH_USE_PYTORCH=1
+eval "$(FERRO_TORCH_VENV="$(dirname "$(dirname "$PYTHON")")" scripts/torch-env.sh)"
 
 # The header lines of the report, written when the runs start and kept beside the CSV, so
 # that --report-only describes the runs that made it.

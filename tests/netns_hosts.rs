@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
-use common::child::{self, expected_cases, ferrorun_self, field, sweep_named};
+use common::child::{self, algo_env, expected_cases, ferrorun_self, field, sweep_named, ALGOS};
 use common::conformance::run_sweep;
 use common::netns::{netns_available, NetnsHosts};
 use ferroccl::Communicator;
@@ -83,19 +83,39 @@ fn over_hosts(test: &str, nhosts: usize, nranks: usize, sweep: &str) {
         return;
     }
     let hosts = NetnsHosts::up(nhosts).expect("build namespace hosts");
+    let env = [
+        (child::SWEEP_VAR, sweep.to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+    ];
+    over_built_hosts(test, &hosts, nranks, sweep, &env);
+}
+
+/// [`over_hosts`] on hosts already built, with the job's environment `env` (which names the
+/// sweep).
+fn over_built_hosts(
+    test: &str,
+    hosts: &NetnsHosts,
+    nranks: usize,
+    sweep: &str,
+    env: &[(&str, String)],
+) -> child::Finished {
+    let nhosts = hosts.len();
+    let mut env = env.to_vec();
+    if !env.iter().any(|(k, _)| *k == "FERRO_DEBUG") {
+        env.push(("FERRO_DEBUG", "INFO".to_string()));
+    }
     let out = ferrorun_self(
         nranks,
         Some(&hosts.netns_arg()),
         "child_netns_conformance",
         "netns",
-        &[
-            (child::SWEEP_VAR, sweep.to_string()),
-            ("FERRO_TIMEOUT", "60".to_string()),
-            ("FERRO_DEBUG", "INFO".to_string()),
-        ],
+        &env,
         JOB_LIMIT,
     );
     assert!(out.success(), "{test}: {}", out.dump());
+    if let Some((_, algo)) = env.iter().find(|(k, _)| *k == "FERRO_ALGO") {
+        child::assert_algo_used(&out, algo);
+    }
 
     // Where each rank ran, as it saw it.
     let mut ns_of = BTreeMap::new();
@@ -165,6 +185,7 @@ fn over_hosts(test: &str, nhosts: usize, nranks: usize, sweep: &str) {
         "{test}: {nranks} ranks on {nhosts} hosts, {cases} cases per rank in {:.1} s",
         out.took.as_secs_f64()
     );
+    out
 }
 
 #[test]
@@ -180,6 +201,67 @@ fn three_hosts_one_rank_each() {
 #[test]
 fn four_hosts_two_ranks_each_reduced_sweep() {
     over_hosts("four_hosts_two_ranks_each_reduced_sweep", 4, 8, "reduced");
+}
+
+/// Every algorithm forced in turn (`FERRO_ALGO`), through the collectives it implements, on 4
+/// hosts of 2 ranks (shared memory inside a host, TCP across; ranks placed round-robin, so a
+/// host's ranks are not consecutive).
+#[test]
+fn four_hosts_two_ranks_each_every_algorithm() {
+    let test = "four_hosts_two_ranks_each_every_algorithm";
+    if let Err(why) = netns_available() {
+        println!("skipped: {test}: {why}");
+        return;
+    }
+    let hosts = NetnsHosts::up(4).expect("build namespace hosts");
+    for algo in ALGOS {
+        let sweep = format!("algo-{algo}");
+        over_built_hosts(
+            &format!("{test} FERRO_ALGO={algo}"),
+            &hosts,
+            8,
+            &sweep,
+            &algo_env(algo),
+        );
+    }
+}
+
+/// Messages across hosts delayed by `FERRO_LINK_DELAY_US` (shared memory inside hosts is
+/// not): every algorithm still gives exact results, and exactly the TCP links are delayed.
+#[test]
+fn four_hosts_with_link_delay_every_algorithm() {
+    let test = "four_hosts_with_link_delay_every_algorithm";
+    if let Err(why) = netns_available() {
+        println!("skipped: {test}: {why}");
+        return;
+    }
+    let hosts = NetnsHosts::up(4).expect("build namespace hosts");
+    for algo in ALGOS {
+        let sweep = format!("delay-{algo}");
+        let mut env = algo_env(algo);
+        env[0].1.clone_from(&sweep);
+        env.push(("FERRO_LINK_DELAY_US", "300".to_string()));
+        let out = over_built_hosts(
+            &format!("{test} FERRO_ALGO={algo}"),
+            &hosts,
+            8,
+            &sweep,
+            &env,
+        );
+        let lines: Vec<String> = out
+            .tagged("ferroccl rank ")
+            .into_iter()
+            .filter(|l| l.contains(" TRANSPORT: "))
+            .collect();
+        assert_eq!(lines.len(), 8, "{}", out.dump());
+        for l in &lines {
+            let peers = l.split_once("peers ").map_or("", |(_, p)| p);
+            for entry in peers.split(", ") {
+                let delayed = entry.contains("(+300 us delay)");
+                assert_eq!(delayed, entry.contains(":tcp"), "{l}");
+            }
+        }
+    }
 }
 
 #[test]

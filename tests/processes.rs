@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::child::{self, expected_cases, ferrorun_self, field, sweep_named};
+use common::child::{self, algo_env, expected_cases, ferrorun_self, field, sweep_named, ALGOS};
 use common::conformance::run_sweep;
 use ferroccl::Communicator;
 
@@ -49,19 +49,24 @@ fn child_conformance() {
 
 /// Runs the sweep `name` over `n` processes and checks that every rank ran every case.
 fn conformance(n: usize, name: &str) {
-    let _serial = serial();
-    let out = ferrorun_self(
+    conformance_with(
         n,
-        None,
-        "child_conformance",
-        "conformance",
+        name,
         &[
             (child::SWEEP_VAR, name.to_string()),
             ("FERRO_TIMEOUT", "60".to_string()),
         ],
-        JOB_LIMIT,
     );
+}
+
+/// [`conformance`] with the job's environment `env` (which names the sweep).
+fn conformance_with(n: usize, name: &str, env: &[(&str, String)]) {
+    let _serial = serial();
+    let out = ferrorun_self(n, None, "child_conformance", "conformance", env, JOB_LIMIT);
     assert!(out.success(), "nranks {n}, sweep {name}: {}", out.dump());
+    if let Some((_, algo)) = env.iter().find(|(k, _)| *k == "FERRO_ALGO") {
+        child::assert_algo_used(&out, algo);
+    }
     let want = expected_cases(&sweep_named(name));
     let lines = out.tagged("CASES ");
     let ranks: BTreeSet<usize> = lines.iter().map(|l| field(l, "rank")).collect();
@@ -109,6 +114,15 @@ fn conformance_large_2_processes() {
 #[test]
 fn conformance_large_3_processes() {
     conformance(3, "large");
+}
+
+/// Every algorithm forced in turn (`FERRO_ALGO`), through the collectives it implements, on 5
+/// processes (not a power of two: recursive doubling and Rabenseifner fold two ranks).
+#[test]
+fn conformance_every_algorithm_5_processes() {
+    for algo in ALGOS {
+        conformance_with(5, &format!("algo-{algo}"), &algo_env(algo));
+    }
 }
 
 /// A rank that all-gathers the process ids and prints its own and the gathered ones.

@@ -380,7 +380,7 @@ fn conformance_with_every_algorithm_on_several_hosts() {
         ..Sweep::full_small()
     };
     for algo in [
-        "ring", "tree", "rd", "hier", "binomial", "chain", "pairwise",
+        "ring", "tree", "rd", "rhd", "hier", "binomial", "chain", "pairwise",
     ] {
         for (n, per_host) in [(3, 1), (4, 2), (5, 2), (8, 4)] {
             let cfg = Config {

@@ -65,8 +65,83 @@ pub fn sweep_named(name: &str) -> Sweep {
             counts: vec![0, 1, 7, 1000, 100_003],
             colls: ALL_COLLS.to_vec(),
         },
-        other => panic!("unknown sweep {other:?}"),
+        other => {
+            if let Some(algo) = other.strip_prefix("algo-") {
+                algo_sweep(algo)
+            } else if let Some(algo) = other.strip_prefix("delay-") {
+                // Over delayed links every message costs a delay: few, but one pipelined.
+                Sweep {
+                    dtypes: vec![DataType::Float32],
+                    ops: vec![ReduceOp::Sum, ReduceOp::Avg],
+                    counts: vec![1, 100_003],
+                    colls: algo_colls(algo),
+                }
+            } else {
+                panic!("unknown sweep {other:?}")
+            }
+        }
     }
+}
+
+/// Every algorithm by its `FERRO_ALGO` name.
+pub const ALGOS: [&str; 8] = [
+    "ring", "chain", "pairwise", "tree", "rd", "rhd", "hier", "binomial",
+];
+
+/// The collectives (conformance names) that `algo` implements; the others would run the
+/// default algorithm and add nothing to its test.
+pub fn algo_colls(algo: &str) -> Vec<&'static str> {
+    match algo {
+        "ring" => vec!["all_reduce", "all_gather", "reduce_scatter"],
+        "chain" | "binomial" => vec!["broadcast", "reduce"],
+        "pairwise" => vec!["all_to_all"],
+        "tree" | "rd" | "rhd" => vec!["all_reduce"],
+        "hier" => vec![
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "broadcast",
+            "reduce",
+        ],
+        other => panic!("unknown algorithm {other:?}"),
+    }
+}
+
+/// The sweep `algo-NAME` runs under `FERRO_ALGO=NAME`: the collectives it implements over a
+/// float, a narrow integer and a half-width float, three ops, and counts 0, 1, a prime and a
+/// large prime (many slices with `FERRO_SLICE_BYTES=64K`).
+pub fn algo_sweep(algo: &str) -> Sweep {
+    Sweep {
+        dtypes: vec![DataType::Float32, DataType::Int8, DataType::Bfloat16],
+        ops: vec![ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg],
+        counts: vec![0, 1, 97, 100_003],
+        colls: algo_colls(algo),
+    }
+}
+
+/// The environment of a per-algorithm conformance job: the algorithm forced, small slices.
+pub fn algo_env(algo: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (SWEEP_VAR, format!("algo-{algo}")),
+        ("FERRO_ALGO", algo.to_string()),
+        ("FERRO_SLICE_BYTES", "64K".to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+        ("FERRO_DEBUG", "DEBUG".to_string()),
+    ]
+}
+
+/// Checks that a job run with [`algo_env`] used `algo`: rank 0 logged choices forced to it
+/// and none that fell back to another algorithm.
+pub fn assert_algo_used(out: &Finished, algo: &str) {
+    let tuning = out.tagged("TUNING: ");
+    let forced = format!("algo={algo} ");
+    let used = tuning
+        .iter()
+        .filter(|l| l.contains(&forced) && l.contains(&format!("(FERRO_ALGO={algo})")))
+        .count();
+    assert!(used > 0, "FERRO_ALGO={algo} was never used: {tuning:?}");
+    let fallbacks: Vec<&String> = tuning.iter().filter(|l| l.contains("cannot")).collect();
+    assert!(fallbacks.is_empty(), "FERRO_ALGO={algo}: {fallbacks:?}");
 }
 
 /// How many cases [`super::conformance::run_sweep`] runs for `sweep` (on every rank).

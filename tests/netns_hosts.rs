@@ -264,6 +264,31 @@ fn four_hosts_with_link_delay_every_algorithm() {
     }
 }
 
+/// `FERRO_TUNE=measure` on 4 hosts of 2 ranks: rank 0 logs the calibration of both links in
+/// use, and with the tuner choosing for every size the whole reduced sweep stays exact.
+#[test]
+fn four_hosts_two_ranks_each_measured_tuning() {
+    let test = "four_hosts_two_ranks_each_measured_tuning";
+    if let Err(why) = netns_available() {
+        println!("skipped: {test}: {why}");
+        return;
+    }
+    let hosts = NetnsHosts::up(4).expect("build namespace hosts");
+    let env = [
+        (child::SWEEP_VAR, "reduced".to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+        ("FERRO_TUNE", "measure".to_string()),
+    ];
+    let out = over_built_hosts(test, &hosts, 8, "reduced", &env);
+    let lines = out.tagged("TUNING: calibrated ");
+    assert_eq!(lines.len(), 1, "{}", out.dump());
+    let l = &lines[0];
+    // Host 0 holds ranks 0 and 4 (round-robin placement): they measure shared memory; rank 0
+    // and rank 1 (host 1) measure TCP.
+    assert!(l.contains("shm ") && l.contains("(ranks 0 and 4)"), "{l}");
+    assert!(l.contains("tcp ") && l.contains("(ranks 0 and 1)"), "{l}");
+}
+
 #[test]
 fn two_hosts_large_counts() {
     over_hosts("two_hosts_large_counts", 2, 4, "large");

@@ -397,3 +397,44 @@ fn conformance_with_every_algorithm_on_several_hosts() {
         }
     }
 }
+
+/// `FERRO_TUNE=measure`: every rank ends init with the same measured model (shared memory
+/// inside the pretend hosts, TCP between them), and the tuner, now choosing for every size,
+/// still gives exact results everywhere.
+#[test]
+fn measured_tuning_agrees_on_every_rank_and_stays_correct() {
+    let cfg = Config {
+        tune_measure: true,
+        slice_bytes: 64 << 10,
+        ..config()
+    };
+    let sw = Sweep {
+        dtypes: vec![ferroccl::DataType::Float32, ferroccl::DataType::Int8],
+        ops: vec![ReduceOp::Sum, ReduceOp::Max],
+        counts: vec![0, 1, 97, 300_007],
+        ..Sweep::full_small()
+    };
+    let res = on_hosts(4, 2, cfg, |c| {
+        let model = c.calibrated_model();
+        let split = c.split(Some(0), 0).expect("split").expect("member");
+        let inherited = split.calibrated_model();
+        (model, inherited, run_sweep(c, &sw, 77))
+    });
+    let first = res[0].0.clone().expect("rank 0 calibrated");
+    for (r, (model, inherited, sweep)) in res.into_iter().enumerate() {
+        assert_eq!(model.as_ref(), Some(&first), "rank {r}");
+        assert_eq!(inherited.as_ref(), Some(&first), "rank {r}'s split");
+        if let Err(e) = sweep {
+            panic!("rank {r}: {e}");
+        }
+    }
+    let defaults = ferroccl::plan::CostModel::default();
+    for link in [ferroccl::plan::Link::Shm, ferroccl::plan::Link::Tcp] {
+        let (m, d) = (first.link(link), defaults.link(link));
+        assert_ne!(m, d, "{} was not measured", link.name());
+        assert!(m.alpha_us > 0.0 && m.beta_gbps > 0.0, "{m:?}");
+    }
+    // Links this job does not use keep their defaults.
+    let rdma = ferroccl::plan::Link::Rdma;
+    assert_eq!(first.link(rdma), defaults.link(rdma));
+}

@@ -1,5 +1,6 @@
 //! The communicator: a group of ranks that run collectives together.
 
+mod calibrate;
 mod config;
 mod group;
 mod mesh;
@@ -306,7 +307,8 @@ impl Communicator {
                 config.nstreams
             );
         }
-        Ok(Self::from_parts(
+        let measure = config.tune_measure;
+        let comm = Self::from_parts(
             rank,
             nranks,
             id,
@@ -316,7 +318,11 @@ impl Communicator {
             hosts,
             Some(store),
             server,
-        ))
+        );
+        if measure {
+            comm.calibrate()?;
+        }
+        Ok(comm)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -511,6 +517,13 @@ impl Communicator {
         self.inner.transports.get(peer).copied().flatten()
     }
 
+    /// The cost model this rank's tuner uses, when `FERRO_TUNE=measure` calibrated it at init
+    /// (every rank holds the same figures); `None` while it runs on the documented defaults.
+    pub fn calibrated_model(&self) -> Option<crate::plan::CostModel> {
+        let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.calibrated_model().cloned()
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
@@ -679,7 +692,7 @@ impl Communicator {
         };
         let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
             .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
-        Ok(Some(Self::from_parts(
+        let child = Self::from_parts(
             mc.rank,
             members.len(),
             id,
@@ -689,7 +702,17 @@ impl Communicator {
             hosts.clone(),
             inner.store.clone(),
             None,
-        )))
+        );
+        // The links are the parent's: so are their measured costs (FERRO_TUNE=measure).
+        let parent = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        child
+            .inner
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .inherit_calibration(&parent);
+        drop(parent);
+        Ok(Some(child))
     }
 
     /// Waits until every rank has called `barrier`.
@@ -1202,6 +1225,7 @@ fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
         topo: crate::coll::Topology { host_of },
         overrides,
         debug: config.debug >= DebugLevel::Debug,
+        calibrated: false,
     }
 }
 

@@ -102,6 +102,9 @@ pub(crate) struct Tuning {
     pub overrides: crate::plan::Overrides,
     /// Log every choice (rank 0, `FERRO_DEBUG=DEBUG`).
     pub debug: bool,
+    /// Whether the model's links were measured on this machine (`FERRO_TUNE=measure`); only
+    /// then does it pick the algorithm of every call.
+    pub calibrated: bool,
 }
 
 /// Waiting and deadline settings.
@@ -192,6 +195,37 @@ impl Engine {
         }
     }
 
+    /// Replaces the cost model's constants of `link` by measured ones.
+    pub(crate) fn calibrate(
+        &mut self,
+        link: crate::plan::Link,
+        latency_us: f64,
+        bandwidth_gbps: f64,
+    ) -> std::result::Result<(), String> {
+        self.tuning
+            .model
+            .calibrate(link, latency_us, bandwidth_gbps)
+    }
+
+    /// From now on the cost model picks every call's algorithm; plans made before are dropped.
+    pub(crate) fn set_calibrated(&mut self) {
+        self.tuning.calibrated = true;
+        self.plans.clear();
+    }
+
+    /// The cost model, if it was calibrated.
+    pub(crate) fn calibrated_model(&self) -> Option<&crate::plan::CostModel> {
+        self.tuning.calibrated.then_some(&self.tuning.model)
+    }
+
+    /// Takes `parent`'s measured link costs, if it has any (a split communicator).
+    pub(crate) fn inherit_calibration(&mut self, parent: &Engine) {
+        if parent.tuning.calibrated {
+            self.tuning.model.links = parent.tuning.model.links;
+            self.set_calibrated();
+        }
+    }
+
     /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
     /// picks for the call's size (or `FERRO_ALGO` forces).
     fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
@@ -204,6 +238,7 @@ impl Engine {
         let t = &self.tuning;
         let bytes = args.count * esize;
         let choice = if t.overrides == crate::plan::Overrides::default()
+            && !t.calibrated
             && !(matches!(args.kind, coll::CollKind::AllReduce) && bytes <= AUTO_TUNED_MAX)
         {
             // Until the cost model is calibrated on the machine (FERRO_TUNE=measure), it

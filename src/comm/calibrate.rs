@@ -1,0 +1,226 @@
+//! `FERRO_TUNE=measure`: a quick calibration of the cost model at init.
+//!
+//! For each kind of link the communicator uses (shared memory inside a host, TCP between
+//! hosts, or TCP inside a host where shared memory is off), one pair of ranks times ping-pongs:
+//! 8-byte messages for the latency, 1 MiB and 4 MiB messages for the bandwidth (the slope
+//! between the two, so a fixed cost per message, or a token bucket's free burst, does not
+//! inflate it). The pairs are the same on every rank, derived from the host ids: the first two
+//! ranks of the first host with two ranks, and rank 0 with the first rank of another host.
+//! The leader of each pair (its lower rank) reports the numbers in an all_reduce (max) that
+//! every rank joins, so all ranks calibrate with the same figures and pick the same schedules.
+
+use std::time::Instant;
+
+use super::config::{DebugLevel, Transport};
+use super::Communicator;
+use crate::plan::Link;
+use crate::{Error, Result};
+
+/// Ping-pongs timed per size (after one untimed).
+const SMALL_ITERS: usize = 50;
+const LARGE_ITERS: usize = 4;
+const SMALL: usize = 8;
+const MID: usize = 1 << 20;
+const LARGE: usize = 4 << 20;
+
+/// Values per measured link in the all_reduce: link code, latency (us), bandwidth (GB/s).
+const FIELDS: usize = 3;
+
+/// A measured link.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Measured {
+    pub link: Link,
+    pub latency_us: f64,
+    pub bandwidth_gbps: f64,
+    /// The pair that measured it.
+    pub ranks: (usize, usize),
+}
+
+/// The pairs that measure: (lower rank, higher rank) joined by a link inside a host, and by a
+/// link between hosts, where such pairs exist.
+pub(crate) fn pairs(hosts: &[u64]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let intra = (0..hosts.len()).find_map(|a| {
+        (a + 1..hosts.len())
+            .find(|&b| hosts[b] == hosts[a])
+            .map(|b| (a, b))
+    });
+    out.extend(intra);
+    if let Some(b) = hosts.iter().position(|h| Some(h) != hosts.first()) {
+        out.push((0, b));
+    }
+    out
+}
+
+/// Median of `v` (sorted in place); 0 when empty.
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Latency (us) and bandwidth (GB/s) from median round trips (us) of `SMALL`, `MID` and
+/// `LARGE` bytes: half the small round trip, and the slope between the two large sizes.
+pub(crate) fn fit(rtt_small: f64, rtt_mid: f64, rtt_large: f64) -> (f64, f64) {
+    let latency = rtt_small / 2.0;
+    let slope_us = ((rtt_large - rtt_mid) / 2.0).max(1e-3);
+    let bw = (LARGE - MID) as f64 / slope_us / 1e3;
+    (latency, bw)
+}
+
+fn link_code(l: Link) -> f64 {
+    match l {
+        Link::Shm => 1.0,
+        Link::Tcp => 2.0,
+        Link::Rdma => 3.0,
+        Link::Nvlink => 4.0,
+    }
+}
+
+fn link_of_code(c: f64) -> Option<Link> {
+    match c.round() as i64 {
+        1 => Some(Link::Shm),
+        2 => Some(Link::Tcp),
+        3 => Some(Link::Rdma),
+        4 => Some(Link::Nvlink),
+        _ => None,
+    }
+}
+
+impl Communicator {
+    /// Round trips (us) of `iters` ping-pongs of `bytes` with `peer`; this rank leads when
+    /// `lead` (sends first and times), else it echoes.
+    fn ping_pong(&self, peer: usize, bytes: usize, iters: usize, lead: bool) -> Result<Vec<f64>> {
+        let mut buf = vec![0u8; bytes];
+        let mut times = Vec::with_capacity(iters);
+        for i in 0..=iters {
+            let t = Instant::now();
+            if lead {
+                self.send(&buf, peer)?;
+                self.recv(&mut buf, peer)?;
+            } else {
+                self.recv(&mut buf, peer)?;
+                self.send(&buf, peer)?;
+            }
+            if i > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok(times)
+    }
+
+    /// Measures the links, agrees on the figures with every rank and calibrates this rank's
+    /// cost model with them. Returns what was measured.
+    pub(crate) fn calibrate(&self) -> Result<Vec<Measured>> {
+        let me = self.rank();
+        let ctx = |e: Error| e.context(format!("FERRO_TUNE=measure on rank {me}"));
+        let pairs = pairs(&self.inner.hosts);
+        let mut report = vec![0.0f64; FIELDS * 2];
+        for (slot, &(a, b)) in pairs.iter().enumerate() {
+            if me != a && me != b {
+                continue;
+            }
+            let (peer, lead) = if me == a { (b, true) } else { (a, false) };
+            let mut small = self
+                .ping_pong(peer, SMALL, SMALL_ITERS, lead)
+                .map_err(ctx)?;
+            let mut mid = self.ping_pong(peer, MID, LARGE_ITERS, lead).map_err(ctx)?;
+            let mut large = self
+                .ping_pong(peer, LARGE, LARGE_ITERS, lead)
+                .map_err(ctx)?;
+            if lead {
+                let (lat, bw) = fit(median(&mut small), median(&mut mid), median(&mut large));
+                let link = match self.transport(peer) {
+                    Some(Transport::Shm) => Link::Shm,
+                    _ => Link::Tcp,
+                };
+                report[slot * FIELDS..(slot + 1) * FIELDS].copy_from_slice(&[
+                    link_code(link),
+                    lat,
+                    bw,
+                ]);
+            }
+        }
+        // Only the leaders put non-zero figures in: the max is theirs, on every rank.
+        self.all_reduce_in_place(&mut report, crate::ReduceOp::Max)
+            .map_err(ctx)?;
+        let mut out = Vec::new();
+        for (slot, &ranks) in pairs.iter().enumerate() {
+            let f = &report[slot * FIELDS..(slot + 1) * FIELDS];
+            let Some(link) = link_of_code(f[0]) else {
+                return Err(Error::internal(format!(
+                    "FERRO_TUNE=measure on rank {me}: ranks {} and {} reported no link",
+                    ranks.0, ranks.1
+                )));
+            };
+            out.push(Measured {
+                link,
+                latency_us: f[1],
+                bandwidth_gbps: f[2],
+                ranks,
+            });
+        }
+        {
+            let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            for m in &out {
+                engine
+                    .calibrate(m.link, m.latency_us, m.bandwidth_gbps)
+                    .map_err(|e| {
+                        Error::internal(format!("FERRO_TUNE=measure on rank {me}: {e}"))
+                    })?;
+            }
+            engine.set_calibrated();
+        }
+        if me == 0 && self.inner.config.debug >= DebugLevel::Info {
+            let list: Vec<String> = out
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{} {:.1} us, {:.2} GB/s (ranks {} and {})",
+                        m.link.name(),
+                        m.latency_us,
+                        m.bandwidth_gbps,
+                        m.ranks.0,
+                        m.ranks.1
+                    )
+                })
+                .collect();
+            eprintln!(
+                "ferroccl rank 0 TUNING: calibrated {}",
+                if list.is_empty() {
+                    "nothing (one rank)".to_string()
+                } else {
+                    list.join("; ")
+                }
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_follow_the_hosts() {
+        assert_eq!(pairs(&[7]), vec![]);
+        assert_eq!(pairs(&[7, 7, 7]), vec![(0, 1)]);
+        assert_eq!(pairs(&[7, 9, 7, 9]), vec![(0, 2), (0, 1)]);
+        assert_eq!(pairs(&[7, 9, 9]), vec![(1, 2), (0, 1)]);
+        assert_eq!(pairs(&[1, 2, 3]), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn fit_takes_half_the_small_round_trip_and_the_large_slope() {
+        // 20 us round trip at 8 B; 3 MiB more take 2 x 3000 us more: 1.048576 GB/s.
+        let (lat, bw) = fit(20.0, 1000.0, 7000.0);
+        assert_eq!(lat, 10.0);
+        assert!((bw - 1.048_576).abs() < 1e-9, "{bw}");
+        // A larger mid time than large time (noise) still gives a finite, positive figure.
+        let (_, bw) = fit(20.0, 7000.0, 6000.0);
+        assert!(bw.is_finite() && bw > 0.0);
+    }
+}

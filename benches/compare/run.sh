@@ -83,7 +83,7 @@ ferro_sweep() {
         coll=${tool//_/}
         "$BIN/ferrorun" "$@" --no-prefix -- "$BIN/${tool}_perf" -b "$B" -e "$E" -f "$F" -n "$N" -w "$W" \
             | tee -a "$WORK/ferro.log" \
-            | awk -v c="$coll" '/^#/ || NF != 13 { next } $2 > 0 { print c, $1, $2, $6, $7, $8, $9 }'
+            | awk -v c="$coll" '/^#/ || NF < 13 { next } $2 > 0 { print c, $1, $2, $6, $7, $8, $9 }'
     done
 }
 

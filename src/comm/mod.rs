@@ -524,6 +524,23 @@ impl Communicator {
         engine.calibrated_model().cloned()
     }
 
+    /// The algorithm a `kind` call of `count` elements of `dtype` runs on this communicator
+    /// (the tuner's pick or `FERRO_ALGO`'s), as logged at `FERRO_DEBUG=DEBUG`.
+    pub fn algorithm_for(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+    ) -> crate::coll::Algorithm {
+        let args = CollArgs {
+            kind,
+            count,
+            in_place: false,
+        };
+        let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.algorithm_for(&args, dtype.size())
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config

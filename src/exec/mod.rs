@@ -226,18 +226,12 @@ impl Engine {
         }
     }
 
-    /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
-    /// picks for the call's size (or `FERRO_ALGO` forces).
-    fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
-        let slice = (self.slice_bytes / esize).max(1);
-        let key = (*args, slice);
-        if let Some(s) = self.plans.get(&key) {
-            return Arc::clone(s);
-        }
-        let opts = AlgoOptions { slice };
+    /// What the tuner picks for `args` with elements of `esize` bytes (before checking that
+    /// the algorithm can run the call on this topology).
+    fn choice(&self, args: &CollArgs, esize: usize) -> crate::plan::Choice {
         let t = &self.tuning;
         let bytes = args.count * esize;
-        let choice = if t.overrides == crate::plan::Overrides::default()
+        if t.overrides == crate::plan::Overrides::default()
             && !t.calibrated
             && !(matches!(args.kind, coll::CollKind::AllReduce) && bytes <= AUTO_TUNED_MAX)
         {
@@ -252,7 +246,33 @@ impl Engine {
             }
         } else {
             t.model.choose(args.kind, bytes, &t.topo, &t.overrides)
+        }
+    }
+
+    /// The algorithm a call of `args` with elements of `esize` bytes runs.
+    pub(crate) fn algorithm_for(&self, args: &CollArgs, esize: usize) -> coll::Algorithm {
+        let algo = self.choice(args, esize).algo;
+        let opts = AlgoOptions {
+            slice: (self.slice_bytes / esize.max(1)).max(1),
         };
+        let t = &self.tuning;
+        match coll::build_with(args, self.rank, self.nranks, &opts, algo, &t.topo) {
+            Ok(_) => algo,
+            Err(_) => coll::Algorithm::default_for(args.kind),
+        }
+    }
+
+    /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
+    /// picks for the call's size (or `FERRO_ALGO` forces).
+    fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
+        let slice = (self.slice_bytes / esize).max(1);
+        let key = (*args, slice);
+        if let Some(s) = self.plans.get(&key) {
+            return Arc::clone(s);
+        }
+        let opts = AlgoOptions { slice };
+        let choice = self.choice(args, esize);
+        let t = &self.tuning;
         let built = coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo);
         let s = match built {
             Ok(s) => {

@@ -73,6 +73,27 @@ impl PerfComm for FerroComm {
         c.raw_collective(kind, send, recv, count, dtype, rop)
     }
 
+    fn algorithm(&self, coll: Coll, count: usize, dtype: DataType, root: usize) -> Option<String> {
+        let kind = match coll {
+            Coll::AllReduce => CollKind::AllReduce,
+            Coll::AllGather => CollKind::AllGather,
+            Coll::Broadcast => CollKind::Broadcast { root },
+            Coll::Reduce => CollKind::Reduce { root },
+            Coll::ReduceScatter => CollKind::ReduceScatter,
+            Coll::AllToAll => CollKind::AllToAll,
+            // Point-to-point patterns built from send and receive, not scheduled collectives.
+            Coll::SendRecv | Coll::Gather | Coll::Scatter | Coll::HyperCube => {
+                return Some("p2p".to_string())
+            }
+        };
+        Some(
+            self.comm
+                .algorithm_for(kind, count, dtype)
+                .name()
+                .to_string(),
+        )
+    }
+
     fn barrier(&self) -> Result<()> {
         self.comm.barrier()
     }

@@ -45,6 +45,9 @@ pub struct Row {
     pub out_of_place: Measure,
     /// In-place block.
     pub in_place: Measure,
+    /// The algorithm that ran (ferroccl's tuner or `FERRO_ALGO`): a last column after
+    /// nccl-tests' thirteen, absent where the backend names none.
+    pub algo: Option<String>,
 }
 
 /// Formats `value` right-aligned in `width` columns with 2 decimals, falling back to 1, 0,
@@ -217,13 +220,20 @@ pub fn measure_cells(m: &Measure) -> String {
     }
 }
 
+/// The last cell of a row: the algorithm that ran; empty where none is named, so the row
+/// keeps nccl-tests' thirteen columns.
+pub fn algo_cell(algo: Option<&str>) -> String {
+    algo.map_or(String::new(), |a| format!("  {a:>8}"))
+}
+
 /// A whole row, without the newline.
 pub fn row_line(row: &Row) -> String {
     format!(
-        "{}{}{}",
+        "{}{}{}{}",
         row_prefix(row.bytes, row.count, row.type_name, row.redop, row.root),
         measure_cells(&row.out_of_place),
-        measure_cells(&row.in_place)
+        measure_cells(&row.in_place),
+        algo_cell(row.algo.as_deref())
     )
 }
 
@@ -336,6 +346,7 @@ mod tests {
                 root: -1,
                 out_of_place: oop,
                 in_place: ip,
+                algo: None,
             };
             writeln!(out, "{}", row_line(&row)).unwrap();
         }

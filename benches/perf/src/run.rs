@@ -46,6 +46,13 @@ pub trait PerfComm {
         root: usize,
     ) -> Result<()>;
 
+    /// The algorithm a `coll` call of `count` elements of `dtype` runs, shown in a last
+    /// column of each row; `None` (the default): no such column.
+    fn algorithm(&self, coll: Coll, count: usize, dtype: DataType, root: usize) -> Option<String> {
+        let _ = (coll, count, dtype, root);
+        None
+    }
+
     /// Returns when every rank has called it.
     fn barrier(&self) -> Result<()>;
 
@@ -421,6 +428,8 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
                 p.text(&report::measure_cells(&out_of_place))?;
                 let in_place = self.bench(t, &pt.layout, true)?;
                 p.text(&report::measure_cells(&in_place))?;
+                let algo = self.comm.algorithm(t.coll, pt.count, t.dtype, t.root);
+                p.text(&report::algo_cell(algo.as_deref()))?;
                 p.text("\n")?;
                 rows.push(Row {
                     bytes: pt.bytes,
@@ -430,6 +439,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
                     root,
                     out_of_place,
                     in_place,
+                    algo,
                 });
             }
             cycle += 1;

@@ -197,8 +197,15 @@ fn check_table(text: &str, rows: usize, what: &str) {
         .collect();
     assert_eq!(data.len(), rows, "{what}: row count\n{text}");
     for row in &data {
-        // size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong
-        assert_eq!(row.len(), 13, "{what}: row {row:?}");
+        // size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong | algo
+        assert_eq!(row.len(), 14, "{what}: row {row:?}");
+        let names = [
+            "p2p", "ring", "chain", "pairwise", "tree", "rd", "rhd", "hier", "binomial",
+        ];
+        assert!(
+            names.contains(&row[13]),
+            "{what}: algorithm column of {row:?}"
+        );
         assert_eq!(row[8], "0", "{what}: out-of-place #wrong in {row:?}");
         assert_eq!(row[12], "0", "{what}: in-place #wrong in {row:?}");
         for col in [5, 6, 7, 9, 10, 11] {

@@ -240,7 +240,7 @@ fn build_one(
             rd::all_reduce(count, in_place, rank, nranks, slice)
         }
         (Algorithm::Rabenseifner, CollKind::AllReduce) => {
-            rhd::all_reduce(count, rank, nranks, slice)
+            rhd::all_reduce(count, rank, topo, slice)
         }
         (Algorithm::Hierarchical, CollKind::AllReduce) => {
             hier::all_reduce(count, rank, topo, slice)

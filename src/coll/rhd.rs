@@ -13,10 +13,13 @@
 //!
 //! Bytes moved per rank: `2 S (p - 1) / p` (+`2 S` for folded pairs) in `2 log2 p` steps (+2).
 //! Every message is cut into pieces of at most the slice, sent in the same step.
+//!
+//! The algorithm numbers the ranks host by host (the ranks of host 0 in rank order, then host
+//! 1, ...), whatever the placement, so that the nearest partners share a host.
 #![forbid(unsafe_code)]
 
 use super::builder::{part, Builder};
-use super::{BufKind, Schedule, Span};
+use super::{BufKind, Schedule, Span, Topology};
 
 /// Position of `rank` among the `p` exchanging ranks, or `None` for a folded rank.
 fn vrank(rank: usize, rem: usize) -> Option<usize> {
@@ -61,7 +64,8 @@ struct Halving {
     give: (usize, usize),
 }
 
-/// The halving steps of exchanging position `v` of `p` (a power of two), mask 1 first.
+/// The halving steps of exchanging position `v` of `p` (a power of two), mask 1 first; the
+/// partner is a position in the host-by-host order.
 fn halvings(v: usize, p: usize, rem: usize) -> Vec<Halving> {
     let (mut lo, mut hi) = (0, p);
     let mut out = Vec::new();
@@ -84,55 +88,62 @@ fn halvings(v: usize, p: usize, rem: usize) -> Vec<Halving> {
     out
 }
 
-/// Rabenseifner all_reduce of `count` elements for `rank` of `nranks` (at least 2). Needs no
-/// scratch: partial sums live in the output (in place, in the one buffer), and the first
-/// reduction reads the input.
-pub(crate) fn all_reduce(count: usize, rank: usize, nranks: usize, slice: usize) -> Schedule {
-    let n = nranks;
+/// Rabenseifner all_reduce of `count` elements for `rank` of the ranks of `topo` (at least
+/// 2). Needs no scratch: partial sums live in the output (in place, in the one buffer), and
+/// the first reduction reads the input.
+pub(crate) fn all_reduce(count: usize, rank: usize, topo: &Topology, slice: usize) -> Schedule {
+    // Position `i` of the host-by-host order is rank `order[i]`.
+    let order: Vec<usize> = topo.hosts().into_iter().flatten().collect();
+    let n = order.len();
+    let me = order.iter().position(|&r| r == rank).unwrap_or(rank);
     let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
     let rem = n - p;
     let slice = slice.max(1);
     let mut b = Builder::new(rank, n);
     let input = |off, len| Span::new(BufKind::Input, off, len);
     let output = |off, len| Span::new(BufKind::Output, off, len);
-    let Some(v) = vrank(rank, rem) else {
+    let Some(v) = vrank(me, rem) else {
         // Folded: hand the input to the odd neighbour, get the result back at the end.
-        pieces(0, count, slice, |o, l| b.send(rank + 1, input(o, l)));
+        let peer = order[me + 1];
+        pieces(0, count, slice, |o, l| b.send(peer, input(o, l)));
         b.end_step();
-        pieces(0, count, slice, |o, l| b.recv(rank + 1, output(o, l)));
+        pieces(0, count, slice, |o, l| b.recv(peer, output(o, l)));
         return b.finish(0);
     };
-    let folds = rank < 2 * rem;
+    let folds = me < 2 * rem;
     // Where this rank's running partial sums are: the input until the first reduction.
     let mut cur = BufKind::Input;
     if folds {
+        let peer = order[me - 1];
         pieces(0, count, slice, |o, l| {
-            b.recv_reduce(rank - 1, input(o, l), output(o, l))
+            b.recv_reduce(peer, input(o, l), output(o, l))
         });
         b.end_step();
         cur = BufKind::Output;
     }
     let steps = halvings(v, p, rem);
     for h in &steps {
+        let peer = order[h.peer];
         let (gs, ge) = blocks(count, p, h.give.0, h.give.1);
         let (ks, ke) = blocks(count, p, h.keep.0, h.keep.1);
-        pieces(gs, ge, slice, |o, l| b.send(h.peer, Span::new(cur, o, l)));
+        pieces(gs, ge, slice, |o, l| b.send(peer, Span::new(cur, o, l)));
         pieces(ks, ke, slice, |o, l| {
-            b.recv_reduce(h.peer, Span::new(cur, o, l), output(o, l))
+            b.recv_reduce(peer, Span::new(cur, o, l), output(o, l))
         });
         b.end_step();
         // Blocks outside `keep` are never read again, so the output holds everything needed.
         cur = BufKind::Output;
     }
     for h in steps.iter().rev() {
+        let peer = order[h.peer];
         let (ks, ke) = blocks(count, p, h.keep.0, h.keep.1);
         let (gs, ge) = blocks(count, p, h.give.0, h.give.1);
-        pieces(ks, ke, slice, |o, l| b.send(h.peer, output(o, l)));
-        pieces(gs, ge, slice, |o, l| b.recv(h.peer, output(o, l)));
+        pieces(ks, ke, slice, |o, l| b.send(peer, output(o, l)));
+        pieces(gs, ge, slice, |o, l| b.recv(peer, output(o, l)));
         b.end_step();
     }
     if folds {
-        pieces(0, count, slice, |o, l| b.send(rank - 1, output(o, l)));
+        pieces(0, count, slice, |o, l| b.send(order[me - 1], output(o, l)));
         b.end_step();
     }
     b.finish(0)

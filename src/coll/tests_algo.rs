@@ -51,10 +51,7 @@ fn sweep(
     ranks: impl Iterator<Item = usize>,
 ) {
     let mut checker = Checker::new();
-    let topology_free = matches!(
-        algo,
-        Algorithm::RecursiveDoubling | Algorithm::Rabenseifner | Algorithm::Binomial
-    );
+    let topology_free = matches!(algo, Algorithm::RecursiveDoubling | Algorithm::Binomial);
     for n in ranks {
         let mut topos = layouts(n);
         if topology_free {
@@ -134,8 +131,48 @@ fn sweep_rabenseifner_all_reduce() {
     sweep(
         Algorithm::Rabenseifner,
         &|_| vec![CollKind::AllReduce],
-        1..=64,
+        some_ranks(),
     );
+}
+
+#[test]
+fn sweep_rabenseifner_all_reduce_one_host() {
+    // Every rank count 1..64 on one host; `sweep_rabenseifner_all_reduce` adds the other
+    // host layouts (the host-by-host renumbering) on a subset of rank counts.
+    let mut checker = Checker::new();
+    for n in 1..=64 {
+        let topo = Topology::single_host(n);
+        for count in counts(n) {
+            let opts = AlgoOptions {
+                slice: if count > 1000 { 997 } else { 4 },
+            };
+            for in_place in [false, true] {
+                let a = args(CollKind::AllReduce, count, in_place);
+                let scheds = build_all(&a, n, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+                if let Err(e) = checker.check_schedules(&a, n, &scheds) {
+                    panic!("rhd on {n} ranks, count {count}: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rabenseifner_keeps_the_largest_exchange_inside_a_host() {
+    // Round-robin placement: hosts {0, 4}, {1, 5}, {2, 6}, {3, 7}.
+    let topo = Topology {
+        host_of: (0..8).map(|r| r % 4).collect(),
+    };
+    let opts = AlgoOptions { slice: 1 << 20 };
+    let a = args(CollKind::AllReduce, 800, false);
+    for r in 0..8 {
+        let s = build_with(&a, r, 8, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+        let first = s.steps[0].ops.iter().find_map(|op| match *op {
+            Op::Send { peer, src } => Some((peer, src.len)),
+            _ => None,
+        });
+        assert_eq!(first, Some(((r + 4) % 8, 400)), "rank {r}");
+    }
 }
 
 #[test]

@@ -311,10 +311,10 @@ impl CostModel {
             (Algorithm::Rabenseifner, _) => {
                 let p = 2f64.powf(n.log2().floor());
                 let log = p.log2().round() as i32;
-                // Halving step j moves S / 2^(j+1) with the partner at distance 2^j; with
-                // ranks numbered host by host, distances below K stay inside the host and
-                // the others cross with all K ranks of the host on the NIC at once. Folding
-                // (n not a power of two) adds a full-vector message before and after.
+                // Halving step j moves S / 2^(j+1) with the partner at distance 2^j in the
+                // host-by-host numbering: distances below K stay inside the host, the others
+                // cross with all K ranks of the host on the NIC at once. Folding (n not a
+                // power of two) adds a full-vector message before and after.
                 let across = if h > 1.0 { self.inter_cost(k) } else { intra };
                 let far = LinkCost {
                     alpha_us: flat.alpha_us,
@@ -324,7 +324,10 @@ impl CostModel {
                 let mut t = 0.0;
                 for j in 0..log {
                     let dist = 2f64.powi(j);
-                    let link = if folded || (h > 1.0 && dist >= k) || !s.uniform && h > 1.0 {
+                    // Equal hosts of a power of two ranks, no folding: partners at distances
+                    // below K share a host (the algorithm numbers ranks host by host).
+                    let aligned = s.uniform && !folded && k.log2().fract() == 0.0;
+                    let link = if h > 1.0 && (!aligned || dist >= k) {
                         far
                     } else {
                         intra

@@ -6,7 +6,9 @@ algorithm, the algorithm `auto` ran, and the three ratios the benchmark is about
   * 64 MiB: hier busbw / ring busbw (target >= 1.5);
   * every size: auto time / best forced time (target <= 1.10).
 
-usage: summary.py OUT_DIR NRANKS ALGO...   (reads OUT_DIR/{small,large}-ALGO.txt)
+usage: summary.py OUT_DIR NRANKS ALGO...
+(reads OUT_DIR/{small,large}-ALGO.txt and OUT_DIR/{small,large}-rN-ALGO.txt; with several
+rounds, the fastest per size)
 """
 
 import sys
@@ -34,9 +36,14 @@ def main():
     data = {a: {} for a in algos}
     for a in algos:
         for phase in ("small", "large"):
-            p = out_dir / f"{phase}-{a}.txt"
-            if p.exists():
-                data[a].update(rows(p, nranks))
+            # Several rounds (PHASE-rN-ALGO.txt): the fastest round per size.
+            paths = [out_dir / f"{phase}-{a}.txt"] + sorted(out_dir.glob(f"{phase}-r*-{a}.txt"))
+            for p in paths:
+                if not p.exists():
+                    continue
+                for size, v in rows(p, nranks).items():
+                    if size not in data[a] or v[0] < data[a][size][0]:
+                        data[a][size] = v
     setup = out_dir / "setup.txt"
     if setup.exists():
         print(setup.read_text().rstrip())

@@ -4,12 +4,16 @@
 //! ```text
 //! ferroccl-sim --ranks 16384 --ranks-per-host 8 [--op allreduce] [--algo auto|all|ring,tree,...]
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
-//!              [--slice BYTES] [--slow HOST=FACTOR] [--topology FILE]
+//!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
+//!              [--topology FILE]
 //! ```
+//!
+//! Placement: `host-major` (default) puts ranks `h*K .. (h+1)*K` on host `h`; `round-robin`
+//! puts rank `r` on host `r % hosts` (as `ferrorun --netns` does).
 //!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `slow HOST FACTOR`.
+//! `nic_gbps X`, `slow HOST FACTOR`, `placement host-major|round-robin`.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -31,6 +35,17 @@ struct Opts {
     model: CostModel,
     slice: Option<usize>,
     slow: Vec<(usize, f64)>,
+    round_robin: bool,
+}
+
+fn parse_placement(v: &str) -> Result<bool, String> {
+    match v {
+        "host-major" => Ok(false),
+        "round-robin" => Ok(true),
+        _ => Err(format!(
+            "unknown placement '{v}' (expected host-major or round-robin)"
+        )),
+    }
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -83,6 +98,7 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
                     .calibrate(Link::parse(w[1])?, num(w[2], "alpha")?, num(w[3], "beta")?)?
             }
             ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
+            ("placement", 2) => o.round_robin = parse_placement(w[1])?,
             _ => return Err(bad()),
         }
     }
@@ -102,6 +118,7 @@ fn parse_args() -> Result<Opts, String> {
         model: CostModel::default(),
         slice: None,
         slow: Vec::new(),
+        round_robin: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -142,6 +159,7 @@ fn parse_args() -> Result<Opts, String> {
                     .ok_or_else(|| format!("bad --slow '{v}'"))?;
                 o.slow.push((num(h, "host")?, num(f, "factor")?));
             }
+            "--placement" => o.round_robin = parse_placement(v)?,
             "--topology" => apply_file(&mut o, v)?,
             _ => return Err(format!("unknown option '{flag}'")),
         }
@@ -164,7 +182,7 @@ fn main() -> ExitCode {
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
                  [--inter tcp] [--nic-gbps X] [--slice BYTES] [--slow HOST=FACTOR] \
-                 [--topology FILE]"
+                 [--placement host-major|round-robin] [--topology FILE]"
             );
             return ExitCode::from(2);
         }
@@ -179,8 +197,13 @@ fn main() -> ExitCode {
 }
 
 fn run(o: &Opts) -> Result<(), String> {
-    let topo = Topology::uniform(o.ranks, o.per_host);
+    let mut topo = Topology::uniform(o.ranks, o.per_host);
     let nhosts = topo.nhosts();
+    if o.round_robin {
+        topo = Topology {
+            host_of: (0..o.ranks).map(|r| r % nhosts).collect(),
+        };
+    }
     let mut slowdown = vec![1.0; nhosts];
     for &(h, f) in &o.slow {
         if h >= nhosts || f.is_nan() || f < 1.0 {

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Simulator against measurement: for one configuration measured by benches/hosts/run.sh or
+benches/hosts/validate.sh, writes a ferroccl-sim topology file whose link constants are the
+ones FERRO_TUNE=measure logged (ping-pong: latency = half the 8-byte round trip, bandwidth =
+slope between 1 MiB and 4 MiB round trips), runs ferroccl-sim for every algorithm and size
+that was measured, and prints a markdown table of measured vs predicted time with the ratio.
+
+usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
+  OUT_DIR holds {small,large}[-rN]-ALGO.txt tables and *.err logs with the calibration line;
+  PLACEMENT is host-major or round-robin (ferrorun --netns places round-robin).
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from summary import rows  # noqa: E402
+
+CALIB = re.compile(r"TUNING: calibrated (.*)")
+LINK = re.compile(r"(shm|tcp) ([0-9.]+) us, ([0-9.]+) GB/s")
+
+
+def calibration(out_dir):
+    """{link: (alpha_us, beta_gbps)} from the first calibration line in OUT_DIR/*.err."""
+    for p in sorted(Path(out_dir).glob("*.err")):
+        for line in p.read_text().splitlines():
+            m = CALIB.search(line)
+            if m:
+                return {l: (float(a), float(b)) for l, a, b in LINK.findall(m.group(1))}
+    sys.exit(f"validate.py: no 'TUNING: calibrated' line in {out_dir}/*.err")
+
+
+def measured(out_dir, nranks, algo):
+    data = {}
+    paths = sorted(Path(out_dir).glob(f"*-{algo}.txt"))
+    for p in paths:
+        if not re.fullmatch(rf"(small|large)(-r\d+)?-{re.escape(algo)}\.txt", p.name):
+            continue
+        for size, v in rows(p, nranks).items():
+            if size not in data or v[0] < data[size][0]:
+                data[size] = v
+    return data
+
+
+def simulate(sim, topo_file, algo, sizes):
+    """{size: predicted us} for the sizes (one run per contiguous power-of-two range)."""
+    out = {}
+    lo, hi = min(sizes), max(sizes)
+    args = [sim, "--topology", str(topo_file), "--algo", algo, "-b", str(lo), "-e", str(hi),
+            "-f", "2", "--slice", "4M"]
+    text = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 7 and f[0].isdigit() and f[5] == algo:
+            out[int(f[0])] = float(f[6])
+    return out
+
+
+def main():
+    sim, out_dir, nranks, per_host, placement, label = sys.argv[1:7]
+    algos = sys.argv[7:]
+    nranks, per_host = int(nranks), int(per_host)
+    links = calibration(out_dir)
+    topo = Path(out_dir) / "sim-topology.txt"
+    lines = [f"ranks {nranks}", f"ranks_per_host {per_host}", f"placement {placement}",
+             "intra shm", "inter tcp"]
+    lines += [f"link {l} {a} {b}" for l, (a, b) in sorted(links.items())]
+    topo.write_text("\n".join(lines) + "\n")
+    print(f"<!-- {label}: ferroccl-sim --topology {topo} with: " + "; ".join(lines) + " -->")
+    print(f"| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured |")
+    print("|---|---|---:|---:|---:|---:|")
+    within = total = 0
+    for algo in algos:
+        meas = measured(out_dir, nranks, algo)
+        sizes = sorted(s for s in meas if s > 0)
+        if not sizes:
+            continue
+        pred = simulate(sim, topo, algo, sizes)
+        for s in sizes:
+            if s not in pred:
+                continue
+            r = pred[s] / meas[s][0]
+            total += 1
+            ok = 0.75 <= r <= 1.25
+            within += ok
+            flag = "" if ok else " (miss)"
+            print(f"| {label} | {algo} | {s} | {meas[s][0]:.1f} | {pred[s]:.1f} | {r:.2f}{flag} |")
+    print(f"\n{label}: {within} of {total} predictions within 25 % of measured")
+
+
+if __name__ == "__main__":
+    main()

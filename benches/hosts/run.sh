@@ -10,13 +10,14 @@
 # DELAY_US one-way delay to every message between hosts (FERRO_LINK_DELAY_US), and runs
 # all_reduce_perf (float sum) under ferrorun once per algorithm: `auto` is the tuner after
 # FERRO_TUNE=measure, the others are FERRO_ALGO=<name>. Two sweeps per algorithm, the
-# algorithms interleaved within each: small (8 B .. 8 KiB, x2, SMALL_ITERS iterations) and
-# large (16 KiB .. 64 MiB, x4, LARGE_ITERS iterations). Raw tables go to OUT_DIR (default
+# algorithms interleaved within each: small (8 B .. 8 KiB, x2, SMALL_ITERS iterations, ROUNDS
+# rounds, the fastest round per size counted) and large (16 KiB .. 64 MiB, x4, LARGE_ITERS
+# iterations, one round). Raw tables go to OUT_DIR (default
 # target/bench-hosts); the summary (benches/hosts/summary.py) is printed and written to
 # OUT_DIR/summary.txt.
 #
 # Environment: HOSTS=4 PER_HOST=2 RATE=2gbit DELAY_US=200 ALGOS="auto ring tree rd rhd hier"
-#              SMALL_ITERS=200 LARGE_ITERS=5
+#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2
 # Needs root (network namespaces) and iproute2's tc. Holds /tmp/ferroccl-netns.lock, the lock
 # the integration tests take, so that neither tears down the other's hosts.
 
@@ -30,6 +31,7 @@ DELAY_US=${DELAY_US:-200}
 ALGOS=${ALGOS:-auto ring tree rd rhd hier}
 SMALL_ITERS=${SMALL_ITERS:-200}
 LARGE_ITERS=${LARGE_ITERS:-5}
+ROUNDS=${ROUNDS:-2}
 OUT=target/bench-hosts
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -72,8 +74,10 @@ run() {
         "$BIN/all_reduce_perf" "$@" > "$OUT/$name-$algo.txt" 2> "$OUT/$name-$algo.err"
 }
 
-for algo in $ALGOS; do
-    run "$algo" small -b 8 -e 8K -f 2 -n "$SMALL_ITERS" -w 20
+for ((round = 1; round <= ROUNDS; round++)); do
+    for algo in $ALGOS; do
+        run "$algo" "small-r$round" -b 8 -e 8K -f 2 -n "$SMALL_ITERS" -w 20
+    done
 done
 for algo in $ALGOS; do
     run "$algo" large -b 16K -e 64M -f 4 -n "$LARGE_ITERS" -w 2

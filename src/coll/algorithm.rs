@@ -239,9 +239,7 @@ fn build_one(
         (Algorithm::RecursiveDoubling, CollKind::AllReduce) => {
             rd::all_reduce(count, in_place, rank, nranks, slice)
         }
-        (Algorithm::Rabenseifner, CollKind::AllReduce) => {
-            rhd::all_reduce(count, rank, topo, slice)
-        }
+        (Algorithm::Rabenseifner, CollKind::AllReduce) => rhd::all_reduce(count, rank, topo, slice),
         (Algorithm::Hierarchical, CollKind::AllReduce) => {
             hier::all_reduce(count, rank, topo, slice)
         }

@@ -4,7 +4,9 @@
 //! Model: a rank starts step `t` when it finished step `t - 1` (its copies take
 //! `bytes / copy_gbps`); a message starts when both its sender and its receiver are in the
 //! steps that hold it (rendezvous) and takes `alpha + bytes / beta` of its link, times the
-//! slowdown of the slower host; a step ends when its last message does. Between hosts, a host's
+//! slowdown of the slower host; a step ends when its last message does. Messages between
+//! the same two ranks run in order: a later one's bytes start when the earlier one's are
+//! through (its latency overlaps them). Between hosts, a host's
 //! NIC is shared evenly by the ranks of the host that talk across hosts in the schedule.
 //!
 //! Two modes:
@@ -258,6 +260,11 @@ fn run(
         };
         t * f
     };
+    // The time a message of `len` elements keeps its link busy (its bytes, no latency): the
+    // next message between the same two ranks cannot start moving bytes before that.
+    let busy = |a: usize, b: usize, len: usize| -> f64 { cost(a, b, len) - cost(a, b, 0) };
+    // When each (sender, receiver) pair's link is free again.
+    let mut channel: HashMap<(usize, usize), f64> = HashMap::new();
     let partners = match_partners(&scheds, n, &rep)?;
     let copy_time = |s: &Schedule, t: usize| -> f64 {
         let bytes: usize = s.steps[t]
@@ -321,7 +328,12 @@ fn run(
                 } else {
                     (peer, real[r])
                 };
-                let end = ready[r].max(ready[q]) + cost(a, b, len);
+                // Messages between one pair run in order (as the executor runs them): a
+                // later one's bytes follow the earlier one's, its latency overlaps them.
+                let free = channel.get(&(a, b)).copied().unwrap_or(0.0);
+                let start = ready[r].max(ready[q]).max(free);
+                channel.insert((a, b), start + busy(a, b, len));
+                let end = start + cost(a, b, len);
                 finish[r] = finish[r].max(end);
                 finish[q] = finish[q].max(end);
                 pending[q] -= 1;

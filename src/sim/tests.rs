@@ -109,6 +109,20 @@ fn rabenseifner_matches_hand_computed_cost() {
 }
 
 #[test]
+fn pieces_to_one_peer_share_its_link() {
+    // 2 ranks, 4000 floats in slices of 500: each step sends 2000 floats as 4 pieces of
+    // 2000 B; they follow each other on the link (4 x 2 us) after one latency (10 us).
+    let c = cluster(Topology::single_host(2));
+    let mut a = all_reduce(4000);
+    a.in_place = false;
+    let opts = AlgoOptions { slice: 500 };
+    let t = simulate(&c, &a, 4, Algorithm::Rabenseifner, &opts, Some(false))
+        .unwrap()
+        .time_us;
+    assert!(close(t, 2.0 * (10.0 + 8.0)), "{t}");
+}
+
+#[test]
 fn symmetric_mode_agrees_with_full_mode() {
     let c = cluster(Topology::uniform(64, 8));
     for (algo, kind, count) in [

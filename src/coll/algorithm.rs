@@ -196,6 +196,9 @@ pub fn build_all(
     if algo == Algorithm::Tree && nranks >= 2 {
         return Ok(tree::all_reduce_all(args.count, topo, opts.slice));
     }
+    if algo == Algorithm::Rabenseifner && nranks >= 2 {
+        return Ok(rhd::all_reduce_all(args.count, topo, opts.slice));
+    }
     Ok((0..nranks)
         .map(|r| build_one(args, r, nranks, opts, algo, topo))
         .collect())

@@ -92,10 +92,32 @@ fn halvings(v: usize, p: usize, rem: usize) -> Vec<Halving> {
 /// 2). Needs no scratch: partial sums live in the output (in place, in the one buffer), and
 /// the first reduction reads the input.
 pub(crate) fn all_reduce(count: usize, rank: usize, topo: &Topology, slice: usize) -> Schedule {
-    // Position `i` of the host-by-host order is rank `order[i]`.
-    let order: Vec<usize> = topo.hosts().into_iter().flatten().collect();
-    let n = order.len();
+    let order = host_order(topo);
     let me = order.iter().position(|&r| r == rank).unwrap_or(rank);
+    schedule(count, me, &order, slice)
+}
+
+/// [`all_reduce`] for every rank, `[r]` for rank `r` (the host order is computed once).
+pub(crate) fn all_reduce_all(count: usize, topo: &Topology, slice: usize) -> Vec<Schedule> {
+    let order = host_order(topo);
+    let mut pos = vec![0; order.len()];
+    for (i, &r) in order.iter().enumerate() {
+        pos[r] = i;
+    }
+    (0..order.len())
+        .map(|r| schedule(count, pos[r], &order, slice))
+        .collect()
+}
+
+/// The ranks host by host: position `i` of the order is rank `order[i]`.
+fn host_order(topo: &Topology) -> Vec<usize> {
+    topo.hosts().into_iter().flatten().collect()
+}
+
+/// The schedule of the rank at position `me` of `order`.
+fn schedule(count: usize, me: usize, order: &[usize], slice: usize) -> Schedule {
+    let rank = order[me];
+    let n = order.len();
     let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
     let rem = n - p;
     let slice = slice.max(1);

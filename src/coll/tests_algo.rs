@@ -385,3 +385,18 @@ fn rabenseifner_halves_then_doubles() {
     let s = build_with(&a, 2, 12, &opts, Algorithm::Rabenseifner, &topo).unwrap();
     assert_eq!(s.steps.len(), 2);
 }
+
+#[test]
+fn rabenseifner_build_all_matches_build_with() {
+    let opts = AlgoOptions { slice: 7 };
+    for n in [2, 5, 12] {
+        for topo in layouts(n) {
+            let a = args(CollKind::AllReduce, 100, true);
+            let all = build_all(&a, n, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+            for (r, s) in all.iter().enumerate() {
+                let one = build_with(&a, r, n, &opts, Algorithm::Rabenseifner, &topo).unwrap();
+                assert_eq!(*s, one, "rank {r} of {n} on {:?}", topo.hosts());
+            }
+        }
+    }
+}

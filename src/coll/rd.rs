@@ -11,7 +11,7 @@ use super::builder::Builder;
 use super::{BufKind, Schedule, Span};
 
 /// Position of `rank` among the `p` exchanging ranks, or `None` for a folded rank.
-fn vrank(rank: usize, rem: usize) -> Option<usize> {
+pub(super) fn vrank(rank: usize, rem: usize) -> Option<usize> {
     if rank < 2 * rem {
         (rank % 2 == 1).then_some(rank / 2)
     } else {
@@ -20,7 +20,7 @@ fn vrank(rank: usize, rem: usize) -> Option<usize> {
 }
 
 /// The real rank of exchanging position `v`.
-fn real(v: usize, rem: usize) -> usize {
+pub(super) fn real(v: usize, rem: usize) -> usize {
     if v < rem {
         2 * v + 1
     } else {

@@ -19,25 +19,9 @@
 #![forbid(unsafe_code)]
 
 use super::builder::{part, Builder};
+// Folding of the ranks beyond a power of two is recursive doubling's.
+use super::rd::{real, vrank};
 use super::{BufKind, Schedule, Span, Topology};
-
-/// Position of `rank` among the `p` exchanging ranks, or `None` for a folded rank.
-fn vrank(rank: usize, rem: usize) -> Option<usize> {
-    if rank < 2 * rem {
-        (rank % 2 == 1).then_some(rank / 2)
-    } else {
-        Some(rank - rem)
-    }
-}
-
-/// The real rank of exchanging position `v`.
-fn real(v: usize, rem: usize) -> usize {
-    if v < rem {
-        2 * v + 1
-    } else {
-        v + rem
-    }
-}
 
 /// Element range `[start, end)` of the blocks `lo..hi` when `count` is cut into `p` blocks.
 fn blocks(count: usize, p: usize, lo: usize, hi: usize) -> (usize, usize) {

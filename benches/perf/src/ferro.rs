@@ -37,6 +37,20 @@ fn reduce_op(op: PerfOp, rank: usize) -> ReduceOp {
     }
 }
 
+/// The scheduled collective behind `coll`; `None` for the point-to-point patterns (send/recv,
+/// gather, scatter, hypercube), which are built from sends and receives.
+fn scheduled_kind(coll: Coll, root: usize) -> Option<CollKind> {
+    Some(match coll {
+        Coll::AllReduce => CollKind::AllReduce,
+        Coll::AllGather => CollKind::AllGather,
+        Coll::Broadcast => CollKind::Broadcast { root },
+        Coll::Reduce => CollKind::Reduce { root },
+        Coll::ReduceScatter => CollKind::ReduceScatter,
+        Coll::AllToAll => CollKind::AllToAll,
+        Coll::SendRecv | Coll::Gather | Coll::Scatter | Coll::HyperCube => return None,
+    })
+}
+
 impl PerfComm for FerroComm {
     fn rank(&self) -> usize {
         self.comm.rank()
@@ -58,33 +72,20 @@ impl PerfComm for FerroComm {
     ) -> Result<()> {
         let c = &self.comm;
         let rop = reduce_op(op, c.rank());
-        let kind = match coll {
-            Coll::AllReduce => CollKind::AllReduce,
-            Coll::AllGather => CollKind::AllGather,
-            Coll::Broadcast => CollKind::Broadcast { root },
-            Coll::Reduce => CollKind::Reduce { root },
-            Coll::ReduceScatter => CollKind::ReduceScatter,
-            Coll::AllToAll => CollKind::AllToAll,
-            Coll::SendRecv => return self.send_recv(send, recv, count * dtype.size()),
-            Coll::Gather => return self.gather(send, recv, count * dtype.size(), root),
-            Coll::Scatter => return self.scatter(send, recv, count * dtype.size(), root),
-            Coll::HyperCube => return self.hypercube(send, recv, count * dtype.size()),
-        };
-        c.raw_collective(kind, send, recv, count, dtype, rop)
+        let bytes = count * dtype.size();
+        match (scheduled_kind(coll, root), coll) {
+            (Some(kind), _) => c.raw_collective(kind, send, recv, count, dtype, rop),
+            (None, Coll::Gather) => self.gather(send, recv, bytes, root),
+            (None, Coll::Scatter) => self.scatter(send, recv, bytes, root),
+            (None, Coll::HyperCube) => self.hypercube(send, recv, bytes),
+            // Only send/recv is left.
+            (None, _) => self.send_recv(send, recv, bytes),
+        }
     }
 
     fn algorithm(&self, coll: Coll, count: usize, dtype: DataType, root: usize) -> Option<String> {
-        let kind = match coll {
-            Coll::AllReduce => CollKind::AllReduce,
-            Coll::AllGather => CollKind::AllGather,
-            Coll::Broadcast => CollKind::Broadcast { root },
-            Coll::Reduce => CollKind::Reduce { root },
-            Coll::ReduceScatter => CollKind::ReduceScatter,
-            Coll::AllToAll => CollKind::AllToAll,
-            // Point-to-point patterns built from send and receive, not scheduled collectives.
-            Coll::SendRecv | Coll::Gather | Coll::Scatter | Coll::HyperCube => {
-                return Some("p2p".to_string())
-            }
+        let Some(kind) = scheduled_kind(coll, root) else {
+            return Some("p2p".to_string());
         };
         Some(
             self.comm

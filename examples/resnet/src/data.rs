@@ -41,8 +41,7 @@ impl Dataset {
     /// The samples at `indices`, as normalised f32 images `[b, 3, h, w]` and labels `[b]`;
     /// `augment` adds a random horizontal flip and a random crop after 4-pixel zero padding.
     pub fn batch(&self, indices: &[usize], augment: Option<&mut SplitMix64>) -> (Tensor, Tensor) {
-        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-        let idx = Tensor::from_slice(&idx);
+        let idx = index_tensor(indices);
         let mut xs = self.images.index_select(0, &idx).to_kind(Kind::Float) / 255.0;
         if let Some(rng) = augment {
             xs = augment_batch(&xs, rng);
@@ -67,14 +66,18 @@ impl Dataset {
     }
 
     fn subset(&self, indices: &[usize]) -> Dataset {
-        let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
-        let idx = Tensor::from_slice(&idx);
+        let idx = index_tensor(indices);
         Dataset {
             images: self.images.index_select(0, &idx),
             labels: self.labels.index_select(0, &idx),
             num_classes: self.num_classes,
         }
     }
+}
+
+fn index_tensor(indices: &[usize]) -> Tensor {
+    let idx: Vec<i64> = indices.iter().map(|&i| i as i64).collect();
+    Tensor::from_slice(&idx)
 }
 
 fn augment_batch(xs: &Tensor, rng: &mut SplitMix64) -> Tensor {

@@ -145,6 +145,10 @@ pub struct Options {
     /// Resume from this checkpoint (written by any number of ranks).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Microseconds a waiting rank spins before sleeping (default: 20,000 when this host has no
+    /// more ranks than cores, else ferroccl's FERRO_SPIN_US).
+    #[arg(long)]
+    pub spin_us: Option<u64>,
     /// Print the global training loss of every Nth step (0: only per epoch).
     #[arg(long, default_value_t = 0)]
     pub log_every: usize,
@@ -295,14 +299,31 @@ impl Trainer {
 }
 
 /// Joins the launcher's job, or runs alone without one.
-fn communicator() -> Result<Communicator> {
-    if ferroccl::bootstrap::env::detect()?.is_some() {
-        Ok(Communicator::from_env()?)
-    } else {
-        let config = ferroccl::Config::from_env()?;
-        Communicator::local_group(1, config)?
+///
+/// `spin_us`: how long a waiting rank spins before it sleeps. `None` keeps ferroccl's setting
+/// (`FERRO_SPIN_US`, 50 µs) when the host has more ranks than cores, and otherwise spins up to
+/// 20 ms: a core that goes idle at every step's wait costs the next forward and backward more
+/// than the spinning does (see docs/RESNET.md).
+fn communicator(spin_us: Option<u64>) -> Result<Communicator> {
+    let mut config = ferroccl::Config::from_env()?;
+    let env = ferroccl::bootstrap::env::detect()?;
+    let local = env
+        .as_ref()
+        .map_or(1, |e| e.local_nranks.unwrap_or(e.nranks));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spin = match spin_us {
+        Some(us) => Some(us),
+        None if std::env::var_os("FERRO_SPIN_US").is_none() && local <= cores => Some(20_000),
+        None => None,
+    };
+    if let Some(us) = spin {
+        config.spin = Duration::from_micros(us);
+    }
+    match env {
+        Some(env) => Ok(Communicator::from_launch_env(&env, config)?),
+        None => Communicator::local_group(1, config)?
             .pop()
-            .context("a one-rank communicator")
+            .context("a one-rank communicator"),
     }
 }
 
@@ -310,7 +331,7 @@ fn communicator() -> Result<Communicator> {
 pub fn run(opts: &Options) -> Result<()> {
     tch::set_num_interop_threads(1);
     tch::set_num_threads(opts.threads.max(1));
-    let comm = Arc::new(communicator()?);
+    let comm = Arc::new(communicator(opts.spin_us)?);
     let (rank, nranks) = (comm.rank(), comm.nranks());
     let lead = rank == 0;
     let global_batch = opts.global_batch.unwrap_or(opts.batch_size * nranks);

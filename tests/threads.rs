@@ -437,4 +437,18 @@ fn measured_tuning_agrees_on_every_rank_and_stays_correct() {
     // Links this job does not use keep their defaults.
     let rdma = ferroccl::plan::Link::Rdma;
     assert_eq!(first.link(rdma), defaults.link(rdma));
+    // Every all_reduce algorithm was timed at the smallest probe and corrects the model there.
+    use ferroccl::coll::Algorithm::*;
+    for algo in [Ring, Tree, RecursiveDoubling, Rabenseifner, Hierarchical] {
+        let c = first
+            .corrections
+            .iter()
+            .find(|c| c.algo == algo && c.collective == "all_reduce")
+            .unwrap_or_else(|| panic!("{algo} was not timed: {:?}", first.corrections));
+        assert_eq!(c.points.first().map(|p| p.0), Some(8 << 10), "{c:?}");
+        assert!(
+            c.points.iter().all(|p| p.1.is_finite() && p.1 > 0.0),
+            "{c:?}"
+        );
+    }
 }

@@ -8,13 +8,29 @@
 //! ranks of the first host with two ranks, and rank 0 with the first rank of another host.
 //! The leader of each pair (its lower rank) reports the numbers in an all_reduce (max) that
 //! every rank joins, so all ranks calibrate with the same figures and pick the same schedules.
+//!
+//! The formulas do not see everything that costs time on a real machine (reductions, wake-ups
+//! of ranks sharing cores, how a shaped link queues bursts), so the calibration then times
+//! every all_reduce algorithm that can run on the communicator at a few sizes
+//! ([`PROBES`]) and records measured / predicted per algorithm and size in the model (see
+//! [`crate::plan::Correction`]). Each probe runs once untimed, then is timed over a few calls
+//! after a barrier; the slowest rank's time counts (an all_reduce max). From the second size
+//! on, an algorithm whose corrected prediction is more than [`SKIP_RATIO`] times the best
+//! one's is not timed again (its last factor holds), which keeps hopeless probes of large
+//! messages out of the init time.
 
 use std::time::Instant;
 
 use super::config::{DebugLevel, Transport};
 use super::Communicator;
+use crate::coll::{Algorithm, CollArgs, CollKind};
+use crate::exec::Engine;
 use crate::plan::Link;
 use crate::{Error, Result};
+
+fn lock_engine(c: &Communicator) -> std::sync::MutexGuard<'_, Engine> {
+    c.inner.engine.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Ping-pongs timed per size (after one untimed).
 const SMALL_ITERS: usize = 50;
@@ -25,6 +41,25 @@ const LARGE: usize = 4 << 20;
 
 /// Values per measured link in the all_reduce: link code, latency (us), bandwidth (GB/s).
 const FIELDS: usize = 3;
+
+/// All_reduce sizes (bytes of f32) at which the algorithms are timed.
+pub(crate) const PROBES: [usize; 4] = [8 << 10, 128 << 10, 1 << 20, 8 << 20];
+
+/// Timed calls per probe (after one untimed): more for the small, cheap ones.
+fn probe_iters(bytes: usize) -> usize {
+    if bytes <= 128 << 10 {
+        5
+    } else {
+        2
+    }
+}
+
+/// An algorithm predicted (after correction) more than this many times slower than the best
+/// is not timed at the next size.
+pub(crate) const SKIP_RATIO: f64 = 3.0;
+
+/// Elements reduced to time the reduction kernel (4 MiB of f32).
+const REDUCE_ELEMS: usize = 1 << 20;
 
 /// A measured link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -196,7 +231,150 @@ impl Communicator {
                 }
             );
         }
+        if self.nranks() > 1 {
+            self.time_reduction().map_err(ctx)?;
+            self.time_algorithms().map_err(ctx)?;
+        }
         Ok(out)
+    }
+
+    /// Times the f32 sum kernel on 4 MiB and logs its rate on the slowest rank (for the
+    /// simulator's reduction term; the tuner's corrections already hold it).
+    fn time_reduction(&self) -> Result<()> {
+        let src: Vec<f32> = (0..REDUCE_ELEMS).map(|i| i as f32).collect();
+        let mut dst = vec![1.0f32; REDUCE_ELEMS];
+        let mut best = f64::INFINITY;
+        for _ in 0..4 {
+            let t = Instant::now();
+            ferroccl_kernels::reduce_inplace(
+                ferroccl_kernels::DataType::Float32,
+                ferroccl_kernels::ElemOp::Sum,
+                ferroccl_kernels::as_bytes_mut(&mut dst),
+                ferroccl_kernels::as_bytes(&src),
+            );
+            best = best.min(t.elapsed().as_secs_f64());
+            std::hint::black_box(&mut dst);
+        }
+        let mut worst = [best];
+        self.all_reduce_in_place(&mut worst, crate::ReduceOp::Max)?;
+        let gbps = (REDUCE_ELEMS * 4) as f64 / worst[0].max(1e-9) / 1e9;
+        if self.rank() == 0 && self.inner.config.debug >= DebugLevel::Info {
+            eprintln!(
+                "ferroccl rank 0 TUNING: reduce {gbps:.2} GB/s (f32 sum of 4 MiB, slowest rank)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Times every all_reduce algorithm that runs here at [`PROBES`] and records how far the
+    /// cost model was off (see the module docs). Skipped where `FERRO_ALGO` forces the choice.
+    fn time_algorithms(&self) -> Result<()> {
+        let me = self.rank();
+        let kind = CollKind::AllReduce;
+        let info = me == 0 && self.inner.config.debug >= DebugLevel::Info;
+        if self.inner.config.algo.is_some() {
+            if info {
+                eprintln!("ferroccl rank 0 TUNING: FERRO_ALGO is set; algorithms not timed");
+            }
+            return Ok(());
+        }
+        let probe_args = |bytes: usize| CollArgs {
+            kind,
+            count: bytes / 4,
+            in_place: true,
+        };
+        // The algorithms that build on this communicator (the same on every rank: they
+        // depend on the hosts only).
+        let algos: Vec<Algorithm> = {
+            let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let args = probe_args(PROBES[0]);
+            let ok = Algorithm::ALL
+                .into_iter()
+                .filter(|a| a.supports(kind))
+                .filter(|&a| {
+                    engine.set_probe(Some(a));
+                    engine.algorithm_for(&args, 4) == a
+                })
+                .collect();
+            engine.set_probe(None);
+            ok
+        };
+        let result = self.time_algorithms_at(&algos, info);
+        let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.set_probe(None);
+        if result.is_ok() && info {
+            let (model, topo) = engine.model();
+            eprintln!(
+                "ferroccl rank 0 TUNING: measured picks FERRO_ALGO={}",
+                model.as_rules(kind, topo, 8, 1 << 30)
+            );
+        }
+        result
+    }
+
+    fn time_algorithms_at(&self, algos: &[Algorithm], info: bool) -> Result<()> {
+        let kind = CollKind::AllReduce;
+        for (i, &bytes) in PROBES.iter().enumerate() {
+            let count = bytes / 4;
+            let predicted: Vec<f64> = {
+                let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+                let (model, topo) = engine.model();
+                algos
+                    .iter()
+                    .map(|&a| model.best_slice(a, kind, bytes, topo).0)
+                    .collect()
+            };
+            let estimate: Vec<f64> = {
+                let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+                let (model, _) = engine.model();
+                algos
+                    .iter()
+                    .zip(&predicted)
+                    .map(|(&a, p)| p * model.correction(a, kind, bytes))
+                    .collect()
+            };
+            let best = estimate.iter().copied().fold(f64::INFINITY, f64::min);
+            let mut times = vec![0.0f64; algos.len()];
+            let mut buf: Vec<f32> = (0..count).map(|j| (j % 1000) as f32).collect();
+            for (slot, &algo) in algos.iter().enumerate() {
+                if i > 0 && estimate[slot] > SKIP_RATIO * best {
+                    continue;
+                }
+                lock_engine(self).set_probe(Some(algo));
+                self.all_reduce_in_place(&mut buf, crate::ReduceOp::Max)?;
+                self.barrier()?;
+                let iters = probe_iters(bytes);
+                let t = Instant::now();
+                for _ in 0..iters {
+                    self.all_reduce_in_place(&mut buf, crate::ReduceOp::Max)?;
+                }
+                times[slot] = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+                lock_engine(self).set_probe(None);
+            }
+            // The slowest rank's time counts; every rank records the same factors.
+            self.all_reduce_in_place(&mut times, crate::ReduceOp::Max)?;
+            let mut line = Vec::new();
+            {
+                let mut engine = lock_engine(self);
+                for (slot, &algo) in algos.iter().enumerate() {
+                    let (t, p) = (times[slot], predicted[slot]);
+                    if t <= 0.0 || !p.is_finite() || p <= 0.0 {
+                        continue;
+                    }
+                    engine
+                        .correct(kind, algo, bytes, t / p)
+                        .map_err(Error::internal)?;
+                    line.push(format!("{algo} {t:.1} us (x{:.2})", t / p));
+                }
+            }
+            if info {
+                eprintln!(
+                    "ferroccl rank 0 TUNING: all_reduce {bytes} B measured {}",
+                    line.join(", ")
+                );
+            }
+        }
+        Ok(())
     }
 }
 

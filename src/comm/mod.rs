@@ -1243,6 +1243,7 @@ fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
         overrides,
         debug: config.debug >= DebugLevel::Debug,
         calibrated: false,
+        probe: None,
     }
 }
 

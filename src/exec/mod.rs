@@ -105,6 +105,8 @@ pub(crate) struct Tuning {
     /// Whether the model's links were measured on this machine (`FERRO_TUNE=measure`); only
     /// then does it pick the algorithm of every call.
     pub calibrated: bool,
+    /// An algorithm every call runs while `FERRO_TUNE=measure` times it (where it applies).
+    pub probe: Option<coll::Algorithm>,
 }
 
 /// Waiting and deadline settings.
@@ -213,15 +215,43 @@ impl Engine {
         self.plans.clear();
     }
 
+    /// Runs every later call with `algo` where it implements the call (None: the tuner
+    /// again); plans made before are dropped.
+    pub(crate) fn set_probe(&mut self, algo: Option<coll::Algorithm>) {
+        self.tuning.probe = algo;
+        self.plans.clear();
+    }
+
+    /// The tuner's cost model and topology.
+    pub(crate) fn model(&self) -> (&crate::plan::CostModel, &coll::Topology) {
+        (&self.tuning.model, &self.tuning.topo)
+    }
+
+    /// Records a measured correction of the cost model (see [`crate::plan::CostModel::correct`]).
+    pub(crate) fn correct(
+        &mut self,
+        kind: coll::CollKind,
+        algo: coll::Algorithm,
+        bytes: usize,
+        factor: f64,
+    ) -> std::result::Result<(), String> {
+        self.tuning.model.correct(kind, algo, bytes, factor)
+    }
+
     /// The cost model, if it was calibrated.
     pub(crate) fn calibrated_model(&self) -> Option<&crate::plan::CostModel> {
         self.tuning.calibrated.then_some(&self.tuning.model)
     }
 
-    /// Takes `parent`'s measured link costs, if it has any (a split communicator).
+    /// Takes `parent`'s measured link costs, if it has any (a split communicator), and its
+    /// measured algorithm corrections where the split has the same hosts and ranks (they were
+    /// timed on that layout).
     pub(crate) fn inherit_calibration(&mut self, parent: &Engine) {
         if parent.tuning.calibrated {
             self.tuning.model.links = parent.tuning.model.links;
+            if parent.tuning.topo == self.tuning.topo {
+                self.tuning.model.corrections = parent.tuning.model.corrections.clone();
+            }
             self.set_calibrated();
         }
     }
@@ -231,6 +261,14 @@ impl Engine {
     fn choice(&self, args: &CollArgs, esize: usize) -> crate::plan::Choice {
         let t = &self.tuning;
         let bytes = args.count * esize;
+        if let Some(algo) = t.probe.filter(|a| a.supports(args.kind)) {
+            return crate::plan::Choice {
+                algo,
+                slice_bytes: self.slice_bytes,
+                predicted_us: f64::NAN,
+                reason: "FERRO_TUNE=measure timing".to_string(),
+            };
+        }
         if t.overrides == crate::plan::Overrides::default()
             && !t.calibrated
             && !(matches!(args.kind, coll::CollKind::AllReduce) && bytes <= AUTO_TUNED_MAX)

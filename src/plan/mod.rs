@@ -4,7 +4,8 @@
 //!
 //! A message of `b` bytes over a link costs `alpha + b / beta`; an algorithm's cost is the sum
 //! over its steps on the slowest link each step uses (see [`CostModel::cost`] and
-//! docs/ALGORITHMS.md for every formula).
+//! docs/ALGORITHMS.md for every formula). Where the algorithms were timed on the machine
+//! (`FERRO_TUNE=measure`), each formula is scaled by its measured [`Correction`].
 //!
 //! ```
 //! use ferroccl::coll::{Algorithm, CollKind, Topology};
@@ -126,6 +127,43 @@ pub struct CostModel {
     /// Bandwidth of a host's NIC in GB/s, shared by the host's ranks that talk across hosts at
     /// the same time; `None`: the inter link's bandwidth.
     pub nic_gbps: Option<f64>,
+    /// Measured corrections of the formulas (`FERRO_TUNE=measure` times the algorithms at a
+    /// few sizes): empty by default. See [`Correction`].
+    pub corrections: Vec<Correction>,
+}
+
+/// How far the formula of one (collective, algorithm) was off on this machine: at each
+/// measured size, measured time / predicted time. Between measured sizes the factor is
+/// interpolated on logarithmic scales, beyond them the nearest measured factor holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Correction {
+    /// The collective, as [`CollKind::name`] (`all_reduce`).
+    pub collective: &'static str,
+    /// The algorithm.
+    pub algo: Algorithm,
+    /// (bytes, measured / predicted), sorted by bytes, factors finite and positive.
+    pub points: Vec<(usize, f64)>,
+}
+
+impl Correction {
+    /// The factor at `bytes`.
+    pub fn factor(&self, bytes: usize) -> f64 {
+        let pts = &self.points;
+        let (Some(first), Some(last)) = (pts.first(), pts.last()) else {
+            return 1.0;
+        };
+        if bytes <= first.0 {
+            return first.1;
+        }
+        if bytes >= last.0 {
+            return last.1;
+        }
+        let i = pts.partition_point(|p| p.0 <= bytes);
+        let (lo, hi) = (pts[i - 1], pts[i]);
+        let x =
+            ((bytes as f64).ln() - (lo.0 as f64).ln()) / ((hi.0 as f64).ln() - (lo.0 as f64).ln());
+        (lo.1.ln() + x * (hi.1.ln() - lo.1.ln())).exp()
+    }
 }
 
 impl Default for CostModel {
@@ -135,6 +173,7 @@ impl Default for CostModel {
             intra: Link::Shm,
             inter: Link::Tcp,
             nic_gbps: None,
+            corrections: Vec::new(),
         }
     }
 }
@@ -183,6 +222,16 @@ impl Shape {
             uniform: topo.is_uniform(),
         }
     }
+}
+
+/// `16K`, `1M`, `3000`: powers of 1024 where they divide.
+fn size_label(bytes: usize) -> String {
+    for (unit, shift) in [("G", 30), ("M", 20), ("K", 10)] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
 }
 
 fn log2_ceil(x: f64) -> f64 {
@@ -385,6 +434,102 @@ impl CostModel {
         }
     }
 
+    /// The measured factor of `algo` on `kind` at `bytes` (1 where nothing was measured).
+    pub fn correction(&self, algo: Algorithm, kind: CollKind, bytes: usize) -> f64 {
+        self.corrections
+            .iter()
+            .find(|c| c.algo == algo && c.collective == kind.name())
+            .map_or(1.0, |c| c.factor(bytes))
+    }
+
+    /// Records that `algo` on `kind` took `factor` times its formula's time at `bytes` (the
+    /// formula's cheapest slice, as [`CostModel::choose`] compares). Replaces an earlier point
+    /// at the same size. A non-finite or non-positive factor is refused with an error naming
+    /// it.
+    pub fn correct(
+        &mut self,
+        kind: CollKind,
+        algo: Algorithm,
+        bytes: usize,
+        factor: f64,
+    ) -> Result<(), String> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(format!(
+                "correct {} {algo} at {bytes} B: bad factor {factor}",
+                kind.name()
+            ));
+        }
+        let collective = kind.name();
+        let i = match self
+            .corrections
+            .iter()
+            .position(|c| c.algo == algo && c.collective == collective)
+        {
+            Some(i) => i,
+            None => {
+                self.corrections.push(Correction {
+                    collective,
+                    algo,
+                    points: Vec::new(),
+                });
+                self.corrections.len() - 1
+            }
+        };
+        let pts = &mut self.corrections[i].points;
+        pts.retain(|p| p.0 != bytes);
+        let at = pts.partition_point(|p| p.0 < bytes);
+        pts.insert(at, (bytes, factor));
+        Ok(())
+    }
+
+    /// The formula's time of `algo` with its cheapest slice (no correction), and that slice.
+    pub fn best_slice(
+        &self,
+        algo: Algorithm,
+        kind: CollKind,
+        bytes: usize,
+        topo: &Topology,
+    ) -> (f64, usize) {
+        let mut best = (f64::INFINITY, SLICE_CANDIDATES[SLICE_CANDIDATES.len() - 1]);
+        for slice in SLICE_CANDIDATES.into_iter().rev() {
+            let t = self.cost(algo, kind, bytes, topo, slice);
+            if t < best.0 {
+                best = (t, slice);
+            }
+        }
+        best
+    }
+
+    /// What the model picks for `kind` from `from` bytes up to `to` at every power of two,
+    /// written as rules for `FERRO_ALGO` (`allreduce=rd:0-16K;hier:16K-max`), so that a
+    /// measured tuning can be pinned.
+    pub fn as_rules(&self, kind: CollKind, topo: &Topology, from: usize, to: usize) -> String {
+        let mut ranges: Vec<(Algorithm, usize)> = Vec::new();
+        let mut bytes = from.max(1).next_power_of_two();
+        while bytes <= to.max(1) {
+            let algo = self.choose(kind, bytes, topo, &Overrides::default()).algo;
+            if ranges.last().is_none_or(|r| r.0 != algo) {
+                ranges.push((algo, bytes));
+            }
+            match bytes.checked_mul(2) {
+                Some(b) => bytes = b,
+                None => break,
+            }
+        }
+        let mut out = format!("{}=", kind.name().replace('_', ""));
+        for (i, &(algo, lo)) in ranges.iter().enumerate() {
+            let lo = if i == 0 { 0 } else { lo };
+            let hi = ranges
+                .get(i + 1)
+                .map_or("max".to_string(), |r| size_label(r.1));
+            if i > 0 {
+                out.push(';');
+            }
+            out.push_str(&format!("{algo}:{}-{hi}", size_label(lo)));
+        }
+        out
+    }
+
     /// The cheapest (algorithm, slice) for `kind` with `bytes` (count x element size) on
     /// `topo`, unless `overrides` force one: `FERRO_ALGO` first (where the algorithm
     /// implements `kind`), then the first rule for `kind` whose size range holds `bytes`.
@@ -406,8 +551,9 @@ impl CostModel {
         };
         let mut best: Option<Choice> = None;
         for algo in candidates {
+            let factor = self.correction(algo, kind, bytes);
             for slice in SLICE_CANDIDATES.into_iter().rev() {
-                let t = self.cost(algo, kind, bytes, topo, slice);
+                let t = self.cost(algo, kind, bytes, topo, slice) * factor;
                 if best.as_ref().is_none_or(|b| t < b.predicted_us) {
                     best = Some(Choice {
                         algo,

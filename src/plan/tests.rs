@@ -210,3 +210,113 @@ fn calibrate_replaces_constants_and_refuses_nonsense() {
         .unwrap_err()
         .contains("bandwidth 0"));
 }
+
+#[test]
+fn corrections_interpolate_on_log_scales_and_clamp() {
+    let c = Correction {
+        collective: "all_reduce",
+        algo: Algorithm::Ring,
+        points: vec![(1 << 10, 1.0), (1 << 20, 4.0)],
+    };
+    assert_eq!(c.factor(1), 1.0);
+    assert_eq!(c.factor(1 << 10), 1.0);
+    assert_eq!(c.factor(1 << 30), 4.0);
+    // Halfway in log(bytes) is halfway in log(factor): 2.
+    assert!(
+        (c.factor(1 << 15) - 2.0).abs() < 1e-9,
+        "{}",
+        c.factor(1 << 15)
+    );
+    let empty = Correction {
+        points: Vec::new(),
+        ..c
+    };
+    assert_eq!(empty.factor(4096), 1.0);
+}
+
+#[test]
+fn correct_keeps_points_sorted_replaces_and_refuses_nonsense() {
+    let ar = CollKind::AllReduce;
+    let mut m = CostModel::default();
+    m.correct(ar, Algorithm::Tree, 1 << 20, 2.0).unwrap();
+    m.correct(ar, Algorithm::Tree, 1 << 10, 0.5).unwrap();
+    m.correct(ar, Algorithm::Tree, 1 << 20, 3.0).unwrap();
+    assert_eq!(m.corrections.len(), 1);
+    assert_eq!(
+        m.corrections[0].points,
+        vec![(1 << 10, 0.5), (1 << 20, 3.0)]
+    );
+    assert_eq!(m.correction(Algorithm::Tree, ar, 1 << 30), 3.0);
+    // Another collective or algorithm is not corrected.
+    assert_eq!(
+        m.correction(Algorithm::Tree, CollKind::AllGather, 1 << 30),
+        1.0
+    );
+    assert_eq!(m.correction(Algorithm::Ring, ar, 1 << 30), 1.0);
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let e = m.correct(ar, Algorithm::Ring, 64, bad).unwrap_err();
+        assert!(
+            e.contains("all_reduce ring at 64 B") && e.contains("bad factor"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn measured_corrections_change_the_choice() {
+    // 4 hosts x 2 ranks over TCP: the formulas pick Rabenseifner for large messages, where
+    // the hierarchical algorithm was measured faster on a shaped network.
+    let ar = CollKind::AllReduce;
+    let topo = Topology::uniform(8, 2);
+    let mut m = CostModel::default();
+    let before = m.choose(ar, 64 << 20, &topo, &Overrides::default());
+    assert_eq!(before.algo, Algorithm::Rabenseifner, "{before}");
+    let hier = m.best_slice(Algorithm::Hierarchical, ar, 8 << 20, &topo).0;
+    let rhd = m.best_slice(Algorithm::Rabenseifner, ar, 8 << 20, &topo).0;
+    // Measured: hier 10 % faster than rhd at 8 MiB.
+    m.correct(ar, Algorithm::Hierarchical, 8 << 20, 0.9 * rhd / hier)
+        .unwrap();
+    m.correct(ar, Algorithm::Rabenseifner, 8 << 20, 1.0)
+        .unwrap();
+    let after = m.choose(ar, 64 << 20, &topo, &Overrides::default());
+    assert_eq!(after.algo, Algorithm::Hierarchical, "{after}");
+    // The prediction is the corrected one.
+    let want = m.best_slice(Algorithm::Hierarchical, ar, 64 << 20, &topo).0 * 0.9 * rhd / hier;
+    assert!(
+        (after.predicted_us - want).abs() < 1e-6 * want,
+        "{after} vs {want}"
+    );
+    // Small messages keep the formula's choice (no correction measured there for rd).
+    let small = m.choose(ar, 64, &topo, &Overrides::default());
+    assert_eq!(small.algo, Algorithm::RecursiveDoubling, "{small}");
+    // A forced algorithm still wins.
+    let forced = m.choose(ar, 64 << 20, &topo, &Overrides::parse("rhd").unwrap());
+    assert_eq!(forced.algo, Algorithm::Rabenseifner);
+}
+
+#[test]
+fn choices_render_as_rules_that_parse_back_to_the_same_choices() {
+    let ar = CollKind::AllReduce;
+    let topo = Topology::uniform(8, 2);
+    let mut m = CostModel::default();
+    let hier = m.best_slice(Algorithm::Hierarchical, ar, 8 << 20, &topo).0;
+    let rhd = m.best_slice(Algorithm::Rabenseifner, ar, 8 << 20, &topo).0;
+    m.correct(ar, Algorithm::Hierarchical, 8 << 20, 0.5 * rhd / hier)
+        .unwrap();
+    let rules = m.as_rules(ar, &topo, 8, 1 << 30);
+    assert!(rules.starts_with("allreduce=rd:0-"), "{rules}");
+    assert!(rules.ends_with("-max"), "{rules}");
+    assert!(rules.contains("hier:"), "{rules}");
+    let parsed = Overrides::parse(&rules).unwrap();
+    let plain = CostModel::default();
+    let mut bytes = 8;
+    while bytes <= 1 << 30 {
+        let want = m.choose(ar, bytes, &topo, &Overrides::default()).algo;
+        let got = plain.choose(ar, bytes, &topo, &parsed).algo;
+        assert_eq!(got, want, "{bytes} B with {rules}");
+        bytes *= 2;
+    }
+    assert_eq!(size_label(3 << 20), "3M");
+    assert_eq!(size_label(1536), "1536");
+    assert_eq!(size_label(0), "0");
+}

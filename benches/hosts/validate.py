@@ -2,8 +2,10 @@
 """Simulator against measurement: for one configuration measured by benches/hosts/run.sh or
 benches/hosts/validate.sh, writes a ferroccl-sim topology file whose link constants are the
 ones FERRO_TUNE=measure logged (ping-pong: latency = half the 8-byte round trip, bandwidth =
-slope between 1 MiB and 4 MiB round trips), runs ferroccl-sim for every algorithm and size
-that was measured, and prints a markdown table of measured vs predicted time with the ratio.
+slope between 1 MiB and 4 MiB round trips) and, where the log has one, the reduction rate
+(`TUNING: reduce X GB/s`, written as a `reduce X` line; older logs have none and the
+simulator's default applies), runs ferroccl-sim for every algorithm and size that was
+measured, and prints a markdown table of measured vs predicted time with the ratio.
 
 usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
   OUT_DIR holds {small,large}[-rN]-ALGO.txt tables and *.err logs with the calibration line;
@@ -20,6 +22,7 @@ from summary import rows  # noqa: E402
 
 CALIB = re.compile(r"TUNING: calibrated (.*)")
 LINK = re.compile(r"(shm|tcp) ([0-9.]+) us, ([0-9.]+) GB/s")
+REDUCE = re.compile(r"TUNING: reduce ([0-9.]+) GB/s")
 
 
 def calibration(out_dir):
@@ -30,6 +33,23 @@ def calibration(out_dir):
             if m:
                 return {l: (float(a), float(b)) for l, a, b in LINK.findall(m.group(1))}
     sys.exit(f"validate.py: no 'TUNING: calibrated' line in {out_dir}/*.err")
+
+
+def reduce_rate(out_dir):
+    """The reduction rate in GB/s from the first positive 'TUNING: reduce' line in
+    OUT_DIR/*.err, or None where no log has one (logs from before the library timed its
+    reduction)."""
+    for p in sorted(Path(out_dir).glob("*.err")):
+        for line in p.read_text().splitlines():
+            m = REDUCE.search(line)
+            if m:
+                try:
+                    rate = float(m.group(1))
+                except ValueError:
+                    continue
+                if rate > 0:
+                    return rate
+    return None
 
 
 def measured(out_dir, nranks, algo):
@@ -67,6 +87,9 @@ def main():
     lines = [f"ranks {nranks}", f"ranks_per_host {per_host}", f"placement {placement}",
              "intra shm", "inter tcp"]
     lines += [f"link {l} {a} {b}" for l, (a, b) in sorted(links.items())]
+    reduce = reduce_rate(out_dir)
+    if reduce is not None:
+        lines.append(f"reduce {reduce}")
     topo.write_text("\n".join(lines) + "\n")
     print(f"<!-- {label}: ferroccl-sim --topology {topo} with: " + "; ".join(lines) + " -->")
     print(f"| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured |")

@@ -5,15 +5,21 @@
 //! ferroccl-sim --ranks 16384 --ranks-per-host 8 [--op allreduce] [--algo auto|all|ring,tree,...]
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
-//!              [--topology FILE]
+//!              [--reduce-gbps X] [--topology FILE]
 //! ```
 //!
 //! Placement: `host-major` (default) puts ranks `h*K .. (h+1)*K` on host `h`; `round-robin`
 //! puts rank `r` on host `r % hosts` (as `ferrorun --netns` does).
 //!
+//! `--reduce-gbps X`: bytes of received data a rank reduces per second, in GB/s; every message
+//! that lands in a receive-and-reduce op holds its receiver `bytes / X` longer. Default
+//! [`DEFAULT_REDUCE_GBPS`] (half the 10 GB/s copy bandwidth); `0` or `inf` makes reductions
+//! free (the pure alpha-beta model).
+//!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `slow HOST FACTOR`, `placement host-major|round-robin`.
+//! `nic_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `slow HOST FACTOR`,
+//! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -21,7 +27,7 @@ use std::time::Instant;
 
 use ferroccl::coll::{AlgoOptions, Algorithm, CollArgs, CollKind, Topology};
 use ferroccl::plan::{CostModel, Link, Overrides};
-use ferroccl::sim::{busbw_factor, simulate, Cluster};
+use ferroccl::sim::{busbw_factor, simulate, Cluster, DEFAULT_COPY_GBPS, DEFAULT_REDUCE_GBPS};
 
 struct Opts {
     ranks: usize,
@@ -36,6 +42,7 @@ struct Opts {
     slice: Option<usize>,
     slow: Vec<(usize, f64)>,
     round_robin: bool,
+    reduce_gbps: f64,
 }
 
 fn parse_placement(v: &str) -> Result<bool, String> {
@@ -78,6 +85,16 @@ fn num<T: std::str::FromStr>(v: &str, what: &str) -> Result<T, String> {
     v.parse().map_err(|_| format!("bad {what} '{v}'"))
 }
 
+/// A reduction bandwidth in GB/s: positive, `inf`, or `0` for free reductions.
+fn parse_reduce_gbps(v: &str, what: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x >= 0.0 => Ok(x),
+        _ => Err(format!(
+            "bad {what} '{v}' (GB/s: a positive number, or 0 for free reductions)"
+        )),
+    }
+}
+
 fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--topology {path}: {e}"))?;
     for (i, line) in text.lines().enumerate() {
@@ -86,21 +103,26 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
             continue;
         }
         let w: Vec<&str> = line.split_whitespace().collect();
-        let bad = || format!("{path}:{}: cannot read '{line}'", i + 1);
-        match (w[0], w.len()) {
-            ("ranks", 2) => o.ranks = num(w[1], "ranks")?,
-            ("ranks_per_host", 2) => o.per_host = num(w[1], "ranks_per_host")?,
-            ("intra", 2) => o.model.intra = Link::parse(w[1])?,
-            ("inter", 2) => o.model.inter = Link::parse(w[1])?,
-            ("nic_gbps", 2) => o.model.nic_gbps = Some(num(w[1], "nic_gbps")?),
-            ("link", 4) => {
-                o.model
-                    .calibrate(Link::parse(w[1])?, num(w[2], "alpha")?, num(w[3], "beta")?)?
+        let mut apply = || -> Result<(), String> {
+            match (w[0], w.len()) {
+                ("ranks", 2) => o.ranks = num(w[1], "ranks")?,
+                ("ranks_per_host", 2) => o.per_host = num(w[1], "ranks_per_host")?,
+                ("intra", 2) => o.model.intra = Link::parse(w[1])?,
+                ("inter", 2) => o.model.inter = Link::parse(w[1])?,
+                ("nic_gbps", 2) => o.model.nic_gbps = Some(num(w[1], "nic_gbps")?),
+                ("link", 4) => o.model.calibrate(
+                    Link::parse(w[1])?,
+                    num(w[2], "alpha")?,
+                    num(w[3], "beta")?,
+                )?,
+                ("reduce", 2) => o.reduce_gbps = parse_reduce_gbps(w[1], "reduce bandwidth")?,
+                ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
+                ("placement", 2) => o.round_robin = parse_placement(w[1])?,
+                _ => return Err(format!("cannot read '{line}'")),
             }
-            ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
-            ("placement", 2) => o.round_robin = parse_placement(w[1])?,
-            _ => return Err(bad()),
-        }
+            Ok(())
+        };
+        apply().map_err(|e| format!("{path}:{}: {e}", i + 1))?;
     }
     Ok(())
 }
@@ -119,6 +141,7 @@ fn parse_args() -> Result<Opts, String> {
         slice: None,
         slow: Vec::new(),
         round_robin: false,
+        reduce_gbps: DEFAULT_REDUCE_GBPS,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -152,6 +175,7 @@ fn parse_args() -> Result<Opts, String> {
             "--intra" => o.model.intra = Link::parse(v)?,
             "--inter" => o.model.inter = Link::parse(v)?,
             "--nic-gbps" => o.model.nic_gbps = Some(num(v, "--nic-gbps")?),
+            "--reduce-gbps" => o.reduce_gbps = parse_reduce_gbps(v, "--reduce-gbps")?,
             "--slice" => o.slice = Some(parse_size(v)?),
             "--slow" => {
                 let (h, f) = v
@@ -181,8 +205,11 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--slice BYTES] [--slow HOST=FACTOR] \
-                 [--placement host-major|round-robin] [--topology FILE]"
+                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--slice BYTES] \
+                 [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
+                 topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
+                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, reduce GBPS, slow HOST FACTOR, \
+                 placement host-major|round-robin"
             );
             return ExitCode::from(2);
         }
@@ -218,13 +245,15 @@ fn run(o: &Opts) -> Result<(), String> {
         intra: o.model.link(o.model.intra),
         inter: o.model.link(o.model.inter),
         nic_gbps: o.model.nic_gbps,
-        copy_gbps: 10.0,
+        copy_gbps: DEFAULT_COPY_GBPS,
+        reduce_gbps: o.reduce_gbps,
         slowdown,
     };
     let elem = 4;
     let started = Instant::now();
     println!(
-        "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), {}",
+        "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
+         reduce {}, {}",
         o.ranks,
         o.per_host,
         nhosts,
@@ -232,6 +261,11 @@ fn run(o: &Opts) -> Result<(), String> {
         cluster.intra,
         o.model.inter.name(),
         cluster.inter,
+        if cluster.reduce_gbps > 0.0 && cluster.reduce_gbps.is_finite() {
+            format!("{} GB/s", cluster.reduce_gbps)
+        } else {
+            "free".to_string()
+        },
         o.op.name()
     );
     println!(
@@ -330,4 +364,59 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     println!("# simulated in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> Opts {
+        Opts {
+            ranks: 16,
+            per_host: 8,
+            op: CollKind::AllReduce,
+            algos: None,
+            all: false,
+            begin: 8,
+            end: 8,
+            factor: 4,
+            model: CostModel::default(),
+            slice: None,
+            slow: Vec::new(),
+            round_robin: false,
+            reduce_gbps: DEFAULT_REDUCE_GBPS,
+        }
+    }
+
+    #[test]
+    fn reduce_bandwidth_values() {
+        assert_eq!(parse_reduce_gbps("5.12", "x"), Ok(5.12));
+        assert_eq!(parse_reduce_gbps("0", "x"), Ok(0.0));
+        assert_eq!(parse_reduce_gbps("inf", "x"), Ok(f64::INFINITY));
+        for bad in ["-1", "NaN", "fast", ""] {
+            let e = parse_reduce_gbps(bad, "--reduce-gbps").unwrap_err();
+            assert!(e.contains("--reduce-gbps") && e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn topology_file_reduce_line() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("ferroccl-sim-reduce-{}.txt", std::process::id()));
+        let p = path.to_str().unwrap();
+        std::fs::write(&path, "ranks 4\n# comment\nreduce 2.5 # GB/s\n").unwrap();
+        let mut o = opts();
+        apply_file(&mut o, p).unwrap();
+        assert_eq!((o.ranks, o.reduce_gbps), (4, 2.5));
+        std::fs::write(&path, "ranks 4\nreduce -3\n").unwrap();
+        let e = apply_file(&mut opts(), p).unwrap_err();
+        assert!(e.contains(&format!("{p}:2:")) && e.contains("-3"), "{e}");
+        std::fs::write(&path, "reduce 1 2\n").unwrap();
+        let e = apply_file(&mut opts(), p).unwrap_err();
+        assert!(
+            e.contains(&format!("{p}:1:")) && e.contains("cannot read"),
+            "{e}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -4,10 +4,17 @@
 //! Model: a rank starts step `t` when it finished step `t - 1` (its copies take
 //! `bytes / copy_gbps`); a message starts when both its sender and its receiver are in the
 //! steps that hold it (rendezvous) and takes `alpha + bytes / beta` of its link, times the
-//! slowdown of the slower host; a step ends when its last message does. Messages between
-//! the same two ranks run in order: a later one's bytes start when the earlier one's are
-//! through (its latency overlaps them). Between hosts, a host's
-//! NIC is shared evenly by the ranks of the host that talk across hosts in the schedule.
+//! slowdown of the slower host; a step ends when its last message does (or, for a receiver,
+//! when it has reduced it: see below). Messages between the same two ranks run in order: a
+//! later one's bytes start when the earlier one's are through (its latency overlaps them).
+//! Between hosts, a host's NIC is shared evenly by the ranks of the host that talk across
+//! hosts in the schedule.
+//!
+//! Reduction: a message that lands in a receive-and-reduce op ([`Op::RecvReduce`]) holds its
+//! receiver `bytes / reduce_gbps` longer, times the same slowdown as the message: the
+//! receiver's step ends no earlier than the message's end plus that time, the sender's no
+//! earlier than the message's end. The link is free again at the message's end. A
+//! non-positive or infinite `reduce_gbps` makes reductions free (pure alpha-beta).
 //!
 //! Two modes:
 //! * full: every rank's schedule is built and run (exact for the model);
@@ -37,12 +44,28 @@ pub struct Cluster {
     /// NIC bandwidth of a host in GB/s, shared by its ranks that talk across hosts; `None`:
     /// the inter link's bandwidth.
     pub nic_gbps: Option<f64>,
-    /// Local copy bandwidth in GB/s.
+    /// Local copy bandwidth in GB/s ([`DEFAULT_COPY_GBPS`] where a cluster is built from
+    /// defaults).
     pub copy_gbps: f64,
+    /// Reduction bandwidth in GB/s (10^9 B/s): bytes of received data a rank reduces into its
+    /// destination per second. A message that lands in a receive-and-reduce op adds
+    /// `bytes / reduce_gbps` to its receiver's step (see the module docs). A non-positive or
+    /// infinite value makes reductions free (the pure alpha-beta model).
+    /// [`DEFAULT_REDUCE_GBPS`] where a cluster is built from defaults.
+    pub reduce_gbps: f64,
     /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
     /// at full speed.
     pub slowdown: Vec<f64>,
 }
+
+/// Default local copy bandwidth in GB/s: a memory-to-memory copy on a current CPU core.
+pub const DEFAULT_COPY_GBPS: f64 = 10.0;
+
+/// Default reduction bandwidth in GB/s: half of [`DEFAULT_COPY_GBPS`], since reducing a byte
+/// reads it and the local contribution and writes the result (three memory streams where a
+/// copy has two) and adds an arithmetic pass. Of the same order as a copy, so large reducing
+/// collectives on one host are no longer priced as pure transfers.
+pub const DEFAULT_REDUCE_GBPS: f64 = 5.0;
 
 /// How the schedules were run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,14 +266,18 @@ fn run(
         receivers.iter_mut().for_each(|x| *x = b);
     }
     let nic = cluster.nic_gbps.unwrap_or(cluster.inter.beta_gbps);
+    // Slowdown of a message between real ranks `a` and `b`.
+    let factor = |a: usize, b: usize| -> f64 {
+        if use_sym {
+            worst
+        } else {
+            slow(host_index[a]).max(slow(host_index[b]))
+        }
+    };
     let cost = |a: usize, b: usize, len: usize| -> f64 {
         let bytes = (len * elem_size) as f64;
         let (ha, hb) = (host_index[a], host_index[b]);
-        let f = if use_sym {
-            worst
-        } else {
-            slow(ha).max(slow(hb))
-        };
+        let f = factor(a, b);
         let t = if ha == hb {
             cluster.intra.time_us(bytes)
         } else {
@@ -260,6 +287,17 @@ fn run(
         };
         t * f
     };
+    // The time the receiver of a message of `len` elements from `a` to `b` spends reducing it
+    // after it arrived, when it lands in a receive-and-reduce op.
+    let reduce_free = !(cluster.reduce_gbps > 0.0 && cluster.reduce_gbps.is_finite());
+    let reduce = |a: usize, b: usize, len: usize| -> f64 {
+        if reduce_free {
+            0.0
+        } else {
+            (len * elem_size) as f64 / (cluster.reduce_gbps * 1e3) * factor(a, b)
+        }
+    };
+    let reduces = |op: &Op| matches!(op, Op::RecvReduce { .. });
     // The time a message of `len` elements keeps its link busy (its bytes, no latency): the
     // next message between the same two ranks cannot start moving bytes before that.
     let busy = |a: usize, b: usize, len: usize| -> f64 { cost(a, b, len) - cost(a, b, 0) };
@@ -311,8 +349,20 @@ fn run(
             if q == r && qs == t {
                 // The image of this rank on another host: matched within the step, once.
                 if i < j {
-                    let end = ready[r] + cost(real[r], peer, len);
-                    finish[r] = finish[r].max(end);
+                    let (a, b) = if sends {
+                        (real[r], peer)
+                    } else {
+                        (peer, real[r])
+                    };
+                    let end = ready[r] + cost(a, b, len);
+                    // This rank is both ends: it receives in op `j` when it sends in op `i`.
+                    let recv = if sends { j } else { i };
+                    let extra = if reduces(&s.steps[t].ops[recv]) {
+                        reduce(a, b, len)
+                    } else {
+                        0.0
+                    };
+                    finish[r] = finish[r].max(end + extra);
                 }
                 if sends {
                     messages += 1;
@@ -334,8 +384,24 @@ fn run(
                 let start = ready[r].max(ready[q]).max(free);
                 channel.insert((a, b), start + busy(a, b, len));
                 let end = start + cost(a, b, len);
-                finish[r] = finish[r].max(end);
-                finish[q] = finish[q].max(end);
+                // The receiver reduces what landed in a receive-and-reduce op.
+                let (recv_op, receiver) = if sends {
+                    (&scheds[q].steps[qs].ops[j], q)
+                } else {
+                    (op, r)
+                };
+                let extra = if reduces(recv_op) {
+                    reduce(a, b, len)
+                } else {
+                    0.0
+                };
+                let (fr, fq) = if receiver == r {
+                    (end + extra, end)
+                } else {
+                    (end, end + extra)
+                };
+                finish[r] = finish[r].max(fr);
+                finish[q] = finish[q].max(fq);
                 pending[q] -= 1;
                 if pending[q] == 0 {
                     queue.push(q);

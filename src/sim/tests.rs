@@ -1,5 +1,5 @@
-//! The simulator against hand-computed alpha-beta costs, its two modes against each other, and
-//! its behaviour at scale.
+//! The simulator against hand-computed alpha-beta costs (with and without the reduction
+//! term), its two modes against each other, and its behaviour at scale.
 
 use super::*;
 
@@ -8,6 +8,7 @@ const LINK: LinkCost = LinkCost {
     beta_gbps: 1.0,
 };
 
+/// Reductions are free here (pure alpha-beta) unless a test sets `reduce_gbps`.
 fn cluster(topo: Topology) -> Cluster {
     Cluster {
         topo,
@@ -18,6 +19,7 @@ fn cluster(topo: Topology) -> Cluster {
         },
         nic_gbps: None,
         copy_gbps: 10.0,
+        reduce_gbps: 0.0,
         slowdown: Vec::new(),
     }
 }
@@ -186,4 +188,151 @@ fn monotonic_and_sane_at_scale() {
     let rd = time(&c, &all_reduce(8), Algorithm::RecursiveDoubling, None);
     let ring = time(&c, &all_reduce(8), Algorithm::Ring, None);
     assert!(rd * 50.0 < ring, "rd {rd} ring {ring}");
+}
+
+#[test]
+fn free_reduction_leaves_alpha_beta_costs_unchanged() {
+    // Zero, negative, infinite and NaN reduction bandwidths all mean free reductions.
+    for g in [0.0, -1.0, f64::INFINITY, f64::NAN] {
+        let mut c = cluster(Topology::single_host(4));
+        c.reduce_gbps = g;
+        let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+        assert!(close(t, 6.0 * (10.0 + 4.0)), "{g}: {t}");
+        let mut c = cluster(Topology::uniform(4, 2));
+        c.reduce_gbps = g;
+        let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+        assert!(close(t, 6.0 * (50.0 + 8.0)), "{g}: {t}");
+    }
+}
+
+#[test]
+fn reduction_adds_hand_computed_time() {
+    // 2 ranks, 4000 floats: the reduce-scatter step moves 2000 floats (10 us + 8000 B at
+    // 1000 B/us) and then reduces them (8000 B at 2 GB/s = 4 us); the all-gather step only
+    // moves them.
+    let mut c = cluster(Topology::single_host(2));
+    c.reduce_gbps = 2.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, (10.0 + 8.0 + 4.0) + (10.0 + 8.0)), "{t}");
+    // 4 ranks: three reduce-scatter steps of 1000 floats each gain 4000 B at 2 GB/s = 2 us.
+    let mut c = cluster(Topology::single_host(4));
+    c.reduce_gbps = 2.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 6.0 * (10.0 + 4.0) + 3.0 * 2.0), "{t}");
+    // Two hosts of one rank, the second 3x slow: the message and its reduction both take the
+    // slowdown: 2 x 3 x (50 + 8000 B at 500 B/us) + 3 x 4 us.
+    let mut c = cluster(Topology::uniform(2, 1));
+    c.reduce_gbps = 2.0;
+    c.slowdown = vec![1.0, 3.0];
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 2.0 * 3.0 * (50.0 + 16.0) + 3.0 * 4.0), "{t}");
+    // Binomial reduce to rank 0 of 8: the root receives and reduces the whole vector in each
+    // of 3 steps: 3 x (10 + 4000 B at 1000 B/us + 4000 B at 2 GB/s).
+    let mut c = cluster(Topology::single_host(8));
+    c.reduce_gbps = 2.0;
+    let a = CollArgs {
+        kind: CollKind::Reduce { root: 0 },
+        count: 1000,
+        in_place: true,
+    };
+    let t = time(&c, &a, Algorithm::Binomial, Some(false));
+    assert!(close(t, 3.0 * (10.0 + 4.0 + 2.0)), "{t}");
+}
+
+#[test]
+fn the_sender_does_not_wait_for_the_reduction() {
+    // Tree all_reduce of 1000 floats (halves of 2000 B) on hosts {0, 1} and {2}; reductions at
+    // 2 GB/s take 1 us. Across hosts a message takes 50 + 2000 B at 250 B/us (host 0's two
+    // ranks share its NIC) = 58 us, inside host 0 10 + 2 = 12 us. Rank 2 sends its half to
+    // rank 1 (0..58) and is free at 58 while rank 1 reduces until 59; rank 0 sends the other
+    // reduced half to rank 2 (58..116), which reduces it (until 117) and sends it back
+    // (117..175); ranks 0 and 1 swap halves (175..187) and rank 1 sends its half to rank 2
+    // (187..245). Free reductions: 1 us less; a sender that waited would end later.
+    let topo = Topology::uniform(3, 2);
+    let a = all_reduce(1000);
+    let mut c = cluster(topo);
+    let free = time(&c, &a, Algorithm::Tree, Some(false));
+    assert!(close(free, 244.0), "{free}");
+    c.reduce_gbps = 2.0;
+    let t = time(&c, &a, Algorithm::Tree, Some(false));
+    assert!(close(t, 245.0), "{t}");
+}
+
+#[test]
+fn only_reducing_receives_pay_the_reduction() {
+    // all_gather and broadcast receive without reducing: the reduction bandwidth is irrelevant.
+    let free = cluster(Topology::uniform(8, 2));
+    let mut slow = free.clone();
+    slow.reduce_gbps = 0.01;
+    for (algo, kind) in [
+        (Algorithm::Ring, CollKind::AllGather),
+        (Algorithm::Binomial, CollKind::Broadcast { root: 3 }),
+        (Algorithm::Pairwise, CollKind::AllToAll),
+    ] {
+        let a = CollArgs {
+            kind,
+            count: 1000,
+            in_place: false,
+        };
+        let (f, s) = (time(&free, &a, algo, None), time(&slow, &a, algo, None));
+        assert!(close(s, f), "{algo} {}: {s} vs {f}", kind.name());
+    }
+}
+
+#[test]
+fn reduction_slows_large_all_reduces_monotonically() {
+    let base = cluster(Topology::uniform(16, 4));
+    let a = all_reduce(1 << 20);
+    for algo in [
+        Algorithm::Ring,
+        Algorithm::Hierarchical,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Rabenseifner,
+        Algorithm::Tree,
+    ] {
+        let free = time(&base, &a, algo, Some(false));
+        let mut last = free;
+        for g in [1000.0, 100.0, 10.0, 1.0, 0.1] {
+            let mut c = base.clone();
+            c.reduce_gbps = g;
+            let t = time(&c, &a, algo, Some(false));
+            assert!(t >= last, "{algo} at {g} GB/s: {t} < {last}");
+            last = t;
+        }
+        // Every algorithm has some rank reduce at least 15/16 of the 4 MiB on its critical
+        // path (the ring exactly that): 39.3 ms at 0.1 GB/s on top of the transfers.
+        let floor = 15.0 / 16.0 * (1 << 22) as f64 / 100.0;
+        assert!(last >= free + 0.999 * floor, "{algo}: {last} vs {free}");
+    }
+}
+
+#[test]
+fn symmetric_mode_agrees_with_full_mode_with_reductions() {
+    // The hierarchical all_reduce exchanges with the image of a rank on other hosts: that
+    // branch counts the reduction too.
+    let mut c = cluster(Topology::uniform(64, 8));
+    c.reduce_gbps = 2.0;
+    for (algo, kind, count) in [
+        (Algorithm::Ring, CollKind::AllReduce, 64 * 100),
+        (Algorithm::Hierarchical, CollKind::AllReduce, 64 * 100),
+        (Algorithm::Hierarchical, CollKind::ReduceScatter, 100),
+        (Algorithm::Ring, CollKind::ReduceScatter, 100),
+    ] {
+        let a = CollArgs {
+            kind,
+            count,
+            in_place: false,
+        };
+        let full = time(&c, &a, algo, Some(false));
+        let sym = time(&c, &a, algo, Some(true));
+        assert!(
+            close(full, sym),
+            "{algo} {}: full {full} sym {sym}",
+            kind.name()
+        );
+        let mut free = c.clone();
+        free.reduce_gbps = 0.0;
+        let before = time(&free, &a, algo, Some(true));
+        assert!(sym > before, "{algo} {}: {sym} vs {before}", kind.name());
+    }
 }

@@ -12,12 +12,13 @@
 # FERRO_TUNE=measure, the others are FERRO_ALGO=<name>. Two sweeps per algorithm, the
 # algorithms interleaved within each: small (8 B .. 8 KiB, x2, SMALL_ITERS iterations, ROUNDS
 # rounds, the fastest round per size counted) and large (16 KiB .. 64 MiB, x4, LARGE_ITERS
-# iterations, one round). Raw tables go to OUT_DIR (default
+# iterations, LARGE_ROUNDS rounds likewise); the auto runs calibrate anew each round. Raw
+# tables go to OUT_DIR (default
 # target/bench-hosts); the summary (benches/hosts/summary.py) is printed and written to
 # OUT_DIR/summary.txt.
 #
 # Environment: HOSTS=4 PER_HOST=2 RATE=2gbit DELAY_US=200 ALGOS="auto ring tree rd rhd hier"
-#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2
+#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=2
 # Needs root (network namespaces) and iproute2's tc. Holds /tmp/ferroccl-netns.lock, the lock
 # the integration tests take, so that neither tears down the other's hosts.
 
@@ -32,6 +33,7 @@ ALGOS=${ALGOS:-auto ring tree rd rhd hier}
 SMALL_ITERS=${SMALL_ITERS:-200}
 LARGE_ITERS=${LARGE_ITERS:-5}
 ROUNDS=${ROUNDS:-2}
+LARGE_ROUNDS=${LARGE_ROUNDS:-2}
 OUT=target/bench-hosts
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -79,8 +81,10 @@ for ((round = 1; round <= ROUNDS; round++)); do
         run "$algo" "small-r$round" -b 8 -e 8K -f 2 -n "$SMALL_ITERS" -w 20
     done
 done
-for algo in $ALGOS; do
-    run "$algo" large -b 16K -e 64M -f 4 -n "$LARGE_ITERS" -w 2
+for ((round = 1; round <= LARGE_ROUNDS; round++)); do
+    for algo in $ALGOS; do
+        run "$algo" "large-r$round" -b 16K -e 64M -f 4 -n "$LARGE_ITERS" -w 2
+    done
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/setup.txt"
 

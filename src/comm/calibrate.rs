@@ -43,12 +43,14 @@ const LARGE: usize = 4 << 20;
 const FIELDS: usize = 3;
 
 /// All_reduce sizes (bytes of f32) at which the algorithms are timed.
-pub(crate) const PROBES: [usize; 4] = [8 << 10, 128 << 10, 1 << 20, 8 << 20];
+pub(crate) const PROBES: [usize; 6] = [8 << 10, 32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20];
 
 /// Timed calls per probe (after one untimed): more for the small, cheap ones.
 fn probe_iters(bytes: usize) -> usize {
     if bytes <= 128 << 10 {
         5
+    } else if bytes <= 2 << 20 {
+        3
     } else {
         2
     }

@@ -18,7 +18,7 @@
 # OUT_DIR/summary.txt.
 #
 # Environment: HOSTS=4 PER_HOST=2 RATE=2gbit DELAY_US=200 ALGOS="auto ring tree rd rhd hier"
-#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=2
+#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=3
 # Needs root (network namespaces) and iproute2's tc. Holds /tmp/ferroccl-netns.lock, the lock
 # the integration tests take, so that neither tears down the other's hosts.
 
@@ -33,7 +33,7 @@ ALGOS=${ALGOS:-auto ring tree rd rhd hier}
 SMALL_ITERS=${SMALL_ITERS:-200}
 LARGE_ITERS=${LARGE_ITERS:-5}
 ROUNDS=${ROUNDS:-2}
-LARGE_ROUNDS=${LARGE_ROUNDS:-2}
+LARGE_ROUNDS=${LARGE_ROUNDS:-3}
 OUT=target/bench-hosts
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -45,6 +45,27 @@ struct Opts {
     reduce_gbps: f64,
 }
 
+impl Default for Opts {
+    /// What `ferroccl-sim` runs without flags.
+    fn default() -> Self {
+        Opts {
+            ranks: 16,
+            per_host: 8,
+            op: CollKind::AllReduce,
+            algos: None,
+            all: false,
+            begin: 8,
+            end: 128 << 20,
+            factor: 4,
+            model: CostModel::default(),
+            slice: None,
+            slow: Vec::new(),
+            round_robin: false,
+            reduce_gbps: DEFAULT_REDUCE_GBPS,
+        }
+    }
+}
+
 fn parse_placement(v: &str) -> Result<bool, String> {
     match v {
         "host-major" => Ok(false),
@@ -128,21 +149,7 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
 }
 
 fn parse_args() -> Result<Opts, String> {
-    let mut o = Opts {
-        ranks: 16,
-        per_host: 8,
-        op: CollKind::AllReduce,
-        algos: None,
-        all: false,
-        begin: 8,
-        end: 128 << 20,
-        factor: 4,
-        model: CostModel::default(),
-        slice: None,
-        slow: Vec::new(),
-        round_robin: false,
-        reduce_gbps: DEFAULT_REDUCE_GBPS,
-    };
+    let mut o = Opts::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -372,19 +379,8 @@ mod tests {
 
     fn opts() -> Opts {
         Opts {
-            ranks: 16,
-            per_host: 8,
-            op: CollKind::AllReduce,
-            algos: None,
-            all: false,
-            begin: 8,
             end: 8,
-            factor: 4,
-            model: CostModel::default(),
-            slice: None,
-            slow: Vec::new(),
-            round_robin: false,
-            reduce_gbps: DEFAULT_REDUCE_GBPS,
+            ..Opts::default()
         }
     }
 

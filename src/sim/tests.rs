@@ -124,6 +124,29 @@ fn pieces_to_one_peer_share_its_link() {
     assert!(close(t, 2.0 * (10.0 + 8.0)), "{t}");
 }
 
+/// The call of `count` elements and its symmetric-mode time, after checking that the full
+/// mode predicts the same.
+fn full_equals_symmetric(
+    c: &Cluster,
+    algo: Algorithm,
+    kind: CollKind,
+    count: usize,
+) -> (CollArgs, f64) {
+    let a = CollArgs {
+        kind,
+        count,
+        in_place: false,
+    };
+    let full = time(c, &a, algo, Some(false));
+    let sym = time(c, &a, algo, Some(true));
+    assert!(
+        close(full, sym),
+        "{algo} {}: full {full} sym {sym}",
+        kind.name()
+    );
+    (a, sym)
+}
+
 #[test]
 fn symmetric_mode_agrees_with_full_mode() {
     let c = cluster(Topology::uniform(64, 8));
@@ -135,18 +158,7 @@ fn symmetric_mode_agrees_with_full_mode() {
         (Algorithm::Ring, CollKind::AllGather, 100),
         (Algorithm::Pairwise, CollKind::AllToAll, 10),
     ] {
-        let a = CollArgs {
-            kind,
-            count,
-            in_place: false,
-        };
-        let full = time(&c, &a, algo, Some(false));
-        let sym = time(&c, &a, algo, Some(true));
-        assert!(
-            close(full, sym),
-            "{algo} {}: full {full} sym {sym}",
-            kind.name()
-        );
+        full_equals_symmetric(&c, algo, kind, count);
     }
     let e = simulate(&c, &all_reduce(10), 4, Algorithm::Tree, &BIG, Some(true)).unwrap_err();
     assert!(e.contains("symmetric"), "{e}");
@@ -318,18 +330,7 @@ fn symmetric_mode_agrees_with_full_mode_with_reductions() {
         (Algorithm::Hierarchical, CollKind::ReduceScatter, 100),
         (Algorithm::Ring, CollKind::ReduceScatter, 100),
     ] {
-        let a = CollArgs {
-            kind,
-            count,
-            in_place: false,
-        };
-        let full = time(&c, &a, algo, Some(false));
-        let sym = time(&c, &a, algo, Some(true));
-        assert!(
-            close(full, sym),
-            "{algo} {}: full {full} sym {sym}",
-            kind.name()
-        );
+        let (a, sym) = full_equals_symmetric(&c, algo, kind, count);
         let mut free = c.clone();
         free.reduce_gbps = 0.0;
         let before = time(&free, &a, algo, Some(true));

@@ -200,7 +200,7 @@ impl Communicator {
             });
         }
         {
-            let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let mut engine = lock_engine(self);
             for m in &out {
                 engine
                     .calibrate(m.link, m.latency_us, m.bandwidth_gbps)
@@ -288,7 +288,7 @@ impl Communicator {
         // The algorithms that build on this communicator (the same on every rank: they
         // depend on the hosts only).
         let algos: Vec<Algorithm> = {
-            let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            let mut engine = lock_engine(self);
             let args = probe_args(PROBES[0]);
             let ok = Algorithm::ALL
                 .into_iter()
@@ -302,7 +302,7 @@ impl Communicator {
             ok
         };
         let result = self.time_algorithms_at(&algos, info);
-        let mut engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        let mut engine = lock_engine(self);
         engine.set_probe(None);
         if result.is_ok() && info {
             let (model, topo) = engine.model();
@@ -318,22 +318,17 @@ impl Communicator {
         let kind = CollKind::AllReduce;
         for (i, &bytes) in PROBES.iter().enumerate() {
             let count = bytes / 4;
-            let predicted: Vec<f64> = {
-                let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            // The formula's time, and it corrected by what the smaller sizes measured.
+            let (predicted, estimate): (Vec<f64>, Vec<f64>) = {
+                let engine = lock_engine(self);
                 let (model, topo) = engine.model();
                 algos
                     .iter()
-                    .map(|&a| model.best_slice(a, kind, bytes, topo).0)
-                    .collect()
-            };
-            let estimate: Vec<f64> = {
-                let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
-                let (model, _) = engine.model();
-                algos
-                    .iter()
-                    .zip(&predicted)
-                    .map(|(&a, p)| p * model.correction(a, kind, bytes))
-                    .collect()
+                    .map(|&a| {
+                        let p = model.best_slice(a, kind, bytes, topo).0;
+                        (p, p * model.correction(a, kind, bytes))
+                    })
+                    .unzip()
             };
             let best = estimate.iter().copied().fold(f64::INFINITY, f64::min);
             let mut times = vec![0.0f64; algos.len()];

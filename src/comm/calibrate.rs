@@ -280,16 +280,15 @@ impl Communicator {
             }
             return Ok(());
         }
-        let probe_args = |bytes: usize| CollArgs {
-            kind,
-            count: bytes / 4,
-            in_place: true,
-        };
         // The algorithms that build on this communicator (the same on every rank: they
         // depend on the hosts only).
         let algos: Vec<Algorithm> = {
             let mut engine = lock_engine(self);
-            let args = probe_args(PROBES[0]);
+            let args = CollArgs {
+                kind,
+                count: PROBES[0] / 4,
+                in_place: true,
+            };
             let ok = Algorithm::ALL
                 .into_iter()
                 .filter(|a| a.supports(kind))

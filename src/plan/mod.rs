@@ -551,17 +551,15 @@ impl CostModel {
         };
         let mut best: Option<Choice> = None;
         for algo in candidates {
-            let factor = self.correction(algo, kind, bytes);
-            for slice in SLICE_CANDIDATES.into_iter().rev() {
-                let t = self.cost(algo, kind, bytes, topo, slice) * factor;
-                if best.as_ref().is_none_or(|b| t < b.predicted_us) {
-                    best = Some(Choice {
-                        algo,
-                        slice_bytes: slice,
-                        predicted_us: t,
-                        reason: String::new(),
-                    });
-                }
+            let (t, slice) = self.best_slice(algo, kind, bytes, topo);
+            let t = t * self.correction(algo, kind, bytes);
+            if best.as_ref().is_none_or(|b| t < b.predicted_us) {
+                best = Some(Choice {
+                    algo,
+                    slice_bytes: slice,
+                    predicted_us: t,
+                    reason: String::new(),
+                });
             }
         }
         let fallback = Algorithm::default_for(kind);

@@ -174,17 +174,20 @@ fn a_straggler_slows_the_call() {
     assert!(slow > 2.0 * base, "{slow} vs {base}");
 }
 
+/// Every algorithm with an all_reduce schedule.
+const ALL_REDUCE_ALGOS: [Algorithm; 5] = [
+    Algorithm::Ring,
+    Algorithm::Hierarchical,
+    Algorithm::RecursiveDoubling,
+    Algorithm::Rabenseifner,
+    Algorithm::Tree,
+];
+
 #[test]
 fn monotonic_and_sane_at_scale() {
     let c = cluster(Topology::uniform(2048, 8));
     let opts = AlgoOptions { slice: 1 << 18 };
-    for algo in [
-        Algorithm::Ring,
-        Algorithm::Hierarchical,
-        Algorithm::RecursiveDoubling,
-        Algorithm::Rabenseifner,
-        Algorithm::Tree,
-    ] {
+    for algo in ALL_REDUCE_ALGOS {
         let mut last = 0.0;
         for count in [1usize, 1 << 10, 1 << 16, 1 << 20] {
             let r = simulate(&c, &all_reduce(count), 4, algo, &opts, None).unwrap();
@@ -295,13 +298,7 @@ fn only_reducing_receives_pay_the_reduction() {
 fn reduction_slows_large_all_reduces_monotonically() {
     let base = cluster(Topology::uniform(16, 4));
     let a = all_reduce(1 << 20);
-    for algo in [
-        Algorithm::Ring,
-        Algorithm::Hierarchical,
-        Algorithm::RecursiveDoubling,
-        Algorithm::Rabenseifner,
-        Algorithm::Tree,
-    ] {
+    for algo in ALL_REDUCE_ALGOS {
         let free = time(&base, &a, algo, Some(false));
         let mut last = free;
         for g in [1000.0, 100.0, 10.0, 1.0, 0.1] {

@@ -15,6 +15,8 @@
 #   BURST=512kb    tbf bucket size when RATE is set
 #   TBF_LATENCY=50ms  tbf queueing limit when RATE is set
 #   MTU=1500       link MTU
+#   QUICKACK=1     hosts acknowledge every TCP segment at once (the route's `quickack` flag)
+#                  instead of delaying ACKs (default: the kernel's delayed ACKs)
 #
 # Needs root and iproute2 (`ip`, and `tc` when RATE is set).
 
@@ -128,13 +130,17 @@ cmd_up() {
         ip -n "$SWITCH_NS" link set "$port" up
         ip -n "$ns" addr add "${SUBNET}.$((i + 1))/24" dev eth0
         ip -n "$ns" link set eth0 up
+        if [ "${QUICKACK:-0}" = 1 ]; then
+            ip -n "$ns" route replace "${SUBNET}.0/24" dev eth0 proto kernel scope link \
+                src "${SUBNET}.$((i + 1))" quickack 1
+        fi
         if [ -n "${RATE:-}" ]; then
             limit_rate "$ns" eth0
             limit_rate "$SWITCH_NS" "$port"
         fi
     done
     trap - ERR
-    echo "netns.sh: $n hosts up: ${HOST_PREFIX}0..${HOST_PREFIX}$((n - 1)) at ${SUBNET}.1..${SUBNET}.$n${RATE:+, rate $RATE}"
+    echo "netns.sh: $n hosts up: ${HOST_PREFIX}0..${HOST_PREFIX}$((n - 1)) at ${SUBNET}.1..${SUBNET}.$n${RATE:+, rate $RATE}${QUICKACK:+, quickack $QUICKACK}"
 }
 
 cmd_list() {

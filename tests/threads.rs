@@ -428,6 +428,8 @@ fn measured_tuning_agrees_on_every_rank_and_stays_correct() {
             panic!("rank {r}: {e}");
         }
     }
+    // FERRO_SLICE_BYTES caps the slices the tuner picks.
+    assert_eq!(first.max_slice, 64 << 10);
     let defaults = ferroccl::plan::CostModel::default();
     for link in [ferroccl::plan::Link::Shm, ferroccl::plan::Link::Tcp] {
         let (m, d) = (first.link(link), defaults.link(link));

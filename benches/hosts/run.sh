@@ -18,7 +18,9 @@
 # OUT_DIR/summary.txt.
 #
 # Environment: HOSTS=4 PER_HOST=2 RATE=2gbit DELAY_US=200 ALGOS="auto ring tree rd rhd hier"
-#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=3
+#              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=3 LARGE_MIN=16K LARGE_MAX=64M
+#              QUICKACK=1 (the hosts ACK every TCP segment at once, see scripts/netns.sh and
+#              docs/HOSTS.md; 0: the kernel's delayed ACKs)
 # Needs root (network namespaces) and iproute2's tc. Holds /tmp/ferroccl-netns.lock, the lock
 # the integration tests take, so that neither tears down the other's hosts.
 
@@ -34,6 +36,9 @@ SMALL_ITERS=${SMALL_ITERS:-200}
 LARGE_ITERS=${LARGE_ITERS:-5}
 ROUNDS=${ROUNDS:-2}
 LARGE_ROUNDS=${LARGE_ROUNDS:-3}
+LARGE_MIN=${LARGE_MIN:-16K}
+LARGE_MAX=${LARGE_MAX:-64M}
+QUICKACK=${QUICKACK:-1}
 OUT=target/bench-hosts
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -51,7 +56,7 @@ mkdir -p "$OUT"
 
 exec 9>/tmp/ferroccl-netns.lock
 flock 9
-RATE=$RATE scripts/netns.sh up "$HOSTS" >&2
+RATE=$RATE QUICKACK=$QUICKACK scripts/netns.sh up "$HOSTS" >&2
 trap 'scripts/netns.sh down' EXIT
 
 NRANKS=$((HOSTS * PER_HOST))
@@ -59,7 +64,7 @@ LIST=$(seq -s, -f 'ferro%g' 0 $((HOSTS - 1)))
 
 {
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# $HOSTS hosts x $PER_HOST ranks, tbf $RATE per host link, FERRO_LINK_DELAY_US=$DELAY_US"
+    echo "# $HOSTS hosts x $PER_HOST ranks, tbf $RATE per host link, FERRO_LINK_DELAY_US=$DELAY_US, quickack $QUICKACK"
 } > "$OUT/setup.txt"
 
 run() {
@@ -83,7 +88,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 for ((round = 1; round <= LARGE_ROUNDS; round++)); do
     for algo in $ALGOS; do
-        run "$algo" "large-r$round" -b 16K -e 64M -f 4 -n "$LARGE_ITERS" -w 2
+        run "$algo" "large-r$round" -b "$LARGE_MIN" -e "$LARGE_MAX" -f 4 -n "$LARGE_ITERS" -w 2
     done
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/setup.txt"

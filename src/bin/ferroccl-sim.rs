@@ -8,6 +8,10 @@
 //!              [--reduce-gbps X] [--topology FILE]
 //! ```
 //!
+//! `--slice BYTES`: the most bytes one message carries, as `FERRO_SLICE_BYTES` (default 4 MiB);
+//! every algorithm runs with the slice the tuner gives it up to that (smaller where pipelining
+//! pays, as for the tree).
+//!
 //! Placement: `host-major` (default) puts ranks `h*K .. (h+1)*K` on host `h`; `round-robin`
 //! puts rank `r` on host `r % hosts` (as `ferrorun --netns` does).
 //!
@@ -39,7 +43,6 @@ struct Opts {
     end: usize,
     factor: usize,
     model: CostModel,
-    slice: Option<usize>,
     slow: Vec<(usize, f64)>,
     round_robin: bool,
     reduce_gbps: f64,
@@ -58,7 +61,6 @@ impl Default for Opts {
             end: 128 << 20,
             factor: 4,
             model: CostModel::default(),
-            slice: None,
             slow: Vec::new(),
             round_robin: false,
             reduce_gbps: DEFAULT_REDUCE_GBPS,
@@ -183,7 +185,13 @@ fn parse_args() -> Result<Opts, String> {
             "--inter" => o.model.inter = Link::parse(v)?,
             "--nic-gbps" => o.model.nic_gbps = Some(num(v, "--nic-gbps")?),
             "--reduce-gbps" => o.reduce_gbps = parse_reduce_gbps(v, "--reduce-gbps")?,
-            "--slice" => o.slice = Some(parse_size(v)?),
+            "--slice" => {
+                let n = parse_size(v)?;
+                if n == 0 {
+                    return Err("--slice must be at least 1 byte".to_string());
+                }
+                o.model.max_slice = n;
+            }
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
@@ -341,7 +349,7 @@ fn run(o: &Opts) -> Result<(), String> {
             vec![(c.algo, c.slice_bytes)]
         };
         for (algo, slice_bytes) in algos {
-            let slice = o.slice.unwrap_or(slice_bytes) / elem;
+            let slice = (slice_bytes / elem).max(1);
             let args = CollArgs {
                 kind: o.op,
                 count,

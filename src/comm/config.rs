@@ -20,7 +20,8 @@ pub struct Config {
     /// exact, `^docker` to exclude), as `NCCL_SOCKET_IFNAME`. Default: the interface that
     /// reaches the rendezvous store.
     pub socket_ifname: Option<String>,
-    /// `FERRO_SLICE_BYTES`: most bytes an algorithm moves in one step (pipelining grain).
+    /// `FERRO_SLICE_BYTES`: most bytes an algorithm moves in one step (pipelining grain); the
+    /// tuner picks each call's slice up to this, smaller where pipelining pays (tree, chain).
     /// Default 4 MiB.
     pub slice_bytes: usize,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins before sleeping in `poll`. Default 50.

@@ -1227,7 +1227,10 @@ fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
             }
         })
         .collect();
-    let mut model = crate::plan::CostModel::default();
+    let mut model = crate::plan::CostModel {
+        max_slice: config.slice_bytes.max(64),
+        ..crate::plan::CostModel::default()
+    };
     if !config.transports.contains(&Transport::Shm) {
         model.intra = crate::plan::Link::Tcp;
     }

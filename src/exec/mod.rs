@@ -262,9 +262,11 @@ impl Engine {
         let t = &self.tuning;
         let bytes = args.count * esize;
         if let Some(algo) = t.probe.filter(|a| a.supports(args.kind)) {
+            // The slice the tuner would give the algorithm, so that the timing measures what
+            // the calls it corrects will run.
             return crate::plan::Choice {
                 algo,
-                slice_bytes: self.slice_bytes,
+                slice_bytes: t.model.best_slice(algo, args.kind, bytes, &t.topo).1,
                 predicted_us: f64::NAN,
                 reason: "FERRO_TUNE=measure timing".to_string(),
             };
@@ -289,27 +291,33 @@ impl Engine {
 
     /// The algorithm a call of `args` with elements of `esize` bytes runs.
     pub(crate) fn algorithm_for(&self, args: &CollArgs, esize: usize) -> coll::Algorithm {
-        let algo = self.choice(args, esize).algo;
-        let opts = AlgoOptions {
-            slice: (self.slice_bytes / esize.max(1)).max(1),
-        };
+        let choice = self.choice(args, esize);
+        let opts = self.options(&choice, esize);
         let t = &self.tuning;
-        match coll::build_with(args, self.rank, self.nranks, &opts, algo, &t.topo) {
-            Ok(_) => algo,
+        match coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo) {
+            Ok(_) => choice.algo,
             Err(_) => coll::Algorithm::default_for(args.kind),
+        }
+    }
+
+    /// The schedule options of `choice` with elements of `esize` bytes: its slice, never more
+    /// than `FERRO_SLICE_BYTES`.
+    fn options(&self, choice: &crate::plan::Choice, esize: usize) -> AlgoOptions {
+        let bytes = choice.slice_bytes.min(self.slice_bytes);
+        AlgoOptions {
+            slice: (bytes / esize.max(1)).max(1),
         }
     }
 
     /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
     /// picks for the call's size (or `FERRO_ALGO` forces).
     fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
-        let slice = (self.slice_bytes / esize).max(1);
-        let key = (*args, slice);
+        let key = (*args, esize);
         if let Some(s) = self.plans.get(&key) {
             return Arc::clone(s);
         }
-        let opts = AlgoOptions { slice };
         let choice = self.choice(args, esize);
+        let opts = self.options(&choice, esize);
         let t = &self.tuning;
         let built = coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo);
         let s = match built {

@@ -111,8 +111,11 @@ pub const DEFAULT_LINKS: [LinkCost; 4] = [
     },
 ];
 
-/// Slices the tuner tries, in bytes.
+/// Slices the tuner tries, in bytes (those above [`CostModel::max_slice`] are skipped).
 pub const SLICE_CANDIDATES: [usize; 5] = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+
+/// The default [`CostModel::max_slice`], the default of `FERRO_SLICE_BYTES`: 4 MiB.
+pub const DEFAULT_MAX_SLICE: usize = 4 << 20;
 
 /// The cost model: a link table, which link joins ranks of one host and of different hosts,
 /// and the NIC every host's inter-host traffic shares.
@@ -130,6 +133,11 @@ pub struct CostModel {
     /// Measured corrections of the formulas (`FERRO_TUNE=measure` times the algorithms at a
     /// few sizes): empty by default. See [`Correction`].
     pub corrections: Vec<Correction>,
+    /// Largest message an algorithm may send in one step (`FERRO_SLICE_BYTES`), in bytes: the
+    /// tuner picks each call's slice from the [`SLICE_CANDIDATES`] up to this and this itself.
+    /// Algorithms that pipeline (tree, chain) gain from smaller ones; the others cost least
+    /// with the largest. Default [`DEFAULT_MAX_SLICE`].
+    pub max_slice: usize,
 }
 
 /// How far the formula of one (collective, algorithm) was off on this machine: at each
@@ -174,6 +182,7 @@ impl Default for CostModel {
             inter: Link::Tcp,
             nic_gbps: None,
             corrections: Vec::new(),
+            max_slice: DEFAULT_MAX_SLICE,
         }
     }
 }
@@ -482,7 +491,9 @@ impl CostModel {
         Ok(())
     }
 
-    /// The formula's time of `algo` with its cheapest slice (no correction), and that slice.
+    /// The formula's time of `algo` with its cheapest slice (no correction), and that slice:
+    /// one of the [`SLICE_CANDIDATES`] below [`CostModel::max_slice`], or the cap itself; the
+    /// larger slice where two cost the same.
     pub fn best_slice(
         &self,
         algo: Algorithm,
@@ -490,8 +501,9 @@ impl CostModel {
         bytes: usize,
         topo: &Topology,
     ) -> (f64, usize) {
-        let mut best = (f64::INFINITY, SLICE_CANDIDATES[SLICE_CANDIDATES.len() - 1]);
-        for slice in SLICE_CANDIDATES.into_iter().rev() {
+        let cap = self.max_slice.max(1);
+        let mut best = (self.cost(algo, kind, bytes, topo, cap), cap);
+        for slice in SLICE_CANDIDATES.into_iter().rev().filter(|&s| s < cap) {
             let t = self.cost(algo, kind, bytes, topo, slice);
             if t < best.0 {
                 best = (t, slice);
@@ -565,7 +577,7 @@ impl CostModel {
         let fallback = Algorithm::default_for(kind);
         let mut choice = best.unwrap_or(Choice {
             algo: fallback,
-            slice_bytes: 4 << 20,
+            slice_bytes: self.max_slice.max(1),
             predicted_us: f64::INFINITY,
             reason: String::new(),
         });

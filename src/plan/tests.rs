@@ -21,7 +21,9 @@ fn choices_as_data() {
     let table: &[(&CostModel, usize, usize, CollKind, usize, Algorithm)] = &[
         (&tcp, 8, 8, ar, 64, RecursiveDoubling),
         (&tcp, 8, 8, ar, 64 << 10, Rabenseifner),
-        (&tcp, 8, 8, ar, 64 << 20, Rabenseifner),
+        // 4 MiB slices (the default cap): Rabenseifner's first halves take more rounds than
+        // the ring's 8 MiB blocks.
+        (&tcp, 8, 8, ar, 64 << 20, Ring),
         // Not a power of two: folding costs two full-vector messages, the ring wins large.
         (&tcp, 12, 12, ar, 64 << 10, Rabenseifner),
         (&tcp, 12, 12, ar, 64 << 20, Ring),
@@ -319,4 +321,38 @@ fn choices_render_as_rules_that_parse_back_to_the_same_choices() {
     assert_eq!(size_label(3 << 20), "3M");
     assert_eq!(size_label(1536), "1536");
     assert_eq!(size_label(0), "0");
+}
+
+#[test]
+fn slices_stay_within_the_cap_and_the_tree_pipelines() {
+    use Algorithm::*;
+    let ar = CollKind::AllReduce;
+    let topo = Topology::uniform(32, 8);
+    let m = CostModel::default();
+    assert_eq!(m.max_slice, DEFAULT_MAX_SLICE);
+    // The tree's pipeline pays for its extra steps: 1 MiB goes in several chunks.
+    let (_, tree) = m.best_slice(Tree, ar, 1 << 20, &topo);
+    assert!(tree < 1 << 20, "tree slice {tree}");
+    let forced = Overrides {
+        algo: Some(Tree),
+        rules: Vec::new(),
+    };
+    assert_eq!(m.choose(ar, 1 << 20, &topo, &forced).slice_bytes, tree);
+    // Without a pipeline, fewer rounds are cheaper: the ring takes the cap, never more.
+    assert_eq!(m.best_slice(Ring, ar, 64 << 20, &topo).1, DEFAULT_MAX_SLICE);
+    // A cap between the candidates is itself a candidate; one below them all is the only one.
+    for cap in [3 << 20, 16 << 10] {
+        let m = CostModel {
+            max_slice: cap,
+            ..CostModel::default()
+        };
+        for algo in Algorithm::ALL.into_iter().filter(|a| a.supports(ar)) {
+            for bytes in [4 << 10, 1 << 20, 64 << 20] {
+                let (t, slice) = m.best_slice(algo, ar, bytes, &topo);
+                assert!(slice <= cap, "{algo} {bytes} B: slice {slice} over {cap}");
+                assert!(t > 0.0, "{algo} {bytes} B");
+            }
+        }
+        assert_eq!(m.best_slice(Ring, ar, 64 << 20, &topo).1, cap);
+    }
 }

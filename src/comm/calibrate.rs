@@ -325,7 +325,7 @@ impl Communicator {
                     .iter()
                     .map(|&a| {
                         let p = model.best_slice(a, kind, bytes, topo).0;
-                        (p, p * model.correction(a, kind, bytes))
+                        (p, model.corrected_cost(a, kind, bytes, topo).0)
                     })
                     .unzip()
             };

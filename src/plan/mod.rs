@@ -142,7 +142,8 @@ pub struct CostModel {
 
 /// How far the formula of one (collective, algorithm) was off on this machine: at each
 /// measured size, measured time / predicted time. Between measured sizes the factor is
-/// interpolated on logarithmic scales, beyond them the nearest measured factor holds.
+/// interpolated on logarithmic scales, beyond them the nearest measured factor holds (and
+/// above the largest, [`CostModel::corrected_cost`] adds a linear floor).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Correction {
     /// The collective, as [`CollKind::name`] (`all_reduce`).
@@ -451,6 +452,46 @@ impl CostModel {
             .map_or(1.0, |c| c.factor(bytes))
     }
 
+    /// The time [`CostModel::choose`] compares: the formula's with its cheapest slice, times
+    /// the measured correction, and that slice. Beyond the largest size measured for the
+    /// algorithm (`P`, where it took `T`), when `P` is at least [`CostModel::max_slice`] (from
+    /// there on every formula grows with the number of rounds, about linearly), the time is at
+    /// least `T x bytes / P`: no algorithm is assumed to gain per byte on what was measured,
+    /// since a formula whose slices grow with the message (the tree's pipeline) could
+    /// otherwise overtake one that was measured faster at `P`.
+    pub fn corrected_cost(
+        &self,
+        algo: Algorithm,
+        kind: CollKind,
+        bytes: usize,
+        topo: &Topology,
+    ) -> (f64, usize) {
+        let (t, slice) = self.best_slice(algo, kind, bytes, topo);
+        let Some(c) = self
+            .corrections
+            .iter()
+            .find(|c| c.algo == algo && c.collective == kind.name())
+        else {
+            return (t, slice);
+        };
+        let corrected = t * c.factor(bytes);
+        match c.points.last() {
+            Some(&(p, f)) if bytes > p && p >= self.max_slice.max(1) => {
+                let measured = self.best_slice(algo, kind, p, topo).0 * f;
+                let linear = measured * (bytes as f64 / p as f64);
+                (
+                    if linear.is_finite() {
+                        corrected.max(linear)
+                    } else {
+                        corrected
+                    },
+                    slice,
+                )
+            }
+            _ => (corrected, slice),
+        }
+    }
+
     /// Records that `algo` on `kind` took `factor` times its formula's time at `bytes` (the
     /// formula's cheapest slice, as [`CostModel::choose`] compares). Replaces an earlier point
     /// at the same size. A non-finite or non-positive factor is refused with an error naming
@@ -563,8 +604,7 @@ impl CostModel {
         };
         let mut best: Option<Choice> = None;
         for algo in candidates {
-            let (t, slice) = self.best_slice(algo, kind, bytes, topo);
-            let t = t * self.correction(algo, kind, bytes);
+            let (t, slice) = self.corrected_cost(algo, kind, bytes, topo);
             if best.as_ref().is_none_or(|b| t < b.predicted_us) {
                 best = Some(Choice {
                     algo,

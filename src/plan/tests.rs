@@ -356,3 +356,51 @@ fn slices_stay_within_the_cap_and_the_tree_pipelines() {
         assert_eq!(m.best_slice(Ring, ar, 64 << 20, &topo).1, cap);
     }
 }
+
+#[test]
+fn beyond_the_largest_measurement_no_algorithm_gains_per_byte() {
+    // 4 hosts x 2 ranks over TCP, measured at 8 MiB (above the 4 MiB slice cap): the tree
+    // 5 % slower than the hierarchical algorithm. The tree's pipeline takes larger slices
+    // for larger messages, so its formula grows more slowly than linearly; scaled by its
+    // factor alone it would overtake at 64 MiB what was measured faster.
+    use Algorithm::*;
+    let ar = CollKind::AllReduce;
+    let topo = Topology::uniform(8, 2);
+    let mut m = CostModel::default();
+    let p = 8 << 20;
+    let big = 64 << 20;
+    let formula = |m: &CostModel, a, b| m.best_slice(a, ar, b, &topo).0;
+    let (tree_p, hier_p) = (formula(&m, Tree, p), formula(&m, Hierarchical, p));
+    m.correct(ar, Hierarchical, p, 1.0).unwrap();
+    // Measured: tree 1.05 x hier at P.
+    m.correct(ar, Tree, p, 1.05 * hier_p / tree_p).unwrap();
+    let factor_only = |a, f: f64| formula(&m, a, big) * f;
+    let (tree_f, hier_f) = (
+        factor_only(Tree, 1.05 * hier_p / tree_p),
+        factor_only(Hierarchical, 1.0),
+    );
+    assert!(
+        tree_f < hier_f,
+        "the premise: by factors alone the tree would win ({tree_f} vs {hier_f})"
+    );
+    let only = |a| Overrides {
+        algo: Some(a),
+        rules: Vec::new(),
+    };
+    let tree = m.choose(ar, big, &topo, &only(Tree));
+    assert!(
+        (tree.predicted_us - 1.05 * hier_p * 8.0).abs() < 1e-6 * tree.predicted_us,
+        "{tree}"
+    );
+    let c = m.choose(ar, big, &topo, &Overrides::default());
+    assert_ne!(c.algo, Tree, "{c}");
+    // At and below P the factors alone hold.
+    let at_p = m.choose(ar, p, &topo, &only(Tree));
+    assert!((at_p.predicted_us - 1.05 * hier_p).abs() < 1e-6 * at_p.predicted_us);
+    // Below the slice cap nothing is extrapolated linearly: a latency-bound measurement
+    // at 8 KiB says nothing about bandwidth.
+    let mut small = CostModel::default();
+    small.correct(ar, Ring, 8 << 10, 2.0).unwrap();
+    let (t, _) = small.corrected_cost(Ring, ar, big, &topo);
+    assert!((t - 2.0 * formula(&small, Ring, big)).abs() < 1e-6 * t);
+}

@@ -13,6 +13,7 @@ usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
 """
 
 import re
+from statistics import median
 import subprocess
 import sys
 from pathlib import Path
@@ -26,19 +27,29 @@ REDUCE = re.compile(r"TUNING: reduce ([0-9.]+) GB/s")
 
 
 def calibration(out_dir):
-    """{link: (alpha_us, beta_gbps)} from the first calibration line in OUT_DIR/*.err."""
+    """{link: (alpha_us, beta_gbps)}: per link, the medians of latency and bandwidth over every
+    calibration line in OUT_DIR/*.err (each run calibrates anew, and on a shared 2-core
+    machine one run's figures can be far from the others': shm latency 0.9 us in one, 14.6 us
+    in the next)."""
+    seen = {}
     for p in sorted(Path(out_dir).glob("*.err")):
         for line in p.read_text().splitlines():
             m = CALIB.search(line)
             if m:
-                return {l: (float(a), float(b)) for l, a, b in LINK.findall(m.group(1))}
-    sys.exit(f"validate.py: no 'TUNING: calibrated' line in {out_dir}/*.err")
+                for link, a, b in LINK.findall(m.group(1)):
+                    seen.setdefault(link, []).append((float(a), float(b)))
+    if not seen:
+        sys.exit(f"validate.py: no 'TUNING: calibrated' line in {out_dir}/*.err")
+    return {
+        link: (median(a for a, _ in v), median(b for _, b in v)) for link, v in seen.items()
+    }
 
 
 def reduce_rate(out_dir):
-    """The reduction rate in GB/s from the first positive 'TUNING: reduce' line in
+    """The median reduction rate in GB/s over the positive 'TUNING: reduce' lines in
     OUT_DIR/*.err, or None where no log has one (logs from before the library timed its
     reduction)."""
+    rates = []
     for p in sorted(Path(out_dir).glob("*.err")):
         for line in p.read_text().splitlines():
             m = REDUCE.search(line)
@@ -48,8 +59,8 @@ def reduce_rate(out_dir):
                 except ValueError:
                     continue
                 if rate > 0:
-                    return rate
-    return None
+                    rates.append(rate)
+    return median(rates) if rates else None
 
 
 def measured(out_dir, nranks, algo):

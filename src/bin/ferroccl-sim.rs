@@ -5,8 +5,11 @@
 //! ferroccl-sim --ranks 16384 --ranks-per-host 8 [--op allreduce] [--algo auto|all|ring,tree,...]
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
-//!              [--reduce-gbps X] [--topology FILE]
+//!              [--reduce-gbps X] [--eager BYTES] [--topology FILE]
 //! ```
+//!
+//! `--eager BYTES`: messages up to this size leave their sender without waiting for the
+//! receiver (default [`DEFAULT_EAGER_BYTES`], 64 KiB; 0: every message is a rendezvous).
 //!
 //! `--slice BYTES`: the most bytes one message carries, as `FERRO_SLICE_BYTES` (default 4 MiB);
 //! every algorithm runs with the slice the tuner gives it up to that (smaller where pipelining
@@ -22,7 +25,7 @@
 //!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `slow HOST FACTOR`,
+//! `nic_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
@@ -31,7 +34,9 @@ use std::time::Instant;
 
 use ferroccl::coll::{AlgoOptions, Algorithm, CollArgs, CollKind, Topology};
 use ferroccl::plan::{CostModel, Link, Overrides};
-use ferroccl::sim::{busbw_factor, simulate, Cluster, DEFAULT_COPY_GBPS, DEFAULT_REDUCE_GBPS};
+use ferroccl::sim::{
+    busbw_factor, simulate, Cluster, DEFAULT_COPY_GBPS, DEFAULT_EAGER_BYTES, DEFAULT_REDUCE_GBPS,
+};
 
 struct Opts {
     ranks: usize,
@@ -46,6 +51,7 @@ struct Opts {
     slow: Vec<(usize, f64)>,
     round_robin: bool,
     reduce_gbps: f64,
+    eager_bytes: usize,
 }
 
 impl Default for Opts {
@@ -64,6 +70,7 @@ impl Default for Opts {
             slow: Vec::new(),
             round_robin: false,
             reduce_gbps: DEFAULT_REDUCE_GBPS,
+            eager_bytes: DEFAULT_EAGER_BYTES,
         }
     }
 }
@@ -139,6 +146,7 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
                     num(w[3], "beta")?,
                 )?,
                 ("reduce", 2) => o.reduce_gbps = parse_reduce_gbps(w[1], "reduce bandwidth")?,
+                ("eager", 2) => o.eager_bytes = parse_size(w[1])?,
                 ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
                 ("placement", 2) => o.round_robin = parse_placement(w[1])?,
                 _ => return Err(format!("cannot read '{line}'")),
@@ -192,6 +200,7 @@ fn parse_args() -> Result<Opts, String> {
                 }
                 o.model.max_slice = n;
             }
+            "--eager" => o.eager_bytes = parse_size(v)?,
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
@@ -220,10 +229,10 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--slice BYTES] \
+                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--slice BYTES] \
                  [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
                  topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
-                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, reduce GBPS, slow HOST FACTOR, \
+                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, reduce GBPS, eager BYTES, slow HOST FACTOR, \
                  placement host-major|round-robin"
             );
             return ExitCode::from(2);
@@ -262,13 +271,14 @@ fn run(o: &Opts) -> Result<(), String> {
         nic_gbps: o.model.nic_gbps,
         copy_gbps: DEFAULT_COPY_GBPS,
         reduce_gbps: o.reduce_gbps,
+        eager_bytes: o.eager_bytes,
         slowdown,
     };
     let elem = 4;
     let started = Instant::now();
     println!(
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
-         reduce {}, {}",
+         reduce {}, eager up to {} B, {}",
         o.ranks,
         o.per_host,
         nhosts,
@@ -281,6 +291,7 @@ fn run(o: &Opts) -> Result<(), String> {
         } else {
             "free".to_string()
         },
+        cluster.eager_bytes,
         o.op.name()
     );
     println!(

@@ -2,10 +2,13 @@
 //! its time. Pure code: no I/O; `ferroccl-sim` prints the results.
 //!
 //! Model: a rank starts step `t` when it finished step `t - 1` (its copies take
-//! `bytes / copy_gbps`); a message starts when both its sender and its receiver are in the
-//! steps that hold it (rendezvous) and takes `alpha + bytes / beta` of its link, times the
-//! slowdown of the slower host; a step ends when its last message does (or, for a receiver,
-//! when it has reduced it: see below). Messages between the same two ranks run in order: a
+//! `bytes / copy_gbps`); a message of at most [`Cluster::eager_bytes`] starts when its sender
+//! is in the step that holds it (eager: it fits the transport's buffers, as a socket write or
+//! a shared-memory ring slot does not wait for the reader), a larger one when both its sender
+//! and its receiver are (rendezvous); it takes `alpha + bytes / beta` of its link, times the
+//! slowdown of the slower host. A step ends when its last message does: for a receiver, when
+//! the message has arrived and the receiver is in the step (and has reduced it: see below);
+//! for the sender of an eager message, when its bytes are through the link. Messages between the same two ranks run in order: a
 //! later one's bytes start when the earlier one's are through (its latency overlaps them).
 //! Between hosts, a host's NIC is shared evenly by the ranks of the host that talk across
 //! hosts in the schedule.
@@ -53,6 +56,10 @@ pub struct Cluster {
     /// infinite value makes reductions free (the pure alpha-beta model).
     /// [`DEFAULT_REDUCE_GBPS`] where a cluster is built from defaults.
     pub reduce_gbps: f64,
+    /// Largest message, in bytes, that leaves its sender without waiting for the receiver
+    /// (see the module docs); 0 makes every message a rendezvous. [`DEFAULT_EAGER_BYTES`]
+    /// where a cluster is built from defaults.
+    pub eager_bytes: usize,
     /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
     /// at full speed.
     pub slowdown: Vec<f64>,
@@ -66,6 +73,11 @@ pub const DEFAULT_COPY_GBPS: f64 = 10.0;
 /// copy has two) and adds an arithmetic pass. Of the same order as a copy, so large reducing
 /// collectives on one host are no longer priced as pure transfers.
 pub const DEFAULT_REDUCE_GBPS: f64 = 5.0;
+
+/// Default [`Cluster::eager_bytes`]: 64 KiB, what a fresh TCP connection's receive window
+/// holds with Linux's default buffers (`tcp_rmem` 128 KiB); the shared-memory ring holds more
+/// (4 MiB), sockets grow their buffers as they carry more.
+pub const DEFAULT_EAGER_BYTES: usize = 64 << 10;
 
 /// How the schedules were run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,27 +393,31 @@ fn run(
                 // Messages between one pair run in order (as the executor runs them): a
                 // later one's bytes follow the earlier one's, its latency overlaps them.
                 let free = channel.get(&(a, b)).copied().unwrap_or(0.0);
-                let start = ready[r].max(ready[q]).max(free);
-                channel.insert((a, b), start + busy(a, b, len));
-                let end = start + cost(a, b, len);
-                // The receiver reduces what landed in a receive-and-reduce op.
-                let (recv_op, receiver) = if sends {
-                    (&scheds[q].steps[qs].ops[j], q)
+                let (recv_op, sender, receiver) = if sends {
+                    (&scheds[q].steps[qs].ops[j], r, q)
                 } else {
-                    (op, r)
+                    (op, q, r)
                 };
+                let eager = cluster.eager_bytes > 0 && len * elem_size <= cluster.eager_bytes;
+                let start = if eager {
+                    ready[sender].max(free)
+                } else {
+                    ready[r].max(ready[q]).max(free)
+                };
+                let through = start + busy(a, b, len);
+                channel.insert((a, b), through);
+                let end = start + cost(a, b, len);
+                // The receiver reduces what landed in a receive-and-reduce op, once it is
+                // there and in the step.
                 let extra = if reduces(recv_op) {
                     reduce(a, b, len)
                 } else {
                     0.0
                 };
-                let (fr, fq) = if receiver == r {
-                    (end + extra, end)
-                } else {
-                    (end, end + extra)
-                };
-                finish[r] = finish[r].max(fr);
-                finish[q] = finish[q].max(fq);
+                let received = end.max(ready[receiver]) + extra;
+                let sent = if eager { through } else { end };
+                finish[sender] = finish[sender].max(sent);
+                finish[receiver] = finish[receiver].max(received);
                 pending[q] -= 1;
                 if pending[q] == 0 {
                     queue.push(q);

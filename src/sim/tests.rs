@@ -8,7 +8,8 @@ const LINK: LinkCost = LinkCost {
     beta_gbps: 1.0,
 };
 
-/// Reductions are free here (pure alpha-beta) unless a test sets `reduce_gbps`.
+/// Reductions are free here (pure alpha-beta) unless a test sets `reduce_gbps`, and every
+/// message is a rendezvous unless a test sets `eager_bytes`.
 fn cluster(topo: Topology) -> Cluster {
     Cluster {
         topo,
@@ -20,6 +21,7 @@ fn cluster(topo: Topology) -> Cluster {
         nic_gbps: None,
         copy_gbps: 10.0,
         reduce_gbps: 0.0,
+        eager_bytes: 0,
         slowdown: Vec::new(),
     }
 }
@@ -333,4 +335,56 @@ fn symmetric_mode_agrees_with_full_mode_with_reductions() {
         let before = time(&free, &a, algo, Some(true));
         assert!(sym > before, "{algo} {}: {sym} vs {before}", kind.name());
     }
+}
+
+#[test]
+fn eager_messages_do_not_wait_for_their_receiver() {
+    // 4 hosts x 2 ranks, placed round-robin as `ferrorun --netns` does.
+    let topo = Topology {
+        host_of: (0..8).map(|r| r % 4).collect(),
+    };
+    let rendezvous = Cluster {
+        reduce_gbps: 5.0,
+        ..cluster(topo)
+    };
+    let eager = Cluster {
+        eager_bytes: usize::MAX,
+        ..rendezvous.clone()
+    };
+    let opts = AlgoOptions { slice: 1 << 14 };
+    for algo in ALL_REDUCE_ALGOS {
+        for count in [2usize, 1000, 65_537] {
+            let a = all_reduce(count);
+            let run = |c: &Cluster| {
+                simulate(c, &a, 4, algo, &opts, Some(false))
+                    .unwrap()
+                    .time_us
+            };
+            let (r, e) = (run(&rendezvous), run(&eager));
+            // Never later than waiting for the receiver; a limit below the message size is
+            // the rendezvous itself.
+            assert!(
+                e <= r * (1.0 + 1e-12),
+                "{algo} {count}: eager {e} > rendezvous {r}"
+            );
+            let below = Cluster {
+                eager_bytes: 1,
+                ..rendezvous.clone()
+            };
+            assert!(close(run(&below), r), "{algo} {count}");
+        }
+    }
+    // The ring runs in lockstep: every receiver is already waiting, eager changes nothing.
+    let a = all_reduce(4000);
+    let ring = |c: &Cluster| time(c, &a, Algorithm::Ring, Some(false));
+    assert!(close(ring(&eager), ring(&rendezvous)));
+    // The tree's ranks reach their steps at different times (a leaf sends up at once while
+    // its parent still waits for its other child): eager is strictly faster there.
+    let tree = |c: &Cluster| time(c, &all_reduce(2), Algorithm::Tree, Some(false));
+    assert!(
+        tree(&eager) < tree(&rendezvous),
+        "{} vs {}",
+        tree(&eager),
+        tree(&rendezvous)
+    );
 }

@@ -2,13 +2,15 @@
 //! its time. Pure code: no I/O; `ferroccl-sim` prints the results.
 //!
 //! Model: a rank starts step `t` when it finished step `t - 1` (its copies take
-//! `bytes / copy_gbps`); a message of at most [`Cluster::eager_bytes`] starts when its sender
-//! is in the step that holds it (eager: it fits the transport's buffers, as a socket write or
-//! a shared-memory ring slot does not wait for the reader), a larger one when both its sender
-//! and its receiver are (rendezvous); it takes `alpha + bytes / beta` of its link, times the
-//! slowdown of the slower host. A step ends when its last message does: for a receiver, when
-//! the message has arrived and the receiver is in the step (and has reduced it: see below);
-//! for the sender of an eager message, when its bytes are through the link. Messages between the same two ranks run in order: a
+//! `bytes / copy_gbps`). A message takes `alpha + bytes / beta` of its link, times the
+//! slowdown of the slower host, from when its sender is in the step that holds it: its first
+//! [`Cluster::eager_bytes`] fit the transport's buffers (a socket write or a shared-memory
+//! ring slot does not wait for the reader). Bytes beyond those wait for the receiver to be
+//! in its step, and then for one `alpha` (a window update) before they move; with
+//! `eager_bytes` 0 every message is a rendezvous, starting when both ends are in their steps.
+//! A step ends when its last message does: for a receiver, when the message has arrived and
+//! the receiver is in the step (and has reduced it: see below); for the sender of a message
+//! that fits the buffers, when its bytes are through the link. Messages between the same two ranks run in order: a
 //! later one's bytes start when the earlier one's are through (its latency overlaps them).
 //! Between hosts, a host's NIC is shared evenly by the ranks of the host that talk across
 //! hosts in the schedule.
@@ -398,15 +400,19 @@ fn run(
                 } else {
                     (op, q, r)
                 };
-                let eager = cluster.eager_bytes > 0 && len * elem_size <= cluster.eager_bytes;
-                let start = if eager {
-                    ready[sender].max(free)
+                // The first `eager_bytes` of a message fit the transport's buffers and move
+                // as soon as the sender is in its step; the rest waits for the receiver, and
+                // its first byte then for a round of latency (a window update).
+                let (lat, moving) = (cost(a, b, 0), busy(a, b, len));
+                let bytes = len * elem_size;
+                let sender_side = ready[sender].max(free) + lat + moving;
+                let end = if bytes <= cluster.eager_bytes {
+                    sender_side
                 } else {
-                    ready[r].max(ready[q]).max(free)
+                    let rest = (bytes - cluster.eager_bytes) as f64 / bytes as f64;
+                    sender_side.max(ready[receiver].max(free) + lat + moving * rest)
                 };
-                let through = start + busy(a, b, len);
-                channel.insert((a, b), through);
-                let end = start + cost(a, b, len);
+                channel.insert((a, b), end - lat);
                 // The receiver reduces what landed in a receive-and-reduce op, once it is
                 // there and in the step.
                 let extra = if reduces(recv_op) {
@@ -415,7 +421,11 @@ fn run(
                     0.0
                 };
                 let received = end.max(ready[receiver]) + extra;
-                let sent = if eager { through } else { end };
+                let sent = if bytes <= cluster.eager_bytes {
+                    end - lat
+                } else {
+                    end
+                };
                 finish[sender] = finish[sender].max(sent);
                 finish[receiver] = finish[receiver].max(received);
                 pending[q] -= 1;

@@ -446,10 +446,15 @@ impl CostModel {
 
     /// The measured factor of `algo` on `kind` at `bytes` (1 where nothing was measured).
     pub fn correction(&self, algo: Algorithm, kind: CollKind, bytes: usize) -> f64 {
+        self.correction_of(algo, kind)
+            .map_or(1.0, |c| c.factor(bytes))
+    }
+
+    /// What was measured for `algo` on `kind`, if anything.
+    fn correction_of(&self, algo: Algorithm, kind: CollKind) -> Option<&Correction> {
         self.corrections
             .iter()
             .find(|c| c.algo == algo && c.collective == kind.name())
-            .map_or(1.0, |c| c.factor(bytes))
     }
 
     /// The time [`CostModel::choose`] compares: the formula's with its cheapest slice, times
@@ -467,11 +472,7 @@ impl CostModel {
         topo: &Topology,
     ) -> (f64, usize) {
         let (t, slice) = self.best_slice(algo, kind, bytes, topo);
-        let Some(c) = self
-            .corrections
-            .iter()
-            .find(|c| c.algo == algo && c.collective == kind.name())
-        else {
+        let Some(c) = self.correction_of(algo, kind) else {
             return (t, slice);
         };
         let corrected = t * c.factor(bytes);

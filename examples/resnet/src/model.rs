@@ -142,13 +142,12 @@ fn basic_block(p: nn::Path, c_in: i64, c_out: i64, stride: i64) -> nn::FuncT<'st
     let bn2 = bn(&p / "bn2", c_out);
     let down = downsample(&p / "downsample", c_in, c_out, stride);
     nn::func_t(move |xs, train| {
-        let ys = xs
-            .apply(&conv1)
-            .apply_t(&bn1, train)
-            .relu()
-            .apply(&conv2)
-            .apply_t(&bn2, train);
-        (xs.apply_t(&down, train) + ys).relu()
+        let mut ys = xs.apply(&conv1).apply_t(&bn1, train);
+        let _ = ys.relu_();
+        let mut ys = ys.apply(&conv2).apply_t(&bn2, train);
+        ys += xs.apply_t(&down, train);
+        let _ = ys.relu_();
+        ys
     })
 }
 
@@ -162,16 +161,14 @@ fn bottleneck_block(p: nn::Path, c_in: i64, c_mid: i64, stride: i64) -> nn::Func
     let bn3 = bn(&p / "bn3", c_out);
     let down = downsample(&p / "downsample", c_in, c_out, stride);
     nn::func_t(move |xs, train| {
-        let ys = xs
-            .apply(&conv1)
-            .apply_t(&bn1, train)
-            .relu()
-            .apply(&conv2)
-            .apply_t(&bn2, train)
-            .relu()
-            .apply(&conv3)
-            .apply_t(&bn3, train);
-        (xs.apply_t(&down, train) + ys).relu()
+        let mut ys = xs.apply(&conv1).apply_t(&bn1, train);
+        let _ = ys.relu_();
+        let mut ys = ys.apply(&conv2).apply_t(&bn2, train);
+        let _ = ys.relu_();
+        let mut ys = ys.apply(&conv3).apply_t(&bn3, train);
+        ys += xs.apply_t(&down, train);
+        let _ = ys.relu_();
+        ys
     })
 }
 
@@ -215,7 +212,8 @@ impl ResNet {
         };
         let bn1 = bn(p / "bn1", w);
         let stem = nn::func_t(move |xs, train| {
-            let ys = xs.apply(&conv1).apply_t(&bn1, train).relu();
+            let mut ys = xs.apply(&conv1).apply_t(&bn1, train);
+            let _ = ys.relu_();
             if small {
                 ys
             } else {

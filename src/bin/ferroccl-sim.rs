@@ -315,46 +315,16 @@ fn run(o: &Opts) -> Result<(), String> {
             size / elem
         };
         let bytes = count * elem;
+        // Forced algorithms run with the slice the tuner gives them, as the executor does.
+        let with_slice = |a: Algorithm| (a, o.model.best_slice(a, o.op, bytes, &topo).1);
         let algos: Vec<(Algorithm, usize)> = if o.all {
             Algorithm::ALL
                 .into_iter()
                 .filter(|a| a.supports(o.op))
-                .map(|a| {
-                    (
-                        a,
-                        o.model
-                            .choose(
-                                o.op,
-                                bytes,
-                                &topo,
-                                &Overrides {
-                                    algo: Some(a),
-                                    rules: Vec::new(),
-                                },
-                            )
-                            .slice_bytes,
-                    )
-                })
+                .map(with_slice)
                 .collect()
         } else if let Some(list) = &o.algos {
-            list.iter()
-                .map(|&a| {
-                    (
-                        a,
-                        o.model
-                            .choose(
-                                o.op,
-                                bytes,
-                                &topo,
-                                &Overrides {
-                                    algo: Some(a),
-                                    rules: Vec::new(),
-                                },
-                            )
-                            .slice_bytes,
-                    )
-                })
-                .collect()
+            list.iter().copied().map(with_slice).collect()
         } else {
             let c = o.model.choose(o.op, bytes, &topo, &Overrides::default());
             vec![(c.algo, c.slice_bytes)]

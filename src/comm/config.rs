@@ -103,7 +103,7 @@ impl Default for Config {
             timeout: Duration::from_secs(600),
             nstreams: 2,
             socket_ifname: None,
-            slice_bytes: 4 << 20,
+            slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: vec![Transport::Shm, Transport::Tcp],

@@ -3,21 +3,30 @@
 //!
 //! [`Delayed`] wraps any [`Connection`]; both ends of a pair must be wrapped. In front of each
 //! message the sender writes a stamp (a header-only message carrying its send time on the
-//! monotonic clock). The receiver reads the stamp and starts reading the message itself only
-//! once `send time + delay` has passed; until then its [`Connection::poll_fds`] is a timer
-//! that fires at that moment. Delays therefore overlap: a burst of messages sent together is
-//! delivered together one delay later, and bandwidth is limited only by what the inner
-//! transport buffers while the receiver waits (as a real link's bandwidth-delay product).
+//! monotonic clock). The receiver reads stamps and messages as soon as the inner transport has
+//! them, ahead of the caller (up to [`READ_AHEAD_BYTES`] beyond the message the caller waits
+//! for), into its own buffers, and hands a message to the caller only `delay` after its last
+//! byte came in; until then its [`Connection::poll_fds`] adds a timer that fires at that moment.
+//! A message therefore costs its transfer on the inner (rate-shaped) link *plus* the delay, as on
+//! a real long link, and delays overlap: a burst of messages sent together is delivered one
+//! delay after each one's bytes are in, not one delay per message after the previous one.
+//!
+//! Bytes that reach the receiver while nobody reads the connection (its rank is busy elsewhere)
+//! are charged no more delay than a real link would have: a message whose stamp is read `L`
+//! after it could first have been on the wire (its send time, or the previous message's last
+//! byte, whichever is later) is held `delay - L` (at least 0) after its last byte. Reading at
+//! once also keeps the inner socket drained, so a waiting receiver never delays TCP's ACKs.
 //!
 //! The stamps compare clocks of the two ends, so both must share the monotonic clock: ranks on
 //! one machine (threads, processes, network namespaces), which is where this wrapper is meant
 //! to run.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use crate::{Connection, Error, Header, PeerInfo, PollFd, Progress, Result};
+use crate::{Connection, Error, Header, Part, PeerInfo, PollFd, Progress, Result, HEADER_LEN};
 
 /// Header kind of a stamp (no collective uses it).
 pub const STAMP_KIND: u8 = 0xfd;
@@ -93,6 +102,10 @@ impl Timer {
     }
 }
 
+/// Bytes of complete messages the receiver buffers beyond the one the caller waits for; past
+/// this it stops reading, and the inner transport's flow control holds the sender back.
+pub const READ_AHEAD_BYTES: usize = 16 << 20;
+
 /// Where the sending side stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TxState {
@@ -104,15 +117,35 @@ enum TxState {
     Message,
 }
 
-/// Where the receiving side stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RxState {
-    /// Reading the next stamp (into `Delayed::rx_stamp`).
-    Stamp,
-    /// Holding the next message until the monotonic clock reaches this many nanoseconds.
-    Hold(u64),
-    /// Reading the message itself.
-    Message,
+/// When a message read at `done_ns` may reach the caller: `delay_ns` after its last byte, less
+/// the time `L` by which the receiver was late to read it, where `L` runs from the moment the
+/// message could first be on the wire (`sent_ns`, or `prev_in_ns`, when the previous message's
+/// last byte on this connection came in, whichever is later) to `stamp_read_ns`, and is at most
+/// the delay.
+fn release_ns(
+    sent_ns: u64,
+    prev_in_ns: u64,
+    stamp_read_ns: u64,
+    done_ns: u64,
+    delay_ns: u64,
+) -> u64 {
+    let on_wire = sent_ns.max(prev_in_ns);
+    let late = stamp_read_ns.saturating_sub(on_wire).min(delay_ns);
+    done_ns.saturating_add(delay_ns - late).max(done_ns)
+}
+
+/// A message read from the inner transport, complete or still arriving.
+#[derive(Debug)]
+struct Inbound {
+    header: Header,
+    payload: Vec<u8>,
+    /// The inner transport's progress on it.
+    progress: Progress,
+    /// Send time from its stamp and when the stamp was read (monotonic ns).
+    sent_ns: u64,
+    stamp_read_ns: u64,
+    /// When the caller may have it; set once its last byte is in.
+    release_ns: Option<u64>,
 }
 
 /// A connection whose messages arrive `delay` after they were sent (see the module docs).
@@ -120,12 +153,22 @@ pub struct Delayed<C> {
     inner: C,
     delay_ns: u64,
     tx: TxState,
-    rx: RxState,
     /// The stamp being written and its progress.
     tx_stamp: (Header, Progress),
-    /// The stamp being read and its progress.
-    rx_stamp: (Header, Progress),
+    /// The stamp being read and its progress; `None` while a message is being read.
+    rx_stamp: Option<(Header, Progress)>,
+    /// Messages read (the last one possibly still arriving), oldest first.
+    inbox: VecDeque<Inbound>,
+    /// Payload bytes of complete messages in `inbox`.
+    buffered: usize,
+    /// When the previous message's last byte came in, as a receiver reading all along would
+    /// have seen it (its release less the delay).
+    prev_in_ns: u64,
+    /// An inner error met while reading ahead, reported once the messages before it are out.
+    rx_error: Option<Error>,
     timer: Timer,
+    /// The time the timer is armed for (0: disarmed).
+    armed_ns: u64,
 }
 
 impl<C: Connection> fmt::Debug for Delayed<C> {
@@ -134,7 +177,8 @@ impl<C: Connection> fmt::Debug for Delayed<C> {
             .field("inner", &self.inner)
             .field("delay_ns", &self.delay_ns)
             .field("tx", &self.tx)
-            .field("rx", &self.rx)
+            .field("inbox", &self.inbox.len())
+            .field("buffered", &self.buffered)
             .finish()
     }
 }
@@ -147,10 +191,14 @@ impl<C: Connection> Delayed<C> {
             inner,
             delay_ns: u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX),
             tx: TxState::Idle,
-            rx: RxState::Stamp,
             tx_stamp: (Header::default(), Progress::default()),
-            rx_stamp: (Header::default(), Progress::default()),
+            rx_stamp: Some((Header::default(), Progress::default())),
+            inbox: VecDeque::new(),
+            buffered: 0,
+            prev_in_ns: 0,
+            rx_error: None,
             timer: Timer::new()?,
+            armed_ns: 0,
         })
     }
 
@@ -162,6 +210,91 @@ impl<C: Connection> Delayed<C> {
     /// The wrapped connection.
     pub fn inner(&self) -> &C {
         &self.inner
+    }
+
+    /// Whether the receiver may read more from the inner transport now.
+    fn may_read(&self) -> bool {
+        self.rx_error.is_none() && self.buffered <= READ_AHEAD_BYTES
+    }
+
+    /// Reads stamps and messages from the inner transport until it has nothing more or the
+    /// read-ahead limit is reached.
+    fn read_ahead(&mut self) -> Result<()> {
+        while self.may_read() {
+            if let Some((stamp, p)) = &mut self.rx_stamp {
+                // Header first (the inner transport stops there), then the empty payload.
+                if !self.inner.recv(stamp, &mut [], p)? {
+                    if !p.header_done() {
+                        return Ok(());
+                    }
+                    if stamp.kind != STAMP_KIND || stamp.len != 0 {
+                        return Err(Error::internal(format!(
+                            "link delay: expected a send-time stamp from {}, got a message of \
+                             kind {} with {} bytes (set FERRO_LINK_DELAY_US alike on every rank)",
+                            self.inner.peer(),
+                            stamp.kind,
+                            stamp.len
+                        )));
+                    }
+                    continue;
+                }
+                self.inbox.push_back(Inbound {
+                    header: Header::default(),
+                    payload: Vec::new(),
+                    progress: Progress::default(),
+                    sent_ns: stamp.seq,
+                    stamp_read_ns: monotonic_ns(),
+                    release_ns: None,
+                });
+                self.rx_stamp = None;
+            }
+            let m = self.inbox.back_mut().expect("a message follows its stamp");
+            let header_was_done = m.progress.header_done();
+            let done = self
+                .inner
+                .recv(&mut m.header, &mut m.payload, &mut m.progress)?;
+            if !done {
+                if header_was_done || !m.progress.header_done() {
+                    return Ok(());
+                }
+                // The header is in: make room for the payload, then go on reading.
+                let len = usize::try_from(m.header.len).unwrap_or(usize::MAX);
+                m.payload.try_reserve_exact(len).map_err(|_| {
+                    Error::internal(format!(
+                        "link delay: no memory for a {}-byte message from {}",
+                        m.header.len,
+                        self.inner.peer()
+                    ))
+                })?;
+                m.payload.resize(len, 0);
+                continue;
+            }
+            let release = release_ns(
+                m.sent_ns,
+                self.prev_in_ns,
+                m.stamp_read_ns,
+                monotonic_ns(),
+                self.delay_ns,
+            );
+            m.release_ns = Some(release);
+            self.prev_in_ns = release.saturating_sub(self.delay_ns);
+            self.buffered += m.payload.len();
+            self.rx_stamp = Some((Header::default(), Progress::default()));
+        }
+        Ok(())
+    }
+
+    /// Arms the timer for the release of the oldest complete message, or disarms it.
+    fn arm_for_next_release(&mut self, now: u64) {
+        let want = match self.inbox.front().and_then(|m| m.release_ns) {
+            Some(at) if at > now => at,
+            _ => 0,
+        };
+        if want != self.armed_ns {
+            self.timer.arm(want);
+            self.timer.clear();
+            self.armed_ns = want;
+        }
     }
 }
 
@@ -200,53 +333,64 @@ impl<C: Connection> Connection for Delayed<C> {
         payload: &mut [u8],
         progress: &mut Progress,
     ) -> Result<bool> {
-        if self.rx == RxState::Stamp {
-            let (stamp, p) = &mut self.rx_stamp;
-            // Header first (the inner transport stops there), then the empty payload.
-            while !self.inner.recv(stamp, &mut [], p)? {
-                if !p.header_done() {
-                    return Ok(false);
+        if let Err(e) = self.read_ahead() {
+            // Messages already in are still delivered; the error comes after them.
+            self.rx_error = Some(e);
+        }
+        let now = monotonic_ns();
+        self.arm_for_next_release(now);
+        let released = matches!(
+            self.inbox.front(),
+            Some(Inbound { release_ns: Some(at), .. }) if *at <= now
+        );
+        if !released {
+            return match self.rx_error.take() {
+                Some(e) if self.inbox.front().map_or(true, |m| m.release_ns.is_none()) => Err(e),
+                e => {
+                    self.rx_error = e;
+                    Ok(false)
                 }
-                if stamp.kind != STAMP_KIND || stamp.len != 0 {
-                    return Err(Error::internal(format!(
-                        "link delay: expected a send-time stamp from {}, got a message of kind \
-                         {} with {} bytes (set FERRO_LINK_DELAY_US alike on every rank)",
-                        self.inner.peer(),
-                        stamp.kind,
-                        stamp.len
-                    )));
-                }
-            }
-            let release = stamp.seq.saturating_add(self.delay_ns);
-            self.rx = RxState::Hold(release);
-            self.timer.arm(release.max(1));
+            };
         }
-        if let RxState::Hold(release) = self.rx {
-            if monotonic_ns() < release {
-                return Ok(false);
-            }
-            self.timer.arm(0);
-            self.timer.clear();
-            self.rx = RxState::Message;
+        let m = self.inbox.front().expect("checked above");
+        if !progress.header_done() {
+            // The caller checks the header before asking for the payload.
+            *header = m.header;
+            progress.header_pos = HEADER_LEN;
+            return Ok(false);
         }
-        let done = self.inner.recv(header, payload, progress)?;
-        if done {
-            self.rx = RxState::Stamp;
-            self.rx_stamp = (Header::default(), Progress::default());
+        if payload.len() != m.payload.len() {
+            return Err(Error::internal(format!(
+                "recv from {}: header says {} bytes, buffer has {}",
+                self.inner.peer(),
+                m.payload.len(),
+                payload.len()
+            )));
         }
-        Ok(done)
+        payload.copy_from_slice(&m.payload);
+        progress.parts[0] = Part {
+            start: 0,
+            pos: payload.len(),
+            end: payload.len(),
+        };
+        progress.nparts = 1;
+        progress.started = true;
+        self.buffered -= payload.len();
+        self.inbox.pop_front();
+        self.arm_for_next_release(now);
+        Ok(true)
     }
 
     fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
-        let holding = matches!(self.rx, RxState::Hold(_));
-        if receiving && holding {
+        if receiving && self.armed_ns != 0 {
             out.push(PollFd {
                 fd: self.timer.fd.as_raw_fd(),
                 read: true,
                 write: false,
             });
         }
-        self.inner.poll_fds(sending, receiving && !holding, out);
+        self.inner
+            .poll_fds(sending, receiving && self.may_read(), out);
     }
 
     fn shutdown(&mut self) {
@@ -257,24 +401,31 @@ impl<C: Connection> Connection for Delayed<C> {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
 
     use super::*;
 
-    type Queue = Arc<Mutex<VecDeque<(Header, Vec<u8>)>>>;
+    /// Messages in flight on an in-memory link, each with the moment its last byte is in.
+    type Queue = Arc<Mutex<VecDeque<(Header, Vec<u8>, Instant)>>>;
 
-    /// One end of an in-memory connection: whole messages, delivered at once. The header is
-    /// handed out on one call and the payload on the next, like the TCP transport.
+    /// One end of an in-memory connection. The header is handed out on one call and the
+    /// payload on the next, like the TCP transport; a message's payload is in `transfer` after
+    /// the previous one's (or after it was sent, if later), as on a link of limited rate.
     #[derive(Debug)]
     struct Mem {
         peer: PeerInfo,
         out: Queue,
         inbox: Queue,
+        transfer: Duration,
+        /// Set when the peer closed: once the inbox is empty, `recv` fails.
+        closed: Arc<AtomicBool>,
     }
 
-    fn pair() -> (Mem, Mem) {
+    fn pair_with(transfer: Duration) -> (Mem, Mem) {
         let (a, b): (Queue, Queue) = (Arc::default(), Arc::default());
+        let closed = Arc::new(AtomicBool::new(false));
         let end = |rank, out: &Queue, inbox: &Queue| Mem {
             peer: PeerInfo {
                 rank,
@@ -282,8 +433,14 @@ mod tests {
             },
             out: Arc::clone(out),
             inbox: Arc::clone(inbox),
+            transfer,
+            closed: Arc::clone(&closed),
         };
         (end(1, &a, &b), end(0, &b, &a))
+    }
+
+    fn pair() -> (Mem, Mem) {
+        pair_with(Duration::ZERO)
     }
 
     impl Connection for Mem {
@@ -293,7 +450,9 @@ mod tests {
 
         fn send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
             assert_eq!(h.len, payload.len() as u64);
-            self.out.lock().unwrap().push_back((*h, payload.to_vec()));
+            let mut q = self.out.lock().unwrap();
+            let start = q.back().map_or(Instant::now(), |m| m.2.max(Instant::now()));
+            q.push_back((*h, payload.to_vec(), start + self.transfer));
             p.header_pos = crate::HEADER_LEN;
             p.started = true;
             Ok(true)
@@ -301,12 +460,18 @@ mod tests {
 
         fn recv(&mut self, h: &mut Header, payload: &mut [u8], p: &mut Progress) -> Result<bool> {
             let mut q = self.inbox.lock().unwrap();
-            let Some((head, body)) = q.front() else {
+            let Some((head, body, in_at)) = q.front() else {
+                if self.closed.load(Ordering::SeqCst) {
+                    return Err(Error::remote(format!("{} closed", self.peer)));
+                }
                 return Ok(false);
             };
             if !p.header_done() {
                 *h = *head;
                 p.header_pos = crate::HEADER_LEN;
+                return Ok(false);
+            }
+            if Instant::now() < *in_at {
                 return Ok(false);
             }
             payload.copy_from_slice(body);
@@ -461,5 +626,69 @@ mod tests {
         };
         let msg = e.to_string();
         assert!(msg.contains("rank 0") && msg.contains("stamp"), "{msg}");
+    }
+    #[test]
+    fn release_charges_the_delay_after_the_last_byte_less_the_receivers_lateness() {
+        let d = 1_000;
+        // A receiver waiting when the message is sent: delay after the last byte.
+        assert_eq!(release_ns(100, 0, 100, 5_000, d), 6_000);
+        // Stamp read 300 late: those 300 of the delay have passed already.
+        assert_eq!(release_ns(100, 0, 400, 5_000, d), 5_700);
+        // Later than the delay: at once.
+        assert_eq!(release_ns(100, 0, 3_000, 5_000, d), 5_000);
+        // Sent behind a message whose bytes came in until 4_000: on the wire from then, so a
+        // stamp read at 4_000 was not late, although it was written at 100.
+        assert_eq!(release_ns(100, 4_000, 4_000, 9_000, d), 10_000);
+        assert_eq!(release_ns(100, 4_000, 4_600, 9_000, d), 9_400);
+        // No delay configured.
+        assert_eq!(release_ns(100, 0, 100, 5_000, 0), 5_000);
+    }
+
+    #[test]
+    fn transfer_and_delay_add_up_and_back_to_back_messages_pipeline() {
+        // Each payload takes `t` on the inner link; the second is queued behind the first.
+        // Its last byte is in at 2t, so it may be out at 2t + d, not before (the old rule,
+        // release at send time + d, would give max(d, 2t)).
+        let (t, d) = (Duration::from_millis(25), Duration::from_millis(40));
+        let (a, b) = pair_with(t);
+        let (mut a, mut b) = (Delayed::new(a, d).unwrap(), Delayed::new(b, d).unwrap());
+        let sent = Instant::now();
+        for i in 0..2u8 {
+            assert!(a
+                .send(&header(u64::from(i), 3), &[i; 3], &mut Progress::default())
+                .unwrap());
+        }
+        for i in 0..2u8 {
+            let (mut h, mut buf) = (Header::default(), [9u8; 3]);
+            recv_all(&mut b, &mut h, &mut buf);
+            let want = t * (u32::from(i) + 1) + d;
+            assert!(
+                sent.elapsed() >= want,
+                "message {i} after {:?}",
+                sent.elapsed()
+            );
+            assert_eq!((h.seq, buf), (u64::from(i), [i; 3]));
+        }
+    }
+
+    #[test]
+    fn messages_in_before_the_peer_closed_are_delivered_then_the_error() {
+        let (a, b) = pair();
+        let closed = Arc::clone(&a.closed);
+        let (mut a, mut b) = (
+            Delayed::new(a, Duration::from_millis(5)).unwrap(),
+            Delayed::new(b, Duration::from_millis(5)).unwrap(),
+        );
+        assert!(a
+            .send(&header(4, 2), &[4, 4], &mut Progress::default())
+            .unwrap());
+        closed.store(true, Ordering::SeqCst);
+        let (mut h, mut buf) = (Header::default(), [0u8; 2]);
+        recv_all(&mut b, &mut h, &mut buf);
+        assert_eq!((h.seq, buf), (4, [4, 4]));
+        let e = b
+            .recv(&mut h, &mut buf, &mut Progress::default())
+            .unwrap_err();
+        assert!(e.to_string().contains("closed"), "{e}");
     }
 }

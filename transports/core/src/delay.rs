@@ -345,7 +345,7 @@ impl<C: Connection> Connection for Delayed<C> {
         );
         if !released {
             return match self.rx_error.take() {
-                Some(e) if self.inbox.front().map_or(true, |m| m.release_ns.is_none()) => Err(e),
+                Some(e) if self.inbox.front().is_none_or(|m| m.release_ns.is_none()) => Err(e),
                 e => {
                     self.rx_error = e;
                     Ok(false)

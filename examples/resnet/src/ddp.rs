@@ -4,7 +4,7 @@
 //! | piece | what it does |
 //! |---|---|
 //! | [`broadcast_tensors`] | rank 0's values of a list of tensors (parameters, batch-norm statistics, momentum) to every rank, in one message |
-//! | [`GradReducer`] | gradients in buckets of `bucket_bytes`, ordered as backward produces them; [`GradReducer::stage_done`] starts every bucket the finished stage completed on the communicator's progress thread; [`GradReducer::finish`] waits and writes the averages back |
+//! | [`GradReducer`] | gradients in buckets of `bucket_bytes`, ordered as backward produces them; [`GradReducer::stage_done`] starts every bucket the finished stage completed on the communicator's progress thread; [`GradReducer::finish`] waits for the averages. With f32 on the wire the buckets *are* the gradients (each parameter's `.grad` is a view into its bucket), so nothing is copied; compressed wires copy in and out |
 //! | [`Wire`] | the element type on the wire: f32, or bf16 / f16 halves the bytes (each rank's gradient is rounded once, partial sums are added in f32 and rounded at each hop) |
 
 use std::sync::Arc;
@@ -46,10 +46,36 @@ impl Wire {
     }
 }
 
+/// A flat, contiguous f32 CPU tensor that collectives read and write in place. Views of it
+/// (parameter gradients) share its storage, which libtorch keeps alive while any view does.
+#[derive(Debug)]
+struct Flat(Tensor);
+
+impl Flat {
+    fn zeros(len: usize) -> Flat {
+        Flat(Tensor::zeros([len as i64], (Kind::Float, Device::Cpu)))
+    }
+}
+
+impl AsMut<[f32]> for Flat {
+    fn as_mut(&mut self) -> &mut [f32] {
+        let n = self.0.numel();
+        if n == 0 {
+            return &mut [];
+        }
+        // SAFETY: `Flat::zeros` made a contiguous 1-D f32 CPU tensor of `n` elements, so its
+        // data pointer addresses `n` f32s for as long as the tensor lives (borrowed here).
+        // Other handles to that memory (the gradient views of `GradReducer`) are not touched
+        // while a collective holds this slice: a bucket is reduced only once backward has
+        // finished its gradients, and read again only after its allreduce is waited for.
+        unsafe { std::slice::from_raw_parts_mut(self.0.data_ptr().cast::<f32>(), n) }
+    }
+}
+
 /// A flat host buffer in the wire's element type.
 #[derive(Debug)]
 enum Buf {
-    F32(Vec<f32>),
+    F32(Flat),
     Bf16(Vec<bf16>),
     F16(Vec<f16>),
 }
@@ -57,7 +83,7 @@ enum Buf {
 impl Buf {
     fn new(wire: Wire, len: usize) -> Buf {
         match wire {
-            Wire::F32 => Buf::F32(vec![0.0; len]),
+            Wire::F32 => Buf::F32(Flat::zeros(len)),
             Wire::Bf16 => Buf::Bf16(vec![bf16::ZERO; len]),
             Wire::F16 => Buf::F16(vec![f16::ZERO; len]),
         }
@@ -65,7 +91,7 @@ impl Buf {
 
     fn len(&self) -> usize {
         match self {
-            Buf::F32(v) => v.len(),
+            Buf::F32(t) => t.0.numel(),
             Buf::Bf16(v) => v.len(),
             Buf::F16(v) => v.len(),
         }
@@ -79,24 +105,22 @@ impl Buf {
         }
     }
 
-    fn ptr(&mut self) -> *mut u8 {
-        match self {
-            Buf::F32(v) => v.as_mut_ptr().cast(),
-            Buf::Bf16(v) => v.as_mut_ptr().cast(),
-            Buf::F16(v) => v.as_mut_ptr().cast(),
-        }
-    }
-
     /// A tensor viewing elements `offset .. offset + numel` of this buffer.
     ///
-    /// The view borrows the buffer's memory: it must be dropped before the buffer is moved into
-    /// a collective or freed. Every caller here uses it for one `copy_` and drops it.
+    /// For f16 and bf16 the view borrows the buffer's memory: it must be dropped before the
+    /// buffer is moved into a collective or freed, and every caller uses it for one `copy_`.
+    /// For f32 it shares the tensor's storage and may be kept.
     fn view(&mut self, offset: usize, numel: usize) -> Tensor {
         assert!(
             offset + numel <= self.len(),
             "view {offset}+{numel} of a buffer of {}",
             self.len()
         );
+        let ptr: *mut u8 = match self {
+            Buf::F32(t) => return t.0.narrow(0, offset as i64, numel as i64),
+            Buf::Bf16(v) => v.as_mut_ptr().cast(),
+            Buf::F16(v) => v.as_mut_ptr().cast(),
+        };
         let kind = self.wire().kind();
         let elem = kind.elt_size_in_bytes();
         // SAFETY: the range lies inside the buffer (asserted above); the buffer is a live Vec
@@ -104,7 +128,7 @@ impl Buf {
         // is freed (see above), so libtorch never reads or writes outside it.
         unsafe {
             Tensor::from_blob(
-                self.ptr().add(offset * elem),
+                ptr.add(offset * elem),
                 &[numel as i64],
                 &[],
                 kind,
@@ -124,7 +148,7 @@ impl Buf {
 
 #[derive(Debug)]
 enum InFlight {
-    F32(Work<Vec<f32>>),
+    F32(Work<Flat>),
     Bf16(Work<Vec<bf16>>),
     F16(Work<Vec<f16>>),
 }
@@ -151,12 +175,11 @@ pub fn broadcast_tensors(comm: &Communicator, tensors: &[Tensor], root: usize) -
             offset += n;
         }
     }
-    let Buf::F32(mut flat) = buf else {
+    let Buf::F32(flat) = &mut buf else {
         unreachable!("an f32 buffer")
     };
-    comm.broadcast(&mut flat, root)
+    comm.broadcast(flat.as_mut(), root)
         .with_context(|| format!("broadcast of {total} values from rank {root}"))?;
-    let mut buf = Buf::F32(flat);
     let mut offset = 0;
     tch::no_grad(|| {
         for t in tensors {
@@ -167,6 +190,26 @@ pub fn broadcast_tensors(comm: &Communicator, tensors: &[Tensor], root: usize) -
         }
     });
     Ok(())
+}
+
+/// Makes every parameter's gradient a view into its (f32) bucket, so that backward accumulates
+/// straight into the buffer the allreduce sends and the averages land where the optimizer
+/// reads them. Returns whether every gradient now shares its bucket's memory; if libtorch did
+/// not keep one of them, the reducer copies instead.
+fn alias_gradients(params: &[(Tensor, usize)], buckets: &mut [Bucket]) -> bool {
+    tch::no_grad(|| {
+        let mut all = true;
+        for b in buckets.iter_mut() {
+            let buf = b.buf.as_mut().expect("buckets are at rest when built");
+            for &(j, offset) in &b.members {
+                let p = &params[j].0;
+                let view = buf.view(offset, p.numel()).view(p.size().as_slice());
+                let _ = p.grad().set_source_tensor_(&view);
+                all &= p.grad().data_ptr() == view.data_ptr();
+            }
+        }
+        all
+    })
 }
 
 /// One bucket: consecutive parameters in backward order, and its buffer (absent while its
@@ -193,6 +236,8 @@ pub struct GradReducer {
     buckets: Vec<Bucket>,
     launched: usize,
     op: ReduceOp,
+    /// Whether every parameter's gradient is a view into its bucket (f32 on the wire).
+    aliased: bool,
 }
 
 impl GradReducer {
@@ -244,12 +289,14 @@ impl GradReducer {
                 .map_or(0, |&(j, o)| o + params[j].0.numel());
             b.buf = Some(Buf::new(wire, len));
         }
+        let aliased = wire == Wire::F32 && alias_gradients(&params, &mut buckets);
         Ok(GradReducer {
             comm,
             params,
             buckets,
             launched: 0,
             op: ReduceOp::Sum,
+            aliased,
         })
     }
 
@@ -293,12 +340,14 @@ impl GradReducer {
             .buf
             .take()
             .expect("a bucket is launched once per step");
-        tch::no_grad(|| {
-            for &(j, offset) in &bucket.members {
-                let g = self.params[j].0.grad();
-                buf.view(offset, g.numel()).copy_(&g.reshape([-1]));
-            }
-        });
+        if !self.aliased {
+            tch::no_grad(|| {
+                for &(j, offset) in &bucket.members {
+                    let g = self.params[j].0.grad();
+                    buf.view(offset, g.numel()).copy_(&g.reshape([-1]));
+                }
+            });
+        }
         let work = buf
             .all_reduce(&self.comm, self.op)
             .with_context(|| format!("gradient bucket {i}"))?;
@@ -319,6 +368,11 @@ impl GradReducer {
             bucket.buf = Some(buf);
         }
         let waited = t0.elapsed();
+        self.launched = 0;
+        if self.aliased {
+            // The buckets are the gradients: the averages are in place.
+            return Ok(waited);
+        }
         tch::no_grad(|| {
             for bucket in &mut self.buckets {
                 let buf = bucket.buf.as_mut().expect("returned above");
@@ -329,13 +383,25 @@ impl GradReducer {
                 }
             }
         });
-        self.launched = 0;
         Ok(waited)
     }
 
     /// Time of one round of every bucket's allreduce with nothing to overlap: packs the current
     /// gradients, reduces them and throws the result away (every rank must call it together).
+    /// The gradients are left as they were.
     pub fn time_exposed(&mut self) -> Result<Duration> {
+        // Aliased buckets are the gradients: keep a copy to restore after the timed round.
+        let saved: Vec<Tensor> = if self.aliased {
+            self.buckets
+                .iter_mut()
+                .map(|b| match b.buf.as_mut() {
+                    Some(Buf::F32(t)) => t.0.copy(),
+                    _ => unreachable!("aliased buckets are f32 and at rest"),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let t0 = Instant::now();
         self.op = ReduceOp::Sum;
         for i in 0..self.buckets.len() {
@@ -348,6 +414,110 @@ impl GradReducer {
                     .with_context(|| format!("gradient bucket {i}"))?,
             );
         }
-        Ok(t0.elapsed())
+        let took = t0.elapsed();
+        for (b, s) in self.buckets.iter_mut().zip(&saved) {
+            if let Some(Buf::F32(t)) = b.buf.as_mut() {
+                tch::no_grad(|| t.0.copy_(s));
+            }
+        }
+        Ok(took)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferroccl::Config;
+
+    /// Two ranks with distinct gradients in every element; after `finish`, each rank's
+    /// gradients are the weighted sum, whether they are views into the buckets (f32) or copied
+    /// in and out (bf16, within its rounding).
+    fn averages_on_two_ranks(wire: Wire) {
+        let comms = Communicator::local_group(2, Config::default()).unwrap();
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                std::thread::spawn(move || {
+                    let comm = Arc::new(comm);
+                    // Two stages, three parameters; a small bucket size gives two buckets.
+                    let shapes: [&[i64]; 3] = [&[3, 2], &[5], &[7]];
+                    let params: Vec<(Tensor, usize)> = shapes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| {
+                            (
+                                Tensor::zeros(*s, (Kind::Float, Device::Cpu))
+                                    .set_requires_grad(true),
+                                i.min(1),
+                            )
+                        })
+                        .collect();
+                    let mut r = GradReducer::new(comm, params, 48, wire).unwrap();
+                    assert_eq!(r.num_buckets(), 2);
+                    assert_eq!(r.aliased, wire == Wire::F32);
+                    for step in 0..2 {
+                        for (p, _) in &r.params {
+                            let mut g = p.grad();
+                            let _ = g.zero_();
+                        }
+                        // d/dp of sum(p * c) is c: a distinct value per element, rank and step.
+                        let loss: Tensor = r
+                            .params
+                            .iter()
+                            .enumerate()
+                            .map(|(i, (p, _))| {
+                                let n = p.numel() as i64;
+                                let c = Tensor::arange(n, (Kind::Float, Device::Cpu))
+                                    .view(p.size().as_slice())
+                                    + (100 * i + 10 * rank + 1000 * step) as f64;
+                                (p * c).sum(Kind::Float)
+                            })
+                            .fold(Tensor::zeros([], (Kind::Float, Device::Cpu)), |a, b| a + b);
+                        loss.backward();
+                        r.begin_step(0.5);
+                        r.stage_done(1).unwrap();
+                        r.finish().unwrap();
+                        for (i, (p, _)) in r.params.iter().enumerate() {
+                            let n = p.numel();
+                            let got = Vec::<f32>::try_from(p.grad().reshape([-1])).unwrap();
+                            for (e, v) in got.iter().enumerate() {
+                                // Mean over ranks 0 and 1 of e + 100 i + 10 rank + 1000 step.
+                                let want = (e + 100 * i + 1000 * step) as f32 + 5.0;
+                                let tol = if wire == Wire::F32 {
+                                    0.0
+                                } else {
+                                    want.abs() / 64.0
+                                };
+                                assert!(
+                                    (v - want).abs() <= tol,
+                                    "rank {rank} param {i}[{e}/{n}] step {step}: {v} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                    // The timed round leaves the gradients as they were.
+                    let before: Vec<Tensor> =
+                        r.params.iter().map(|(p, _)| p.grad().copy()).collect();
+                    r.time_exposed().unwrap();
+                    for ((p, _), b) in r.params.iter().zip(&before) {
+                        assert!(p.grad().equal(b));
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn f32_buckets_are_the_gradients_and_hold_the_averages() {
+        averages_on_two_ranks(Wire::F32);
+    }
+
+    #[test]
+    fn compressed_buckets_copy_in_and_out() {
+        averages_on_two_ranks(Wire::Bf16);
     }
 }

@@ -291,8 +291,11 @@ impl<C: Connection> Delayed<C> {
             _ => 0,
         };
         if want != self.armed_ns {
-            self.timer.arm(want);
+            // Consume a stale expiry first, then arm: clearing after arming would swallow an
+            // expiry that came at once (a release a few microseconds away), and the caller
+            // would sleep with nothing left to wake it.
             self.timer.clear();
+            self.timer.arm(want);
             self.armed_ns = want;
         }
     }
@@ -690,5 +693,35 @@ mod tests {
             .recv(&mut h, &mut buf, &mut Progress::default())
             .unwrap_err();
         assert!(e.to_string().contains("closed"), "{e}");
+    }
+    #[test]
+    fn a_release_due_by_the_time_the_timer_is_armed_still_wakes_the_poller() {
+        // The timer is armed for a release that has passed by the time the syscall runs (the
+        // caller's `now` is older than the clock): it expires at once, and that expiry must
+        // stay readable for poll(2) (clearing after arming would swallow it and leave the
+        // caller asleep until its poll timeout).
+        let (_, b) = pair();
+        let mut b = Delayed::new(b, Duration::from_millis(1)).unwrap();
+        let real_now = monotonic_ns();
+        b.inbox.push_back(Inbound {
+            header: header(1, 0),
+            payload: Vec::new(),
+            progress: Progress::default(),
+            sent_ns: real_now - 2_000_000,
+            stamp_read_ns: real_now - 2_000_000,
+            release_ns: Some(real_now - 500_000),
+        });
+        b.arm_for_next_release(real_now - 1_000_000);
+        let mut fds = Vec::new();
+        b.poll_fds(false, true, &mut fds);
+        assert_eq!(fds.len(), 1, "{fds:?}");
+        let mut pfd = libc::pollfd {
+            fd: fds[0].fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 1_000) };
+        assert_eq!(n, 1, "the expired timer did not wake poll");
     }
 }

@@ -510,6 +510,21 @@ mod tests {
         }
     }
 
+    /// Whether the one descriptor a receiving `c` offers (its timer) becomes readable within
+    /// `limit_ms` (the limit only bounds a broken timer).
+    fn timer_fires(c: &Delayed<Mem>, limit_ms: i32) -> bool {
+        let mut fds = Vec::new();
+        c.poll_fds(false, true, &mut fds);
+        assert_eq!(fds.len(), 1, "{fds:?}");
+        let mut pfd = libc::pollfd {
+            fd: fds[0].fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, limit_ms) == 1 }
+    }
+
     #[test]
     fn messages_arrive_whole_in_order_and_not_before_the_delay() {
         let delay = Duration::from_millis(20);
@@ -592,22 +607,12 @@ mod tests {
             assert!(sent.elapsed() >= delay);
             return;
         }
-        let mut fds = Vec::new();
-        b.poll_fds(false, true, &mut fds);
-        assert_eq!(fds.len(), 1, "{fds:?}");
-        let mut pfd = libc::pollfd {
-            fd: fds[0].fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; the limit only bounds a broken timer.
-        let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
-        assert_eq!(n, 1, "the timer never fired");
+        assert!(timer_fires(&b, 10_000), "the timer never fired");
         assert!(sent.elapsed() >= delay);
         assert_eq!(recv_all(&mut b, &mut h, &mut buf), 2);
         assert_eq!((h.seq, buf), (9, [1]));
         // Released: the timer no longer asks for attention.
-        fds.clear();
+        let mut fds = Vec::new();
         b.poll_fds(false, true, &mut fds);
         assert!(fds.is_empty(), "{fds:?}");
     }
@@ -712,16 +717,9 @@ mod tests {
             release_ns: Some(real_now - 500_000),
         });
         b.arm_for_next_release(real_now - 1_000_000);
-        let mut fds = Vec::new();
-        b.poll_fds(false, true, &mut fds);
-        assert_eq!(fds.len(), 1, "{fds:?}");
-        let mut pfd = libc::pollfd {
-            fd: fds[0].fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, 1_000) };
-        assert_eq!(n, 1, "the expired timer did not wake poll");
+        assert!(
+            timer_fires(&b, 1_000),
+            "the expired timer did not wake poll"
+        );
     }
 }

@@ -148,7 +148,8 @@ struct Inbound {
     release_ns: Option<u64>,
 }
 
-/// A connection whose messages arrive `delay` after they were sent (see the module docs).
+/// A connection whose messages arrive `delay` after their last byte came in (see the module
+/// docs).
 pub struct Delayed<C> {
     inner: C,
     delay_ns: u64,

@@ -131,7 +131,7 @@ fn release_ns(
 ) -> u64 {
     let on_wire = sent_ns.max(prev_in_ns);
     let late = stamp_read_ns.saturating_sub(on_wire).min(delay_ns);
-    done_ns.saturating_add(delay_ns - late).max(done_ns)
+    done_ns.saturating_add(delay_ns - late)
 }
 
 /// A message read from the inner transport, complete or still arriving.

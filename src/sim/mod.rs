@@ -12,8 +12,15 @@
 //! the receiver is in the step (and has reduced it: see below); for the sender of a message
 //! that fits the buffers, when its bytes are through the link. Messages between the same two ranks run in order: a
 //! later one's bytes start when the earlier one's are through (its latency overlaps them).
-//! Between hosts, a host's NIC is shared evenly by the ranks of the host that talk across
-//! hosts in the schedule.
+//!
+//! NICs: between hosts, each host's NIC is a queue in each direction. A message's bytes
+//! hold the sender's outgoing side for `bytes / nic_gbps` (times the slowdown) in its first
+//! free interval from when they could move, then the receiver's incoming side for as long in
+//! its first free interval from then ([`Calendar`]); the bytes move from the start of the
+//! second, at `min(beta, nic_gbps)`. Ranks of one host that cross at once thus take turns on
+//! the NIC, and ranks that cross at different times (the two trees of the double binary
+//! tree) each get all of it. Ranks enter their steps in time order, so a NIC serves messages
+//! in about the order they become ready.
 //!
 //! Reduction: a message that lands in a receive-and-reduce op ([`Op::RecvReduce`]) holds its
 //! receiver `bytes / reduce_gbps` longer, times the same slowdown as the message: the
@@ -30,7 +37,8 @@
 //!   then slow every host by the worst factor (an upper bound).
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use crate::coll::{
     build_all, build_with, AlgoOptions, Algorithm, CollArgs, CollKind, Op, Schedule, Topology,
@@ -46,8 +54,8 @@ pub struct Cluster {
     pub intra: LinkCost,
     /// Link between hosts (one flow).
     pub inter: LinkCost,
-    /// NIC bandwidth of a host in GB/s, shared by its ranks that talk across hosts; `None`:
-    /// the inter link's bandwidth.
+    /// NIC bandwidth of a host in GB/s, each way, which the host's messages across hosts
+    /// queue for (see the module docs); `None`: the inter link's bandwidth.
     pub nic_gbps: Option<f64>,
     /// Local copy bandwidth in GB/s ([`DEFAULT_COPY_GBPS`] where a cluster is built from
     /// defaults).
@@ -257,28 +265,6 @@ fn run(
     };
     let slow = |h: usize| cluster.slowdown.get(h).copied().unwrap_or(1.0).max(1.0);
     let worst = (0..hosts.len()).map(slow).fold(1.0, f64::max);
-    // Ranks per host sending (receiving) across hosts: they share the NIC's two directions.
-    let mut senders = vec![0usize; hosts.len()];
-    let mut receivers = vec![0usize; hosts.len()];
-    for s in &scheds {
-        let r = s.rank;
-        let across = |p: usize| host_index[p] != host_index[r];
-        let (mut out, mut inc) = (false, false);
-        for op in s.ops() {
-            match *op {
-                Op::Send { peer, .. } => out |= across(peer),
-                Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => inc |= across(peer),
-                Op::Copy { .. } => {}
-            }
-        }
-        senders[host_index[r]] += usize::from(out);
-        receivers[host_index[r]] += usize::from(inc);
-    }
-    if use_sym {
-        let (a, b) = (senders[0], receivers[0]);
-        senders.iter_mut().for_each(|x| *x = a);
-        receivers.iter_mut().for_each(|x| *x = b);
-    }
     let nic = cluster.nic_gbps.unwrap_or(cluster.inter.beta_gbps);
     // Slowdown of a message between real ranks `a` and `b`.
     let factor = |a: usize, b: usize| -> f64 {
@@ -295,11 +281,37 @@ fn run(
         let t = if ha == hb {
             cluster.intra.time_us(bytes)
         } else {
-            let share = senders[ha].max(receivers[hb]).max(1) as f64;
-            let beta = cluster.inter.beta_gbps.min(nic / share);
-            cluster.inter.alpha_us + bytes / (beta * 1e3)
+            cluster.inter.alpha_us + bytes / (cluster.inter.beta_gbps.min(nic) * 1e3)
         };
         t * f
+    };
+    // How long a message of `len` elements from `a` to `b` holds the NICs (0 inside a host).
+    let nic_time = |a: usize, b: usize, len: usize| -> f64 {
+        if host_index[a] == host_index[b] {
+            0.0
+        } else {
+            (len * elem_size) as f64 / (nic * 1e3) * factor(a, b)
+        }
+    };
+    // Each host's NIC, outgoing and incoming side; in the symmetric mode host 0's stands for
+    // every host's.
+    let nics = if use_sym { 1 } else { hosts.len() };
+    let mut nic_out = vec![Calendar::default(); nics];
+    let mut nic_in = vec![Calendar::default(); nics];
+    let nic_of = |p: usize| if use_sym { 0 } else { host_index[p] };
+    // The earliest time from `t` at which the bytes of a message from `a` to `b` can move,
+    // booking its NICs from then.
+    let mut through_nics = |a: usize, b: usize, len: usize, t: f64| -> f64 {
+        let d = nic_time(a, b, len);
+        if d <= 0.0 {
+            return t;
+        }
+        let (out, inc) = (nic_of(a), nic_of(b));
+        let s1 = nic_out[out].fit(t, d);
+        nic_out[out].book(s1, d);
+        let s2 = nic_in[inc].fit(s1, d);
+        nic_in[inc].book(s2, d);
+        s2
     };
     // The time the receiver of a message of `len` elements from `a` to `b` spends reducing it
     // after it arrived, when it lands in a receive-and-reduce op.
@@ -334,7 +346,8 @@ fn run(
     let mut ready = vec![0.0f64; m];
     let mut finish = vec![0.0f64; m];
     let mut pending = vec![0usize; m];
-    let mut queue: Vec<usize> = Vec::new();
+    // Ranks whose step is settled, by the time they enter the next one (earliest first).
+    let mut queue: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     let mut messages = 0;
     let mut enter = |r: usize,
                      t: usize,
@@ -343,7 +356,7 @@ fn run(
                      ready: &mut Vec<f64>,
                      finish: &mut Vec<f64>,
                      pending: &mut Vec<usize>,
-                     queue: &mut Vec<usize>| {
+                     queue: &mut BinaryHeap<Reverse<(u64, usize)>>| {
         cur[r] = t;
         let s = &scheds[r];
         if t >= s.steps.len() {
@@ -368,7 +381,7 @@ fn run(
                     } else {
                         (peer, real[r])
                     };
-                    let end = ready[r] + cost(a, b, len);
+                    let end = through_nics(a, b, len, ready[r]) + cost(a, b, len);
                     // This rank is both ends: it receives in op `j` when it sends in op `i`.
                     let recv = if sends { j } else { i };
                     let extra = if reduces(&s.steps[t].ops[recv]) {
@@ -402,16 +415,16 @@ fn run(
                 };
                 // The first `eager_bytes` of a message fit the transport's buffers and move
                 // as soon as the sender is in its step; the rest waits for the receiver, and
-                // its first byte then for a round of latency (a window update).
+                // its first byte then for a round of latency (a window update). Then the
+                // bytes wait for the NICs.
                 let (lat, moving) = (cost(a, b, 0), busy(a, b, len));
                 let bytes = len * elem_size;
-                let sender_side = ready[sender].max(free) + lat + moving;
-                let end = if bytes <= cluster.eager_bytes {
-                    sender_side
-                } else {
-                    let rest = (bytes - cluster.eager_bytes) as f64 / bytes as f64;
-                    sender_side.max(ready[receiver].max(free) + lat + moving * rest)
-                };
+                let mut start = ready[sender].max(free);
+                if bytes > cluster.eager_bytes {
+                    let early = cluster.eager_bytes as f64 / bytes as f64;
+                    start = start.max(ready[receiver].max(free) - moving * early);
+                }
+                let end = through_nics(a, b, len, start) + lat + moving;
                 channel.insert((a, b), end - lat);
                 // The receiver reduces what landed in a receive-and-reduce op, once it is
                 // there and in the step.
@@ -430,7 +443,7 @@ fn run(
                 finish[receiver] = finish[receiver].max(received);
                 pending[q] -= 1;
                 if pending[q] == 0 {
-                    queue.push(q);
+                    queue.push(Reverse((key(finish[q]), q)));
                 }
             } else {
                 left += 1;
@@ -438,7 +451,7 @@ fn run(
         }
         pending[r] = left;
         if left == 0 {
-            queue.push(r);
+            queue.push(Reverse((key(finish[r]), r)));
         }
     };
     for r in 0..m {
@@ -453,7 +466,7 @@ fn run(
             &mut queue,
         );
     }
-    while let Some(r) = queue.pop() {
+    while let Some(Reverse((_, r))) = queue.pop() {
         let t = cur[r];
         if t >= scheds[r].steps.len() {
             continue;
@@ -485,6 +498,56 @@ fn run(
         mode: if use_sym { Mode::Symmetric } else { Mode::Full },
         messages,
     })
+}
+
+/// A time as a key that orders as the time does (non-negative finite `f64`s order as their
+/// bits; anything below zero counts as zero).
+fn key(t: f64) -> u64 {
+    (t.max(0.0) + 0.0).to_bits()
+}
+
+/// The busy intervals of one side of a NIC, disjoint, touching ones merged: start key -> end.
+#[derive(Debug, Clone, Default)]
+struct Calendar {
+    busy: BTreeMap<u64, f64>,
+}
+
+impl Calendar {
+    /// The earliest start at or after `t` of a free interval `d` long.
+    fn fit(&self, t: f64, d: f64) -> f64 {
+        let mut s = t.max(0.0);
+        let from = self
+            .busy
+            .range(..=key(s))
+            .next_back()
+            .map_or(0, |(&k, _)| k);
+        for (&start, &end) in self.busy.range(from..) {
+            if f64::from_bits(start) >= s + d {
+                break;
+            }
+            s = s.max(end);
+        }
+        s
+    }
+
+    /// Marks `[s, s + d)` busy; it must be free ([`Calendar::fit`]).
+    fn book(&mut self, s: f64, d: f64) {
+        let (mut s, mut e) = (s.max(0.0), s.max(0.0) + d);
+        if let Some((&k, &end)) = self.busy.range(..=key(s)).next_back() {
+            if end >= s {
+                self.busy.remove(&k);
+                s = f64::from_bits(k);
+                e = e.max(end);
+            }
+        }
+        if let Some((&k, &end)) = self.busy.range(key(s)..).next() {
+            if f64::from_bits(k) <= e {
+                self.busy.remove(&k);
+                e = e.max(end);
+            }
+        }
+        self.busy.insert(key(s), e);
+    }
 }
 
 /// (peer, sends) -> (step, op) of one rank's messages, in order.

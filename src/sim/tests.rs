@@ -141,11 +141,15 @@ fn full_equals_symmetric(
     };
     let full = time(c, &a, algo, Some(false));
     let sym = time(c, &a, algo, Some(true));
-    assert!(
-        close(full, sym),
-        "{algo} {}: full {full} sym {sym}",
-        kind.name()
-    );
+    // The all-to-all's ranks of a host cross to different hosts at once; which of them a NIC
+    // serves first depends on the order the simulator meets them, which the modes do not
+    // share.
+    let agree = if algo == Algorithm::Pairwise {
+        (full - sym).abs() <= 0.01 * full
+    } else {
+        close(full, sym)
+    };
+    assert!(agree, "{algo} {}: full {full} sym {sym}", kind.name());
     (a, sym)
 }
 
@@ -259,20 +263,21 @@ fn reduction_adds_hand_computed_time() {
 #[test]
 fn the_sender_does_not_wait_for_the_reduction() {
     // Tree all_reduce of 1000 floats (halves of 2000 B) on hosts {0, 1} and {2}; reductions at
-    // 2 GB/s take 1 us. Across hosts a message takes 50 + 2000 B at 250 B/us (host 0's two
-    // ranks share its NIC) = 58 us, inside host 0 10 + 2 = 12 us. Rank 2 sends its half to
-    // rank 1 (0..58) and is free at 58 while rank 1 reduces until 59; rank 0 sends the other
-    // reduced half to rank 2 (58..116), which reduces it (until 117) and sends it back
-    // (117..175); ranks 0 and 1 swap halves (175..187) and rank 1 sends its half to rank 2
-    // (187..245). Free reductions: 1 us less; a sender that waited would end later.
+    // 2 GB/s take 1 us. Across hosts a message takes 50 + 2000 B at 500 B/us = 54 us: ranks 0
+    // and 1 both cross, but never at once, so each has the whole NIC. Inside host 0 a message
+    // takes 10 + 2 = 12 us. Rank 2 sends its half to rank 1 (0..54) and is free at 54 while
+    // rank 1 reduces until 55; rank 0 sends the other reduced half to rank 2 (54..108), which
+    // reduces it (until 109) and sends it back (109..163); ranks 0 and 1 swap halves
+    // (163..175) and rank 1 sends its half to rank 2 (175..229). Free reductions: 1 us less;
+    // a sender that waited would end later.
     let topo = Topology::uniform(3, 2);
     let a = all_reduce(1000);
     let mut c = cluster(topo);
     let free = time(&c, &a, Algorithm::Tree, Some(false));
-    assert!(close(free, 244.0), "{free}");
+    assert!(close(free, 228.0), "{free}");
     c.reduce_gbps = 2.0;
     let t = time(&c, &a, Algorithm::Tree, Some(false));
-    assert!(close(t, 245.0), "{t}");
+    assert!(close(t, 229.0), "{t}");
 }
 
 #[test]
@@ -311,9 +316,17 @@ fn reduction_slows_large_all_reduces_monotonically() {
             last = t;
         }
         // Every algorithm has some rank reduce at least 15/16 of the 4 MiB on its critical
-        // path (the ring exactly that): 39.3 ms at 0.1 GB/s on top of the transfers.
+        // path (the ring exactly that): 39.3 ms at 0.1 GB/s. The ring's reductions add to
+        // its transfers (one flow per NIC, every step waits for the last one); elsewhere
+        // ranks crossing at once queue for their NIC, and one rank's reduction overlaps
+        // another's turn there.
         let floor = 15.0 / 16.0 * (1 << 22) as f64 / 100.0;
-        assert!(last >= free + 0.999 * floor, "{algo}: {last} vs {free}");
+        let bound = if algo == Algorithm::Ring {
+            free + floor
+        } else {
+            free.max(floor)
+        };
+        assert!(last >= 0.999 * bound, "{algo}: {last} vs {free}");
     }
 }
 
@@ -376,10 +389,20 @@ fn eager_messages_do_not_wait_for_their_receiver() {
             }
         }
     }
-    // The ring runs in lockstep: every receiver is already waiting, eager changes nothing.
+    // With one rank per host, the ring runs in lockstep: every receiver is already waiting,
+    // eager changes nothing. With two ranks of a host (round-robin), they take turns on its
+    // NIC, the second's receiver waits, and eager helps.
     let a = all_reduce(4000);
     let ring = |c: &Cluster| time(c, &a, Algorithm::Ring, Some(false));
-    assert!(close(ring(&eager), ring(&rendezvous)));
+    assert!(ring(&eager) < ring(&rendezvous));
+    let one_per_host = |c: &Cluster| Cluster {
+        topo: Topology::uniform(4, 1),
+        ..c.clone()
+    };
+    assert!(close(
+        ring(&one_per_host(&eager)),
+        ring(&one_per_host(&rendezvous))
+    ));
     // The tree's ranks reach their steps at different times (a leaf sends up at once while
     // its parent still waits for its other child): eager is strictly faster there.
     let tree = |c: &Cluster| time(c, &all_reduce(2), Algorithm::Tree, Some(false));
@@ -389,4 +412,46 @@ fn eager_messages_do_not_wait_for_their_receiver() {
         tree(&eager),
         tree(&rendezvous)
     );
+}
+
+#[test]
+fn ranks_crossing_at_once_take_turns_on_the_nic() {
+    // 2 hosts x 2 ranks placed round-robin: every hop of the ring crosses, and both ranks of
+    // a host send across in every step. Each of the 3 all_gather steps: 50 us + two pieces
+    // of 2000 B through the NIC one after the other (2 x 4 us); the first piece is copied in
+    // place (2000 B at 10 GB/s).
+    let c = cluster(Topology {
+        host_of: vec![0, 1, 0, 1],
+    });
+    let a = CollArgs {
+        kind: CollKind::AllGather,
+        count: 500,
+        in_place: false,
+    };
+    let t = time(&c, &a, Algorithm::Ring, Some(false));
+    assert!(close(t, 3.0 * (50.0 + 8.0) + 0.2), "{t}");
+    // Host-major, one rank of each host crosses: 50 + 4 us per step.
+    let c = cluster(Topology::uniform(4, 2));
+    let t = time(&c, &a, Algorithm::Ring, Some(false));
+    assert!(close(t, 3.0 * (50.0 + 4.0) + 0.2), "{t}");
+}
+
+#[test]
+fn a_calendar_finds_the_first_gap_that_fits() {
+    let mut c = Calendar::default();
+    assert_eq!(c.fit(5.0, 10.0), 5.0);
+    c.book(10.0, 5.0); // [10, 15)
+    c.book(20.0, 5.0); // [20, 25)
+    assert_eq!(c.fit(0.0, 10.0), 0.0);
+    assert_eq!(c.fit(0.0, 11.0), 25.0);
+    assert_eq!(c.fit(12.0, 5.0), 15.0);
+    assert_eq!(c.fit(12.0, 6.0), 25.0);
+    assert_eq!(c.fit(-3.0, 1.0), 0.0);
+    // Touching intervals merge into one.
+    c.book(15.0, 5.0);
+    assert_eq!(c.busy.len(), 1);
+    assert_eq!(c.fit(11.0, 1.0), 25.0);
+    c.book(0.0, 10.0);
+    assert_eq!(c.busy.len(), 1);
+    assert_eq!(c.busy.get(&key(0.0)), Some(&25.0));
 }

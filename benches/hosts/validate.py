@@ -10,8 +10,11 @@ measured, and prints a markdown table of measured vs predicted time with the rat
 usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
   OUT_DIR holds {small,large}[-rN]-ALGO.txt tables and *.err logs with the calibration line;
   PLACEMENT is host-major or round-robin (ferrorun --netns places round-robin).
+  Environment: SIM_ARGS, more ferroccl-sim options (e.g. "--nic-burst 512K --calls 4": the
+  shaped links' tbf bucket, and the time per call of a loop of calls).
 """
 
+import os
 import re
 from statistics import median
 import subprocess
@@ -80,7 +83,7 @@ def simulate(sim, topo_file, algo, sizes):
     out = {}
     lo, hi = min(sizes), max(sizes)
     args = [sim, "--topology", str(topo_file), "--algo", algo, "-b", str(lo), "-e", str(hi),
-            "-f", "2", "--slice", "4M"]
+            "-f", "2", "--slice", "4M"] + os.environ.get("SIM_ARGS", "").split()
     text = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     for line in text.splitlines():
         f = line.split()
@@ -102,7 +105,9 @@ def main():
     if reduce is not None:
         lines.append(f"reduce {reduce}")
     topo.write_text("\n".join(lines) + "\n")
-    print(f"<!-- {label}: ferroccl-sim --topology {topo} with: " + "; ".join(lines) + " -->")
+    extra = os.environ.get("SIM_ARGS", "")
+    print(f"<!-- {label}: ferroccl-sim --topology {topo} {extra} with: " + "; ".join(lines)
+          + " -->")
     print(f"| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured |")
     print("|---|---|---:|---:|---:|---:|")
     within = total = 0

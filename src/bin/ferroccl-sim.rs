@@ -5,8 +5,16 @@
 //! ferroccl-sim --ranks 16384 --ranks-per-host 8 [--op allreduce] [--algo auto|all|ring,tree,...]
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
-//!              [--reduce-gbps X] [--eager BYTES] [--topology FILE]
+//!              [--reduce-gbps X] [--eager BYTES] [--nic-burst BYTES] [--calls N]
+//!              [--topology FILE]
 //! ```
+//!
+//! `--calls N`: time per call of `N` back-to-back calls after the first, as a benchmark loop
+//! measures it (default 1: one call on idle links).
+//!
+//! `--nic-gbps X`: each host's NIC bandwidth, each way (default: the inter link's); messages
+//! across hosts queue for it. `--nic-burst BYTES`: the NIC is a token-bucket shaper holding
+//! that many bytes (default 0: none), as Linux `tbf` and cloud instances' burst bandwidth are.
 //!
 //! `--eager BYTES`: messages up to this size leave their sender without waiting for the
 //! receiver (default [`DEFAULT_EAGER_BYTES`], 64 KiB; 0: every message is a rendezvous).
@@ -25,7 +33,7 @@
 //!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
+//! `nic_gbps X`, `nic_burst BYTES`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
@@ -35,7 +43,8 @@ use std::time::Instant;
 use ferroccl::coll::{AlgoOptions, Algorithm, CollArgs, CollKind, Topology};
 use ferroccl::plan::{CostModel, Link, Overrides};
 use ferroccl::sim::{
-    busbw_factor, simulate, Cluster, DEFAULT_COPY_GBPS, DEFAULT_EAGER_BYTES, DEFAULT_REDUCE_GBPS,
+    busbw_factor, simulate_calls, Cluster, DEFAULT_COPY_GBPS, DEFAULT_EAGER_BYTES,
+    DEFAULT_REDUCE_GBPS,
 };
 
 struct Opts {
@@ -52,6 +61,8 @@ struct Opts {
     round_robin: bool,
     reduce_gbps: f64,
     eager_bytes: usize,
+    nic_burst_bytes: usize,
+    calls: usize,
 }
 
 impl Default for Opts {
@@ -71,6 +82,8 @@ impl Default for Opts {
             round_robin: false,
             reduce_gbps: DEFAULT_REDUCE_GBPS,
             eager_bytes: DEFAULT_EAGER_BYTES,
+            nic_burst_bytes: 0,
+            calls: 1,
         }
     }
 }
@@ -147,6 +160,7 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
                 )?,
                 ("reduce", 2) => o.reduce_gbps = parse_reduce_gbps(w[1], "reduce bandwidth")?,
                 ("eager", 2) => o.eager_bytes = parse_size(w[1])?,
+                ("nic_burst", 2) => o.nic_burst_bytes = parse_size(w[1])?,
                 ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
                 ("placement", 2) => o.round_robin = parse_placement(w[1])?,
                 _ => return Err(format!("cannot read '{line}'")),
@@ -201,6 +215,8 @@ fn parse_args() -> Result<Opts, String> {
                 o.model.max_slice = n;
             }
             "--eager" => o.eager_bytes = parse_size(v)?,
+            "--nic-burst" => o.nic_burst_bytes = parse_size(v)?,
+            "--calls" => o.calls = num(v, "--calls")?,
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
@@ -213,8 +229,10 @@ fn parse_args() -> Result<Opts, String> {
         }
         i += 2;
     }
-    if o.ranks == 0 || o.per_host == 0 || o.factor < 2 {
-        return Err("--ranks, --ranks-per-host must be positive and -f at least 2".into());
+    if o.ranks == 0 || o.per_host == 0 || o.factor < 2 || o.calls == 0 {
+        return Err(
+            "--ranks, --ranks-per-host and --calls must be positive and -f at least 2".into(),
+        );
     }
     Ok(o)
 }
@@ -229,10 +247,10 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--slice BYTES] \
+                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--slice BYTES] \
                  [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
                  topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
-                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, reduce GBPS, eager BYTES, slow HOST FACTOR, \
+                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, reduce GBPS, eager BYTES, slow HOST FACTOR, \
                  placement host-major|round-robin"
             );
             return ExitCode::from(2);
@@ -272,13 +290,14 @@ fn run(o: &Opts) -> Result<(), String> {
         copy_gbps: DEFAULT_COPY_GBPS,
         reduce_gbps: o.reduce_gbps,
         eager_bytes: o.eager_bytes,
+        nic_burst_bytes: o.nic_burst_bytes,
         slowdown,
     };
     let elem = 4;
     let started = Instant::now();
     println!(
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
-         reduce {}, eager up to {} B, {}",
+         reduce {}, eager up to {} B, NIC burst {} B, {}{}",
         o.ranks,
         o.per_host,
         nhosts,
@@ -292,7 +311,16 @@ fn run(o: &Opts) -> Result<(), String> {
             "free".to_string()
         },
         cluster.eager_bytes,
-        o.op.name()
+        cluster.nic_burst_bytes,
+        o.op.name(),
+        if o.calls > 1 {
+            format!(
+                ", time per call of {} back to back after the first",
+                o.calls
+            )
+        } else {
+            String::new()
+        }
     );
     println!(
         "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12} {:>8} {:>8} {:>6}  slice",
@@ -340,7 +368,8 @@ fn run(o: &Opts) -> Result<(), String> {
             let shown_count = if per_rank { count * o.ranks } else { count };
             let root = o.op.root().map_or(-1, |r| r as i64);
             let redop = if o.op.reduces() { "sum" } else { "none" };
-            match simulate(&cluster, &args, elem, algo, &AlgoOptions { slice }, None) {
+            let opts = AlgoOptions { slice };
+            match simulate_calls(&cluster, &args, elem, algo, &opts, None, o.calls) {
                 Ok(r) => {
                     let algbw = shown as f64 / r.time_us / 1e3;
                     let busbw = algbw * busbw_factor(o.op, o.ranks);

@@ -20,7 +20,10 @@
 //! second, at `min(beta, nic_gbps)`. Ranks of one host that cross at once thus take turns on
 //! the NIC, and ranks that cross at different times (the two trees of the double binary
 //! tree) each get all of it. Ranks enter their steps in time order, so a NIC serves messages
-//! in about the order they become ready.
+//! in about the order they become ready. A NIC with a token bucket of `B` bytes
+//! ([`Cluster::nic_burst_bytes`]) lets bytes through up to `B / nic_gbps` earlier than that
+//! queue would (a token-bucket shaper's output is a constant-rate server's shifted by the
+//! bucket), but no earlier than a copy of them from when they could move.
 //!
 //! Reduction: a message that lands in a receive-and-reduce op ([`Op::RecvReduce`]) holds its
 //! receiver `bytes / reduce_gbps` longer, times the same slowdown as the message: the
@@ -57,6 +60,11 @@ pub struct Cluster {
     /// NIC bandwidth of a host in GB/s, each way, which the host's messages across hosts
     /// queue for (see the module docs); `None`: the inter link's bandwidth.
     pub nic_gbps: Option<f64>,
+    /// Bytes a NIC's token bucket holds (0: none, a NIC that never exceeds `nic_gbps`). A
+    /// NIC idle long enough passes that many bytes at the copy bandwidth before falling back
+    /// to `nic_gbps`, as a token-bucket shaper does (cloud instances' burst bandwidth, Linux
+    /// `tbf`): see the module docs.
+    pub nic_burst_bytes: usize,
     /// Local copy bandwidth in GB/s ([`DEFAULT_COPY_GBPS`] where a cluster is built from
     /// defaults).
     pub copy_gbps: f64,
@@ -169,6 +177,22 @@ pub fn simulate(
     opts: &AlgoOptions,
     symmetric: Option<bool>,
 ) -> Result<SimResult, String> {
+    simulate_calls(cluster, args, elem_size, algo, opts, symmetric, 1)
+}
+
+/// [`simulate`] for `calls` back-to-back calls, as a benchmark loop makes them: every rank
+/// starts its next call when it finished the last one, and links, NICs and their token
+/// buckets carry over. With more than one call the result is the time per call after the
+/// first (which starts on idle links and full buckets); `calls` 0 counts as 1.
+pub fn simulate_calls(
+    cluster: &Cluster,
+    args: &CollArgs,
+    elem_size: usize,
+    algo: Algorithm,
+    opts: &AlgoOptions,
+    symmetric: Option<bool>,
+    calls: usize,
+) -> Result<SimResult, String> {
     let topo = &cluster.topo;
     let n = topo.nranks();
     let k = host_major(topo).filter(|_| symmetric_algo(algo, args.kind));
@@ -188,27 +212,33 @@ pub fn simulate(
             k.is_some() && n > 64 && every_message_nonempty(args, algo, n, k.unwrap_or(1), opts)
         }
     };
-    run(
-        cluster,
-        args,
-        elem_size,
-        algo,
-        opts,
+    let how = How {
         use_sym,
-        k.unwrap_or(1),
-    )
+        kk: k.unwrap_or(1),
+        calls: calls.max(1),
+    };
+    run(cluster, args, elem_size, algo, opts, how)
 }
 
-/// One simulation in the given mode (`kk`: ranks per host for the symmetric mode).
+/// How [`run`] runs: in the symmetric mode or not (`kk`: ranks per host for it), and how many
+/// calls back to back.
+#[derive(Debug, Clone, Copy)]
+struct How {
+    use_sym: bool,
+    kk: usize,
+    calls: usize,
+}
+
+/// One simulation.
 fn run(
     cluster: &Cluster,
     args: &CollArgs,
     elem_size: usize,
     algo: Algorithm,
     opts: &AlgoOptions,
-    use_sym: bool,
-    kk: usize,
+    how: How,
 ) -> Result<SimResult, String> {
+    let How { use_sym, kk, calls } = how;
     let topo = &cluster.topo;
     let n = topo.nranks();
     let hosts = topo.hosts();
@@ -236,7 +266,7 @@ fn run(
                 .max()
                 .unwrap_or(0)
         };
-        let estimate = probe.saturating_mul(n);
+        let estimate = probe.saturating_mul(n).saturating_mul(calls);
         if estimate > MAX_FULL_OPS {
             return Err(format!(
                 "{}: about {estimate} ops to simulate with {algo} on {n} ranks (at most \
@@ -245,7 +275,11 @@ fn run(
             ));
         }
         let s = build_all(args, n, opts, algo, topo)?;
-        let ops: usize = s.iter().map(|s| s.ops().count()).sum();
+        let ops = s
+            .iter()
+            .map(|s| s.ops().count())
+            .sum::<usize>()
+            .saturating_mul(calls);
         if ops > MAX_FULL_OPS {
             return Err(format!(
                 "{}: {ops} ops to simulate with {algo} on {n} ranks (at most {MAX_FULL_OPS}); \
@@ -285,6 +319,9 @@ fn run(
         };
         t * f
     };
+    // The time a message of `len` elements keeps its link busy (its bytes, no latency): the
+    // next message between the same two ranks cannot start moving bytes before that.
+    let busy = |a: usize, b: usize, len: usize| -> f64 { cost(a, b, len) - cost(a, b, 0) };
     // How long a message of `len` elements from `a` to `b` holds the NICs (0 inside a host).
     let nic_time = |a: usize, b: usize, len: usize| -> f64 {
         if host_index[a] == host_index[b] {
@@ -299,19 +336,26 @@ fn run(
     let mut nic_out = vec![Calendar::default(); nics];
     let mut nic_in = vec![Calendar::default(); nics];
     let nic_of = |p: usize| if use_sym { 0 } else { host_index[p] };
-    // The earliest time from `t` at which the bytes of a message from `a` to `b` can move,
-    // booking its NICs from then.
-    let mut through_nics = |a: usize, b: usize, len: usize, t: f64| -> f64 {
+    // When the last byte of a message of `len` elements from `a` to `b`, free to move from
+    // `t`, is through its link and, between hosts, through both NICs (booking them).
+    let mut through = |a: usize, b: usize, len: usize, t: f64| -> f64 {
+        let moving = busy(a, b, len);
         let d = nic_time(a, b, len);
         if d <= 0.0 {
-            return t;
+            return t + moving;
         }
         let (out, inc) = (nic_of(a), nic_of(b));
         let s1 = nic_out[out].fit(t, d);
         nic_out[out].book(s1, d);
         let s2 = nic_in[inc].fit(s1, d);
         nic_in[inc].book(s2, d);
-        s2
+        if cluster.nic_burst_bytes == 0 {
+            return s2 + moving;
+        }
+        let f = factor(a, b);
+        let lead = cluster.nic_burst_bytes as f64 / (nic * 1e3) * f;
+        let copy = (len * elem_size) as f64 / (cluster.copy_gbps * 1e3) * f;
+        (s2 + moving - lead).max(t + copy)
     };
     // The time the receiver of a message of `len` elements from `a` to `b` spends reducing it
     // after it arrived, when it lands in a receive-and-reduce op.
@@ -324,9 +368,6 @@ fn run(
         }
     };
     let reduces = |op: &Op| matches!(op, Op::RecvReduce { .. });
-    // The time a message of `len` elements keeps its link busy (its bytes, no latency): the
-    // next message between the same two ranks cannot start moving bytes before that.
-    let busy = |a: usize, b: usize, len: usize| -> f64 { cost(a, b, len) - cost(a, b, 0) };
     // When each (sender, receiver) pair's link is free again.
     let mut channel: HashMap<(usize, usize), f64> = HashMap::new();
     let partners = match_partners(&scheds, n, &rep)?;
@@ -342,6 +383,11 @@ fn run(
         bytes as f64 / (cluster.copy_gbps * 1e3) * if use_sym { worst } else { 1.0 }
     };
     let m = scheds.len();
+    // Steps of one call per simulated rank; step `t` of the run is step `t % len` of call
+    // `t / len`.
+    let lens: Vec<usize> = scheds.iter().map(|s| s.steps.len()).collect();
+    // When the last rank finished each call.
+    let mut call_end = vec![0.0f64; calls];
     let mut cur = vec![usize::MAX; m];
     let mut ready = vec![0.0f64; m];
     let mut finish = vec![0.0f64; m];
@@ -359,10 +405,16 @@ fn run(
                      queue: &mut BinaryHeap<Reverse<(u64, usize)>>| {
         cur[r] = t;
         let s = &scheds[r];
-        if t >= s.steps.len() {
+        let len = lens[r];
+        if t > 0 && t.is_multiple_of(len) {
+            let c = &mut call_end[t / len - 1];
+            *c = c.max(start);
+        }
+        if t >= len * calls {
             finish[r] = start;
             return;
         }
+        let (call, t) = (t / len, t % len);
         ready[r] = start + copy_time(s, t);
         finish[r] = ready[r];
         let mut left = 0;
@@ -373,6 +425,8 @@ fn run(
                 Op::Copy { .. } => continue,
             };
             let (q, qs, j) = partners[r][t][i];
+            // The partner's op is in the same call.
+            let qs_run = call * lens[q] + qs;
             if q == r && qs == t {
                 // The image of this rank on another host: matched within the step, once.
                 if i < j {
@@ -381,7 +435,7 @@ fn run(
                     } else {
                         (peer, real[r])
                     };
-                    let end = through_nics(a, b, len, ready[r]) + cost(a, b, len);
+                    let end = through(a, b, len, ready[r]) + cost(a, b, 0);
                     // This rank is both ends: it receives in op `j` when it sends in op `i`.
                     let recv = if sends { j } else { i };
                     let extra = if reduces(&s.steps[t].ops[recv]) {
@@ -399,7 +453,7 @@ fn run(
             if sends {
                 messages += 1;
             }
-            if cur[q] == qs {
+            if cur[q] == qs_run {
                 let (a, b) = if sends {
                     (real[r], peer)
                 } else {
@@ -424,7 +478,7 @@ fn run(
                     let early = cluster.eager_bytes as f64 / bytes as f64;
                     start = start.max(ready[receiver].max(free) - moving * early);
                 }
-                let end = through_nics(a, b, len, start) + lat + moving;
+                let end = through(a, b, len, start) + lat;
                 channel.insert((a, b), end - lat);
                 // The receiver reduces what landed in a receive-and-reduce op, once it is
                 // there and in the step.
@@ -468,7 +522,7 @@ fn run(
     }
     while let Some(Reverse((_, r))) = queue.pop() {
         let t = cur[r];
-        if t >= scheds[r].steps.len() {
+        if t >= lens[r] * calls {
             continue;
         }
         let start = finish[r];
@@ -483,16 +537,21 @@ fn run(
             &mut queue,
         );
     }
-    if let Some(r) = (0..m).find(|&r| cur[r] < scheds[r].steps.len()) {
+    if let Some(r) = (0..m).find(|&r| cur[r] < lens[r] * calls) {
         return Err(format!(
             "{}: simulation stalled with rank {} at step {} of {} ({algo})",
             args.kind.name(),
             real[r],
             cur[r],
-            scheds[r].steps.len()
+            lens[r] * calls
         ));
     }
-    let time_us = finish.iter().copied().fold(0.0, f64::max);
+    let last = finish.iter().copied().fold(0.0, f64::max);
+    let time_us = if calls > 1 {
+        (last - call_end[0]) / (calls - 1) as f64
+    } else {
+        last
+    };
     Ok(SimResult {
         time_us,
         mode: if use_sym { Mode::Symmetric } else { Mode::Full },

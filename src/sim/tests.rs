@@ -19,6 +19,7 @@ fn cluster(topo: Topology) -> Cluster {
             beta_gbps: 0.5,
         },
         nic_gbps: None,
+        nic_burst_bytes: 0,
         copy_gbps: 10.0,
         reduce_gbps: 0.0,
         eager_bytes: 0,
@@ -454,4 +455,50 @@ fn a_calendar_finds_the_first_gap_that_fits() {
     c.book(0.0, 10.0);
     assert_eq!(c.busy.len(), 1);
     assert_eq!(c.busy.get(&key(0.0)), Some(&25.0));
+}
+
+/// One rank on each of two hosts; rank 0 broadcasts 2000 B (4 us through the 500 B/us NIC).
+fn one_message(c: &Cluster, calls: usize) -> f64 {
+    let a = CollArgs {
+        kind: CollKind::Broadcast { root: 0 },
+        count: 500,
+        in_place: true,
+    };
+    simulate_calls(c, &a, 4, Algorithm::Binomial, &BIG, Some(false), calls)
+        .unwrap()
+        .time_us
+}
+
+#[test]
+fn a_token_bucket_nic_lets_a_burst_through_then_its_rate() {
+    let mut c = cluster(Topology::uniform(2, 1));
+    assert!(close(one_message(&c, 1), 50.0 + 4.0));
+    // A bucket of 1000 B: the bytes are through 1000 B / 500 B/us = 2 us earlier.
+    c.nic_burst_bytes = 1000;
+    assert!(close(one_message(&c, 1), 50.0 + 2.0));
+    // A bucket larger than the message: as fast as a copy (2000 B at 10 GB/s).
+    c.nic_burst_bytes = 1 << 20;
+    assert!(close(one_message(&c, 1), 50.0 + 0.2));
+}
+
+#[test]
+fn back_to_back_calls_drain_the_bucket() {
+    // Eager: the root sends its next call's message as soon as the last one's bytes are
+    // through, so the calls queue at the NIC. With a 1000 B bucket the first message is
+    // through at 2 us, then one every 4 us (the NIC's rate): per call 4 us after the first.
+    let mut c = cluster(Topology::uniform(2, 1));
+    c.eager_bytes = usize::MAX;
+    c.nic_burst_bytes = 1000;
+    assert!(close(one_message(&c, 1), 52.0));
+    assert!(close(one_message(&c, 4), 4.0), "{}", one_message(&c, 4));
+    // Lockstep calls (rendezvous: the root waits for the receiver each time) take a single
+    // call's time each, and the bucket refills during each call's latency.
+    c.eager_bytes = 0;
+    assert!(close(one_message(&c, 4), 52.0), "{}", one_message(&c, 4));
+    // The ring on one host runs in lockstep: calls back to back cost one call each.
+    let c = cluster(Topology::single_host(4));
+    let a = all_reduce(4000);
+    let one = simulate_calls(&c, &a, 4, Algorithm::Ring, &BIG, Some(false), 1).unwrap();
+    let three = simulate_calls(&c, &a, 4, Algorithm::Ring, &BIG, Some(false), 3).unwrap();
+    assert!(close(three.time_us, one.time_us), "{three:?} vs {one:?}");
 }

@@ -6,8 +6,12 @@
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
 //!              [--reduce-gbps X] [--eager BYTES] [--nic-burst BYTES] [--calls N]
-//!              [--topology FILE]
+//!              [--ranks-per-core F] [--wake-us W] [--topology FILE]
 //! ```
+//!
+//! `--ranks-per-core F` and `--wake-us W`: ranks that share cores (`F` > 1) run their copies,
+//! reductions and shared-memory transfers `F` times slower, and every message costs
+//! `(1 - 1/F) * W` microseconds more (default: a core per rank).
 //!
 //! `--calls N`: time per call of `N` back-to-back calls after the first, as a benchmark loop
 //! measures it (default 1: one call on idle links).
@@ -33,7 +37,7 @@
 //!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `nic_burst BYTES`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
+//! `nic_gbps X`, `nic_burst BYTES`, `ranks_per_core F`, `wake_us W`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
@@ -63,6 +67,8 @@ struct Opts {
     eager_bytes: usize,
     nic_burst_bytes: usize,
     calls: usize,
+    ranks_per_core: f64,
+    wake_us: f64,
 }
 
 impl Default for Opts {
@@ -84,6 +90,8 @@ impl Default for Opts {
             eager_bytes: DEFAULT_EAGER_BYTES,
             nic_burst_bytes: 0,
             calls: 1,
+            ranks_per_core: 1.0,
+            wake_us: 0.0,
         }
     }
 }
@@ -161,6 +169,8 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
                 ("reduce", 2) => o.reduce_gbps = parse_reduce_gbps(w[1], "reduce bandwidth")?,
                 ("eager", 2) => o.eager_bytes = parse_size(w[1])?,
                 ("nic_burst", 2) => o.nic_burst_bytes = parse_size(w[1])?,
+                ("ranks_per_core", 2) => o.ranks_per_core = num(w[1], "ranks_per_core")?,
+                ("wake_us", 2) => o.wake_us = num(w[1], "wake_us")?,
                 ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
                 ("placement", 2) => o.round_robin = parse_placement(w[1])?,
                 _ => return Err(format!("cannot read '{line}'")),
@@ -217,6 +227,8 @@ fn parse_args() -> Result<Opts, String> {
             "--eager" => o.eager_bytes = parse_size(v)?,
             "--nic-burst" => o.nic_burst_bytes = parse_size(v)?,
             "--calls" => o.calls = num(v, "--calls")?,
+            "--ranks-per-core" => o.ranks_per_core = num(v, "--ranks-per-core")?,
+            "--wake-us" => o.wake_us = num(v, "--wake-us")?,
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
@@ -247,10 +259,10 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--slice BYTES] \
+                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--ranks-per-core F] [--wake-us W] [--slice BYTES] \
                  [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
                  topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
-                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, reduce GBPS, eager BYTES, slow HOST FACTOR, \
+                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, ranks_per_core F, wake_us W, reduce GBPS, eager BYTES, slow HOST FACTOR, \
                  placement host-major|round-robin"
             );
             return ExitCode::from(2);
@@ -291,6 +303,8 @@ fn run(o: &Opts) -> Result<(), String> {
         reduce_gbps: o.reduce_gbps,
         eager_bytes: o.eager_bytes,
         nic_burst_bytes: o.nic_burst_bytes,
+        ranks_per_core: o.ranks_per_core,
+        wake_us: o.wake_us,
         slowdown,
     };
     let elem = 4;

@@ -78,6 +78,16 @@ pub struct Cluster {
     /// (see the module docs); 0 makes every message a rendezvous. [`DEFAULT_EAGER_BYTES`]
     /// where a cluster is built from defaults.
     pub eager_bytes: usize,
+    /// Ranks per core (1 or less: every rank has a core of its own). With `F` ranks per
+    /// core a rank runs `1 / F` of the time: its copies, reductions and shared-memory
+    /// transfers (copies by the CPU) take `F` times as long, and every message costs
+    /// `(1 - 1 / F) * wake_us` more, the chance that its receiver is not running when it
+    /// arrives times the time to get it running.
+    pub ranks_per_core: f64,
+    /// What a message costs beyond its link's latency when its receiver must first be given a
+    /// core back (a wake-up and a context switch), in microseconds; used only with more
+    /// than one rank per core.
+    pub wake_us: f64,
     /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
     /// at full speed.
     pub slowdown: Vec<f64>,
@@ -300,6 +310,14 @@ fn run(
     let slow = |h: usize| cluster.slowdown.get(h).copied().unwrap_or(1.0).max(1.0);
     let worst = (0..hosts.len()).map(slow).fold(1.0, f64::max);
     let nic = cluster.nic_gbps.unwrap_or(cluster.inter.beta_gbps);
+    // Ranks sharing cores (see [`Cluster::ranks_per_core`]): CPU work takes `cpu` times as
+    // long, and every message waits `wake` more.
+    let cpu = if cluster.ranks_per_core > 1.0 {
+        cluster.ranks_per_core
+    } else {
+        1.0
+    };
+    let wake = (1.0 - 1.0 / cpu) * cluster.wake_us.max(0.0);
     // Slowdown of a message between real ranks `a` and `b`.
     let factor = |a: usize, b: usize| -> f64 {
         if use_sym {
@@ -313,9 +331,9 @@ fn run(
         let (ha, hb) = (host_index[a], host_index[b]);
         let f = factor(a, b);
         let t = if ha == hb {
-            cluster.intra.time_us(bytes)
+            cluster.intra.alpha_us + wake + bytes / (cluster.intra.beta_gbps * 1e3) * cpu
         } else {
-            cluster.inter.alpha_us + bytes / (cluster.inter.beta_gbps.min(nic) * 1e3)
+            cluster.inter.alpha_us + wake + bytes / (cluster.inter.beta_gbps.min(nic) * 1e3)
         };
         t * f
     };
@@ -354,7 +372,7 @@ fn run(
         }
         let f = factor(a, b);
         let lead = cluster.nic_burst_bytes as f64 / (nic * 1e3) * f;
-        let copy = (len * elem_size) as f64 / (cluster.copy_gbps * 1e3) * f;
+        let copy = (len * elem_size) as f64 / (cluster.copy_gbps * 1e3) * cpu * f;
         (s2 + moving - lead).max(t + copy)
     };
     // The time the receiver of a message of `len` elements from `a` to `b` spends reducing it
@@ -364,7 +382,7 @@ fn run(
         if reduce_free {
             0.0
         } else {
-            (len * elem_size) as f64 / (cluster.reduce_gbps * 1e3) * factor(a, b)
+            (len * elem_size) as f64 / (cluster.reduce_gbps * 1e3) * cpu * factor(a, b)
         }
     };
     let reduces = |op: &Op| matches!(op, Op::RecvReduce { .. });
@@ -380,7 +398,7 @@ fn run(
                 _ => 0,
             })
             .sum();
-        bytes as f64 / (cluster.copy_gbps * 1e3) * if use_sym { worst } else { 1.0 }
+        bytes as f64 / (cluster.copy_gbps * 1e3) * cpu * if use_sym { worst } else { 1.0 }
     };
     let m = scheds.len();
     // Steps of one call per simulated rank; step `t` of the run is step `t % len` of call

@@ -20,6 +20,8 @@ fn cluster(topo: Topology) -> Cluster {
         },
         nic_gbps: None,
         nic_burst_bytes: 0,
+        ranks_per_core: 1.0,
+        wake_us: 0.0,
         copy_gbps: 10.0,
         reduce_gbps: 0.0,
         eager_bytes: 0,
@@ -501,4 +503,25 @@ fn back_to_back_calls_drain_the_bucket() {
     let one = simulate_calls(&c, &a, 4, Algorithm::Ring, &BIG, Some(false), 1).unwrap();
     let three = simulate_calls(&c, &a, 4, Algorithm::Ring, &BIG, Some(false), 3).unwrap();
     assert!(close(three.time_us, one.time_us), "{three:?} vs {one:?}");
+}
+
+#[test]
+fn ranks_sharing_cores_pay_wake_ups_and_share_the_cpu() {
+    // 2 ranks, 4000 floats, reductions at 2 GB/s; 2 ranks per core and 10 us to wake a rank:
+    // every message costs 10 + (1 - 1/2) x 10 us of latency, and its 8000 B copy through
+    // shared memory (8 us) and the reduction (4 us) take twice as long.
+    let mut c = cluster(Topology::single_host(2));
+    c.reduce_gbps = 2.0;
+    c.wake_us = 10.0;
+    let alone = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(alone, (10.0 + 8.0 + 4.0) + (10.0 + 8.0)), "{alone}");
+    c.ranks_per_core = 2.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, (15.0 + 16.0 + 8.0) + (15.0 + 16.0)), "{t}");
+    // Between hosts the wire is not the CPU: only the wake-up is added.
+    let mut c = cluster(Topology::uniform(2, 1));
+    c.wake_us = 10.0;
+    c.ranks_per_core = 4.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 2.0 * (50.0 + 7.5 + 16.0)), "{t}");
 }

@@ -280,7 +280,7 @@ fn run(
         if estimate > MAX_FULL_OPS {
             return Err(format!(
                 "{}: about {estimate} ops to simulate with {algo} on {n} ranks (at most \
-                 {MAX_FULL_OPS}); use a larger slice or a count of at least nranks",
+                 {MAX_FULL_OPS}); use a larger slice, a count of at least nranks or fewer calls",
                 args.kind.name()
             ));
         }
@@ -293,7 +293,7 @@ fn run(
         if ops > MAX_FULL_OPS {
             return Err(format!(
                 "{}: {ops} ops to simulate with {algo} on {n} ranks (at most {MAX_FULL_OPS}); \
-                 use a larger slice",
+                 use a larger slice or fewer calls",
                 args.kind.name()
             ));
         }

@@ -311,7 +311,7 @@ fn run(o: &Opts) -> Result<(), String> {
     let started = Instant::now();
     println!(
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
-         reduce {}, eager up to {} B, NIC burst {} B, {}{}",
+         reduce {}, eager up to {} B, NIC burst {} B, {}{}{}",
         o.ranks,
         o.per_host,
         nhosts,
@@ -327,6 +327,14 @@ fn run(o: &Opts) -> Result<(), String> {
         cluster.eager_bytes,
         cluster.nic_burst_bytes,
         o.op.name(),
+        if cluster.ranks_per_core > 1.0 {
+            format!(
+                ", {} ranks per core (wake-up {} us)",
+                cluster.ranks_per_core, cluster.wake_us
+            )
+        } else {
+            String::new()
+        },
         if o.calls > 1 {
             format!(
                 ", time per call of {} back to back after the first",

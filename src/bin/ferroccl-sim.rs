@@ -41,6 +41,7 @@
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -269,15 +270,41 @@ fn main() -> ExitCode {
         }
     };
     match run(&o) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        // A reader that stopped early (`ferroccl-sim ... | head`) is not a failure.
+        Ok(()) | Err(Failure::Closed) => ExitCode::SUCCESS,
+        Err(Failure::Msg(e)) => {
             eprintln!("ferroccl-sim: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(o: &Opts) -> Result<(), String> {
+/// Why [`run`] stopped early.
+#[derive(Debug)]
+enum Failure {
+    /// Bad options or a simulation error.
+    Msg(String),
+    /// Standard output was closed by its reader.
+    Closed,
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self {
+        Failure::Msg(e)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Failure::Closed
+        } else {
+            Failure::Msg(format!("writing the table: {e}"))
+        }
+    }
+}
+
+fn run(o: &Opts) -> Result<(), Failure> {
     let mut topo = Topology::uniform(o.ranks, o.per_host);
     let nhosts = topo.nhosts();
     if o.round_robin {
@@ -288,9 +315,7 @@ fn run(o: &Opts) -> Result<(), String> {
     let mut slowdown = vec![1.0; nhosts];
     for &(h, f) in &o.slow {
         if h >= nhosts || f.is_nan() || f < 1.0 {
-            return Err(format!(
-                "--slow {h}={f}: host must be < {nhosts}, factor >= 1"
-            ));
+            return Err(format!("--slow {h}={f}: host must be < {nhosts}, factor >= 1").into());
         }
         slowdown[h] = f;
     }
@@ -309,7 +334,9 @@ fn run(o: &Opts) -> Result<(), String> {
     };
     let elem = 4;
     let started = Instant::now();
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
          reduce {}, eager up to {} B, NIC burst {} B, {}{}{}",
         o.ranks,
@@ -343,15 +370,17 @@ fn run(o: &Opts) -> Result<(), String> {
         } else {
             String::new()
         }
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12} {:>8} {:>8} {:>6}  slice",
         "size", "count", "type", "redop", "root", "algo", "time", "algbw", "busbw", "#wrong",
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "# {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12} {:>8} {:>8} {:>6}",
         "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
-    );
+    )?;
     let per_rank = matches!(
         o.op,
         CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll
@@ -395,13 +424,14 @@ fn run(o: &Opts) -> Result<(), String> {
                 Ok(r) => {
                     let algbw = shown as f64 / r.time_us / 1e3;
                     let busbw = algbw * busbw_factor(o.op, o.ranks);
-                    println!(
+                    writeln!(
+        out,
                         "  {:>10} {:>12} {:>6} {:>6} {:>5} {:>9} {:>12.1} {:>8.3} {:>8.3} {:>6}  {}",
                         shown, shown_count, "float", redop, root, algo.name(), r.time_us, algbw,
                         busbw, "N/A", slice * elem
-                    );
+                    )?;
                 }
-                Err(e) => println!("  {shown:>10} {shown_count:>12} {algo}: {e}"),
+                Err(e) => writeln!(out, "  {shown:>10} {shown_count:>12} {algo}: {e}")?,
             }
         }
         size = match size.checked_mul(o.factor) {
@@ -409,7 +439,11 @@ fn run(o: &Opts) -> Result<(), String> {
             None => break,
         };
     }
-    println!("# simulated in {:.1} s", started.elapsed().as_secs_f64());
+    writeln!(
+        out,
+        "# simulated in {:.1} s",
+        started.elapsed().as_secs_f64()
+    )?;
     Ok(())
 }
 

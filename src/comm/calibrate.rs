@@ -2,9 +2,13 @@
 //!
 //! For each kind of link the communicator uses (shared memory inside a host, TCP between
 //! hosts, or TCP inside a host where shared memory is off), one pair of ranks times ping-pongs:
-//! 8-byte messages for the latency, 1 MiB and 4 MiB messages for the bandwidth (the slope
-//! between the two, so a fixed cost per message, or a token bucket's free burst, does not
-//! inflate it). The pairs are the same on every rank, derived from the host ids: the first two
+//! 8-byte messages for the latency (the median round trip), 1 MiB and 4 MiB messages for the
+//! bandwidth: the slope between the fastest round trip of each, so a fixed cost per message,
+//! or a token bucket's free burst, does not inflate it. The two sizes alternate, so a slow
+//! spell of a shared machine (another process taking the core or the memory bus) slows both
+//! or neither, and the fastest of several round trips is the one it did not touch: taken from
+//! the medians of back-to-back runs of each size, the shared-memory bandwidth of two ranks on
+//! a 2-core machine ranged over 2.8 - 7.4 GB/s from run to run. The pairs are the same on every rank, derived from the host ids: the first two
 //! ranks of the first host with two ranks, and rank 0 with the first rank of another host.
 //! The leader of each pair (its lower rank) reports the numbers in an all_reduce (max) that
 //! every rank joins, so all ranks calibrate with the same figures and pick the same schedules.
@@ -32,9 +36,9 @@ fn lock_engine(c: &Communicator) -> std::sync::MutexGuard<'_, Engine> {
     c.inner.engine.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Ping-pongs timed per size (after one untimed).
+/// Ping-pongs timed per size (after one untimed round).
 const SMALL_ITERS: usize = 50;
-const LARGE_ITERS: usize = 4;
+const LARGE_ITERS: usize = 8;
 const SMALL: usize = 8;
 const MID: usize = 1 << 20;
 const LARGE: usize = 4 << 20;
@@ -98,8 +102,13 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Latency (us) and bandwidth (GB/s) from median round trips (us) of `SMALL`, `MID` and
-/// `LARGE` bytes: half the small round trip, and the slope between the two large sizes.
+/// The smallest of `v`; infinite when empty.
+fn fastest(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// Latency (us) and bandwidth (GB/s) from round trips (us) of `SMALL`, `MID` and `LARGE`
+/// bytes: half the small round trip, and the slope between the two large sizes.
 pub(crate) fn fit(rtt_small: f64, rtt_mid: f64, rtt_large: f64) -> (f64, f64) {
     let latency = rtt_small / 2.0;
     let slope_us = ((rtt_large - rtt_mid) / 2.0).max(1e-3);
@@ -127,22 +136,31 @@ fn link_of_code(c: f64) -> Option<Link> {
 }
 
 impl Communicator {
-    /// Round trips (us) of `iters` ping-pongs of `bytes` with `peer`; this rank leads when
-    /// `lead` (sends first and times), else it echoes.
-    fn ping_pong(&self, peer: usize, bytes: usize, iters: usize, lead: bool) -> Result<Vec<f64>> {
-        let mut buf = vec![0u8; bytes];
-        let mut times = Vec::with_capacity(iters);
+    /// Round trips (us) of ping-pongs with `peer`, one list per size of `sizes`: `iters`
+    /// rounds of one ping-pong of each size in turn, after one untimed round. This rank leads
+    /// when `lead` (sends first and times), else it echoes.
+    fn ping_pongs(
+        &self,
+        peer: usize,
+        sizes: &[usize],
+        iters: usize,
+        lead: bool,
+    ) -> Result<Vec<Vec<f64>>> {
+        let mut bufs: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let mut times = vec![Vec::with_capacity(iters); sizes.len()];
         for i in 0..=iters {
-            let t = Instant::now();
-            if lead {
-                self.send(&buf, peer)?;
-                self.recv(&mut buf, peer)?;
-            } else {
-                self.recv(&mut buf, peer)?;
-                self.send(&buf, peer)?;
-            }
-            if i > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1e6);
+            for (buf, times) in bufs.iter_mut().zip(times.iter_mut()) {
+                let t = Instant::now();
+                if lead {
+                    self.send(buf, peer)?;
+                    self.recv(buf, peer)?;
+                } else {
+                    self.recv(buf, peer)?;
+                    self.send(buf, peer)?;
+                }
+                if i > 0 {
+                    times.push(t.elapsed().as_secs_f64() * 1e6);
+                }
             }
         }
         Ok(times)
@@ -161,14 +179,13 @@ impl Communicator {
             }
             let (peer, lead) = if me == a { (b, true) } else { (a, false) };
             let mut small = self
-                .ping_pong(peer, SMALL, SMALL_ITERS, lead)
+                .ping_pongs(peer, &[SMALL], SMALL_ITERS, lead)
                 .map_err(ctx)?;
-            let mut mid = self.ping_pong(peer, MID, LARGE_ITERS, lead).map_err(ctx)?;
-            let mut large = self
-                .ping_pong(peer, LARGE, LARGE_ITERS, lead)
+            let big = self
+                .ping_pongs(peer, &[MID, LARGE], LARGE_ITERS, lead)
                 .map_err(ctx)?;
             if lead {
-                let (lat, bw) = fit(median(&mut small), median(&mut mid), median(&mut large));
+                let (lat, bw) = fit(median(&mut small[0]), fastest(&big[0]), fastest(&big[1]));
                 let link = match self.transport(peer) {
                     Some(Transport::Shm) => Link::Shm,
                     _ => Link::Tcp,
@@ -385,6 +402,16 @@ mod tests {
         assert_eq!(pairs(&[7, 9, 7, 9]), vec![(0, 2), (0, 1)]);
         assert_eq!(pairs(&[7, 9, 9]), vec![(1, 2), (0, 1)]);
         assert_eq!(pairs(&[1, 2, 3]), vec![(0, 1)]);
+    }
+
+    #[test]
+    fn fastest_is_the_smallest_round_trip() {
+        assert_eq!(fastest(&[900.0, 350.5, 2400.0, 351.0]), 350.5);
+        assert_eq!(fastest(&[]), f64::INFINITY);
+        // A slow spell on one size's fastest round trip would shrink the slope: the fastest
+        // of each size is what the fit gets.
+        let (_, bw) = fit(2.0, fastest(&[400.0, 350.0]), fastest(&[1400.0, 1350.0]));
+        assert!((bw - 3_145_728.0 / 500.0 / 1e3).abs() < 1e-9, "{bw}");
     }
 
     #[test]

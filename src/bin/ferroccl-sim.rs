@@ -6,12 +6,17 @@
 //!              [-b 8] [-e 128M] [-f 4] [--intra shm] [--inter tcp] [--nic-gbps X]
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
 //!              [--reduce-gbps X] [--eager BYTES] [--nic-burst BYTES] [--calls N]
-//!              [--ranks-per-core F] [--wake-us W] [--topology FILE]
+//!              [--ranks-per-core F] [--wake-us W] [--cache BYTES --mem-gbps X]
+//!              [--topology FILE]
 //! ```
 //!
 //! `--ranks-per-core F` and `--wake-us W`: ranks that share cores (`F` > 1) run their copies,
 //! reductions and shared-memory transfers `F` times slower, and every message costs
 //! `(1 - 1/F) * W` microseconds more (default: a core per rank).
+//!
+//! `--cache BYTES` and `--mem-gbps X`: a call whose send and receive buffers, over the ranks
+//! of a host, reach the cache size is memory-bound: each rank's copies, reductions and
+//! shared-memory transfers then run at no more than `X` GB/s (default: no memory term).
 //!
 //! `--calls N`: time per call of `N` back-to-back calls after the first, as a benchmark loop
 //! measures it (default 1: one call on idle links).
@@ -37,7 +42,8 @@
 //!
 //! A topology file holds lines `key value...` (`#` starts a comment): `ranks N`,
 //! `ranks_per_host K`, `intra LINK`, `inter LINK`, `link LINK ALPHA_US BETA_GBPS`,
-//! `nic_gbps X`, `nic_burst BYTES`, `ranks_per_core F`, `wake_us W`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
+//! `nic_gbps X`, `nic_burst BYTES`, `ranks_per_core F`, `wake_us W`, `cache BYTES`,
+//! `mem_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
 #![forbid(unsafe_code)]
 
@@ -70,6 +76,8 @@ struct Opts {
     calls: usize,
     ranks_per_core: f64,
     wake_us: f64,
+    cache_bytes: usize,
+    mem_gbps: f64,
 }
 
 impl Default for Opts {
@@ -93,6 +101,8 @@ impl Default for Opts {
             calls: 1,
             ranks_per_core: 1.0,
             wake_us: 0.0,
+            cache_bytes: 0,
+            mem_gbps: 0.0,
         }
     }
 }
@@ -172,6 +182,8 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
                 ("nic_burst", 2) => o.nic_burst_bytes = parse_size(w[1])?,
                 ("ranks_per_core", 2) => o.ranks_per_core = num(w[1], "ranks_per_core")?,
                 ("wake_us", 2) => o.wake_us = num(w[1], "wake_us")?,
+                ("cache", 2) => o.cache_bytes = parse_size(w[1])?,
+                ("mem_gbps", 2) => o.mem_gbps = num(w[1], "mem_gbps")?,
                 ("slow", 3) => o.slow.push((num(w[1], "host")?, num(w[2], "factor")?)),
                 ("placement", 2) => o.round_robin = parse_placement(w[1])?,
                 _ => return Err(format!("cannot read '{line}'")),
@@ -230,6 +242,8 @@ fn parse_args() -> Result<Opts, String> {
             "--calls" => o.calls = num(v, "--calls")?,
             "--ranks-per-core" => o.ranks_per_core = num(v, "--ranks-per-core")?,
             "--wake-us" => o.wake_us = num(v, "--wake-us")?,
+            "--cache" => o.cache_bytes = parse_size(v)?,
+            "--mem-gbps" => o.mem_gbps = num(v, "--mem-gbps")?,
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
@@ -260,10 +274,10 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
                  [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--ranks-per-core F] [--wake-us W] [--slice BYTES] \
+                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--ranks-per-core F] [--wake-us W] [--cache BYTES --mem-gbps X] [--slice BYTES] \
                  [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
                  topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
-                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, ranks_per_core F, wake_us W, reduce GBPS, eager BYTES, slow HOST FACTOR, \
+                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, ranks_per_core F, wake_us W, cache BYTES, mem_gbps X, reduce GBPS, eager BYTES, slow HOST FACTOR, \
                  placement host-major|round-robin"
             );
             return ExitCode::from(2);
@@ -330,6 +344,8 @@ fn run(o: &Opts) -> Result<(), Failure> {
         nic_burst_bytes: o.nic_burst_bytes,
         ranks_per_core: o.ranks_per_core,
         wake_us: o.wake_us,
+        cache_bytes: o.cache_bytes,
+        mem_gbps: o.mem_gbps,
         slowdown,
     };
     let elem = 4;
@@ -338,7 +354,7 @@ fn run(o: &Opts) -> Result<(), Failure> {
     writeln!(
         out,
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
-         reduce {}, eager up to {} B, NIC burst {} B, {}{}{}",
+         reduce {}, eager up to {} B, NIC burst {} B, {}{}{}{}",
         o.ranks,
         o.per_host,
         nhosts,
@@ -358,6 +374,14 @@ fn run(o: &Opts) -> Result<(), Failure> {
             format!(
                 ", {} ranks per core (wake-up {} us)",
                 cluster.ranks_per_core, cluster.wake_us
+            )
+        } else {
+            String::new()
+        },
+        if cluster.cache_bytes > 0 && cluster.mem_gbps > 0.0 {
+            format!(
+                ", memory-bound from {} B of buffers per host at {} GB/s a rank",
+                cluster.cache_bytes, cluster.mem_gbps
             )
         } else {
             String::new()

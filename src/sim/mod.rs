@@ -31,6 +31,10 @@
 //! earlier than the message's end. The link is free again at the message's end. A
 //! non-positive or infinite `reduce_gbps` makes reductions free (pure alpha-beta).
 //!
+//! Memory: a call whose buffers on a host reach its cache ([`Cluster::cache_bytes`]: every
+//! rank's send and receive buffers) moves its data through memory, not the cache: its copies,
+//! reductions and shared-memory transfers run at no more than [`Cluster::mem_gbps`] each.
+//!
 //! Two modes:
 //! * full: every rank's schedule is built and run (exact for the model);
 //! * symmetric: on equal hosts with consecutive ranks (`rank / K` is the host), algorithms that
@@ -88,6 +92,18 @@ pub struct Cluster {
     /// core back (a wake-up and a context switch), in microseconds; used only with more
     /// than one rank per core.
     pub wake_us: f64,
+    /// Bytes of a host's last-level cache (0: no memory term). A call whose send and receive
+    /// buffers, summed over the ranks of the largest host, reach it is memory-bound: see
+    /// [`Cluster::mem_gbps`].
+    pub cache_bytes: usize,
+    /// Rate in GB/s of each rank's copies, reductions and shared-memory transfers in a
+    /// memory-bound call: its share of the host's memory bus with every rank of the host
+    /// moving data, as a ring of shared-memory transfers of buffers larger than the cache
+    /// measures it. The CPU rates above apply where they are lower. A reduction is held to
+    /// the same rate as a transfer: it reads the received bytes and the destination and
+    /// writes the destination, as much traffic per byte as a copy in and out of a ring.
+    /// Non-positive: no memory term.
+    pub mem_gbps: f64,
     /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
     /// at full speed.
     pub slowdown: Vec<f64>,
@@ -318,6 +334,33 @@ fn run(
         1.0
     };
     let wake = (1.0 - 1.0 / cpu) * cluster.wake_us.max(0.0);
+    // A memory-bound call (see [`Cluster::cache_bytes`]): every rank's buffers on the largest
+    // host reach the cache.
+    let (send_len, recv_len) = args.kind.buffer_lens(args.count, n);
+    let per_rank = if args.in_place {
+        send_len.max(recv_len)
+    } else {
+        send_len + recv_len
+    } * elem_size;
+    let largest = hosts.iter().map(Vec::len).max().unwrap_or(1);
+    let mem_bound = cluster.cache_bytes > 0
+        && cluster.mem_gbps > 0.0
+        && per_rank.saturating_mul(largest) >= cluster.cache_bytes;
+    // The rate of CPU work that alone runs at `gbps`: shared with the other ranks of its core
+    // and, in a memory-bound call, no faster than the memory bus lets each rank move data.
+    let local = |gbps: f64| -> f64 {
+        let r = gbps / cpu;
+        if mem_bound {
+            r.min(cluster.mem_gbps)
+        } else {
+            r
+        }
+    };
+    let (intra_gbps, copy_gbps, reduce_gbps) = (
+        local(cluster.intra.beta_gbps),
+        local(cluster.copy_gbps),
+        local(cluster.reduce_gbps),
+    );
     // Slowdown of a message between real ranks `a` and `b`.
     let factor = |a: usize, b: usize| -> f64 {
         if use_sym {
@@ -331,7 +374,7 @@ fn run(
         let (ha, hb) = (host_index[a], host_index[b]);
         let f = factor(a, b);
         let t = if ha == hb {
-            cluster.intra.alpha_us + wake + bytes / (cluster.intra.beta_gbps * 1e3) * cpu
+            cluster.intra.alpha_us + wake + bytes / (intra_gbps * 1e3)
         } else {
             cluster.inter.alpha_us + wake + bytes / (cluster.inter.beta_gbps.min(nic) * 1e3)
         };
@@ -372,7 +415,7 @@ fn run(
         }
         let f = factor(a, b);
         let lead = cluster.nic_burst_bytes as f64 / (nic * 1e3) * f;
-        let copy = (len * elem_size) as f64 / (cluster.copy_gbps * 1e3) * cpu * f;
+        let copy = (len * elem_size) as f64 / (copy_gbps * 1e3) * f;
         (s2 + moving - lead).max(t + copy)
     };
     // The time the receiver of a message of `len` elements from `a` to `b` spends reducing it
@@ -382,7 +425,7 @@ fn run(
         if reduce_free {
             0.0
         } else {
-            (len * elem_size) as f64 / (cluster.reduce_gbps * 1e3) * cpu * factor(a, b)
+            (len * elem_size) as f64 / (reduce_gbps * 1e3) * factor(a, b)
         }
     };
     let reduces = |op: &Op| matches!(op, Op::RecvReduce { .. });
@@ -398,7 +441,7 @@ fn run(
                 _ => 0,
             })
             .sum();
-        bytes as f64 / (cluster.copy_gbps * 1e3) * cpu * if use_sym { worst } else { 1.0 }
+        bytes as f64 / (copy_gbps * 1e3) * if use_sym { worst } else { 1.0 }
     };
     let m = scheds.len();
     // Steps of one call per simulated rank; step `t` of the run is step `t % len` of call

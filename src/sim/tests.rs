@@ -22,6 +22,8 @@ fn cluster(topo: Topology) -> Cluster {
         nic_burst_bytes: 0,
         ranks_per_core: 1.0,
         wake_us: 0.0,
+        cache_bytes: 0,
+        mem_gbps: 0.0,
         copy_gbps: 10.0,
         reduce_gbps: 0.0,
         eager_bytes: 0,
@@ -524,4 +526,36 @@ fn ranks_sharing_cores_pay_wake_ups_and_share_the_cpu() {
     c.ranks_per_core = 4.0;
     let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
     assert!(close(t, 2.0 * (50.0 + 7.5 + 16.0)), "{t}");
+}
+
+#[test]
+fn calls_whose_buffers_reach_the_cache_run_at_the_memory_rate() {
+    // 2 ranks, 4000 floats in place: 16000 B of buffers per rank, 32000 B on the host.
+    // Alone: 10 + 8 us for each 8000 B message and 4 us to reduce it at 2 GB/s.
+    let mut c = cluster(Topology::single_host(2));
+    c.reduce_gbps = 2.0;
+    c.mem_gbps = 0.5;
+    c.cache_bytes = 32_001;
+    let fits = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(fits, (10.0 + 8.0 + 4.0) + (10.0 + 8.0)), "{fits}");
+    // At the cache size the transfer and the reduction each move 8000 B at 0.5 GB/s.
+    c.cache_bytes = 32_000;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, (10.0 + 16.0 + 16.0) + (10.0 + 16.0)), "{t}");
+    // A memory rate above the CPU's changes nothing: it is a cap.
+    c.mem_gbps = 4.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, fits), "{t}");
+    // Sharing cores halves the CPU rates first (0.5 and 1 GB/s), then the cap applies.
+    c.mem_gbps = 0.5;
+    c.ranks_per_core = 2.0;
+    c.wake_us = 10.0;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, (15.0 + 16.0 + 16.0) + (15.0 + 16.0)), "{t}");
+    // Between hosts the wire is not the memory bus: one rank per host, nothing changes.
+    let mut c = cluster(Topology::uniform(2, 1));
+    c.mem_gbps = 0.01;
+    c.cache_bytes = 1;
+    let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
+    assert!(close(t, 2.0 * (50.0 + 16.0)), "{t}");
 }

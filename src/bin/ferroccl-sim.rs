@@ -15,8 +15,8 @@
 //! `(1 - 1/F) * W` microseconds more (default: a core per rank).
 //!
 //! `--cache BYTES` and `--mem-gbps X`: a call whose send and receive buffers, over the ranks
-//! of a host, reach the cache size is memory-bound: each rank's copies, reductions and
-//! shared-memory transfers then run at no more than `X` GB/s (default: no memory term).
+//! of a host, reach the cache size is memory-bound: each rank's copies and shared-memory
+//! transfers then run at no more than `X` GB/s (default: no memory term).
 //!
 //! `--calls N`: time per call of `N` back-to-back calls after the first, as a benchmark loop
 //! measures it (default 1: one call on idle links).

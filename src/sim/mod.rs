@@ -32,8 +32,10 @@
 //! non-positive or infinite `reduce_gbps` makes reductions free (pure alpha-beta).
 //!
 //! Memory: a call whose buffers on a host reach its cache ([`Cluster::cache_bytes`]: every
-//! rank's send and receive buffers) moves its data through memory, not the cache: its copies,
-//! reductions and shared-memory transfers run at no more than [`Cluster::mem_gbps`] each.
+//! rank's send and receive buffers) moves its data through memory, not the cache: its copies
+//! and shared-memory transfers run at no more than [`Cluster::mem_gbps`] each. Reductions
+//! keep their rate: the executor reduces each piece of a message as it lands, while it is
+//! still in the cache.
 //!
 //! Two modes:
 //! * full: every rank's schedule is built and run (exact for the model);
@@ -96,13 +98,12 @@ pub struct Cluster {
     /// buffers, summed over the ranks of the largest host, reach it is memory-bound: see
     /// [`Cluster::mem_gbps`].
     pub cache_bytes: usize,
-    /// Rate in GB/s of each rank's copies, reductions and shared-memory transfers in a
-    /// memory-bound call: its share of the host's memory bus with every rank of the host
-    /// moving data, as a ring of shared-memory transfers of buffers larger than the cache
-    /// measures it. The CPU rates above apply where they are lower. A reduction is held to
-    /// the same rate as a transfer: it reads the received bytes and the destination and
-    /// writes the destination, as much traffic per byte as a copy in and out of a ring.
-    /// Non-positive: no memory term.
+    /// Rate in GB/s of each rank's copies and shared-memory transfers in a memory-bound
+    /// call: its share of the host's memory bus with every rank of the host moving data, as
+    /// a ring of shared-memory transfers of buffers larger than the cache measures it. The
+    /// CPU rates above apply where they are lower. Reductions are not held to it: each
+    /// piece of a message is reduced as it lands, from the cache. Non-positive: no memory
+    /// term.
     pub mem_gbps: f64,
     /// Slowdown factor (>= 1) per host, in the order of [`Topology::hosts`]; missing hosts run
     /// at full speed.
@@ -356,11 +357,8 @@ fn run(
             r
         }
     };
-    let (intra_gbps, copy_gbps, reduce_gbps) = (
-        local(cluster.intra.beta_gbps),
-        local(cluster.copy_gbps),
-        local(cluster.reduce_gbps),
-    );
+    let (intra_gbps, copy_gbps) = (local(cluster.intra.beta_gbps), local(cluster.copy_gbps));
+    let reduce_gbps = cluster.reduce_gbps / cpu;
     // Slowdown of a message between real ranks `a` and `b`.
     let factor = |a: usize, b: usize| -> f64 {
         if use_sym {

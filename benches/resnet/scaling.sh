@@ -146,7 +146,7 @@ if has "$IMPLS" ferroccl; then
     else
         RESNET_DDP=$BIN/resnet_ddp
         if [ "$BUILD" = yes ]; then
-            say "building resnet_ddp (release, libtorch from $TORCH_LIB)"
+            say "building resnet_ddp (release, libtorch of $PYTHON's torch)"
             cargo build --release --quiet -p ferroccl-resnet --bin resnet_ddp
         fi
     fi

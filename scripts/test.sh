@@ -12,6 +12,9 @@ echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
+echo "== benches/resnet/scaling.sh smoke run (1 rank, 1 step, ferroccl and PyTorch DDP)"
+benches/resnet/scaling.sh --ranks 1 --modes weak --steps 1 --warmup-steps 0 --weak-batch 4 \
+  -o target/scaling-smoke --md target/scaling-smoke/SCALING.md
 echo "== C ABI (feature capi): libnccl.so.2, include/nccl.h, C programs"
 cargo clippy -p ferroccl --no-deps --features capi --all-targets --quiet -- -D warnings
 FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" FERROCCL_REQUIRE_NVIDIA_HEADER=1 \

@@ -6,9 +6,11 @@
 //! bandwidth: the slope between the fastest round trip of each, so a fixed cost per message,
 //! or a token bucket's free burst, does not inflate it. The two sizes alternate, so a slow
 //! spell of a shared machine (another process taking the core or the memory bus) slows both
-//! or neither, and the fastest of several round trips is the one it did not touch: taken from
-//! the medians of back-to-back runs of each size, the shared-memory bandwidth of two ranks on
-//! a 2-core machine ranged over 2.8 - 7.4 GB/s from run to run. The pairs are the same on every rank, derived from the host ids: the first two
+//! or neither, and the fastest of several round trips is the one it did not touch (taken
+//! from the medians of back-to-back runs of each size, the shared-memory bandwidth of two
+//! ranks on a 2-core machine ranged over 2.8 - 7.4 GB/s from run to run).
+//!
+//! The pairs are the same on every rank, derived from the host ids: the first two
 //! ranks of the first host with two ranks, and rank 0 with the first rank of another host.
 //! The leader of each pair (its lower rank) reports the numbers in an all_reduce (max) that
 //! every rank joins, so all ranks calibrate with the same figures and pick the same schedules.

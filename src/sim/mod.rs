@@ -10,8 +10,9 @@
 //! `eager_bytes` 0 every message is a rendezvous, starting when both ends are in their steps.
 //! A step ends when its last message does: for a receiver, when the message has arrived and
 //! the receiver is in the step (and has reduced it: see below); for the sender of a message
-//! that fits the buffers, when its bytes are through the link. Messages between the same two ranks run in order: a
-//! later one's bytes start when the earlier one's are through (its latency overlaps them).
+//! that fits the buffers, when its bytes are through the link. Messages between the same two
+//! ranks run in order: a later one's bytes start when the earlier one's are through (its
+//! latency overlaps them).
 //!
 //! NICs: between hosts, each host's NIC is a queue in each direction. A message's bytes
 //! hold the sender's outgoing side for `bytes / nic_gbps` (times the slowdown) in its first

@@ -186,52 +186,49 @@ mod tests {
         assert!(c.at(90.0).abs() < 1e-12);
     }
 
-    #[test]
-    fn sgd_matches_the_update_rule() {
+    /// Two steps at rate 0.5 (momentum 0.9, weight decay 0.1) on `loss = sum(p^2)`, so
+    /// `g = 2p`, from `p = [1, -2]`. Returns the parameter and the optimizer.
+    fn two_steps(nesterov: bool) -> (Vec<f32>, Sgd) {
         let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
-        let mut opt = Sgd::new(vec![p.shallow_clone()], 0.9, 0.1, false);
-        // loss = sum(p^2): g = 2p.
+        let mut opt = Sgd::new(vec![p.shallow_clone()], 0.9, 0.1, nesterov);
         for _ in 0..2 {
             opt.zero_grad();
             (&p * &p).sum(Kind::Float).backward();
             opt.step(0.5);
         }
+        let got = Vec::try_from(&p.detach().to_device(Device::Cpu)).unwrap();
+        (got, opt)
+    }
+
+    fn assert_close(got: &[f32], want: impl Fn(f64) -> f64) {
+        for (g, p0) in got.iter().zip([1.0, -2.0]) {
+            assert!((f64::from(*g) - want(p0)).abs() < 1e-5, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn sgd_matches_the_update_rule() {
+        let (got, _) = two_steps(false);
         // Step 1: d = 2p + 0.1p = 2.1p; v = d; p1 = p - 0.5·2.1p = -0.05p.
         // Step 2: d = 2.1·p1; v = 0.9·2.1p + 2.1·p1; p2 = p1 - 0.5·v.
-        let want = |p0: f64| {
+        assert_close(&got, |p0| {
             let p1 = -0.05 * p0;
             let v = 0.9 * 2.1 * p0 + 2.1 * p1;
             p1 - 0.5 * v
-        };
-        let got: Vec<f32> = Vec::try_from(&p.detach().to_device(Device::Cpu)).unwrap();
-        assert!((f64::from(got[0]) - want(1.0)).abs() < 1e-5, "{got:?}");
-        assert!((f64::from(got[1]) - want(-2.0)).abs() < 1e-5, "{got:?}");
+        });
     }
 
     #[test]
     fn nesterov_sgd_matches_the_update_rule() {
-        let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
-        let mut opt = Sgd::new(vec![p.shallow_clone()], 0.9, 0.1, true);
-        for _ in 0..2 {
-            opt.zero_grad();
-            (&p * &p).sum(Kind::Float).backward();
-            opt.step(0.5);
-        }
+        let (got, opt) = two_steps(true);
         // Step 1: d = 2.1p; v = d; p1 = p - 0.5·(d + 0.9v) = -0.995p.
         // Step 2: d = 2.1·p1; v = 0.9·2.1p + d; p2 = p1 - 0.5·(d + 0.9v).
-        let want = |p0: f64| {
+        let v = |p0: f64| 0.9 * 2.1 * p0 + 2.1 * (-0.995 * p0);
+        assert_close(&got, |p0| {
             let p1 = -0.995 * p0;
-            let d = 2.1 * p1;
-            let v = 0.9 * 2.1 * p0 + d;
-            p1 - 0.5 * (d + 0.9 * v)
-        };
-        let got: Vec<f32> = Vec::try_from(&p.detach().to_device(Device::Cpu)).unwrap();
-        assert!((f64::from(got[0]) - want(1.0)).abs() < 1e-5, "{got:?}");
-        assert!((f64::from(got[1]) - want(-2.0)).abs() < 1e-5, "{got:?}");
-        let v: Vec<f32> = Vec::try_from(&opt.momentum_buffers()[0]).unwrap();
-        assert!(
-            (f64::from(v[0]) - (0.9 * 2.1 + 2.1 * -0.995)).abs() < 1e-5,
-            "{v:?}"
-        );
+            p1 - 0.5 * (2.1 * p1 + 0.9 * v(p0))
+        });
+        let buf: Vec<f32> = Vec::try_from(&opt.momentum_buffers()[0]).unwrap();
+        assert_close(&buf, v);
     }
 }

@@ -114,6 +114,70 @@ fn job_ids_differ_between_launches() {
     assert_ne!(a, b);
 }
 
+/// The CPUs of a `Cpus_allowed_list` value such as `0-3,6`.
+fn cpu_list(text: &str) -> Vec<usize> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().unwrap()..=b.parse().unwrap()),
+            None => cpus.push(part.parse().unwrap()),
+        }
+    }
+    cpus
+}
+
+#[test]
+fn bind_core_pins_rank_i_to_the_ith_allowed_cpu() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(cpu_list)
+        .expect("Cpus_allowed_list in /proc/self/status");
+    let n = allowed.len() + 1;
+    let out = ferrorun(&[
+        "-n",
+        &n.to_string(),
+        "--bind",
+        "core",
+        "--",
+        "sh",
+        "-c",
+        "grep Cpus_allowed_list: /proc/self/status",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let mut seen = 0;
+    for line in stdout.lines() {
+        let (rank, rest) = split_prefix(line);
+        let list = rest.strip_prefix("Cpus_allowed_list:").expect(line);
+        // One more rank than CPUs: the last one wraps around to the first CPU.
+        assert_eq!(
+            cpu_list(list),
+            vec![allowed[rank % allowed.len()]],
+            "{line}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, n, "{stdout}");
+    // Without --bind the ranks keep the launcher's whole mask.
+    let out = ferrorun(&[
+        "-n",
+        "2",
+        "--",
+        "grep",
+        "Cpus_allowed_list:",
+        "/proc/self/status",
+    ]);
+    for line in text(&out.stdout).lines() {
+        let (_, rest) = split_prefix(line);
+        assert_eq!(
+            cpu_list(rest.strip_prefix("Cpus_allowed_list:").unwrap()),
+            allowed
+        );
+    }
+}
+
 #[test]
 fn no_prefix_passes_lines_through() {
     let out = ferrorun(&[

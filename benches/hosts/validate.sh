@@ -18,8 +18,8 @@
 # namespace hosts, which share it) and, as each rank's rate of moving data then, the
 # out-of-place algbw of sendrecv_perf at MEM_BYTES with the configuration's number of ranks
 # on one host (median of WAKE_RUNS runs).
-# With PIN=1 (the default) every one-host rank runs pinned to CPU (rank mod nproc), as
-# `mpirun --bind-to core` pins them: left to the kernel, two ranks that keep waking each other
+# With PIN=1 (the default) every one-host rank runs pinned to CPU (rank mod nproc)
+# (`ferrorun --bind core`, as `mpirun --bind-to core`): left to the kernel, two ranks that keep waking each other
 # sometimes share one core, and the same 2-process 8-byte all_reduce took 1.8 us in one run
 # and 26 us in the next (the calibration's latency likewise 0.9 or 13.5 us).
 #
@@ -38,19 +38,16 @@ cargo build --release --quiet -p ferroccl-perf --bin all_reduce_perf --bin sendr
 cargo build --release --quiet -p ferroccl --bin ferrorun --bin ferroccl-sim
 BIN=target/release
 CORES=$(nproc)
-# The prefix that runs a rank's command pinned to CPU (FERRO_RANK mod nproc).
-# shellcheck disable=SC2016 # expanded by the rank's shell, where FERRO_RANK is set
-PER_CORE=(sh -c 'exec taskset -c $((FERRO_RANK % '"$CORES"')) "$@"' pinned)
-if [ "$PIN" = 1 ]; then PINNED=("${PER_CORE[@]}"); else PINNED=(); fi
+if [ "$PIN" = 1 ]; then BIND=(--bind core); else BIND=(--bind none); fi
 
 # The median shm latency (us) FERRO_TUNE=measure logs for 2 ranks: on CPU 0 with "one", on
 # a CPU each with "two".
 shm_latency() {
-    local i launch=(taskset -c 0 "$BIN/ferrorun") rank=()
-    [ "$1" = one ] || { launch=("$BIN/ferrorun"); rank=("${PER_CORE[@]}"); }
+    local i launch=(taskset -c 0 "$BIN/ferrorun")
+    [ "$1" = one ] || launch=("$BIN/ferrorun" --bind core)
     for ((i = 0; i < WAKE_RUNS; i++)); do
         FERRO_TUNE=measure FERRO_DEBUG=INFO "${launch[@]}" -n 2 --no-prefix --timeout 120 -- \
-            "${rank[@]}" "$BIN/all_reduce_perf" -b 8 -e 8 -n 1 -w 0 2>&1 >/dev/null \
+            "$BIN/all_reduce_perf" -b 8 -e 8 -n 1 -w 0 2>&1 >/dev/null \
             | grep -o 'calibrated shm [0-9.]* us' | awk '{print $3}'
     done | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'
 }
@@ -74,7 +71,7 @@ PY
 mem_rate() {
     local i
     for ((i = 0; i < WAKE_RUNS; i++)); do
-        "$BIN/ferrorun" -n "$1" --no-prefix --timeout 300 -- "${PINNED[@]}" \
+        "$BIN/ferrorun" -n "$1" "${BIND[@]}" --no-prefix --timeout 300 -- \
             "$BIN/sendrecv_perf" -b "$MEM_BYTES" -e "$MEM_BYTES" -n 5 -w 2 2>/dev/null \
             | awk '!/^#/ && NF >= 7 {print $7}'
     done | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'
@@ -94,7 +91,7 @@ for n in $NRANKS_SHM; do
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg), PIN=$PIN" > "$OUT/setup.txt"
     for algo in ring rd rhd; do
         FERRO_ALGO=$algo FERRO_TUNE=measure FERRO_DEBUG=INFO \
-            "$BIN/ferrorun" -n "$n" --no-prefix --timeout 600 -- "${PINNED[@]}" \
+            "$BIN/ferrorun" -n "$n" "${BIND[@]}" --no-prefix --timeout 600 -- \
             "$BIN/all_reduce_perf" -b 8 -e 64M -f 4 -n "$ITERS" -w 5 \
             > "$OUT/large-$algo.txt" 2> "$OUT/large-$algo.err"
     done

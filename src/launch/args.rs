@@ -10,7 +10,8 @@ pub const MAX_NRANKS: usize = 4096;
 
 /// The text `ferrorun --help` prints.
 pub const USAGE: &str = "\
-usage: ferrorun -n N [--netns NS0,NS1,...] [--timeout SECS] [--no-prefix] -- PROGRAM [ARGS...]
+usage: ferrorun -n N [--netns NS0,NS1,...] [--bind core|none] [--timeout SECS] [--no-prefix]
+                -- PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this machine and waits for them.
 
@@ -18,6 +19,9 @@ options:
   -n, --nranks N     number of ranks to start (1..4096)
   --netns LIST       comma-separated network namespaces; rank i runs in LIST[i % len]
                      (each namespace is one host; see scripts/netns.sh)
+  --bind core|none   core: pin rank i (all its threads) to the (i mod C)-th of the C CPUs
+                     ferrorun may run on, as `mpirun --bind-to core` does; none (default):
+                     the kernel places the ranks
   --timeout SECS     stop every rank and exit 124 after SECS seconds
   --no-prefix        print the ranks' output lines without the `[RANK] ` prefix
   -h, --help         print this help
@@ -45,6 +49,8 @@ pub struct LaunchConfig {
     pub timeout: Option<Duration>,
     /// Prefix every output line with `[RANK] `.
     pub prefix: bool,
+    /// Pin each rank to one CPU (`--bind core`).
+    pub bind: bool,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -76,6 +82,7 @@ where
     let mut netns: Vec<String> = Vec::new();
     let mut timeout: Option<Duration> = None;
     let mut prefix = true;
+    let mut bind = false;
     let mut program: Option<OsString> = None;
 
     while let Some(arg) = args.next() {
@@ -112,6 +119,7 @@ where
             "-n" | "--nranks" | "-np" => nranks = Some(parse_nranks(flag, &value(flag)?)?),
             "--netns" => netns = parse_netns(&value(flag)?)?,
             "--timeout" => timeout = Some(parse_timeout(&value(flag)?)?),
+            "--bind" => bind = parse_bind(&value(flag)?)?,
             "--no-prefix" if inline.is_none() => prefix = false,
             _ => {
                 // `-n4` style.
@@ -135,6 +143,7 @@ where
         netns,
         timeout,
         prefix,
+        bind,
         program,
         args: args.collect(),
     }))
@@ -174,6 +183,14 @@ fn parse_netns(value: &str) -> Result<Vec<String>> {
         }
     }
     Ok(names)
+}
+
+fn parse_bind(value: &str) -> Result<bool> {
+    match value {
+        "core" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(bad(format!("--bind: '{value}' is not core or none"))),
+    }
 }
 
 fn parse_timeout(value: &str) -> Result<Duration> {
@@ -218,6 +235,8 @@ mod tests {
             "--timeout",
             "2.5",
             "--no-prefix",
+            "--bind",
+            "core",
             "--",
             "prog",
             "-n",
@@ -227,6 +246,7 @@ mod tests {
         assert_eq!(c.netns, vec!["h0".to_string(), "h1".to_string()]);
         assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
         assert!(!c.prefix);
+        assert!(c.bind);
         assert_eq!(c.program, OsString::from("prog"));
         assert_eq!(c.args, vec![OsString::from("-n"), OsString::from("7")]);
     }
@@ -234,6 +254,8 @@ mod tests {
     #[test]
     fn inline_values_and_no_separator() {
         let c = launch(&["--nranks=3", "--netns=a", "-n7", "sh", "-c", "x"]);
+        assert!(!c.bind);
+        assert!(!launch(&["--bind=core", "--bind=none", "-n1", "x"]).bind);
         assert_eq!(c.nranks, 7);
         assert_eq!(c.netns, vec!["a".to_string()]);
         assert!(c.prefix);
@@ -287,6 +309,11 @@ mod tests {
                 &["-n", "2", "--timeout", "soon", "x"],
                 "'soon' is not a number",
             ),
+            (
+                &["-n", "2", "--bind", "socket", "x"],
+                "--bind: 'socket' is not core or none",
+            ),
+            (&["-n", "2", "--bind"], "--bind needs a value"),
         ];
         for (args, want) in cases {
             match parse(args) {

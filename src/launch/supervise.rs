@@ -49,6 +49,34 @@ pub struct Job {
     pub store_addr: SocketAddr,
     /// `FERRO_JOB_ID`.
     pub job_id: String,
+    /// With `--bind core`: the CPUs the launcher may run on, in order; rank `i` gets
+    /// `cpus[i % cpus.len()]`. Empty: no binding.
+    pub cpus: Vec<usize>,
+}
+
+/// The CPUs this process may run on (its affinity mask), in order.
+fn allowed_cpus() -> Result<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
+    // `size_of::<cpu_set_t>()` bytes into it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Err(Error::io(
+            "--bind core: reading this process's CPU affinity",
+            &std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `set` is initialised and every index is below CPU_SETSIZE.
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect();
+    if cpus.is_empty() {
+        return Err(Error::invalid_argument(
+            "--bind core: this process may run on no CPU".to_string(),
+        ));
+    }
+    Ok(cpus)
 }
 
 /// Finds `program` as the launcher would run it: a path as given, or a name searched in `PATH`.
@@ -101,11 +129,17 @@ pub fn prepare(config: LaunchConfig) -> Result<Job> {
     }
     let placements = place_ranks(config.nranks, &config.netns);
     let store_addr = store_addr(config.netns.first().map(String::as_str))?;
+    let cpus = if config.bind {
+        allowed_cpus()?
+    } else {
+        Vec::new()
+    };
     Ok(Job {
         config,
         placements,
         store_addr,
         job_id: new_job_id(),
+        cpus,
     })
 }
 
@@ -329,8 +363,17 @@ fn rank_command(job: &Job, placement: &RankPlacement, program: &Path) -> Command
         .stderr(Stdio::piped())
         .process_group(0);
     let launcher = std::process::id() as libc::pid_t;
-    // SAFETY: the hook runs in the forked child before exec and calls only prctl and getppid,
-    // which are async-signal-safe, and allocates nothing.
+    // The CPU this rank is pinned to (`--bind core`), as a set built before the fork.
+    let pin = (!job.cpus.is_empty()).then(|| {
+        let cpu = job.cpus[placement.rank % job.cpus.len()];
+        // SAFETY: a zeroed cpu_set_t is a valid empty set, and `cpu` is below CPU_SETSIZE
+        // (it came from one).
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        set
+    });
+    // SAFETY: the hook runs in the forked child before exec and calls only prctl, getppid and
+    // sched_setaffinity, which are async-signal-safe system calls, and allocates nothing.
     unsafe {
         command.pre_exec(move || {
             // Die with the launcher. The death signal is tied to the thread that forked, so
@@ -348,6 +391,12 @@ fn rank_command(job: &Job, placement: &RankPlacement, program: &Path) -> Command
             // The launcher may have died before the death signal was armed.
             if libc::getppid() != launcher {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Before exec, so every thread the program starts inherits the mask.
+            if let Some(set) = &pin {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });

@@ -56,9 +56,9 @@ pub struct Job {
 
 /// The CPUs this process may run on (its affinity mask), in order.
 fn allowed_cpus() -> Result<Vec<usize>> {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity writes at most
-    // `size_of::<cpu_set_t>()` bytes into it.
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes into `set`.
     let rc =
         unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
@@ -366,9 +366,9 @@ fn rank_command(job: &Job, placement: &RankPlacement, program: &Path) -> Command
     // The CPU this rank is pinned to (`--bind core`), as a set built before the fork.
     let pin = (!job.cpus.is_empty()).then(|| {
         let cpu = job.cpus[placement.rank % job.cpus.len()];
-        // SAFETY: a zeroed cpu_set_t is a valid empty set, and `cpu` is below CPU_SETSIZE
-        // (it came from one).
+        // SAFETY: a zeroed cpu_set_t is a valid empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below CPU_SETSIZE (it came from a set of that size).
         unsafe { libc::CPU_SET(cpu, &mut set) };
         set
     });

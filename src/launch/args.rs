@@ -10,8 +10,7 @@ pub const MAX_NRANKS: usize = 4096;
 
 /// The text `ferrorun --help` prints.
 pub const USAGE: &str = "\
-usage: ferrorun -n N [--netns NS0,NS1,...] [--bind core|none] [--timeout SECS] [--no-prefix]
-                -- PROGRAM [ARGS...]
+usage: ferrorun -n N [--netns NS0,...] [--bind core|none] [--timeout SECS] [--no-prefix] -- PROGRAM [ARGS...]
 
 Starts N ranks of PROGRAM on this machine and waits for them.
 

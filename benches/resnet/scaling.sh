@@ -17,6 +17,8 @@
 #   --warmup-steps W      untimed steps first (default 5)
 #   --threads T           compute threads per rank (default 1)
 #   --bucket-mb M         gradient bucket size, both implementations (default 25)
+#   --malloc M            keep | system: what the C allocator does with freed memory, both
+#                         implementations (default keep; resnet_ddp --help says more)
 #   -r, --repeats R       run every configuration R times; the report shows medians (default 1)
 #   --timeout SECS        stop a run after this long (default 1800)
 #   -o, --out DIR         CSV, raw logs and plots (default docs/scaling); table: --md FILE
@@ -26,7 +28,7 @@
 #
 # Every setting also reads an environment variable of the same name in capitals (MAX_RANKS,
 # RANKS, MODES, IMPLS, ARCH, IMAGE_SIZE, WEAK_BATCH, STRONG_BATCH, STEPS, WARMUP_STEPS, THREADS,
-# BUCKET_MB, REPEATS, RUN_TIMEOUT); flags win.
+# BUCKET_MB, MALLOC, REPEATS, RUN_TIMEOUT); flags win.
 #
 # Order: for each mode and rank count, the ferroccl and PyTorch runs of one configuration are
 # adjacent (which goes first alternates between repeats), so load from elsewhere on the machine
@@ -59,6 +61,7 @@ STEPS=${STEPS:-30}
 WARMUP_STEPS=${WARMUP_STEPS:-5}
 THREADS=${THREADS:-1}
 BUCKET_MB=${BUCKET_MB:-25}
+MALLOC=${MALLOC:-keep}
 REPEATS=${REPEATS:-1}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1800}
 OUT=docs/scaling
@@ -81,6 +84,7 @@ while [ $# -gt 0 ]; do
     --warmup-steps) WARMUP_STEPS=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
     --bucket-mb) BUCKET_MB=$2; shift 2 ;;
+    --malloc) MALLOC=$2; shift 2 ;;
     -r | --repeats) REPEATS=$2; shift 2 ;;
     --timeout) RUN_TIMEOUT=$2; shift 2 ;;
     -o | --out) OUT=$2; shift 2 ;;
@@ -117,7 +121,7 @@ write_meta() {
     {
         echo "machine=$NCORES cores ($(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)), load average $(cut -d' ' -f1-3 /proc/loadavg) when the runs started"
         echo "software=torch $("$PYTHON" -c 'import torch; print(torch.__version__)'), ferroccl $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-        echo "settings=$ARCH at ${IMAGE_SIZE}x$IMAGE_SIZE, synthetic data, $THREADS thread(s) per rank, $STEPS timed steps after $WARMUP_STEPS warm-up, ${BUCKET_MB} MB buckets, weak scaling $WEAK_BATCH images per rank, strong scaling $STRONG_BATCH images in all, median of $REPEATS run(s)"
+        echo "settings=$ARCH at ${IMAGE_SIZE}x$IMAGE_SIZE, synthetic data, $THREADS thread(s) per rank, $STEPS timed steps after $WARMUP_STEPS warm-up, ${BUCKET_MB} MB buckets, malloc $MALLOC in both, weak scaling $WEAK_BATCH images per rank, strong scaling $STRONG_BATCH images in all, median of $REPEATS run(s)"
         echo "command=\`benches/resnet/scaling.sh${ARGS_SEEN[*]:+ ${ARGS_SEEN[*]}}\`"
     } >"$META"
 }
@@ -159,7 +163,7 @@ fi
 # resnet_ddp's --steps counts the warm-up steps too (it runs one epoch of that many steps and
 # times those after the warm-up); torch_ddp.py's counts only the timed ones.
 COMMON=(--arch "$ARCH" --image-size "$IMAGE_SIZE" --warmup-steps "$WARMUP_STEPS"
-    --threads "$THREADS" --bucket-mb "$BUCKET_MB")
+    --threads "$THREADS" --bucket-mb "$BUCKET_MB" --malloc "$MALLOC")
 FERRO_STEPS=(--steps $((STEPS + WARMUP_STEPS)))
 TORCH_STEPS=(--steps "$STEPS")
 export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS

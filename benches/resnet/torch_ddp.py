@@ -83,6 +83,10 @@ def parse_args(argv=None):
                    help="DDP broadcast_buffers=True (rank 0's batch-norm buffers before every forward)")
     p.add_argument("--gradient-as-bucket-view", action="store_true",
                    help="DDP gradient_as_bucket_view=True (gradients live in the buckets, one copy less)")
+    p.add_argument("--malloc", default="keep", choices=("keep", "system"),
+                   help="freed memory: keep it for the next step (glibc mallopt: blocks up to 1 GiB "
+                        "from the heap, no trim below 1 GiB free), or the C library's defaults; "
+                        "resnet_ddp's --malloc does the same")
     p.add_argument("--nranks", type=int, default=None,
                    help="start this many local ranks (unless RANK/WORLD_SIZE are set, as by torchrun)")
     p.add_argument("--master-port", type=int, default=0, help="with --nranks: port (default: a free one)")
@@ -194,7 +198,27 @@ def build_model(args):
 # --- worker -----------------------------------------------------------------------------------
 
 
+def configure_malloc(mode):
+    """resnet_ddp's --malloc: with "keep", glibc serves blocks up to 1 GiB from its heap and
+    keeps up to 1 GiB of freed memory instead of unmapping it. Returns whether it took."""
+    if mode == "system":
+        return True
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    keep = 1 << 30
+    return all(mallopt(p, keep) == 1 for p in (m_mmap_threshold, m_trim_threshold, m_top_pad))
+
+
 def worker(args):
+    if not configure_malloc(args.malloc):
+        print(f"torch_ddp: --malloc {args.malloc}: the C allocator did not take these settings; "
+              "using its defaults", file=sys.stderr)
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -350,6 +374,7 @@ def worker(args):
             "width": args.width,
             "broadcast_buffers": args.broadcast_buffers,
             "gradient_as_bucket_view": args.gradient_as_bucket_view,
+            "malloc": args.malloc,
             "loss": round(last_loss, 5),
             "torch": torch.__version__,
         }

@@ -14,6 +14,8 @@
 #   RATE=1gbit     limit every host's link with a tbf qdisc, both directions (default: none)
 #   BURST=512kb    tbf bucket size when RATE is set
 #   TBF_LATENCY=50ms  tbf queueing limit when RATE is set
+#   SHAPER=tbf     tbf (a token bucket of BURST) or htb (one class at RATE, its burst and
+#                  cburst BURST when set, else htb's default of about one timer tick at RATE)
 #   MTU=1500       link MTU
 #   QUICKACK=1     hosts acknowledge every TCP segment at once (the route's `quickack` flag)
 #                  instead of delaying ACKs (default: the kernel's delayed ACKs)
@@ -89,9 +91,17 @@ cmd_down() {
     fi
 }
 
-# Adds a tbf qdisc limiting egress of DEV in namespace NS to $RATE.
+# Adds a qdisc limiting egress of DEV in namespace NS to $RATE (tbf, or htb with SHAPER=htb).
 limit_rate() {
     local ns=$1 dev=$2
+    if [ "${SHAPER:-tbf}" = htb ]; then
+        local burst=()
+        [ -z "${BURST:-}" ] || burst=(burst "$BURST" cburst "$BURST")
+        tc -n "$ns" qdisc replace dev "$dev" root handle 1: htb default 1 \
+            && tc -n "$ns" class replace dev "$dev" parent 1: classid 1:1 htb rate "$RATE" quantum 60000 "${burst[@]}" \
+            || { echo "netns.sh: tc htb rate=$RATE on $dev in namespace $ns failed" >&2; return 1; }
+        return 0
+    fi
     tc -n "$ns" qdisc replace dev "$dev" root tbf rate "$RATE" \
         burst "${BURST:-512kb}" latency "${TBF_LATENCY:-50ms}" \
         || { echo "netns.sh: tc tbf rate=$RATE on $dev in namespace $ns failed" >&2; return 1; }

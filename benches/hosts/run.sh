@@ -20,8 +20,9 @@
 # Environment: HOSTS=4 PER_HOST=2 RATE=2gbit DELAY_US=200 ALGOS="auto ring tree rd rhd hier"
 #              SMALL_ITERS=200 LARGE_ITERS=5 ROUNDS=2 LARGE_ROUNDS=3 LARGE_MIN=16K LARGE_MAX=64M
 #              QUICKACK=1 (the hosts ACK every TCP segment at once, see scripts/netns.sh and
-#              docs/HOSTS.md; 0: the kernel's delayed ACKs) BURST=512kb (tbf's bucket; smaller
-#              ones cannot hold 2 Gbit/s here: 64kb gave 0.08 GB/s)
+#              docs/HOSTS.md; 0: the kernel's delayed ACKs) SHAPER=tbf (or htb: see
+#              scripts/netns.sh) BURST=512kb with tbf (its bucket; smaller ones cannot hold 2
+#              Gbit/s here: 64kb gave 0.08 GB/s), none with htb (htb's default)
 # Needs root (network namespaces) and iproute2's tc. Holds /tmp/ferroccl-netns.lock, the lock
 # the integration tests take, so that neither tears down the other's hosts.
 
@@ -40,7 +41,8 @@ LARGE_ROUNDS=${LARGE_ROUNDS:-3}
 LARGE_MIN=${LARGE_MIN:-16K}
 LARGE_MAX=${LARGE_MAX:-64M}
 QUICKACK=${QUICKACK:-1}
-BURST=${BURST:-512kb}
+SHAPER=${SHAPER:-tbf}
+if [ "$SHAPER" = tbf ]; then BURST=${BURST:-512kb}; else BURST=${BURST:-}; fi
 OUT=target/bench-hosts
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -58,7 +60,7 @@ mkdir -p "$OUT"
 
 exec 9>/tmp/ferroccl-netns.lock
 flock 9
-RATE=$RATE BURST=$BURST QUICKACK=$QUICKACK scripts/netns.sh up "$HOSTS" >&2
+RATE=$RATE SHAPER=$SHAPER BURST=$BURST QUICKACK=$QUICKACK scripts/netns.sh up "$HOSTS" >&2
 trap 'scripts/netns.sh down' EXIT
 
 NRANKS=$((HOSTS * PER_HOST))
@@ -66,7 +68,7 @@ LIST=$(seq -s, -f 'ferro%g' 0 $((HOSTS - 1)))
 
 {
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(nproc) cores, load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# $HOSTS hosts x $PER_HOST ranks, tbf $RATE burst $BURST per host link, FERRO_LINK_DELAY_US=$DELAY_US, quickack $QUICKACK"
+    echo "# $HOSTS hosts x $PER_HOST ranks, $SHAPER $RATE burst ${BURST:-default} per host link, FERRO_LINK_DELAY_US=$DELAY_US, quickack $QUICKACK"
 } > "$OUT/setup.txt"
 
 run() {

@@ -105,6 +105,8 @@ done
 if [ -d "$HOSTS_DIR" ]; then
     cat "$HOSTS_DIR/setup.txt"
     ARGS=$(cpu_args 8 4)
+    # The shaper of the run, as run.sh recorded it ("tbf 2gbit burst 512kb per host link").
+    LINK=$(sed -n 2p "$HOSTS_DIR/setup.txt" | grep -oE '(tbf|htb) [^,]*' || echo "tbf 2gbit")
     SIM_ARGS=$ARGS python3 benches/hosts/validate.py "$BIN/ferroccl-sim" "$HOSTS_DIR" 8 2 round-robin \
-        "4 netns hosts x 2, tbf 2gbit, 200 us delay" ring tree rd rhd hier
+        "4 netns hosts x 2, $LINK, 200 us delay" ring tree rd rhd hier
 fi

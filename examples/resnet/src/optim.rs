@@ -45,68 +45,24 @@ impl Sgd {
     /// any other parameter takes [`Sgd::step_tensors`]'s libtorch operations. Both round every
     /// operation to f32 in the same order, so they give the same bits.
     pub fn step(&mut self, lr: f64) {
-        let (mu, wd) = (self.momentum as f32, self.weight_decay as f32);
-        for (p, v) in self.params.iter().zip(self.momentum_buffers.iter_mut()) {
-            let g = p.grad();
-            if !g.defined() {
-                continue;
-            }
-            let fused = match (f32_parts(p), f32_parts(&g), f32_parts(v)) {
-                (Some((pp, n)), Some((gp, gn)), Some((vp, vn))) if n == gn && n == vn => {
-                    let disjoint = |a: *mut f32, b: *mut f32| {
-                        let (a, b) = (a as usize, b as usize);
-                        a.abs_diff(b) >= n * std::mem::size_of::<f32>()
-                    };
-                    assert!(
-                        disjoint(pp, gp) && disjoint(pp, vp) && disjoint(gp, vp),
-                        "a parameter, its gradient and its momentum buffer overlap in memory"
-                    );
-                    // SAFETY: each pointer starts `n` consecutive, initialised, aligned f32
-                    // values of a contiguous CPU tensor (`f32_parts`) that lives through this
-                    // call; the three ranges are disjoint (asserted above), and nothing else
-                    // touches them now: the bucket allreduces were waited for before the step,
-                    // and no autograd graph holds these tensors.
-                    let (ps, gs, vs) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(pp, n),
-                            std::slice::from_raw_parts(gp, n),
-                            std::slice::from_raw_parts_mut(vp, n),
-                        )
-                    };
-                    sgd_fused(ps, gs, vs, lr as f32, mu, wd, self.nesterov);
-                    true
-                }
-                _ => false,
-            };
-            if !fused {
-                step_tensors(
-                    p,
-                    &g,
-                    v,
-                    lr,
-                    self.momentum,
-                    self.weight_decay,
-                    self.nesterov,
-                );
-            }
-        }
+        self.update(lr, true);
     }
 
     /// [`Sgd::step`] through libtorch's tensor operations for every parameter (the reference
     /// the fused pass is tested against).
     pub fn step_tensors(&mut self, lr: f64) {
+        self.update(lr, false);
+    }
+
+    fn update(&mut self, lr: f64, fuse: bool) {
+        let (mu, wd, nesterov) = (self.momentum, self.weight_decay, self.nesterov);
         for (p, v) in self.params.iter().zip(self.momentum_buffers.iter_mut()) {
             let g = p.grad();
-            if g.defined() {
-                step_tensors(
-                    p,
-                    &g,
-                    v,
-                    lr,
-                    self.momentum,
-                    self.weight_decay,
-                    self.nesterov,
-                );
+            if !g.defined() {
+                continue;
+            }
+            if !(fuse && step_fused(p, &g, v, lr, mu, wd, nesterov)) {
+                step_tensors(p, &g, v, lr, mu, wd, nesterov);
             }
         }
     }
@@ -144,6 +100,47 @@ fn step_tensors(
         let mut p = p.shallow_clone();
         let _ = p.g_sub_(&(update * lr));
     });
+}
+
+/// [`sgd_fused`] on the elements of `p`, `g` and `v` when all three are contiguous f32 CPU
+/// tensors of one length; returns false (and changes nothing) otherwise.
+fn step_fused(
+    p: &Tensor,
+    g: &Tensor,
+    v: &mut Tensor,
+    lr: f64,
+    momentum: f64,
+    weight_decay: f64,
+    nesterov: bool,
+) -> bool {
+    let (Some((pp, n)), Some((gp, gn)), Some((vp, vn))) =
+        (f32_parts(p), f32_parts(g), f32_parts(v))
+    else {
+        return false;
+    };
+    if n != gn || n != vn {
+        return false;
+    }
+    let disjoint =
+        |a: *mut f32, b: *mut f32| (a as usize).abs_diff(b as usize) >= n * size_of::<f32>();
+    assert!(
+        disjoint(pp, gp) && disjoint(pp, vp) && disjoint(gp, vp),
+        "a parameter, its gradient and its momentum buffer overlap in memory"
+    );
+    // SAFETY: each pointer starts `n` consecutive, initialised, aligned f32 values of a
+    // contiguous CPU tensor (`f32_parts`) that lives through this call; the three ranges are
+    // disjoint (asserted above), and nothing else touches them now: the bucket allreduces were
+    // waited for before the step, and no autograd graph holds these tensors.
+    let (ps, gs, vs) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(pp, n),
+            std::slice::from_raw_parts(gp, n),
+            std::slice::from_raw_parts_mut(vp, n),
+        )
+    };
+    let f = |x: f64| x as f32;
+    sgd_fused(ps, gs, vs, f(lr), f(momentum), f(weight_decay), nesterov);
+    true
 }
 
 /// The first element and length of a non-empty contiguous f32 CPU tensor, or `None` for any

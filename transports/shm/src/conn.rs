@@ -424,6 +424,13 @@ impl Connection for ShmConnection {
                 Ok(0) => self.check_peer()?,
                 Ok(n) => {
                     p.parts[0].pos += n;
+                    // A sender that closed before the last acknowledgement below gave up
+                    // (and may have released its buffer) before we finished: what we read
+                    // cannot be trusted. The flag is read before that acknowledgement is
+                    // published: once the sender sees it, its send is complete and it may
+                    // close (say, at the end of its last collective) while this rank is still
+                    // here, which is no error. The Release below keeps this load before it.
+                    let gave_up = p.done() && self.rx.flag(PRODUCER_CLOSED);
                     // Release: only this side writes `cma_acked`; the sender may reuse its
                     // buffer once it sees the count.
                     self.rx
@@ -432,9 +439,7 @@ impl Connection for ShmConnection {
                         .0
                         .fetch_add(n as u64, Ordering::Release);
                     self.peer_bell.ring();
-                    if p.done() && self.rx.flag(PRODUCER_CLOSED) {
-                        // The sender gave up (and may have released its buffer) before we
-                        // finished: what we read cannot be trusted.
+                    if gave_up {
                         return Err(self.closed_error());
                     }
                 }

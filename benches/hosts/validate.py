@@ -5,7 +5,10 @@ ones FERRO_TUNE=measure logged (ping-pong: latency = half the 8-byte round trip,
 slope between 1 MiB and 4 MiB round trips) and, where the log has one, the reduction rate
 (`TUNING: reduce X GB/s`, written as a `reduce X` line; older logs have none and the
 simulator's default applies), runs ferroccl-sim for every algorithm and size that was
-measured, and prints a markdown table of measured vs predicted time with the ratio.
+measured, and prints a markdown table of measured (the fastest round) vs predicted time with
+the ratio, and how far the rounds of one point lie apart (slowest / fastest): a point whose
+rounds differ by more than 25 % cannot be predicted within 25 % of every round, so the
+summary also counts the points that repeat within 25 % and how many of those fit.
 
 usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
   OUT_DIR holds {small,large}[-rN]-ALGO.txt tables and *.err logs with the calibration line;
@@ -67,15 +70,16 @@ def reduce_rate(out_dir):
 
 
 def measured(out_dir, nranks, algo):
+    """{size: [time_us of each round]} over every {small,large}[-rN]-ALGO.txt table in OUT_DIR,
+    fastest first."""
     data = {}
     paths = sorted(Path(out_dir).glob(f"*-{algo}.txt"))
     for p in paths:
         if not re.fullmatch(rf"(small|large)(-r\d+)?-{re.escape(algo)}\.txt", p.name):
             continue
         for size, v in rows(p, nranks).items():
-            if size not in data or v[0] < data[size][0]:
-                data[size] = v
-    return data
+            data.setdefault(size, []).append(v[0])
+    return {size: sorted(times) for size, times in data.items()}
 
 
 def simulate(sim, topo_file, algo, sizes):
@@ -108,9 +112,12 @@ def main():
     extra = os.environ.get("SIM_ARGS", "")
     print(f"<!-- {label}: ferroccl-sim --topology {topo} {extra} with: " + "; ".join(lines)
           + " -->")
-    print(f"| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured |")
-    print("|---|---|---:|---:|---:|---:|")
-    within = total = 0
+    print("| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured "
+          "| rounds: slowest / fastest |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    # Points within 25 %; points whose rounds agree within 25 % (the measurement repeats), and
+    # how many of those are predicted within 25 %.
+    within = total = steady = steady_within = 0
     for algo in algos:
         meas = measured(out_dir, nranks, algo)
         sizes = sorted(s for s in meas if s > 0)
@@ -120,14 +127,22 @@ def main():
         for s in sizes:
             if s not in pred:
                 continue
-            r = pred[s] / meas[s][0]
+            times = meas[s]
+            r = pred[s] / times[0]
+            spread = times[-1] / times[0]
             total += 1
             ok = 0.75 <= r <= 1.25
             within += ok
+            repeats = len(times) > 1 and spread <= 1.25
+            steady += repeats
+            steady_within += repeats and ok
             flag = "" if ok else " (miss)"
-            print(f"| {label} | {algo} | {s} | {meas[s][0]:.1f} | {pred[s]:.1f} | {r:.2f}{flag} |")
+            rounds = f"{spread:.2f} ({len(times)})" if len(times) > 1 else "-"
+            print(f"| {label} | {algo} | {s} | {times[0]:.1f} | {pred[s]:.1f} | {r:.2f}{flag} "
+                  f"| {rounds} |")
     print(f"\n{label}: {within} of {total} predictions within 25 % of measured")
-
+    print(f"{label}: {steady} of {total} points repeat within 25 % across rounds; "
+          f"{steady_within} of those {steady} predicted within 25 %")
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,8 @@
 #
 # 1. One host, shared memory: N processes under ferrorun (no namespaces) for each N of
 #    NRANKS_SHM, each of ring, rd and rhd forced, FERRO_TUNE=measure logging the ping-pong
-#    calibration; raw tables in target/bench-shm-N.
+#    calibration, in ROUNDS rounds (the algorithms interleaved; the fastest round counts, the
+#    spread between rounds is printed beside it); raw tables in target/bench-shm-N.
 # 2. Network-namespace hosts: the tables benches/hosts/run.sh left in HOSTS_DIR (default
 #    target/bench-hosts; run it first).
 # For each, benches/hosts/validate.py turns the logged calibration into a ferroccl-sim
@@ -23,13 +24,14 @@
 # sometimes share one core, and the same 2-process 8-byte all_reduce took 1.8 us in one run
 # and 26 us in the next (the calibration's latency likewise 0.9 or 13.5 us).
 #
-# Environment: NRANKS_SHM="2 4" ITERS=20 WAKE_RUNS=3 MEM_BYTES=64M PIN=1
+# Environment: NRANKS_SHM="2 4" ITERS=20 ROUNDS=3 WAKE_RUNS=3 MEM_BYTES=64M PIN=1
 
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HOSTS_DIR=${1:-target/bench-hosts}
 NRANKS_SHM=${NRANKS_SHM:-2 4}
 ITERS=${ITERS:-20}
+ROUNDS=${ROUNDS:-3}
 WAKE_RUNS=${WAKE_RUNS:-3}
 MEM_BYTES=${MEM_BYTES:-64M}
 PIN=${PIN:-1}
@@ -89,11 +91,14 @@ for n in $NRANKS_SHM; do
     OUT=target/bench-shm-$n
     mkdir -p "$OUT"
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg), PIN=$PIN" > "$OUT/setup.txt"
-    for algo in ring rd rhd; do
-        FERRO_ALGO=$algo FERRO_TUNE=measure FERRO_DEBUG=INFO \
-            "$BIN/ferrorun" -n "$n" "${BIND[@]}" --no-prefix --timeout 600 -- \
-            "$BIN/all_reduce_perf" -b 8 -e 64M -f 4 -n "$ITERS" -w 5 \
-            > "$OUT/large-$algo.txt" 2> "$OUT/large-$algo.err"
+    rm -f "$OUT"/large-*.txt "$OUT"/large-*.err
+    for ((round = 1; round <= ROUNDS; round++)); do
+        for algo in ring rd rhd; do
+            FERRO_ALGO=$algo FERRO_TUNE=measure FERRO_DEBUG=INFO \
+                "$BIN/ferrorun" -n "$n" "${BIND[@]}" --no-prefix --timeout 600 -- \
+                "$BIN/all_reduce_perf" -b 8 -e 64M -f 4 -n "$ITERS" -w 5 \
+                > "$OUT/large-r$round-$algo.txt" 2> "$OUT/large-r$round-$algo.err"
+        done
     done
     echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/setup.txt"
     cat "$OUT/setup.txt"

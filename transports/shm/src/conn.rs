@@ -260,6 +260,12 @@ impl ShmConnection {
         Ok(())
     }
 
+    /// Moves a cross-memory-attach send's position to what the receiver has acknowledged.
+    fn take_acks(&self, len: usize, p: &mut Progress) {
+        let acked = self.tx.ctl().cma_acked.0.load(Ordering::Acquire) - self.tx_cma_base;
+        p.parts[0].pos = (acked as usize).min(len);
+    }
+
     fn start(p: &mut Progress, len: usize) {
         p.header_pos = HEADER_LEN;
         p.started = true;
@@ -347,14 +353,21 @@ impl Connection for ShmConnection {
         if self.tx_mode == MODE_CMA {
             // Denied is read before the acknowledgement count, which the receiver stored first.
             let denied = self.tx.flag(CMA_DENIED);
-            let acked = self.tx.ctl().cma_acked.0.load(Ordering::Acquire) - self.tx_cma_base;
             let before = p.parts[0].pos;
-            p.parts[0].pos = (acked as usize).min(payload.len());
+            self.take_acks(payload.len(), p);
             if p.parts[0].pos < payload.len() {
                 if denied {
                     self.tx_mode = MODE_INLINE;
                 } else if p.parts[0].pos == before {
-                    self.check_peer()?;
+                    if let Err(e) = self.check_peer() {
+                        // The receiver may have acknowledged the rest and closed after the
+                        // count above was read: the close flag's Acquire makes those
+                        // acknowledgements visible now.
+                        self.take_acks(payload.len(), p);
+                        if !p.done() {
+                            return Err(e);
+                        }
+                    }
                 }
             }
         }
@@ -370,8 +383,16 @@ impl Connection for ShmConnection {
         }
         if !p.header_done() {
             if self.consumer().available() < FRAME_LEN {
-                self.check_peer()?;
-                return Ok(false);
+                if let Err(e) = self.check_peer() {
+                    // A sender that wrote its last frame and then closed, after the count
+                    // above was read, is no error: the close flag's Acquire makes the frame
+                    // visible now.
+                    if self.consumer().available() < FRAME_LEN {
+                        return Err(e);
+                    }
+                } else {
+                    return Ok(false);
+                }
             }
             let mut frame = [0u8; FRAME_LEN];
             self.consumer().read(&mut frame);
@@ -473,12 +494,19 @@ impl Connection for ShmConnection {
             }
             return Ok(p.done());
         }
-        let n = self.consumer().read(&mut payload[pos..end]);
+        let mut n = self.consumer().read(&mut payload[pos..end]);
+        if n == 0 {
+            if let Err(e) = self.check_peer() {
+                // As for the frame above: bytes written just before the close still count.
+                n = self.consumer().read(&mut payload[pos..end]);
+                if n == 0 {
+                    return Err(e);
+                }
+            }
+        }
         if n > 0 {
             p.parts[0].pos += n;
             self.peer_bell.ring();
-        } else {
-            self.check_peer()?;
         }
         Ok(p.done())
     }

@@ -13,8 +13,12 @@ summary also counts the points that repeat within 25 % and how many of those fit
 usage: validate.py SIM_BIN OUT_DIR NRANKS PER_HOST PLACEMENT LABEL ALGO...
   OUT_DIR holds {small,large}[-rN]-ALGO.txt tables and *.err logs with the calibration line;
   PLACEMENT is host-major or round-robin (ferrorun --netns places round-robin).
-  Environment: SIM_ARGS, more ferroccl-sim options (e.g. "--nic-burst 512K --calls 4": the
-  shaped links' tbf bucket, and the time per call of a loop of calls).
+  Environment: SIM_CALLS (default 4): the simulator predicts the time per call of that many
+  back-to-back calls after the first, as all_reduce_perf measures it (a loop of calls with
+  no barrier between them: a rank starts its next call when it finished the last, so calls
+  overlap where an algorithm leaves ranks idle, and links, NIC queues and token buckets
+  carry over); 1 predicts one call on idle links. SIM_ARGS: more ferroccl-sim options (e.g.
+  "--nic-burst 512K": the shaped links' tbf bucket).
 """
 
 import os
@@ -87,7 +91,8 @@ def simulate(sim, topo_file, algo, sizes):
     out = {}
     lo, hi = min(sizes), max(sizes)
     args = [sim, "--topology", str(topo_file), "--algo", algo, "-b", str(lo), "-e", str(hi),
-            "-f", "2", "--slice", "4M"] + os.environ.get("SIM_ARGS", "").split()
+            "-f", "2", "--slice", "4M", "--calls", os.environ.get("SIM_CALLS", "4")]
+    args += os.environ.get("SIM_ARGS", "").split()
     text = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     for line in text.splitlines():
         f = line.split()
@@ -109,7 +114,7 @@ def main():
     if reduce is not None:
         lines.append(f"reduce {reduce}")
     topo.write_text("\n".join(lines) + "\n")
-    extra = os.environ.get("SIM_ARGS", "")
+    extra = f"--calls {os.environ.get('SIM_CALLS', '4')} {os.environ.get('SIM_ARGS', '')}"
     print(f"<!-- {label}: ferroccl-sim --topology {topo} {extra} with: " + "; ".join(lines)
           + " -->")
     print("| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured "

@@ -19,6 +19,9 @@
 # namespace hosts, which share it) and, as each rank's rate of moving data then, the
 # out-of-place algbw of sendrecv_perf at MEM_BYTES with the configuration's number of ranks
 # on one host (median of WAKE_RUNS runs).
+# The simulator predicts the time per call of back-to-back calls, as all_reduce_perf loops
+# (SIM_CALLS, default 4, see validate.py), and gives the hosts' NICs the tbf bucket run.sh
+# recorded in HOSTS_DIR/setup.txt (--nic-burst).
 # With PIN=1 (the default) every one-host rank runs pinned to CPU (rank mod nproc)
 # (`ferrorun --bind core`, as `mpirun --bind-to core`): left to the kernel, two ranks that keep waking each other
 # sometimes share one core, and the same 2-process 8-byte all_reduce took 1.8 us in one run
@@ -112,6 +115,9 @@ if [ -d "$HOSTS_DIR" ]; then
     ARGS=$(cpu_args 8 4)
     # The shaper of the run, as run.sh recorded it ("tbf 2gbit burst 512kb per host link").
     LINK=$(sed -n 2p "$HOSTS_DIR/setup.txt" | grep -oE '(tbf|htb) [^,]*' || echo "tbf 2gbit")
+    # A tbf bucket ("tbf 2gbit burst 512kb"; tc's kb are KiB) is the NICs' token bucket.
+    BUCKET=$(echo "$LINK" | sed -nE 's/^tbf .*burst ([0-9]+)kb.*/\1K/p')
+    [ -z "$BUCKET" ] || ARGS="$ARGS --nic-burst $BUCKET"
     SIM_ARGS=$ARGS python3 benches/hosts/validate.py "$BIN/ferroccl-sim" "$HOSTS_DIR" 8 2 round-robin \
         "4 netns hosts x 2, $LINK, 200 us delay" ring tree rd rhd hier
 fi

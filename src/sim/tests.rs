@@ -561,3 +561,37 @@ fn calls_whose_buffers_reach_the_cache_run_at_the_memory_rate() {
     let t = time(&c, &all_reduce(4000), Algorithm::Ring, Some(false));
     assert!(close(t, 2.0 * (50.0 + 16.0)), "{t}");
 }
+
+#[test]
+fn a_loop_of_calls_overlaps_where_the_ring_leaves_ranks_idle() {
+    // One float on a ring of 4 (one host, 10 us a hop, bytes free, every message eager): only
+    // chunk 0 is non-empty, and it crosses 6 hops in a row, 0-1-2-3 reducing and 3-0-1-2
+    // gathering: one call takes 60 us. Rank 0 is done at 40 us and starts the next call while
+    // ranks 1 and 2 still forward the last one, so back to back each call takes 40 us (rank 2
+    // finishes them at 60, 100, 140 us), as a benchmark loop measures it.
+    let c = Cluster {
+        intra: LinkCost {
+            alpha_us: 10.0,
+            beta_gbps: f64::INFINITY,
+        },
+        eager_bytes: usize::MAX,
+        ..cluster(Topology::single_host(4))
+    };
+    let a = all_reduce(1);
+    let per_call = |calls| {
+        simulate_calls(&c, &a, 4, Algorithm::Ring, &BIG, Some(false), calls)
+            .unwrap()
+            .time_us
+    };
+    assert!(close(per_call(1), 60.0), "{}", per_call(1));
+    assert!(close(per_call(3), 40.0), "{}", per_call(3));
+    assert!(close(per_call(6), 40.0), "{}", per_call(6));
+    // With every chunk non-empty, every rank is busy in every step: no overlap.
+    let full = all_reduce(4);
+    let t1 = simulate_calls(&c, &full, 4, Algorithm::Ring, &BIG, Some(false), 1).unwrap();
+    let t3 = simulate_calls(&c, &full, 4, Algorithm::Ring, &BIG, Some(false), 3).unwrap();
+    assert!(
+        close(t1.time_us, 60.0) && close(t3.time_us, 60.0),
+        "{t1:?} {t3:?}"
+    );
+}

@@ -86,13 +86,17 @@ def measured(out_dir, nranks, algo):
     return {size: sorted(times) for size, times in data.items()}
 
 
+def sim_options():
+    """The ferroccl-sim options from the environment: the loop of SIM_CALLS calls, then SIM_ARGS."""
+    return ["--calls", os.environ.get("SIM_CALLS", "4")] + os.environ.get("SIM_ARGS", "").split()
+
+
 def simulate(sim, topo_file, algo, sizes):
     """{size: predicted us} for the sizes (one run per contiguous power-of-two range)."""
     out = {}
     lo, hi = min(sizes), max(sizes)
     args = [sim, "--topology", str(topo_file), "--algo", algo, "-b", str(lo), "-e", str(hi),
-            "-f", "2", "--slice", "4M", "--calls", os.environ.get("SIM_CALLS", "4")]
-    args += os.environ.get("SIM_ARGS", "").split()
+            "-f", "2", "--slice", "4M"] + sim_options()
     text = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     for line in text.splitlines():
         f = line.split()
@@ -114,7 +118,7 @@ def main():
     if reduce is not None:
         lines.append(f"reduce {reduce}")
     topo.write_text("\n".join(lines) + "\n")
-    extra = f"--calls {os.environ.get('SIM_CALLS', '4')} {os.environ.get('SIM_ARGS', '')}"
+    extra = " ".join(sim_options())
     print(f"<!-- {label}: ferroccl-sim --topology {topo} {extra} with: " + "; ".join(lines)
           + " -->")
     print("| configuration | algo | size (B) | measured (us) | predicted (us) | predicted / measured "
@@ -148,6 +152,7 @@ def main():
     print(f"\n{label}: {within} of {total} predictions within 25 % of measured")
     print(f"{label}: {steady} of {total} points repeat within 25 % across rounds; "
           f"{steady_within} of those {steady} predicted within 25 %")
+
 
 if __name__ == "__main__":
     main()

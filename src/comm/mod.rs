@@ -4,6 +4,7 @@ mod calibrate;
 mod config;
 mod group;
 mod mesh;
+mod rendezvous;
 mod work;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -221,6 +222,9 @@ impl Communicator {
             })?;
         }
         let deadline = Instant::now() + config.timeout;
+        let ctx = |e: Error| e.context(format!("init on rank {rank}"));
+        let claim = rendezvous::claim(&*store, id, rank, deadline)?;
+        let id = claim.comm_id;
         let ip = match &config.socket_ifname {
             Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
             None => store.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
@@ -242,7 +246,6 @@ impl Communicator {
             format!("{host:016x}").as_bytes(),
         )?;
         let left = || deadline.saturating_duration_since(Instant::now());
-        let ctx = |e: Error| e.context(format!("init on rank {rank}"));
         // Every rank's host, after checking that it runs with the same nranks.
         let mut hosts = vec![host; nranks];
         for (peer, h) in hosts.iter_mut().enumerate() {
@@ -295,6 +298,7 @@ impl Communicator {
         };
         let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
             .map_err(ctx)?;
+        rendezvous::confirm(&*store, &claim, nranks, deadline)?;
         if config.debug >= DebugLevel::Info {
             let nshm = mesh
                 .transports
@@ -406,13 +410,15 @@ impl Communicator {
     ) -> Result<Vec<Communicator>> {
         let threads = threads.max(1);
         let id = hash64(&[b"ferroccl-job", env.job_id.as_bytes()]);
+        // The store serves only clients that present the job's magic (never 0: "open").
+        let magic = hash64(&[b"ferroccl-store", env.job_id.as_bytes()]) | 1;
         let (store, server): (Arc<dyn Store>, Option<bootstrap::TcpStoreServer>) = match env
             .store_addr
         {
             Some(addr) => {
                 let server = if env.host_store {
                     let bind = env.store_bind_addr().unwrap_or(addr);
-                    Some(bootstrap::TcpStoreServer::bind(bind).map_err(|e| {
+                    Some(bootstrap::TcpStoreServer::bind_with_magic(bind, magic).map_err(|e| {
                         e.context(format!(
                             "rank {} hosts the rendezvous store at {bind}",
                             env.rank
@@ -422,7 +428,11 @@ impl Communicator {
                     None
                 };
                 (
-                    Arc::new(bootstrap::TcpStore::connect(addr, config.timeout)?),
+                    Arc::new(bootstrap::TcpStore::connect_with_magic(
+                        addr,
+                        magic,
+                        config.timeout,
+                    )?),
                     server,
                 )
             }
@@ -560,11 +570,12 @@ impl Communicator {
             ErrorKind::Aborted,
             format!("rank {}: the communicator was aborted", self.inner.rank),
         );
-        self.inner.publish_failure(&e);
-        self.inner.fail(e);
-        if let Ok(mut e) = self.inner.engine.try_lock() {
-            e.shutdown_all();
+        self.inner.fail(e.clone());
+        if let Ok(mut engine) = self.inner.engine.try_lock() {
+            engine.notify_failure(&e, 0);
+            engine.shutdown_all();
         }
+        self.inner.publish_failure(&e);
     }
 
     /// Waits for every queued operation, then closes the connections. Returns the
@@ -745,6 +756,42 @@ impl Communicator {
             DataType::Uint8,
             ReduceOp::Max,
         )
+    }
+
+    /// Checks that every rank names the same `root` for a rooted operation that is built from
+    /// sends and receives (gather, scatter: header kind `hkind`), before any of its data moves.
+    /// A mismatch fails the call on every rank.
+    pub(crate) fn agree_on_root(
+        &self,
+        name: &'static str,
+        hkind: u8,
+        root: usize,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        let inner = &self.inner;
+        if root >= inner.nranks {
+            return Err(Error::invalid_argument(format!(
+                "{name} on rank {}: invalid root {root} (root must be 0..{})",
+                inner.rank,
+                inner.nranks - 1
+            )));
+        }
+        if let Some(e) = inner.failed_error() {
+            return Err(e);
+        }
+        let (ticket, seq) = inner.ticket(true);
+        let ctx = OpContext {
+            name,
+            seq,
+            rank: inner.rank,
+            kind: hkind,
+            dtype,
+            op: 0xff,
+            count: count as u64,
+            root: root as u32,
+        };
+        inner.execute(ticket, |e| e.agree_on_root(root, &ctx))
     }
 
     // ----- collectives on untyped buffers -----
@@ -1385,6 +1432,9 @@ impl Call {
             ReduceOp::PreMulSum(f) if reduces => Some(f),
             _ => None,
         };
+        if let Some(root) = self.args.kind.root() {
+            e.agree_on_root(root, &ctx)?;
+        }
         e.run_collective(&self.args, self.dtype, self.op.elem_op(), premul, mem, &ctx)?;
         if self.op == ReduceOp::Avg && reduces {
             let es = self.dtype.size();
@@ -1411,6 +1461,11 @@ impl Call {
         Ok(())
     }
 }
+
+/// How long a rank that lost a peer's connection looks in the store for the peer's reason.
+const EXPLAIN_WAIT: Duration = Duration::from_millis(300);
+/// How long a failing rank tries to leave its reason in the store (whose host may be gone).
+const PUBLISH_WAIT: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// Takes the next ticket (and, for collectives, sequence number).
@@ -1466,10 +1521,15 @@ impl Inner {
         match f(&mut engine) {
             Ok(()) => Ok(()),
             Err(e) => {
+                // Peers hear of it first, over the connections (a failure notice where one can
+                // be written, then the close), and only then through the store, whose host may
+                // be the rank that failed.
                 let e = self.explain(e);
-                self.publish_failure(&e);
                 self.fail(e.clone());
+                engine.notify_failure(&e, 0);
                 engine.shutdown_all();
+                drop(engine);
+                self.publish_failure(&e);
                 Err(e)
             }
         }
@@ -1492,10 +1552,10 @@ impl Inner {
         let (Some(peer), Some(store)) = (e.peer(), &self.store) else {
             return e;
         };
-        if e.kind() != ErrorKind::Remote {
+        if e.kind() != ErrorKind::Remote || e.origin().is_some() {
             return e;
         }
-        match store.get(&self.failure_key(peer), Duration::from_millis(300)) {
+        match store.get(&self.failure_key(peer), EXPLAIN_WAIT) {
             Ok(why) => e.append(format!(
                 "rank {peer} had failed: {}",
                 String::from_utf8_lossy(&why)

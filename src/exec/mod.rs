@@ -91,6 +91,10 @@ impl Conn {
     }
 }
 
+/// How long a failing rank spends, at most, telling its peers why (see
+/// [`Engine::notify_failure`]).
+const NOTICE_BUDGET: Duration = Duration::from_millis(50);
+
 /// Largest allreduce, in bytes, whose algorithm the uncalibrated cost model picks.
 const AUTO_TUNED_MAX: usize = 8 << 10;
 
@@ -158,6 +162,8 @@ pub(crate) struct Engine {
     pub p2p_sent: Vec<u64>,
     pub p2p_recvd: Vec<u64>,
     pollfds: Vec<PollFd>,
+    /// Per peer: a send was left half-way, so nothing more may be written on the connection.
+    tx_dirty: Vec<bool>,
 }
 
 impl Engine {
@@ -187,6 +193,53 @@ impl Engine {
             p2p_sent: vec![0; nranks],
             p2p_recvd: vec![0; nranks],
             pollfds: Vec::new(),
+            tx_dirty: vec![false; nranks],
+        }
+    }
+
+    /// Tells every peer why this rank is failing, where the connection allows it, in at most
+    /// [`NOTICE_BUDGET`] (never blocking on a peer that does not read): a failure notice names
+    /// the rank where the failure began (`e`'s origin, or the peer whose connection broke, or
+    /// this rank) and carries its reason, so that peers report the first cause rather than
+    /// this rank closing. Call [`Engine::shutdown_all`] after it.
+    pub(crate) fn notify_failure(&mut self, e: &ferroccl_transport::Error, seq: u64) {
+        let (origin, why) = match (e.origin(), e.peer()) {
+            (Some((o, why)), _) => (o, why.to_string()),
+            (None, Some(p)) if e.kind() == ferroccl_transport::ErrorKind::Remote => {
+                (p, e.message().to_string())
+            }
+            _ => (self.rank, e.message().to_string()),
+        };
+        let mut end = why.len().min(step::NOTICE_MAX);
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        let why = &why.as_bytes()[..end];
+        let header = Header {
+            kind: kind::NOTICE,
+            dtype: 0,
+            op: 0xff,
+            seq,
+            count: 0,
+            root: u32::try_from(origin).unwrap_or(u32::MAX),
+            len: why.len() as u64,
+        };
+        let until = std::time::Instant::now() + NOTICE_BUDGET;
+        for (p, c) in self.conns.iter_mut().enumerate() {
+            let Some(c) = c else { continue };
+            if self.tx_dirty[p] || p == origin {
+                continue;
+            }
+            let mut progress = Progress::default();
+            loop {
+                match c.send(&header, why, &mut progress) {
+                    Ok(false) if std::time::Instant::now() < until => std::thread::yield_now(),
+                    _ => break,
+                }
+            }
+            if !progress.done() {
+                self.tx_dirty[p] = true;
+            }
         }
     }
 
@@ -447,6 +500,41 @@ impl Engine {
         Ok(())
     }
 
+    /// Checks that every rank runs the rooted operation `ctx` with the same root: a tiny
+    /// allreduce of `(root, !root)` under `ctx`'s header, so that a neighbour with another root
+    /// fails the header check at once and any disagreement further away shows in the result.
+    /// Every rank either learns of a mismatch here or sees a peer that did fail and close.
+    pub(crate) fn agree_on_root(&mut self, root: usize, ctx: &OpContext) -> Result<()> {
+        if self.nranks < 2 {
+            return Ok(());
+        }
+        let mine = u32::try_from(root).unwrap_or(u32::MAX);
+        let mut v = [mine, u32::MAX - mine];
+        let args = CollArgs {
+            kind: coll::CollKind::AllReduce,
+            count: 2,
+            in_place: true,
+        };
+        let mem = Memory {
+            input: std::ptr::null(),
+            input_len: 0,
+            output: v.as_mut_ptr().cast(),
+            output_len: std::mem::size_of_val(&v),
+            in_place: true,
+        };
+        self.run_collective(&args, DataType::Uint32, ElemOp::Max, None, mem, ctx)?;
+        let (highest, lowest) = (v[0], u32::MAX - v[1]);
+        if highest != lowest || highest != mine {
+            return Err(ferroccl_transport::Error::remote(format!(
+                "{}: the ranks disagree on the root: rank {} has root {root}, other ranks have \
+                 roots from {lowest} to {highest}",
+                ctx.label(),
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs communication ops concurrently until all are done.
     pub(crate) fn run_step(
         &mut self,
@@ -473,6 +561,7 @@ impl Engine {
             dtype,
             op,
             ctx,
+            &mut self.tx_dirty,
         )
     }
 }

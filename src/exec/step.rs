@@ -19,6 +19,12 @@ pub(crate) mod kind {
     pub const SEND_RECV: u8 = 7;
     pub const SPLIT: u8 = 8;
     pub const BARRIER: u8 = 9;
+    /// Gather and scatter, built from sends and receives (their root agreement carries it).
+    pub const GATHER: u8 = 10;
+    pub const SCATTER: u8 = 11;
+    /// A failure notice: a failing rank's last message on a connection before it closes it.
+    /// `root` names the rank where the failure began; the payload is that rank's reason.
+    pub const NOTICE: u8 = 12;
 
     /// Name of a header kind.
     pub fn name(k: u8) -> &'static str {
@@ -32,6 +38,9 @@ pub(crate) mod kind {
             SEND_RECV => "send/recv",
             SPLIT => "split",
             BARRIER => "barrier",
+            GATHER => "gather",
+            SCATTER => "scatter",
+            NOTICE => "failure notice",
             _ => "unknown operation",
         }
     }
@@ -223,8 +232,8 @@ pub(crate) fn run(
     dtype: DataType,
     op: ElemOp,
     ctx: &OpContext,
+    tx_dirty: &mut [bool],
 ) -> Result<()> {
-    let es = dtype.size();
     let mut st: Vec<OpState> = (0..ops.len()).map(|_| OpState::default()).collect();
     let mut nstage = 0;
     for (i, o) in ops.iter().enumerate() {
@@ -236,6 +245,38 @@ pub(crate) fn run(
             nstage += 1;
         }
     }
+    let r = drive(
+        conns, staging, pollfds, bell, wait, abort, ops, dtype, op, ctx, &mut st,
+    );
+    if r.is_err() {
+        // A send left half-way leaves its connection mid-message: nothing more may be written
+        // on it (a failure notice there would land inside the payload).
+        for (o, s) in ops.iter().zip(&st) {
+            if o.is_send() && !s.done && s.progress.header_pos > 0 {
+                if let Some(d) = tx_dirty.get_mut(o.peer()) {
+                    *d = true;
+                }
+            }
+        }
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    conns: &mut [Option<Conn>],
+    staging: &mut [Vec<u8>],
+    pollfds: &mut Vec<PollFd>,
+    bell: Option<&dyn Doorbell>,
+    wait: &WaitPolicy,
+    abort: &AtomicBool,
+    ops: &[RawOp],
+    dtype: DataType,
+    op: ElemOp,
+    ctx: &OpContext,
+    st: &mut [OpState],
+) -> Result<()> {
+    let es = dtype.size();
     let mut last_progress = Instant::now();
     let mut idle_since: Option<Instant> = None;
     loop {
@@ -279,6 +320,9 @@ pub(crate) fn run(
                     let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                     let r = conn.recv(&mut s.header, payload, &mut s.progress);
                     if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                        if s.header.kind == kind::NOTICE {
+                            return Err(read_notice(conn, s, o.peer(), ctx));
+                        }
                         check_header(ctx, o.peer(), &s.header, &header)?;
                     }
                     r
@@ -293,6 +337,9 @@ pub(crate) fn run(
                     let stage = &mut staging[s.stage][..len];
                     let r = conn.recv(&mut s.header, stage, &mut s.progress);
                     if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                        if s.header.kind == kind::NOTICE {
+                            return Err(read_notice(conn, s, o.peer(), ctx));
+                        }
                         check_header(ctx, o.peer(), &s.header, &header)?;
                     }
                     if r.is_ok() && s.progress.started {
@@ -347,11 +394,11 @@ pub(crate) fn run(
             continue;
         }
         if now.duration_since(last_progress) >= wait.timeout {
-            return Err(timeout_error(conns, ops, &st, wait.timeout, ctx));
+            return Err(timeout_error(conns, ops, st, wait.timeout, ctx));
         }
         pollfds.clear();
         let mut on_bell = false;
-        for (o, s) in ops.iter().zip(&st) {
+        for (o, s) in ops.iter().zip(st.iter()) {
             if !s.done {
                 if let Some(Some(c)) = conns.get(o.peer()) {
                     on_bell |= c.uses_doorbell();
@@ -369,6 +416,45 @@ pub(crate) fn run(
             _ => sleep_on(pollfds, left),
         }
     }
+}
+
+/// The longest reason a failure notice carries, in bytes.
+pub(crate) const NOTICE_MAX: usize = 2048;
+/// How long a rank reads the rest of a failure notice whose header has arrived.
+const NOTICE_READ: Duration = Duration::from_millis(200);
+
+/// The error for a failure notice from `peer` whose header `s` has just read: the notice names
+/// the rank where the failure began and carries that rank's reason.
+fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -> Error {
+    let origin = s.header.root as usize;
+    let len = usize::try_from(s.header.len).unwrap_or(usize::MAX);
+    let mut buf = [0u8; NOTICE_MAX];
+    let mut why = None;
+    if len <= NOTICE_MAX {
+        let until = Instant::now() + NOTICE_READ;
+        loop {
+            match conn.recv(&mut s.header, &mut buf[..len], &mut s.progress) {
+                Ok(true) => {
+                    why = Some(String::from_utf8_lossy(&buf[..len]).into_owned());
+                    break;
+                }
+                Ok(false) if Instant::now() < until => std::thread::yield_now(),
+                _ => break,
+            }
+        }
+    }
+    let why = why.unwrap_or_else(|| "its reason did not arrive".to_string());
+    let by = if origin == peer {
+        String::new()
+    } else {
+        format!(" (passed on by rank {peer})")
+    };
+    Error::remote(format!(
+        "{}: rank {origin} failed: {why}{by}",
+        ctx.label()
+    ))
+    .with_peer(peer)
+    .with_origin(origin, why)
 }
 
 /// Pure busy-waiting before yielding between checks.

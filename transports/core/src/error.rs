@@ -50,6 +50,8 @@ pub struct Error {
     message: String,
     /// The peer whose connection failed, when the error comes from one.
     peer: Option<usize>,
+    /// The rank where the failure began and its own words, when a peer passed them on.
+    origin: Option<(usize, String)>,
 }
 
 impl Error {
@@ -59,6 +61,7 @@ impl Error {
             kind,
             message: message.into(),
             peer: None,
+            origin: None,
         }
     }
 
@@ -110,6 +113,18 @@ impl Error {
     /// The same error, attributed to the connection to `peer`.
     pub fn with_peer(mut self, peer: usize) -> Self {
         self.peer = Some(peer);
+        self
+    }
+
+    /// The rank where the failure began and what it reported, when this error was passed on
+    /// by a peer (the first cause, as NCCL's asynchronous error keeps it).
+    pub fn origin(&self) -> Option<(usize, &str)> {
+        self.origin.as_ref().map(|(r, why)| (*r, why.as_str()))
+    }
+
+    /// The same error, recording that the failure began on `rank`, which reported `why`.
+    pub fn with_origin(mut self, rank: usize, why: impl Into<String>) -> Self {
+        self.origin = Some((rank, why.into()));
         self
     }
 

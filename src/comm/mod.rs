@@ -761,6 +761,7 @@ impl Communicator {
     /// Checks that every rank names the same `root` for a rooted operation that is built from
     /// sends and receives (gather, scatter: header kind `hkind`), before any of its data moves.
     /// A mismatch fails the call on every rank.
+    #[cfg(feature = "capi")]
     pub(crate) fn agree_on_root(
         &self,
         name: &'static str,

@@ -85,9 +85,7 @@ fn child_tagged_job() {
         }
         let ranks: u64 = (0..n).sum();
         wrong += (0..1024u64)
-            .filter(|&i| {
-                recv[i as usize] != n * (tag * 1_000_000 + i + call) + ranks * 1000
-            })
+            .filter(|&i| recv[i as usize] != n * (tag * 1_000_000 + i + call) + ranks * 1000)
             .count();
     }
     if wrong > 0 {
@@ -143,7 +141,10 @@ fn two_jobs_on_one_address_and_id_fail_at_init_with_no_wrong_result() {
             out.tagged("ALL_OK ").is_empty(),
             "a rank of a shared communicator ran to the end: {all}"
         );
-        failed_init += out.tagged("INIT_FAILED ").len();
+        for l in out.tagged("INIT_FAILED ") {
+            println!("{l}");
+            failed_init += 1;
+        }
     }
     // Every process fails at init: the second rank 0 cannot host the store, the second
     // claimant of a rank fails at once, and the first claimants fail at the confirmation.
@@ -329,7 +330,10 @@ fn root_mismatch(what: &str, call: impl Fn(&Communicator, usize) -> ferroccl::Re
                 Err(e) => e,
             };
             // Not the deadline: found from the first messages.
-            assert!(*took < Duration::from_secs(5), "{what}: rank {rank}: {took:?} {e}");
+            assert!(
+                *took < Duration::from_secs(5),
+                "{what}: rank {rank}: {took:?} {e}"
+            );
             assert!(
                 matches!(e.kind(), ErrorKind::Remote),
                 "{what}: rank {rank}: {e}"
@@ -371,7 +375,13 @@ fn agreeing_roots_still_work_after_the_check() {
             s.spawn(move || {
                 for root in 0..3 {
                     let mut buf: Vec<u32> = (0..1000)
-                        .map(|i| if c.rank() == root { i * 3 + root as u32 } else { 0 })
+                        .map(|i| {
+                            if c.rank() == root {
+                                i * 3 + root as u32
+                            } else {
+                                0
+                            }
+                        })
                         .collect();
                     c.broadcast(&mut buf, root).expect("broadcast");
                     assert!(buf

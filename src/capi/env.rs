@@ -49,7 +49,7 @@ pub fn mapped(env: Lookup<'_>, ferro: &str) -> Option<String> {
             match parse_size(&v) {
                 Some(n) if n >= 64 => Some(n.to_string()),
                 _ => {
-                    eprintln!("ferroccl (libnccl) WARN NCCL_BUFFSIZE={v:?} ignored: expected a size of at least 64 bytes");
+                    ferroccl_transport::log_line!("ferroccl (libnccl) WARN NCCL_BUFFSIZE={v:?} ignored: expected a size of at least 64 bytes");
                     None
                 }
             }
@@ -64,7 +64,7 @@ pub fn config_from(env: Lookup<'_>) -> Result<Config> {
     if config.debug >= DebugLevel::Info {
         for var in ["NCCL_ALGO", "NCCL_PROTO"] {
             if let Some(v) = env(var) {
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferroccl (libnccl) INFO {var}={v} accepted: ferroccl runs its own ring, chain \
                      and pairwise schedules over TCP"
                 );

@@ -67,7 +67,7 @@ pub fn fail(e: &Error) -> ncclResult_t {
     let text = e.to_string();
     set_last_error(&text);
     if super::env::warn_enabled() {
-        eprintln!("ferroccl (libnccl) WARN {text}");
+        ferroccl_transport::log_line!("ferroccl (libnccl) WARN {text}");
     }
     result_of(e.kind())
 }

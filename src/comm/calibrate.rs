@@ -243,7 +243,7 @@ impl Communicator {
                     )
                 })
                 .collect();
-            eprintln!(
+            ferroccl_transport::log_line!(
                 "ferroccl rank 0 TUNING: calibrated {}",
                 if list.is_empty() {
                     "nothing (one rank)".to_string()
@@ -280,7 +280,7 @@ impl Communicator {
         self.all_reduce_in_place(&mut worst, crate::ReduceOp::Max)?;
         let gbps = (REDUCE_ELEMS * 4) as f64 / worst[0].max(1e-9) / 1e9;
         if self.rank() == 0 && self.inner.config.debug >= DebugLevel::Info {
-            eprintln!(
+            ferroccl_transport::log_line!(
                 "ferroccl rank 0 TUNING: reduce {gbps:.2} GB/s (f32 sum of 4 MiB, slowest rank)"
             );
         }
@@ -295,7 +295,9 @@ impl Communicator {
         let info = me == 0 && self.inner.config.debug >= DebugLevel::Info;
         if self.inner.config.algo.is_some() {
             if info {
-                eprintln!("ferroccl rank 0 TUNING: FERRO_ALGO is set; algorithms not timed");
+                ferroccl_transport::log_line!(
+                    "ferroccl rank 0 TUNING: FERRO_ALGO is set; algorithms not timed"
+                );
             }
             return Ok(());
         }
@@ -324,7 +326,7 @@ impl Communicator {
         engine.set_probe(None);
         if result.is_ok() && info {
             let (model, topo) = engine.model();
-            eprintln!(
+            ferroccl_transport::log_line!(
                 "ferroccl rank 0 TUNING: measured picks FERRO_ALGO={}",
                 model.as_rules(kind, topo, 8, 1 << 30)
             );
@@ -383,7 +385,7 @@ impl Communicator {
                 }
             }
             if info {
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferroccl rank 0 TUNING: all_reduce {bytes} B measured {}",
                     line.join(", ")
                 );

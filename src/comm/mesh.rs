@@ -77,7 +77,7 @@ pub(crate) fn local_position(rank: usize, hosts: &[u64]) -> (usize, usize) {
 }
 
 fn warn(rank: usize, what: impl std::fmt::Display) {
-    eprintln!("ferroccl rank {rank} WARN: {what}");
+    ferroccl_transport::log_line!("ferroccl rank {rank} WARN: {what}");
 }
 
 /// Step 1: creates this rank's segment when it prefers shared memory and has peers on its host.
@@ -279,7 +279,7 @@ pub(crate) fn connect_all(
                 format!("{p}:{}{extra}", choice[p].map_or("none", Transport::name))
             })
             .collect();
-        eprintln!(
+        ferroccl_transport::log_line!(
             "ferroccl rank {rank} TRANSPORT: local rank {lr} of {ln} on host {:016x}; peers {}",
             mc.hosts[rank],
             if list.is_empty() {

@@ -305,7 +305,7 @@ impl Communicator {
                 .iter()
                 .filter(|t| **t == Some(Transport::Shm))
                 .count();
-            eprintln!(
+            ferroccl_transport::log_line!(
                 "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
                 endpoint.addr(),
                 config.nstreams
@@ -418,12 +418,14 @@ impl Communicator {
             Some(addr) => {
                 let server = if env.host_store {
                     let bind = env.store_bind_addr().unwrap_or(addr);
-                    Some(bootstrap::TcpStoreServer::bind_with_magic(bind, magic).map_err(|e| {
-                        e.context(format!(
-                            "rank {} hosts the rendezvous store at {bind}",
-                            env.rank
-                        ))
-                    })?)
+                    Some(
+                        bootstrap::TcpStoreServer::bind_with_magic(bind, magic).map_err(|e| {
+                            e.context(format!(
+                                "rank {} hosts the rendezvous store at {bind}",
+                                env.rank
+                            ))
+                        })?,
+                    )
                 } else {
                     None
                 };
@@ -1492,7 +1494,7 @@ impl Inner {
         let mut f = lock(&self.failed);
         if f.is_none() {
             if self.config.debug >= DebugLevel::Warn && e.kind() != ErrorKind::Aborted {
-                eprintln!("ferroccl rank {} WARN: {e}", self.rank);
+                ferroccl_transport::log_line!("ferroccl rank {} WARN: {e}", self.rank);
             }
             *f = Some(e);
         }

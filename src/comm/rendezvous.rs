@@ -78,7 +78,10 @@ pub(super) fn claim(store: &dyn Store, id: u64, rank: usize, deadline: Instant) 
     store.set(&format!("{base}/who/{rank}/{n}"), me.as_bytes())?;
     if n > 1 {
         let first = store
-            .get(&format!("{base}/who/{rank}/1"), left(deadline).min(WHO_WAIT))
+            .get(
+                &format!("{base}/who/{rank}/1"),
+                left(deadline).min(WHO_WAIT),
+            )
             .map(|v| text(&v))
             .unwrap_or_else(|_| "another process".to_string());
         return Err(claimed_twice(rank, &first, &me, &me));
@@ -122,7 +125,10 @@ pub(super) fn confirm(
     }
     if claims > 1 {
         let second = store
-            .get(&format!("{base}/who/{rank}/2"), left(deadline).min(WHO_WAIT))
+            .get(
+                &format!("{base}/who/{rank}/2"),
+                left(deadline).min(WHO_WAIT),
+            )
             .map(|v| text(&v))
             .unwrap_or_else(|_| "another process".to_string());
         return Err(claimed_twice(rank, &claim.me, &second, &claim.me));
@@ -178,14 +184,18 @@ mod tests {
         claim(&store, 9, 0, soon()).unwrap();
         claim(&store, 9, 1, soon()).unwrap();
         // Give the first claimant a recognisable name.
-        store.set("ferroccl/0000000000000009/who/1/1", b"host a pid 1").unwrap();
+        store
+            .set("ferroccl/0000000000000009/who/1/1", b"host a pid 1")
+            .unwrap();
         let e = claim(&store, 9, 1, soon()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidUsage);
-        assert!(e.message().contains("rank 1 is claimed by two processes"), "{e}");
+        assert!(
+            e.message().contains("rank 1 is claimed by two processes"),
+            "{e}"
+        );
         assert!(e.message().contains("host a pid 1"), "{e}");
         assert!(
-            e.message()
-                .contains(&format!("pid {}", std::process::id())),
+            e.message().contains(&format!("pid {}", std::process::id())),
             "{e}"
         );
     }

@@ -376,7 +376,7 @@ impl Engine {
         let s = match built {
             Ok(s) => {
                 if t.debug && self.rank == 0 {
-                    eprintln!(
+                    ferroccl_transport::log_line!(
                         "ferroccl rank 0 TUNING: {} count {} ({} bytes): {choice}",
                         args.kind.name(),
                         args.count,
@@ -387,7 +387,7 @@ impl Engine {
             }
             Err(why) => {
                 if t.debug && self.rank == 0 {
-                    eprintln!(
+                    ferroccl_transport::log_line!(
                         "ferroccl rank 0 TUNING: {} count {}: {} cannot run ({why}); default algorithm",
                         args.kind.name(),
                         args.count,

@@ -449,12 +449,9 @@ fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -
     } else {
         format!(" (passed on by rank {peer})")
     };
-    Error::remote(format!(
-        "{}: rank {origin} failed: {why}{by}",
-        ctx.label()
-    ))
-    .with_peer(peer)
-    .with_origin(origin, why)
+    Error::remote(format!("{}: rank {origin} failed: {why}{by}", ctx.label()))
+        .with_peer(peer)
+        .with_origin(origin, why)
 }
 
 /// Pure busy-waiting before yielding between checks.

@@ -549,7 +549,10 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
                 Ok(Some(status)) => status,
                 Ok(None) => continue,
                 Err(e) => {
-                    eprintln!("ferrorun: waiting for rank {}: {e}", ranks[i].rank);
+                    ferroccl_transport::log_line!(
+                        "ferrorun: waiting for rank {}: {e}",
+                        ranks[i].rank
+                    );
                     ExitStatus::from_raw(1 << 8)
                 }
             };
@@ -558,13 +561,13 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
                 let others = ranks.iter().filter(|r| r.status.is_none()).count();
                 let rank = ranks[i].rank;
                 if others > 0 {
-                    eprintln!(
+                    ferroccl_transport::log_line!(
                         "ferrorun: rank {rank} {}; stopping the other {}",
                         describe(status),
                         plural(others, "rank")
                     );
                 } else {
-                    eprintln!("ferrorun: rank {rank} {}", describe(status));
+                    ferroccl_transport::log_line!("ferrorun: rank {rank} {}", describe(status));
                 }
                 signal_ranks(ranks, libc::SIGTERM);
                 stop = Some((Stop::Failure(failure_code(status)), Instant::now()));
@@ -584,7 +587,7 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
             signals_seen = signals;
             let signal = LAST_SIGNAL.load(Ordering::SeqCst);
             if stop.is_none() {
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferrorun: received {}; forwarding it to {}",
                     signal_name(signal),
                     plural(running.len(), "rank")
@@ -592,7 +595,7 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
                 signal_ranks(ranks, signal);
                 stop = Some((Stop::Signal(signal), Instant::now()));
             } else if !sigkill_sent {
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferrorun: received {} again; killing {}",
                     signal_name(signal),
                     plural(running.len(), "rank")
@@ -605,7 +608,7 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
         let now = Instant::now();
         if let (Some(deadline), None) = (deadline, stop) {
             if now >= deadline {
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferrorun: timeout; stopping {}",
                     plural(running.len(), "running rank")
                 );
@@ -616,7 +619,7 @@ fn supervise(ranks: &mut [RankProcess], deadline: Option<Instant>) -> Option<Sto
         if let Some((_, since)) = stop {
             if !sigkill_sent && now.duration_since(since) >= KILL_GRACE {
                 let list: Vec<String> = running.iter().map(usize::to_string).collect();
-                eprintln!(
+                ferroccl_transport::log_line!(
                     "ferrorun: {} still alive {} s after SIGTERM (rank {}); sending SIGKILL",
                     plural(running.len(), "rank"),
                     KILL_GRACE.as_secs(),

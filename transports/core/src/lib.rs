@@ -17,6 +17,7 @@
 
 pub mod delay;
 mod error;
+pub mod log;
 
 pub use delay::Delayed;
 pub use error::{Error, ErrorKind, Result};

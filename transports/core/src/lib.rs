@@ -252,6 +252,37 @@ mod tests {
         assert_eq!(Header::decode(&bad), None);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Any 40 bytes decode without panicking; what decodes encodes back to the same bytes
+        /// (the padding bytes aside), and the magic is the only thing that makes bytes a header.
+        #[test]
+        fn header_decoder_takes_any_bytes(bytes in proptest::array::uniform32(0u8..), tail in proptest::array::uniform8(0u8..)) {
+            let mut b = [0u8; HEADER_LEN];
+            b[..32].copy_from_slice(&bytes);
+            b[32..].copy_from_slice(&tail);
+            match Header::decode(&b) {
+                None => proptest::prop_assert_ne!(&b[0..4], &HEADER_MAGIC.to_le_bytes()[..]),
+                Some(h) => {
+                    let again = h.encode();
+                    let mut want = b;
+                    want[7] = 0;
+                    want[28..32].copy_from_slice(&[0; 4]);
+                    proptest::prop_assert_eq!(again, want);
+                    proptest::prop_assert_eq!(Header::decode(&again), Some(h));
+                }
+            }
+        }
+
+        /// Every header survives its wire form.
+        #[test]
+        fn header_round_trips(kind: u8, dtype: u8, op: u8, seq: u64, count: u64, root: u32, len: u64) {
+            let h = Header { kind, dtype, op, seq, count, root, len };
+            proptest::prop_assert_eq!(Header::decode(&h.encode()), Some(h));
+        }
+    }
+
     #[test]
     fn progress_counts_parts() {
         let mut p = Progress::default();

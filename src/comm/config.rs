@@ -47,6 +47,12 @@ pub struct Config {
     pub shm_cma_min: usize,
     /// `FERRO_SHM_DIR`: where shared-memory segments are created. Default `/dev/shm`.
     pub shm_dir: PathBuf,
+    /// `FERRO_CHECK_ROOT` (`0` disables): before a rooted collective (broadcast, reduce,
+    /// gather, scatter) moves data, the ranks check that they name the same root, with one small
+    /// allreduce, so that a mismatch fails every rank at once instead of hanging or returning
+    /// wrong data. It costs one small-message round (about 0.6 µs on shared memory between two
+    /// ranks here). Default on.
+    pub check_root: bool,
     /// `FERRO_HOST_ID`: replaces the detected host identity (machine id, host name, network
     /// namespace); ranks with equal ids are on one host. Default: detected.
     pub host_id: Option<String>,
@@ -112,6 +118,7 @@ impl Default for Config {
             shm_cma: true,
             shm_cma_min: 256 << 10,
             shm_dir: PathBuf::from("/dev/shm"),
+            check_root: true,
             host_id: None,
             tune_measure: false,
             link_delay: Duration::ZERO,
@@ -210,6 +217,9 @@ impl Config {
         if let Some(v) = var("FERRO_SHM_CMA_MIN") {
             c.shm_cma_min =
                 parse_size(&v).ok_or_else(|| bad("FERRO_SHM_CMA_MIN", &v, "a size like 256K"))?;
+        }
+        if let Some(v) = var("FERRO_CHECK_ROOT") {
+            c.check_root = flag(&v, "FERRO_CHECK_ROOT")?;
         }
         if let Some(v) = var("FERRO_SHM_DIR") {
             if !v.is_empty() {
@@ -342,6 +352,8 @@ mod tests {
         let e = with(&[("FERRO_TRANSPORTS", "ib")]).unwrap_err();
         assert!(e.message().contains("FERRO_TRANSPORTS=\"ib\""), "{e}");
         assert!(with(&[("FERRO_SHM_CMA", "maybe")]).is_err());
+        assert!(Config::default().check_root);
+        assert!(!with(&[("FERRO_CHECK_ROOT", "0")]).unwrap().check_root);
     }
 
     #[test]

@@ -577,7 +577,8 @@ impl Communicator {
             engine.notify_failure(&e, 0);
             engine.shutdown_all();
         }
-        self.inner.publish_failure(&e);
+        // abort() returns at once: the report finishes (or not) on its own thread.
+        self.inner.publish_failure(&e, Duration::ZERO);
     }
 
     /// Waits for every queued operation, then closes the connections. Returns the
@@ -1473,6 +1474,23 @@ const EXPLAIN_WAIT: Duration = Duration::from_millis(300);
 /// How long a failing rank tries to leave its reason in the store (whose host may be gone).
 const PUBLISH_WAIT: Duration = Duration::from_secs(1);
 
+/// Runs `f` on a thread of its own and waits at most `limit` for its result: a store request
+/// on a failure path must not outlive the deadline, whatever the store's own timeouts (its host
+/// may be stopped or cut off). A request still running then finishes unobserved.
+fn bounded<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("ferroccl-report".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok()
+}
+
 impl Inner {
     /// Takes the next ticket (and, for collectives, sequence number).
     fn ticket(&self, collective: bool) -> (u64, u64) {
@@ -1535,7 +1553,7 @@ impl Inner {
                 engine.notify_failure(&e, 0);
                 engine.shutdown_all();
                 drop(engine);
-                self.publish_failure(&e);
+                self.publish_failure(&e, PUBLISH_WAIT);
                 Err(e)
             }
         }
@@ -1546,9 +1564,14 @@ impl Inner {
     }
 
     /// Tells peers, through the store, why this rank is about to close its connections.
-    fn publish_failure(&self, e: &Error) {
+    fn publish_failure(&self, e: &Error, wait: Duration) {
         if let Some(store) = &self.store {
-            let _ = store.set(&self.failure_key(self.rank), e.message().as_bytes());
+            let (store, key, why) = (
+                Arc::clone(store),
+                self.failure_key(self.rank),
+                e.message().to_string(),
+            );
+            let _ = bounded(wait, move || store.set(&key, why.as_bytes()));
         }
     }
 
@@ -1561,12 +1584,14 @@ impl Inner {
         if e.kind() != ErrorKind::Remote || e.origin().is_some() {
             return e;
         }
-        match store.get(&self.failure_key(peer), EXPLAIN_WAIT) {
-            Ok(why) => e.append(format!(
+        let (store, key) = (Arc::clone(store), self.failure_key(peer));
+        let limit = EXPLAIN_WAIT + Duration::from_millis(200);
+        match bounded(limit, move || store.get(&key, EXPLAIN_WAIT)) {
+            Some(Ok(why)) => e.append(format!(
                 "rank {peer} had failed: {}",
                 String::from_utf8_lossy(&why)
             )),
-            Err(_) => e,
+            _ => e,
         }
     }
 }

@@ -192,7 +192,10 @@ fn random_u64() -> u64 {
 impl Communicator {
     /// Joins a communicator of `nranks` ranks as `rank`, meeting the others through `store`.
     /// Every rank passes the same `id` (any number the ranks agree on; it keeps communicators
-    /// that share a store apart and is checked on every connection).
+    /// that share a store apart). An `id` names one communicator on a store: each rank number
+    /// may be claimed once, and a second claimant fails, as does every rank of a communicator
+    /// that a duplicate reached while it formed (see `rendezvous` in the source). The
+    /// connections carry `id` combined with a random value drawn by rank 0.
     pub fn init(
         store: Arc<dyn Store>,
         rank: usize,

@@ -485,6 +485,7 @@ fn c_program_with_nccl_comm_id_and_init_all() {
     run_c(&exe, &["3", "all"], &[]);
     run_c(&exe, &["2", "mismatch"], &[]);
     run_c(&exe, &["3", "mismatch"], &[]);
+    run_c(&exe, &["3", "rootmismatch"], &[]);
 }
 
 #[test]

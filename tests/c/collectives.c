@@ -6,6 +6,7 @@
  *   collectives NDEV all        one process, ncclCommInitAll, one thread driving every comm
  *   collectives NRANKS mismatch ranks disagree on a count: every rank gets an error naming the
  *                               counts (no hang), the async error stays set, abort succeeds
+ *   collectives NRANKS rootmismatch  ranks disagree on a gather's root: every rank gets an error
  *
  * Exit status 0 when every check passed. */
 #include <nccl.h>
@@ -288,6 +289,26 @@ static int run_mismatch(int rank, int n, ncclUniqueId id) {
   return 0;
 }
 
+/* Ranks disagree on the root of a gather: every rank gets an error at once (not after the
+ * timeout), and the rank that sees the mismatch names the root. */
+static int run_root_mismatch(int rank, int n, ncclUniqueId id) {
+  g_rank = rank;
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  size_t count = 3;
+  int root = rank == n - 1 ? 1 : 0;
+  float *send = calloc(count, sizeof(float));
+  float *recv = calloc(count * n, sizeof(float));
+  ncclResult_t r = ncclGather(send, recv, count, ncclFloat, root, comm, NULL);
+  const char *m = ncclGetLastError(NULL);
+  EXPECT(r == ncclRemoteError, "mismatched roots returned %d (%s)", (int)r, m);
+  EXPECT(strstr(m, "gather") != NULL, "last error \"%s\" names the operation", m);
+  CHECK(ncclCommAbort(comm));
+  free(send);
+  free(recv);
+  return 0;
+}
+
 /* One process, one thread, every communicator: collectives and a ring of sends in groups. */
 static int run_all(int n) {
   g_rank = 0;
@@ -351,6 +372,7 @@ int main(int argc, char **argv) {
       _exit(4);
     }
     fflush(stdout);
+    if (strcmp(mode, "rootmismatch") == 0) _exit(run_root_mismatch(r, n, id));
     _exit(mismatch ? run_mismatch(r, n, id) : run_rank(r, n, id));
   }
   int failed = 0;

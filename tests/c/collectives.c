@@ -290,7 +290,8 @@ static int run_mismatch(int rank, int n, ncclUniqueId id) {
 }
 
 /* Ranks disagree on the root of a gather: every rank gets an error at once (not after the
- * timeout), and the rank that sees the mismatch names the root. */
+ * timeout) that names the operation and the root (a rank that did not see the mismatch itself
+ * passes on the words of the one that did). */
 static int run_root_mismatch(int rank, int n, ncclUniqueId id) {
   g_rank = rank;
   ncclComm_t comm;
@@ -302,7 +303,8 @@ static int run_root_mismatch(int rank, int n, ncclUniqueId id) {
   ncclResult_t r = ncclGather(send, recv, count, ncclFloat, root, comm, NULL);
   const char *m = ncclGetLastError(NULL);
   EXPECT(r == ncclRemoteError, "mismatched roots returned %d (%s)", (int)r, m);
-  EXPECT(strstr(m, "gather") != NULL, "last error \"%s\" names the operation", m);
+  EXPECT(strstr(m, "ncclGather") != NULL && strstr(m, "root") != NULL,
+         "last error \"%s\" names the operation and the root", m);
   CHECK(ncclCommAbort(comm));
   free(send);
   free(recv);

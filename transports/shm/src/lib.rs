@@ -7,11 +7,14 @@
 //! | [`PeerSegment`] | a peer's segment, mapped by this rank to produce into its ring |
 //! | [`ShmConnection`] | one peer pair: the two rings, doorbells, cross-memory attach for large payloads |
 //! | [`ShmConfig`] | ring size, cross-memory attach threshold, directory |
+//! | [`sweep_dead_segments`] | removes segments whose owner process is gone |
 //!
 //! Setup, per communicator: every rank that has peers on its host creates its segment and
 //! publishes the name; maps each local peer's; tells the others which it mapped; and once both
 //! sides of a pair have mapped each other's segment they build a [`ShmConnection`] and the
-//! owner unlinks its file (nothing is left in `/dev/shm`, even after a crash).
+//! owner unlinks its file (nothing is left in `/dev/shm`, even after a later crash). A rank
+//! killed before it unlinks leaves its file; the next rank that creates a segment in the same
+//! directory removes it ([`sweep_dead_segments`]).
 //!
 //! The unsafe core — the single-producer/single-consumer ring (`ring.rs`) and the doorbell
 //! handshake (`bell.rs`) — reaches its atomics through `sync.rs`, so the same protocol is
@@ -31,6 +34,8 @@ mod conn;
 mod host;
 #[cfg(not(loom))]
 mod segment;
+#[cfg(not(loom))]
+mod sweep;
 
 #[cfg(not(loom))]
 pub use bell::Bell;
@@ -40,6 +45,8 @@ pub use conn::{PeerWatch, ShmConnection};
 pub use host::{host_description, host_id, namespace_inode};
 #[cfg(not(loom))]
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
+#[cfg(not(loom))]
+pub use sweep::sweep_dead_segments;
 
 use std::path::PathBuf;
 
@@ -73,8 +80,11 @@ impl Default for ShmConfig {
     }
 }
 
+/// How every segment's file name begins.
+pub const SEGMENT_PREFIX: &str = "ferroccl-";
+
 /// The file name of rank `rank`'s segment for communicator `comm_id`, made unique per process
-/// and call (`ferroccl-<id>-r<rank>-p<pid>-<nonce>`).
+/// and call (`ferroccl-<id>-r<rank>-p<pid>-<nonce>`: 16 and 8 hex digits for id and nonce).
 #[cfg(not(loom))]
 pub fn segment_name(comm_id: u64, rank: usize) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,9 +96,28 @@ pub fn segment_name(comm_id: u64, rank: usize) -> String {
     let n = NONCE.fetch_add(1, Ordering::Relaxed);
     let nonce = host::fnv(&[&t.to_le_bytes(), &n.to_le_bytes()]) as u32;
     format!(
-        "ferroccl-{comm_id:016x}-r{rank}-p{}-{nonce:08x}",
+        "{SEGMENT_PREFIX}{comm_id:016x}-r{rank}-p{}-{nonce:08x}",
         std::process::id()
     )
+}
+
+/// The owner's pid in a name made by [`segment_name`]; `None` for any other name.
+#[cfg(not(loom))]
+pub(crate) fn segment_owner_pid(name: &str) -> Option<u32> {
+    fn hex(s: &str, digits: usize) -> bool {
+        s.len() == digits && s.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+    fn decimal(s: &str) -> bool {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+    }
+    let mut parts = name.strip_prefix(SEGMENT_PREFIX)?.split('-');
+    let (id, rank, pid, nonce) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let rank = rank.strip_prefix('r')?;
+    let pid = pid.strip_prefix('p')?;
+    if parts.next().is_some() || !hex(id, 16) || !decimal(rank) || !decimal(pid) || !hex(nonce, 8) {
+        return None;
+    }
+    pid.parse().ok()
 }
 
 #[cfg(all(test, not(loom)))]

@@ -13,11 +13,13 @@
 //! (so that a full `/dev/shm` is an error now, not a SIGBUS later), writes the header with the
 //! magic last (Release), and publishes the name. Peers map it and check the header. Once every
 //! peer that will use it has mapped it, the owner unlinks the name: the memory lives on while
-//! mapped and vanishes with the last mapping, so even a crash leaves nothing behind.
+//! mapped and vanishes with the last mapping, so a crash after that leaves nothing behind. An
+//! owner killed before it unlinks leaves the file; before creating its own, a rank removes the
+//! files of owners that are gone ([`sweep_dead_segments`](crate::sweep_dead_segments)).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::sync::Arc;
@@ -162,12 +164,17 @@ pub struct OwnSegment {
     pub(crate) ring_bytes: usize,
     pub(crate) rank: usize,
     unlinked: bool,
+    /// Segments of dead owners removed from the directory before this one was created.
+    swept: usize,
 }
 
 impl OwnSegment {
     /// Creates `dir/name` with one ring of `ring_bytes` (a power of two, at least 4096) per rank
     /// in `peers`. A full file system is an `Unsupported` error that says so, so that the caller
     /// can fall back to another transport.
+    ///
+    /// First removes the segments in `dir` whose owner process is gone
+    /// ([`sweep_dead_segments`](crate::sweep_dead_segments)); [`swept`](Self::swept) says how many.
     pub fn create(
         dir: &Path,
         name: &str,
@@ -181,6 +188,7 @@ impl OwnSegment {
                 "shared-memory ring of {ring_bytes} bytes: expected a power of two of at least 4096"
             )));
         }
+        let swept = crate::sweep_dead_segments(dir);
         let path = dir.join(name);
         let len = segment_bytes(peers.len(), ring_bytes);
         let file = OpenOptions::new()
@@ -205,6 +213,7 @@ impl OwnSegment {
             ring_bytes,
             rank,
             unlinked: false,
+            swept,
         })
     }
 
@@ -276,6 +285,11 @@ impl OwnSegment {
         &self.name
     }
 
+    /// How many segments of owners that are gone [`create`](Self::create) removed first.
+    pub fn swept(&self) -> usize {
+        self.swept
+    }
+
     /// Removes the name from the file system (idempotent); the memory stays while mapped.
     pub fn unlink(&mut self) {
         if !self.unlinked {
@@ -298,6 +312,51 @@ impl Drop for OwnSegment {
     fn drop(&mut self) {
         self.unlink();
     }
+}
+
+/// The owner a segment file's header names: `(pid, pid namespace inode)`. `None` when the
+/// header is not complete — the file is shorter than a header, its magic is not written (yet),
+/// or it was made by another layout version.
+pub(crate) fn header_owner(file: &File) -> std::io::Result<Option<(u64, u64)>> {
+    use std::mem::{offset_of, size_of};
+    let mut buf = [0u8; size_of::<SegHeader>()];
+    match file.read_exact_at(&mut buf, 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let word = |off: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&buf[off..off + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let at = offset_of!(SegHeader, version);
+    let version = u32::from_ne_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+    if word(offset_of!(SegHeader, magic)) != SEG_MAGIC || version != SEG_VERSION {
+        return Ok(None);
+    }
+    Ok(Some((
+        word(offset_of!(SegHeader, owner_pid)),
+        word(offset_of!(SegHeader, pid_ns)),
+    )))
+}
+
+/// Writes a complete header naming owner `pid` in pid namespace `pid_ns` into `file` (tests of
+/// the sweep plant such files without creating real segments).
+#[cfg(test)]
+pub(crate) fn write_test_header(file: &File, pid: u64, pid_ns: u64) -> std::io::Result<()> {
+    use std::mem::offset_of;
+    file.set_len(HDR_BYTES as u64)?;
+    file.write_all_at(
+        &SEG_VERSION.to_ne_bytes(),
+        offset_of!(SegHeader, version) as u64,
+    )?;
+    file.write_all_at(&pid.to_ne_bytes(), offset_of!(SegHeader, owner_pid) as u64)?;
+    file.write_all_at(&pid_ns.to_ne_bytes(), offset_of!(SegHeader, pid_ns) as u64)?;
+    file.write_all_at(
+        &SEG_MAGIC.to_ne_bytes(),
+        offset_of!(SegHeader, magic) as u64,
+    )
 }
 
 /// A peer's segment, mapped by this rank.

@@ -27,7 +27,8 @@
 //! `MASTER_ADDR` (with `MASTER_PORT` or `FERRO_STORE_PORT`) must be set. Under Open MPI the
 //! same holds, except that when every rank runs on one host (`OMPI_COMM_WORLD_LOCAL_SIZE ==
 //! OMPI_COMM_WORLD_SIZE`) and no address is given, `store_addr` is `None` and the ranks share
-//! a [`FileStore`](super::FileStore) in [`LaunchEnv::file_store_dir`].
+//! a job store ([`FileStore::new_for_job`](super::FileStore::new_for_job)) in
+//! [`LaunchEnv::file_store_dir`], removed when the last rank is done.
 //!
 //! Host names (`MASTER_ADDR=localhost`, `FERRO_STORE_ADDR=node17:29600`) are resolved, IPv4
 //! preferred, so that every rank and the hosting rank agree on one address family.
@@ -87,7 +88,9 @@ pub struct LaunchEnv {
 impl LaunchEnv {
     /// The directory for a [`FileStore`](super::FileStore) when there is no store address
     /// (all ranks on one host): `/tmp/ferroccl-<job id>`, with unusual characters of the job
-    /// id replaced by `_`.
+    /// id replaced by `_`. Open it with [`FileStore::new_for_job`](super::FileStore::new_for_job):
+    /// the directory then goes when the job's last rank drops its store, and one left by a
+    /// killed job is swept by the next job store opened in `/tmp`.
     pub fn file_store_dir(&self) -> Option<PathBuf> {
         if self.store_addr.is_some() {
             return None;

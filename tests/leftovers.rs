@@ -1,5 +1,6 @@
 //! What ranks killed mid-job leave on the host, and who removes it: shared-memory segments not
-//! yet unlinked (swept by the next rank that creates a segment in the same directory).
+//! yet unlinked (swept by the next rank that creates a segment in the same directory), and job
+//! store directories (swept by the next job store opened beside them, or in them).
 //!
 //! Each test works in a private directory, so that it never races other jobs on this host.
 //! The test binary runs itself as the killed processes (see `common::child`).
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::child::{self, self_command, Finished, Running};
+use ferroccl::bootstrap::{FileStore, Store};
 use ferroccl_transport_shm::{segment_name, OwnSegment};
 
 /// Variable naming the directory a child works in.
@@ -123,4 +125,77 @@ fn a_killed_ranks_segment_is_removed_by_the_next_segment_created_and_a_live_ones
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
     std::fs::remove_dir(&dir).unwrap();
+}
+
+/// Opens a job store in the directory it is given, sets a key, then either is killed at once
+/// (`store-then-die`) or waits to be killed (`store-then-wait`).
+#[test]
+fn child_job_store_user() {
+    let die_now = child::is_role("store-then-die");
+    if !die_now && !child::is_role("store-then-wait") {
+        return;
+    }
+    let dir: PathBuf = child::env_var(DIR_VAR);
+    let store = FileStore::new_for_job(&dir).unwrap();
+    store.set("rank0/addr", b"127.0.0.1:1").unwrap();
+    if die_now {
+        die();
+    }
+    std::thread::sleep(CHILD_LIMIT);
+    drop(store);
+}
+
+fn store_user(role: &str, dir: &Path) -> Running {
+    Running::spawn(self_command(
+        "child_job_store_user",
+        role,
+        &[(DIR_VAR, dir.display().to_string())],
+    ))
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_killed_jobs_store_directory_is_swept_and_a_live_jobs_is_not() {
+    let parent = private_dir("store");
+    let (dead_dir, live_dir) = (parent.join("ferroccl-dead"), parent.join("ferroccl-live"));
+    let alive = store_user("store-then-wait", &live_dir);
+    let start = Instant::now();
+    while !names_in(&parent).contains(&"ferroccl-live".to_string())
+        || !names_in(&live_dir).iter().any(|n| n.starts_with("k-"))
+    {
+        assert!(start.elapsed() < CHILD_LIMIT, "the waiting user set no key");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = store_user("store-then-die", &dead_dir).finish(CHILD_LIMIT);
+    assert_killed(&out);
+    // The leftover is real: the killed job's directory, its record and its key.
+    let left = names_in(&dead_dir);
+    assert!(left.iter().any(|n| n.starts_with(".user-")), "{left:?}");
+    assert!(left.iter().any(|n| n.starts_with("k-")), "{left:?}");
+
+    let store = FileStore::new_for_job(parent.join("ferroccl-next")).unwrap();
+    assert_eq!(names_in(&parent), ["ferroccl-live", "ferroccl-next"]);
+    drop(store);
+    assert_eq!(names_in(&parent), ["ferroccl-live"]);
+
+    // SAFETY: kill(2) on the pid of our own unreaped child; no memory is involved.
+    unsafe { libc::kill(libc::pid_t::try_from(alive.id()).unwrap(), libc::SIGKILL) };
+    assert_killed(&alive.finish(CHILD_LIMIT));
+    // Opened again, the dead job's directory holds nothing of it: the key is gone.
+    let store = FileStore::new_for_job(&live_dir).unwrap();
+    let e = store
+        .get("rank0/addr", Duration::from_millis(10))
+        .unwrap_err();
+    assert!(e.message().contains("rank0/addr"), "{e}");
+    drop(store);
+    assert_eq!(names_in(&parent), Vec::<String>::new());
+    std::fs::remove_dir(&parent).unwrap();
 }

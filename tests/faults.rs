@@ -1,5 +1,6 @@
 //! The fault matrix: two jobs on one rendezvous address, two processes claiming one rank, a
-//! stopped rank 0, a dead rank 0 over TCP, and ranks that disagree on the root.
+//! stopped rank 0, a dead rank 0 over TCP, a rank 0 whose test host is cut off (network
+//! namespaces; needs root, skipped with a message otherwise), and ranks that disagree on the root.
 //!
 //! The test binary runs itself as the ranks (see `common::child`), started by hand with the
 //! `FERRO_*` environment where `ferrorun` would hide the fault. Every wait is bounded.
@@ -199,13 +200,22 @@ fn child_rank0_fault() {
         if r == 0 && call == 20 {
             println!("FAULT rank=0 at_ms={}", now_ms());
             let _ = std::io::stdout().flush();
-            let sig = if fault == "stop" {
-                libc::SIGSTOP
+            if fault == "partition" {
+                // This rank runs in its own network namespace (a test host): cut its link.
+                let st = std::process::Command::new("ip")
+                    .args(["link", "set", "eth0", "down"])
+                    .status()
+                    .expect("run ip");
+                assert!(st.success(), "ip link set eth0 down: {st}");
             } else {
-                libc::SIGKILL
-            };
-            // SAFETY: kill(2) on this process; no memory is involved.
-            unsafe { libc::kill(libc::getpid(), sig) };
+                let sig = if fault == "stop" {
+                    libc::SIGSTOP
+                } else {
+                    libc::SIGKILL
+                };
+                // SAFETY: kill(2) on this process; no memory is involved.
+                unsafe { libc::kill(libc::getpid(), sig) };
+            }
         }
         if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
             println!("FAILED rank={r} call={call} at_ms={} error={e}", now_ms());
@@ -291,6 +301,39 @@ fn a_dead_rank0_over_tcp_is_named_by_all_eight_ranks_within_the_deadline() {
         assert!(after < 5_000, "{after} ms: {line}");
         let error = line.split_once("error=").map_or("", |(_, e)| e);
         assert!(error.contains("rank 0"), "must name rank 0: {line}");
+    }
+}
+
+#[test]
+fn a_partitioned_rank0_host_fails_the_others_soon_after_the_deadline() {
+    let _serial = serial();
+    if let Err(why) = common::netns::netns_available() {
+        println!("skipped: partition test: {why}");
+        return;
+    }
+    let hosts = common::netns::NetnsHosts::up(3).expect("build namespace hosts");
+    let out = child::ferrorun_self(
+        3,
+        Some(&hosts.netns_arg()),
+        "child_rank0_fault",
+        "rank0",
+        &[
+            ("FAULT", "partition".to_string()),
+            ("FERRO_TIMEOUT", "10".to_string()),
+        ],
+        Duration::from_secs(90),
+    );
+    assert!(out.success(), "{}", out.dump());
+    let cut_at: u128 = field(&out.tagged("FAULT ")[0], "at_ms");
+    let failed = out.tagged("FAILED ");
+    assert_eq!(failed.len(), 3, "{}", out.dump());
+    for line in &failed {
+        let after = field::<u128>(line, "at_ms").saturating_sub(cut_at);
+        println!("{after} ms after the cut: {line}");
+        // 10 s without progress, then at most a few seconds to report it. A silent rank is not
+        // a dead one: each rank names the peer it was waiting for when its deadline passed.
+        assert!(after < 15_000, "{after} ms: {line}");
+        assert!(line.contains("no progress for 10.0 s"), "{line}");
     }
 }
 

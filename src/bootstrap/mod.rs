@@ -52,6 +52,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Sets `key` to `value`, replacing any earlier value.
     fn set(&self, key: &str, value: &[u8]) -> Result<()>;
 
+    /// As [`set`](Self::set), giving up after `timeout` where the store is remote (then an
+    /// error of kind `Timeout` naming the key). Local stores ignore `timeout`.
+    fn set_timeout(&self, key: &str, value: &[u8], timeout: Duration) -> Result<()> {
+        let _ = timeout;
+        self.set(key, value)
+    }
+
     /// Returns the value of `key`, waiting until some rank sets it or `timeout` passes
     /// (then an error of kind `Timeout` naming the key).
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>>;

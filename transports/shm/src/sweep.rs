@@ -3,22 +3,6 @@
 //! An owner unlinks its segment once every peer mapped it; a rank killed before that (during
 //! init, say) leaves the file, and its rings' memory, in the directory. Before a rank creates
 //! its own segment, [`sweep_dead_segments`] removes those whose owner is gone.
-//!
-//! A file is removed only when all of these hold:
-//!
-//! - its name is one [`segment_name`](crate::segment_name) makes (`ferroccl-<id>-r<rank>-p<pid>-<nonce>`)
-//!   and it is a regular file;
-//! - its owner is not this process;
-//! - its header is complete (magic written), names the pid in the name, and the owner's pid
-//!   namespace is this process's: a pid from another namespace says nothing here, so such files
-//!   are left alone; `kill(pid, 0)` then fails with `ESRCH` (`EPERM` means alive);
-//! - or its header is not complete and the file is older than [`UNWRITTEN_GRACE`] (its creator
-//!   died between creating and filling it in; a file being filled in right now is younger), and
-//!   the pid in its name is gone. Such a file carries no pid namespace, but no peer can use it
-//!   either: [`PeerSegment::open`](crate::PeerSegment::open) refuses a header without magic.
-//!
-//! A pid reused by an unrelated process makes a dead owner look alive: the file stays, never
-//! the other way round.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -33,10 +17,24 @@ use crate::{segment_owner_pid, SEGMENT_PREFIX};
 /// dead: creating and filling in a header takes milliseconds (seconds under heavy load).
 pub(crate) const UNWRITTEN_GRACE: Duration = Duration::from_secs(10);
 
-/// Removes the segment files in `dir` whose owner process is gone (see the module docs for the
-/// exact rule) and returns how many it removed. One `readdir`; only names that begin with
-/// [`SEGMENT_PREFIX`](crate::SEGMENT_PREFIX) are opened. Best effort: a directory or file that
-/// cannot be read is left as it is.
+/// Removes the segment files in `dir` whose owner process is gone and returns how many it
+/// removed. One `readdir`; only names that begin with [`SEGMENT_PREFIX`] are opened. Best
+/// effort: a directory or file that cannot be read is left as it is.
+///
+/// A file is removed only when its name is one [`segment_name`](crate::segment_name) makes
+/// (`ferroccl-<id>-r<rank>-p<pid>-<nonce>`), it is a regular file, its owner is not this
+/// process, and either
+///
+/// - its header is complete (magic written), names the pid in the name, the owner's pid
+///   namespace is this process's (a pid from another namespace says nothing here, so such files
+///   stay), and `kill(pid, 0)` fails with `ESRCH` (`EPERM` means alive); or
+/// - its header is not complete, the file is more than 10 s old (its creator died between
+///   creating and filling it in; one being filled in right now is younger), and the pid in its
+///   name is gone. Such a file carries no pid namespace, but no peer can use it either:
+///   [`PeerSegment::open`](crate::PeerSegment::open) refuses a header without magic.
+///
+/// A pid reused by an unrelated process makes a dead owner look alive: the file stays, never
+/// the other way round.
 pub fn sweep_dead_segments(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;

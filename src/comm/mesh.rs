@@ -99,7 +99,17 @@ pub(crate) fn create_segment(mc: &MeshConfig) -> Option<OwnSegment> {
         &peers,
         mc.shm.ring_bytes,
     ) {
-        Ok(s) => Some(s),
+        Ok(s) => {
+            if s.swept() > 0 && mc.debug >= DebugLevel::Info {
+                ferroccl_transport::log_line!(
+                    "ferroccl rank {} SHM: removed {} segment(s) of processes that are gone from {}",
+                    mc.rank,
+                    s.swept(),
+                    mc.shm.dir.display()
+                );
+            }
+            Some(s)
+        }
         Err(e) => {
             warn(
                 mc.rank,

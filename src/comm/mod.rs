@@ -447,7 +447,7 @@ impl Communicator {
                             "from_env: no rendezvous address (set FERRO_STORE_ADDR or MASTER_ADDR/MASTER_PORT)",
                         )
                     })?;
-                (Arc::new(bootstrap::FileStore::new(dir)?), None)
+                (Arc::new(bootstrap::FileStore::new_for_job(dir)?), None)
             }
         };
         let nranks = env.nranks * threads;

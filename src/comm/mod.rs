@@ -432,14 +432,10 @@ impl Communicator {
                 } else {
                     None
                 };
-                (
-                    Arc::new(bootstrap::TcpStore::connect_with_magic(
-                        addr,
-                        magic,
-                        config.timeout,
-                    )?),
-                    server,
-                )
+                let store = bootstrap::TcpStore::connect_with_magic(addr, magic, config.timeout)?;
+                // No store request outlives FERRO_TIMEOUT (60 s by default otherwise).
+                store.set_request_timeout(config.timeout);
+                (Arc::new(store), server)
             }
             None => {
                 let dir = env.file_store_dir().ok_or_else(|| {
@@ -480,6 +476,7 @@ impl Communicator {
         config: Config,
     ) -> Result<Communicator> {
         let store = uid.connect(config.timeout)?;
+        store.set_request_timeout(config.timeout);
         Self::init(Arc::new(store), rank, nranks, uid.magic(), config)
     }
 

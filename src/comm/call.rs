@@ -1,0 +1,180 @@
+//! One collective call: its arguments checked, then run on the engine.
+
+use ferroccl_kernels::DataType;
+
+use crate::coll::{CollArgs, CollKind};
+use crate::exec::{kind, Engine, Memory, OpContext};
+use crate::{Error, Result};
+
+use super::*;
+
+pub(super) fn header_kind(k: CollKind) -> u8 {
+    match k {
+        CollKind::AllReduce => kind::ALL_REDUCE,
+        CollKind::Broadcast { .. } => kind::BROADCAST,
+        CollKind::Reduce { .. } => kind::REDUCE,
+        CollKind::AllGather => kind::ALL_GATHER,
+        CollKind::ReduceScatter => kind::REDUCE_SCATTER,
+        CollKind::AllToAll => kind::ALL_TO_ALL,
+    }
+}
+
+/// A checked collective call, ready to run.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Call {
+    name: &'static str,
+    hkind: u8,
+    args: CollArgs,
+    dtype: DataType,
+    op: ReduceOp,
+    rank: usize,
+    nranks: usize,
+}
+
+impl Call {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check(
+        inner: &Inner,
+        name: &'static str,
+        hkind: u8,
+        kind: CollKind,
+        send_len: Option<usize>,
+        recv_len: usize,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Call> {
+        let (rank, n) = (inner.rank, inner.nranks);
+        let bad = |what: String| {
+            Err(Error::invalid_argument(format!(
+                "{name} on rank {rank}: {what}"
+            )))
+        };
+        if let Some(root) = kind.root() {
+            if root >= n {
+                return bad(format!("invalid root {root} (root must be 0..{})", n - 1));
+            }
+        }
+        if let ReduceOp::PreMulSum(f) = op {
+            if !f.is_finite() && kind.reduces() {
+                return bad(format!("pre-multiplied sum scalar {f} is not finite"));
+            }
+        }
+        let es = dtype.size();
+        let total = |elems: usize| elems.checked_mul(n).and_then(|x| x.checked_mul(es));
+        let Some(_) = total(count) else {
+            return bad(format!("count {count} x {n} ranks overflows"));
+        };
+        let (in_len, out_len) = kind.buffer_lens(count, n);
+        let (in_b, out_b) = (in_len * es, out_len * es);
+        let is_root = kind.root() == Some(rank);
+        match send_len {
+            None => {
+                let need = in_b.max(out_b);
+                let reduce_nonroot = matches!(kind, CollKind::Reduce { .. }) && !is_root;
+                if recv_len != need && !(reduce_nonroot && recv_len == in_b) {
+                    return bad(format!(
+                        "in-place buffer has {} elements, {} x {dtype} needed",
+                        recv_len / es,
+                        need / es
+                    ));
+                }
+            }
+            Some(s) => {
+                let send_used = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+                if send_used && s != in_b {
+                    return bad(format!(
+                        "send buffer has {} elements, {} x {dtype} needed",
+                        s / es,
+                        in_len
+                    ));
+                }
+                let recv_used = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+                if recv_used && recv_len != out_b {
+                    return bad(format!(
+                        "receive buffer has {} elements, {} x {dtype} needed",
+                        recv_len / es,
+                        out_len
+                    ));
+                }
+            }
+        }
+        if let Some(e) = lock(&inner.failed).clone() {
+            return Err(e);
+        }
+        Ok(Call {
+            name,
+            hkind,
+            args: CollArgs {
+                kind,
+                count,
+                in_place: send_len.is_none(),
+            },
+            dtype,
+            op,
+            rank,
+            nranks: n,
+        })
+    }
+
+    pub(super) fn run(
+        &self,
+        e: &mut Engine,
+        seq: u64,
+        mut mem: Memory,
+        check_root: bool,
+    ) -> Result<()> {
+        let reduces = self.args.kind.reduces();
+        let ctx = OpContext {
+            name: self.name,
+            seq,
+            rank: self.rank,
+            kind: self.hkind,
+            dtype: self.dtype,
+            op: if reduces { self.op.code() } else { 0xff },
+            count: self.args.count as u64,
+            root: self.args.kind.root().map_or(u32::MAX, |r| r as u32),
+        };
+        let is_root = self.args.kind.root() == Some(self.rank);
+        if !mem.in_place {
+            // Buffers a rank does not use may be empty: point them at nothing.
+            if matches!(self.args.kind, CollKind::Broadcast { .. }) && !is_root {
+                mem.input_len = 0;
+            }
+            if matches!(self.args.kind, CollKind::Reduce { .. }) && !is_root {
+                mem.output_len = 0;
+            }
+        }
+        let premul = match self.op {
+            ReduceOp::PreMulSum(f) if reduces => Some(f),
+            _ => None,
+        };
+        if let Some(root) = self.args.kind.root().filter(|_| check_root) {
+            e.agree_on_root(root, &ctx)?;
+        }
+        e.run_collective(&self.args, self.dtype, self.op.elem_op(), premul, mem, &ctx)?;
+        if self.op == ReduceOp::Avg && reduces {
+            let es = self.dtype.size();
+            let (_, out_len) = self.args.kind.buffer_lens(self.args.count, self.nranks);
+            let out_off = if mem.in_place {
+                self.args
+                    .kind
+                    .in_place_offsets(self.args.count, self.rank)
+                    .1
+            } else {
+                0
+            };
+            let writes = !matches!(self.args.kind, CollKind::Reduce { .. }) || is_root;
+            if writes && out_len > 0 {
+                // SAFETY: the output (at `out_off` in the one buffer when in place) holds
+                // `out_len` elements: `Call::check` verified the buffer lengths, and the
+                // caller holds the buffer for the whole call.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(mem.output.add(out_off * es), out_len * es)
+                };
+                ferroccl_kernels::divide(self.dtype, out, self.nranks as u64);
+            }
+        }
+        Ok(())
+    }
+}

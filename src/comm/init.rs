@@ -1,0 +1,421 @@
+//! Joining a communicator: through a store, a launcher's environment, a unique id, or as
+//! threads of this process.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use ferroccl_transport_shm::ShmConfig;
+use ferroccl_transport_tcp::{TcpConfig, TcpEndpoint};
+
+use crate::bootstrap::{self, MemoryStore, Store};
+use crate::exec::{Engine, WaitPolicy};
+use crate::{Error, Result};
+
+use super::*;
+
+/// Connection settings of rank `rank` of a communicator `id` whose ranks live on `hosts`.
+pub(super) fn mesh_config<'a>(
+    config: &'a Config,
+    rank: usize,
+    nranks: usize,
+    id: u64,
+    hosts: &'a [u64],
+    deadline: Instant,
+) -> mesh::MeshConfig<'a> {
+    mesh::MeshConfig {
+        rank,
+        nranks,
+        comm_id: id,
+        hosts,
+        transports: &config.transports,
+        tcp: TcpConfig {
+            nstreams: config.nstreams,
+            ..TcpConfig::default()
+        },
+        shm: ShmConfig {
+            ring_bytes: config.shm_ring_bytes,
+            cma: config.shm_cma,
+            cma_min: config.shm_cma_min,
+            dir: config.shm_dir.clone(),
+            ..ShmConfig::default()
+        },
+        debug: config.debug,
+        deadline,
+        link_delay: config.link_delay,
+    }
+}
+
+impl Communicator {
+    /// Joins a communicator of `nranks` ranks as `rank`, meeting the others through `store`.
+    /// Every rank passes the same `id` (any number the ranks agree on; it keeps communicators
+    /// that share a store apart). An `id` names one communicator on a store: each rank number
+    /// may be claimed once, and a second claimant fails, as does every rank of a communicator
+    /// that a duplicate reached while it formed (see `rendezvous` in the source). The
+    /// connections carry `id` combined with a random value drawn by rank 0.
+    pub fn init(
+        store: Arc<dyn Store>,
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+    ) -> Result<Communicator> {
+        Self::init_inner(store, rank, nranks, id, config, None)
+    }
+
+    fn init_inner(
+        store: Arc<dyn Store>,
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+        server: Option<bootstrap::TcpStoreServer>,
+    ) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::invalid_argument(format!(
+                "init: rank {rank} is not in 0..{nranks}"
+            )));
+        }
+        if let Some(a) = &config.algo {
+            crate::plan::Overrides::parse(a).map_err(|e| {
+                Error::invalid_argument(format!("init on rank {rank}: algorithm rules {a:?}: {e}"))
+            })?;
+        }
+        let deadline = Instant::now() + config.timeout;
+        let ctx = |e: Error| e.context(format!("init on rank {rank}"));
+        let claim = rendezvous::claim(&*store, id, rank, deadline)?;
+        let id = claim.comm_id;
+        let ip = match &config.socket_ifname {
+            Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
+            None => store.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        };
+        let endpoint =
+            TcpEndpoint::listen(ip).map_err(|e| e.context(format!("init on rank {rank}")))?;
+        let prefix = format!("ferroccl/{id:016x}");
+        let host = ferroccl_transport_shm::host_id(config.host_id.as_deref());
+        store.set(
+            &format!("{prefix}/addr/{rank}"),
+            endpoint.addr().to_string().as_bytes(),
+        )?;
+        store.set(
+            &format!("{prefix}/nranks/{rank}"),
+            nranks.to_string().as_bytes(),
+        )?;
+        store.set(
+            &format!("{prefix}/host/{rank}"),
+            format!("{host:016x}").as_bytes(),
+        )?;
+        let left = || deadline.saturating_duration_since(Instant::now());
+        // Every rank's host, after checking that it runs with the same nranks.
+        let mut hosts = vec![host; nranks];
+        for (peer, h) in hosts.iter_mut().enumerate() {
+            if peer == rank {
+                continue;
+            }
+            let n = store.get(&format!("{prefix}/nranks/{peer}"), left())?;
+            if n != nranks.to_string().as_bytes() {
+                return Err(Error::invalid_usage(format!(
+                    "init: rank {peer} was started with nranks {}, rank {rank} with {nranks}",
+                    String::from_utf8_lossy(&n)
+                )));
+            }
+            let v = store.get(&format!("{prefix}/host/{peer}"), left())?;
+            let s = String::from_utf8_lossy(&v);
+            *h = u64::from_str_radix(&s, 16).map_err(|_| {
+                Error::internal(format!("init: rank {peer} published a bad host id {s:?}"))
+            })?;
+        }
+        let addr_of = |peer: usize| -> Result<SocketAddr> {
+            let v = store.get(&format!("{prefix}/addr/{peer}"), left())?;
+            let s = String::from_utf8_lossy(&v);
+            s.parse().map_err(|_| {
+                Error::internal(format!("init: rank {peer} published a bad address {s:?}"))
+            })
+        };
+        let mc = mesh_config(&config, rank, nranks, id, &hosts, deadline);
+        let own = mesh::create_segment(&mc);
+        store.set(
+            &format!("{prefix}/shmseg/{rank}"),
+            own.as_ref().map_or("", |s| s.name()).as_bytes(),
+        )?;
+        let name_of = |peer: usize| -> Result<Option<String>> {
+            let v = store.get(&format!("{prefix}/shmseg/{peer}"), left())?;
+            Ok(Some(String::from_utf8_lossy(&v).into_owned()).filter(|s| !s.is_empty()))
+        };
+        let mapped = mesh::map_segments(&mc, own.as_ref(), &name_of).map_err(ctx)?;
+        let list: Vec<String> = mesh::mapped_ranks(&mapped)
+            .iter()
+            .map(usize::to_string)
+            .collect();
+        store.set(
+            &format!("{prefix}/shmmapped/{rank}"),
+            list.join(",").as_bytes(),
+        )?;
+        let peer_mapped_me = |peer: usize| -> Result<bool> {
+            let v = store.get(&format!("{prefix}/shmmapped/{peer}"), left())?;
+            let me = rank.to_string();
+            Ok(String::from_utf8_lossy(&v).split(',').any(|r| r == me))
+        };
+        let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
+            .map_err(ctx)?;
+        rendezvous::confirm(&*store, &claim, nranks, deadline)?;
+        if config.debug >= DebugLevel::Info {
+            let nshm = mesh
+                .transports
+                .iter()
+                .filter(|t| **t == Some(Transport::Shm))
+                .count();
+            ferroccl_transport::log_line!(
+                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
+                endpoint.addr(),
+                config.nstreams
+            );
+        }
+        let measure = config.tune_measure;
+        let comm = Self::from_parts(
+            rank,
+            nranks,
+            id,
+            config,
+            ip,
+            mesh,
+            hosts,
+            Some(store),
+            server,
+        );
+        if measure {
+            comm.calibrate()?;
+        }
+        Ok(comm)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn from_parts(
+        rank: usize,
+        nranks: usize,
+        id: u64,
+        config: Config,
+        listen_ip: IpAddr,
+        mesh: mesh::Mesh,
+        hosts: Vec<u64>,
+        store: Option<Arc<dyn Store>>,
+        server: Option<bootstrap::TcpStoreServer>,
+    ) -> Communicator {
+        let aborted = Arc::new(AtomicBool::new(false));
+        let engine = Engine::new(
+            rank,
+            nranks,
+            mesh.conns,
+            WaitPolicy {
+                spin: config.spin,
+                timeout: config.timeout,
+            },
+            Arc::clone(&aborted),
+            config.slice_bytes,
+            tuning(&config, &hosts),
+        );
+        Communicator {
+            inner: Arc::new(Inner {
+                rank,
+                nranks,
+                id,
+                config,
+                listen_ip,
+                engine: Mutex::new(engine),
+                failed: Mutex::new(None),
+                aborted,
+                order: Mutex::new(Order::default()),
+                turn: Condvar::new(),
+                splits: AtomicU64::new(0),
+                groups: AtomicU64::new(0),
+                store,
+                _store_server: server,
+                hosts,
+                transports: mesh.transports,
+            }),
+            worker: Mutex::new(None),
+        }
+    }
+
+    /// Joins the job this process was launched into, reading the launcher's environment:
+    /// `ferrorun` (`FERRO_*`), torchrun, SLURM or Open MPI (see [`bootstrap::env`]).
+    pub fn from_env() -> Result<Communicator> {
+        let config = Config::from_env()?;
+        let env = bootstrap::env::detect()?.ok_or_else(|| {
+            Error::invalid_usage(
+                "from_env: no launcher environment found (set FERRO_RANK, FERRO_NRANKS and \
+                 FERRO_STORE_ADDR, or start under ferrorun, torchrun, srun or mpirun)",
+            )
+        })?;
+        Self::from_launch_env(&env, config)
+    }
+
+    /// Joins the job described by `env` (see [`bootstrap::env::detect`]).
+    pub fn from_launch_env(
+        env: &bootstrap::env::LaunchEnv,
+        config: Config,
+    ) -> Result<Communicator> {
+        let mut v = Self::from_launch_env_threads(env, config, 1)?;
+        v.pop()
+            .ok_or_else(|| Error::internal("from_env: no communicator was created"))
+    }
+
+    /// Joins the job described by `env` with `threads` ranks in this process: process `p` of
+    /// `P` holds ranks `p × threads .. (p + 1) × threads` of `P × threads` (as nccl-tests' `-t`).
+    /// Element `t` of the result is rank `p × threads + t`.
+    pub fn from_launch_env_threads(
+        env: &bootstrap::env::LaunchEnv,
+        config: Config,
+        threads: usize,
+    ) -> Result<Vec<Communicator>> {
+        let threads = threads.max(1);
+        let id = hash64(&[b"ferroccl-job", env.job_id.as_bytes()]);
+        // The store serves only clients that present the job's magic (never 0: "open").
+        let magic = hash64(&[b"ferroccl-store", env.job_id.as_bytes()]) | 1;
+        let (store, server): (Arc<dyn Store>, Option<bootstrap::TcpStoreServer>) = match env
+            .store_addr
+        {
+            Some(addr) => {
+                let server = if env.host_store {
+                    let bind = env.store_bind_addr().unwrap_or(addr);
+                    Some(
+                        bootstrap::TcpStoreServer::bind_with_magic(bind, magic).map_err(|e| {
+                            e.context(format!(
+                                "rank {} hosts the rendezvous store at {bind}",
+                                env.rank
+                            ))
+                        })?,
+                    )
+                } else {
+                    None
+                };
+                let store = bootstrap::TcpStore::connect_with_magic(addr, magic, config.timeout)?;
+                // No store request outlives FERRO_TIMEOUT (60 s by default otherwise).
+                store.set_request_timeout(config.timeout);
+                (Arc::new(store), server)
+            }
+            None => {
+                let dir = env.file_store_dir().ok_or_else(|| {
+                        Error::invalid_usage(
+                            "from_env: no rendezvous address (set FERRO_STORE_ADDR or MASTER_ADDR/MASTER_PORT)",
+                        )
+                    })?;
+                (Arc::new(bootstrap::FileStore::new_for_job(dir)?), None)
+            }
+        };
+        let nranks = env.nranks * threads;
+        let first = env.rank * threads;
+        let mut server = server;
+        if threads == 1 {
+            return Ok(vec![Self::init_inner(
+                store, first, nranks, id, config, server,
+            )?]);
+        }
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                let config = config.clone();
+                let server = if t == 0 { server.take() } else { None };
+                std::thread::Builder::new()
+                    .name(format!("ferroccl-init-{}", first + t))
+                    .spawn(move || Self::init_inner(store, first + t, nranks, id, config, server))
+            })
+            .collect();
+        join_inits(handles)
+    }
+
+    /// Joins the communicator named by a [`bootstrap::UniqueId`] (NCCL's path: one rank
+    /// creates the id, hands its 128 bytes to the others out of band, all call this).
+    pub fn from_unique_id(
+        uid: &bootstrap::UniqueId,
+        rank: usize,
+        nranks: usize,
+        config: Config,
+    ) -> Result<Communicator> {
+        let store = uid.connect(config.timeout)?;
+        store.set_request_timeout(config.timeout);
+        Self::init(Arc::new(store), rank, nranks, uid.magic(), config)
+    }
+
+    /// Creates `nranks` communicators whose ranks are threads of this process (in-memory
+    /// rendezvous, TCP over loopback). Element `r` of the result is rank `r`.
+    pub fn local_group(nranks: usize, config: Config) -> Result<Vec<Communicator>> {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let id = random_u64();
+        let handles: Vec<_> = (0..nranks)
+            .map(|r| {
+                let store = Arc::clone(&store);
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("ferroccl-init-{r}"))
+                    .spawn(move || Communicator::init(store, r, nranks, id, config))
+            })
+            .collect();
+        join_inits(handles)
+    }
+}
+
+type InitHandle = std::io::Result<std::thread::JoinHandle<Result<Communicator>>>;
+
+/// Collects communicators initialised on threads, in order; the first error wins.
+fn join_inits(handles: Vec<InitHandle>) -> Result<Vec<Communicator>> {
+    let mut out = Vec::with_capacity(handles.len());
+    let mut first_err = None;
+    for h in handles {
+        match h {
+            Err(e) => {
+                first_err.get_or_insert(Error::io("starting an init thread", &e));
+            }
+            Ok(h) => match h.join() {
+                Ok(Ok(c)) => out.push(c),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_err.get_or_insert(Error::internal("an init thread panicked"));
+                }
+            },
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// The tuner of a communicator whose ranks live on `hosts`.
+fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
+    let mut seen: Vec<u64> = Vec::new();
+    let host_of = hosts
+        .iter()
+        .map(|h| match seen.iter().position(|x| x == h) {
+            Some(i) => i,
+            None => {
+                seen.push(*h);
+                seen.len() - 1
+            }
+        })
+        .collect();
+    let mut model = crate::plan::CostModel {
+        max_slice: config.slice_bytes.max(64),
+        ..crate::plan::CostModel::default()
+    };
+    if !config.transports.contains(&Transport::Shm) {
+        model.intra = crate::plan::Link::Tcp;
+    }
+    // Config::from_lookup validated the rules; a Config built by hand may hold bad ones.
+    let overrides = config
+        .algo
+        .as_deref()
+        .and_then(|a| crate::plan::Overrides::parse(a).ok())
+        .unwrap_or_default();
+    crate::exec::Tuning {
+        model,
+        topo: crate::coll::Topology { host_of },
+        overrides,
+        debug: config.debug >= DebugLevel::Debug,
+        calibrated: false,
+        probe: None,
+    }
+}

@@ -1,0 +1,140 @@
+//! Issue order, failure recording and failure reports.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::exec::Engine;
+use crate::{Error, ErrorKind, Result};
+
+use super::*;
+
+/// How long a rank that lost a peer's connection looks in the store for the peer's reason.
+const EXPLAIN_WAIT: Duration = Duration::from_millis(300);
+/// How long a failing rank tries to leave its reason in the store (whose host may be gone).
+const PUBLISH_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs `f` on a thread of its own and waits at most `limit` for its result: a store request
+/// on a failure path must not outlive the deadline, whatever the store's own timeouts (its host
+/// may be stopped or cut off). A request still running then finishes unobserved.
+fn bounded<T: Send + 'static>(
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("ferroccl-report".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(limit).ok()
+}
+
+impl Inner {
+    /// Takes the next ticket (and, for collectives, sequence number).
+    pub(super) fn ticket(&self, collective: bool) -> (u64, u64) {
+        let mut o = lock(&self.order);
+        let t = o.next_ticket;
+        o.next_ticket += 1;
+        let seq = if collective {
+            o.next_seq += 1;
+            o.next_seq
+        } else {
+            0
+        };
+        (t, seq)
+    }
+
+    pub(super) fn failed_error(&self) -> Option<Error> {
+        lock(&self.failed).clone()
+    }
+
+    /// Records the first failure.
+    pub(super) fn fail(&self, e: Error) {
+        let mut f = lock(&self.failed);
+        if f.is_none() {
+            if self.config.debug >= DebugLevel::Warn && e.kind() != ErrorKind::Aborted {
+                ferroccl_transport::log_line!("ferroccl rank {} WARN: {e}", self.rank);
+            }
+            *f = Some(e);
+        }
+    }
+
+    /// Runs `f` on the engine when `ticket`'s turn comes; failures fail the communicator.
+    pub(super) fn execute(
+        &self,
+        ticket: u64,
+        f: impl FnOnce(&mut Engine) -> Result<()>,
+    ) -> Result<()> {
+        struct Turn<'a>(&'a Inner, u64);
+        impl Drop for Turn<'_> {
+            fn drop(&mut self) {
+                let mut o = lock(&self.0.order);
+                o.serving = self.1 + 1;
+                self.0.turn.notify_all();
+            }
+        }
+        {
+            let mut o = lock(&self.order);
+            while o.serving != ticket {
+                o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+        let _turn = Turn(self, ticket);
+        if let Some(e) = lock(&self.failed).clone() {
+            return Err(e);
+        }
+        let mut engine = lock(&self.engine);
+        match f(&mut engine) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Peers hear of it first, over the connections (a failure notice where one can
+                // be written, then the close), and only then through the store, whose host may
+                // be the rank that failed.
+                let e = self.explain(e);
+                self.fail(e.clone());
+                engine.notify_failure(&e, 0);
+                engine.shutdown_all();
+                drop(engine);
+                self.publish_failure(&e, PUBLISH_WAIT);
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn failure_key(&self, rank: usize) -> String {
+        format!("ferroccl/{:016x}/failed/{rank}", self.id)
+    }
+
+    /// Tells peers, through the store, why this rank is about to close its connections.
+    pub(super) fn publish_failure(&self, e: &Error, wait: Duration) {
+        if let Some(store) = &self.store {
+            let (store, key, why) = (
+                Arc::clone(store),
+                self.failure_key(self.rank),
+                e.message().to_string(),
+            );
+            let _ = bounded(wait, move || store.set(&key, why.as_bytes()));
+        }
+    }
+
+    /// A lost connection to a peer that failed on purpose: add the peer's own reason, which
+    /// names the rank that really failed.
+    pub(super) fn explain(&self, e: Error) -> Error {
+        let (Some(peer), Some(store)) = (e.peer(), &self.store) else {
+            return e;
+        };
+        if e.kind() != ErrorKind::Remote || e.origin().is_some() {
+            return e;
+        }
+        let (store, key) = (Arc::clone(store), self.failure_key(peer));
+        let limit = EXPLAIN_WAIT + Duration::from_millis(200);
+        match bounded(limit, move || store.get(&key, EXPLAIN_WAIT)) {
+            Some(Ok(why)) => e.append(format!(
+                "rank {peer} had failed: {}",
+                String::from_utf8_lossy(&why)
+            )),
+            _ => e,
+        }
+    }
+}

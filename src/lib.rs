@@ -48,6 +48,7 @@ pub mod comm;
 mod exec;
 pub mod plan;
 pub mod sim;
+pub mod topo;
 
 pub use comm::{Communicator, Config, Group, ReduceOp, Work};
 pub use ferroccl_kernels::{DataType, ElemOp, Element};

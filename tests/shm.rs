@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use common::child::{self, expected_cases, ferrorun_self, field, sweep_named};
 use common::conformance::{run_sweep, Sweep};
 use ferroccl::bootstrap::{MemoryStore, Store};
-use ferroccl::comm::Transport;
 use ferroccl::{Communicator, Config, ReduceOp};
 
 /// Process jobs of this file run one at a time (2 cores; up to 8 ranks share them).
@@ -27,10 +26,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 const JOB_LIMIT: Duration = Duration::from_secs(300);
 
-fn config(transports: &[Transport]) -> Config {
+fn config(transports: &[&str]) -> Config {
     Config {
         timeout: Duration::from_secs(60),
-        transports: transports.to_vec(),
+        transports: transports.iter().map(|t| t.to_string()).collect(),
         ..Config::default()
     }
 }
@@ -87,13 +86,13 @@ fn own_segments() -> Vec<String> {
 #[test]
 fn conformance_over_shared_memory_threads() {
     for n in [2, 3, 5, 8] {
-        let comms = group(vec![config(&[Transport::Shm]); n]);
+        let comms = group(vec![config(&["shm"]); n]);
         for c in &comms {
             assert_eq!(c.local_nranks(), n);
             assert_eq!(c.local_rank(), c.rank());
             assert_eq!(c.host_id(), comms[0].host_id());
             for p in 0..n {
-                let want = (p != c.rank()).then_some(Transport::Shm);
+                let want = (p != c.rank()).then_some("shm");
                 assert_eq!(c.transport(p), want, "rank {} peer {p}", c.rank());
             }
         }
@@ -109,7 +108,7 @@ fn conformance_over_small_rings_without_cma() {
         shm_ring_bytes: 4096,
         shm_cma: false,
         slice_bytes: 64 << 10,
-        ..config(&[Transport::Shm])
+        ..config(&["shm"])
     };
     let comms = group(vec![cfg; 3]);
     let mut sw = Sweep::large();
@@ -122,7 +121,7 @@ fn conformance_with_cma_for_every_message() {
     // Cross-memory attach from 1 byte up: every payload is read from the sender's buffer.
     let cfg = Config {
         shm_cma_min: 1,
-        ..config(&[Transport::Shm])
+        ..config(&["shm"])
     };
     let comms = group(vec![cfg; 4]);
     let mut sw = Sweep::full_small();
@@ -132,17 +131,17 @@ fn conformance_with_cma_for_every_message() {
 
 #[test]
 fn tcp_only_when_asked() {
-    let comms = group(vec![config(&[Transport::Tcp]); 3]);
+    let comms = group(vec![config(&["tcp"]); 3]);
     for c in &comms {
         for p in (0..3).filter(|&p| p != c.rank()) {
-            assert_eq!(c.transport(p), Some(Transport::Tcp));
+            assert_eq!(c.transport(p), Some("tcp"));
         }
         assert_eq!(c.local_nranks(), 3);
     }
     sweep_ok(&comms, &Sweep::large(), 5);
     // A preference list with tcp first also means TCP everywhere.
-    let comms = group(vec![config(&[Transport::Tcp, Transport::Shm]); 2]);
-    assert_eq!(comms[0].transport(1), Some(Transport::Tcp));
+    let comms = group(vec![config(&["tcp", "shm"]); 2]);
+    assert_eq!(comms[0].transport(1), Some("tcp"));
 }
 
 #[test]
@@ -151,7 +150,7 @@ fn host_ids_pick_shared_memory_inside_hosts_and_tcp_between() {
     let configs: Vec<Config> = (0..5)
         .map(|r| Config {
             host_id: Some(if r % 2 == 0 { "a" } else { "b" }.to_string()),
-            ..config(&[Transport::Shm, Transport::Tcp])
+            ..config(&["shm", "tcp"])
         })
         .collect();
     let comms = group(configs);
@@ -161,11 +160,7 @@ fn host_ids_pick_shared_memory_inside_hosts_and_tcp_between() {
         assert_eq!(c.local_nranks(), if mine == 0 { 3 } else { 2 }, "rank {r}");
         assert_eq!(c.local_rank(), r / 2, "rank {r}");
         for p in (0..5).filter(|&p| p != r) {
-            let want = if p % 2 == mine {
-                Transport::Shm
-            } else {
-                Transport::Tcp
-            };
+            let want = if p % 2 == mine { "shm" } else { "tcp" };
             assert_eq!(c.transport(p), Some(want), "rank {r} peer {p}");
             assert_eq!(c.host_id() == comms[p].host_id(), p % 2 == mine);
         }
@@ -181,7 +176,7 @@ fn shm_only_across_hosts_is_a_clear_error() {
         .map(|r| Config {
             host_id: Some(format!("host{r}")),
             timeout: Duration::from_secs(10),
-            ..config(&[Transport::Shm])
+            ..config(&["shm"])
         })
         .collect();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -207,12 +202,12 @@ fn shm_only_across_hosts_is_a_clear_error() {
 fn unusable_shm_directory_falls_back_to_tcp() {
     let cfg = Config {
         shm_dir: PathBuf::from("/nonexistent/ferroccl-shm"),
-        ..config(&[Transport::Shm, Transport::Tcp])
+        ..config(&["shm", "tcp"])
     };
     let comms = group(vec![cfg; 3]);
     for c in &comms {
         for p in (0..3).filter(|&p| p != c.rank()) {
-            assert_eq!(c.transport(p), Some(Transport::Tcp));
+            assert_eq!(c.transport(p), Some("tcp"));
         }
     }
     sweep_ok(&comms, &Sweep::large(), 3);
@@ -255,11 +250,11 @@ fn a_too_small_shm_falls_back_to_tcp() {
     // Two ranks, each needing one 4 MiB ring: /dev/shm of 1 MiB cannot hold it.
     let cfg = Config {
         shm_dir: fs.0.clone(),
-        ..config(&[Transport::Shm, Transport::Tcp])
+        ..config(&["shm", "tcp"])
     };
     let comms = group(vec![cfg; 2]);
-    assert_eq!(comms[0].transport(1), Some(Transport::Tcp));
-    assert_eq!(comms[1].transport(0), Some(Transport::Tcp));
+    assert_eq!(comms[0].transport(1), Some("tcp"));
+    assert_eq!(comms[1].transport(0), Some("tcp"));
     sweep_ok(&comms, &Sweep::large(), 4);
     // Nothing was left in the small file system.
     let left: Vec<_> = std::fs::read_dir(&fs.0).unwrap().flatten().collect();
@@ -268,10 +263,10 @@ fn a_too_small_shm_falls_back_to_tcp() {
     let cfg = Config {
         shm_dir: fs.0.clone(),
         shm_ring_bytes: 64 << 10,
-        ..config(&[Transport::Shm, Transport::Tcp])
+        ..config(&["shm", "tcp"])
     };
     let comms = group(vec![cfg; 2]);
-    assert_eq!(comms[0].transport(1), Some(Transport::Shm));
+    assert_eq!(comms[0].transport(1), Some("shm"));
     sweep_ok(&comms, &Sweep::large(), 6);
     drop(comms);
     let left: Vec<_> = std::fs::read_dir(&fs.0).unwrap().flatten().collect();
@@ -283,7 +278,7 @@ fn split_keeps_shared_memory_within_hosts() {
     let configs: Vec<Config> = (0..6)
         .map(|r| Config {
             host_id: Some(if r < 3 { "x" } else { "y" }.to_string()),
-            ..config(&[Transport::Shm, Transport::Tcp])
+            ..config(&["shm", "tcp"])
         })
         .collect();
     let comms = group(configs);
@@ -299,7 +294,7 @@ fn split_keeps_shared_memory_within_hosts() {
         assert_eq!(members[s.rank()], old);
         for p in (0..3).filter(|&p| p != s.rank()) {
             let same = (members[p] < 3) == (old < 3);
-            let want = if same { Transport::Shm } else { Transport::Tcp };
+            let want = if same { "shm" } else { "tcp" };
             assert_eq!(s.transport(p), Some(want), "old rank {old}, new peer {p}");
         }
         assert_eq!(s.host_id(), comms[old].host_id());
@@ -311,7 +306,7 @@ fn split_keeps_shared_memory_within_hosts() {
 #[test]
 fn idle_rank_sleeps_and_wakes_for_the_next_message() {
     // Rank 1 waits 300 ms for rank 0; it must not burn a core meanwhile, and must wake promptly.
-    let comms = group(vec![config(&[Transport::Shm]); 2]);
+    let comms = group(vec![config(&["shm"]); 2]);
     let res = on_all(&comms, |c| {
         let mut buf = [0u64; 4];
         if c.rank() == 0 {
@@ -360,7 +355,7 @@ fn child_shm_conformance() {
     let (r, n) = (comm.rank(), comm.nranks());
     let peers: Vec<String> = (0..n)
         .filter(|&p| p != r)
-        .map(|p| format!("{p}:{}", comm.transport(p).map_or("none", |t| t.name())))
+        .map(|p| format!("{p}:{}", comm.transport(p).unwrap_or("none")))
         .collect();
     println!(
         "PEERS rank={r} local={}/{} via={}",

@@ -27,7 +27,7 @@
 
 use std::time::Instant;
 
-use super::config::{DebugLevel, Transport};
+use super::config::DebugLevel;
 use super::Communicator;
 use crate::coll::{Algorithm, CollArgs, CollKind};
 use crate::exec::Engine;
@@ -119,25 +119,21 @@ pub(crate) fn fit(rtt_small: f64, rtt_mid: f64, rtt_large: f64) -> (f64, f64) {
 }
 
 fn link_code(l: Link) -> f64 {
-    match l {
-        Link::Shm => 1.0,
-        Link::Tcp => 2.0,
-        Link::Rdma => 3.0,
-        Link::Nvlink => 4.0,
-    }
+    (l.index() + 1) as f64
 }
 
 fn link_of_code(c: f64) -> Option<Link> {
-    match c.round() as i64 {
-        1 => Some(Link::Shm),
-        2 => Some(Link::Tcp),
-        3 => Some(Link::Rdma),
-        4 => Some(Link::Nvlink),
-        _ => None,
-    }
+    let i = usize::try_from(c.round() as i64).ok()?.checked_sub(1)?;
+    Link::ALL.get(i).copied()
 }
 
 impl Communicator {
+    /// The cost model's link for the connection to `peer` (its transport's).
+    fn link_to(&self, peer: usize) -> Option<Link> {
+        let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.link_to(peer)
+    }
+
     /// Round trips (us) of ping-pongs with `peer`, one list per size of `sizes`: `iters`
     /// rounds of one ping-pong of each size in turn, after one untimed round. This rank leads
     /// when `lead` (sends first and times), else it echoes.
@@ -188,10 +184,7 @@ impl Communicator {
                 .map_err(ctx)?;
             if lead {
                 let (lat, bw) = fit(median(&mut small[0]), fastest(&big[0]), fastest(&big[1]));
-                let link = match self.transport(peer) {
-                    Some(Transport::Shm) => Link::Shm,
-                    _ => Link::Tcp,
-                };
+                let link = self.link_to(peer).unwrap_or(Link::Tcp);
                 report[slot * FIELDS..(slot + 1) * FIELDS].copy_from_slice(&[
                     link_code(link),
                     lat,

@@ -31,7 +31,7 @@ pub struct Config {
     /// `FERRO_TRANSPORTS` (e.g. `shm,tcp` or `tcp`): the transports to try for each peer pair,
     /// in order of preference; the first that can connect the pair wins (shared memory only
     /// between ranks of one host). `FERRO_SHM_DISABLE=1` removes `shm`. Default `shm,tcp`.
-    pub transports: Vec<Transport>,
+    pub transports: Vec<String>,
     /// `FERRO_ALGO`: force an algorithm (`ring`, `tree`, `rd`, `hier`, `binomial`, `chain`,
     /// `pairwise`) or give per-size rules (`allreduce=rd:0-8K;tree:8K-1M;ring:1M-max`); see
     /// [`crate::plan::Overrides`]. Default: the cost model picks per call.
@@ -67,31 +67,6 @@ pub struct Config {
     pub link_delay: Duration,
 }
 
-/// A way for two ranks to exchange bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// Shared memory (ranks of one host).
-    Shm,
-    /// TCP sockets.
-    Tcp,
-}
-
-impl Transport {
-    /// The name used in `FERRO_TRANSPORTS` and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::Shm => "shm",
-            Transport::Tcp => "tcp",
-        }
-    }
-}
-
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// How much ferroccl logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DebugLevel {
@@ -112,7 +87,7 @@ impl Default for Config {
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
-            transports: vec![Transport::Shm, Transport::Tcp],
+            transports: super::transports::defaults(),
             algo: None,
             shm_ring_bytes: 4 << 20,
             shm_cma: true,
@@ -181,26 +156,24 @@ impl Config {
         }
         if let Some(v) = var("FERRO_TRANSPORTS") {
             let mut list = Vec::new();
+            let expected = format!("a list of {}", super::transports::names().join(", "));
             for word in v.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-                let t = match word.to_ascii_lowercase().as_str() {
-                    "shm" => Transport::Shm,
-                    "tcp" | "socket" => Transport::Tcp,
-                    _ => return Err(bad("FERRO_TRANSPORTS", &v, "a list of shm, tcp")),
-                };
-                if !list.contains(&t) {
-                    list.push(t);
+                let t = super::transports::canonical(word)
+                    .ok_or_else(|| bad("FERRO_TRANSPORTS", &v, &expected))?;
+                if !list.iter().any(|x| x == t) {
+                    list.push(t.to_string());
                 }
             }
             if list.is_empty() {
-                return Err(bad("FERRO_TRANSPORTS", &v, "a list of shm, tcp"));
+                return Err(bad("FERRO_TRANSPORTS", &v, &expected));
             }
             c.transports = list;
         }
         if let Some(v) = var("FERRO_SHM_DISABLE") {
             if flag(&v, "FERRO_SHM_DISABLE")? {
-                c.transports.retain(|&t| t != Transport::Shm);
+                c.transports.retain(|t| t != "shm");
                 if c.transports.is_empty() {
-                    c.transports.push(Transport::Tcp);
+                    c.transports.push("tcp".to_string());
                 }
             }
         }
@@ -326,18 +299,17 @@ mod tests {
 
     #[test]
     fn transport_settings() {
-        assert_eq!(
-            with(&[]).unwrap().transports,
-            vec![Transport::Shm, Transport::Tcp]
-        );
+        assert_eq!(with(&[]).unwrap().transports, ["shm", "tcp"]);
         let c = with(&[("FERRO_TRANSPORTS", "tcp")]).unwrap();
-        assert_eq!(c.transports, vec![Transport::Tcp]);
-        let c = with(&[("FERRO_TRANSPORTS", "tcp, shm")]).unwrap();
-        assert_eq!(c.transports, vec![Transport::Tcp, Transport::Shm]);
+        assert_eq!(c.transports, ["tcp"]);
+        let c = with(&[("FERRO_TRANSPORTS", "Socket, shm,tcp")]).unwrap();
+        assert_eq!(c.transports, ["tcp", "shm"]);
         let c = with(&[("FERRO_SHM_DISABLE", "1")]).unwrap();
-        assert_eq!(c.transports, vec![Transport::Tcp]);
+        assert_eq!(c.transports, ["tcp"]);
         let c = with(&[("FERRO_SHM_DISABLE", "1"), ("FERRO_TRANSPORTS", "shm")]).unwrap();
-        assert_eq!(c.transports, vec![Transport::Tcp]);
+        assert_eq!(c.transports, ["tcp"]);
+        let e = with(&[("FERRO_TRANSPORTS", "ib")]).unwrap_err();
+        assert!(e.message().contains("a list of shm, tcp"), "{e}");
         let c = with(&[
             ("FERRO_SHM_RING_BYTES", "3M"),
             ("FERRO_SHM_CMA", "0"),

@@ -1,13 +1,10 @@
 //! Joining a communicator: through a store, a launcher's environment, a unique id, or as
 //! threads of this process.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
-
-use ferroccl_transport_shm::ShmConfig;
-use ferroccl_transport_tcp::{TcpConfig, TcpEndpoint};
 
 use crate::bootstrap::{self, MemoryStore, Store};
 use crate::exec::{Engine, WaitPolicy};
@@ -15,34 +12,45 @@ use crate::{Error, Result};
 
 use super::*;
 
-/// Connection settings of rank `rank` of a communicator `id` whose ranks live on `hosts`.
-pub(super) fn mesh_config<'a>(
-    config: &'a Config,
+/// Setup exchange through the store: round `r`'s bytes of rank `p` under
+/// `<prefix>/setup/<round>/<p>`.
+struct StoreExchange<'a> {
+    store: &'a dyn Store,
+    prefix: &'a str,
     rank: usize,
     nranks: usize,
-    id: u64,
-    hosts: &'a [u64],
     deadline: Instant,
-) -> mesh::MeshConfig<'a> {
-    mesh::MeshConfig {
-        rank,
-        nranks,
-        comm_id: id,
-        hosts,
-        transports: &config.transports,
-        tcp: TcpConfig {
-            nstreams: config.nstreams,
-            ..TcpConfig::default()
-        },
-        shm: ShmConfig {
-            ring_bytes: config.shm_ring_bytes,
-            cma: config.shm_cma,
-            cma_min: config.shm_cma_min,
-            dir: config.shm_dir.clone(),
-            ..ShmConfig::default()
-        },
+}
+
+impl mesh::Exchange for StoreExchange<'_> {
+    fn allgather(&mut self, round: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let key = |p: usize| format!("{}/setup/{round}/{p}", self.prefix);
+        self.store.set(&key(self.rank), mine)?;
+        (0..self.nranks)
+            .map(|p| {
+                if p == self.rank {
+                    Ok(mine.to_vec())
+                } else {
+                    let left = self.deadline.saturating_duration_since(Instant::now());
+                    self.store.get(&key(p), left)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The transports of `config`, listening on `ip`, with their places in the registry.
+pub(super) fn transports_for(
+    config: &Config,
+    ip: IpAddr,
+) -> (Vec<Box<dyn ferroccl_transport::Transport>>, Vec<usize>) {
+    transports::build(&config.transports, &transports::Settings { config, ip })
+}
+
+/// The selection loop's options from `config`.
+pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
+    mesh::MeshOptions {
         debug: config.debug,
-        deadline,
         link_delay: config.link_delay,
     }
 }
@@ -90,26 +98,20 @@ impl Communicator {
             Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
             None => store.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         };
-        let endpoint =
-            TcpEndpoint::listen(ip).map_err(|e| e.context(format!("init on rank {rank}")))?;
         let prefix = format!("ferroccl/{id:016x}");
-        let host = ferroccl_transport_shm::host_id(config.host_id.as_deref());
-        store.set(
-            &format!("{prefix}/addr/{rank}"),
-            endpoint.addr().to_string().as_bytes(),
-        )?;
+        let host = crate::topo::host_id(config.host_id.as_deref());
         store.set(
             &format!("{prefix}/nranks/{rank}"),
             nranks.to_string().as_bytes(),
         )?;
         store.set(
             &format!("{prefix}/host/{rank}"),
-            format!("{host:016x}").as_bytes(),
+            format!("{host:016x}:{}", std::process::id()).as_bytes(),
         )?;
         let left = || deadline.saturating_duration_since(Instant::now());
-        // Every rank's host, after checking that it runs with the same nranks.
-        let mut hosts = vec![host; nranks];
-        for (peer, h) in hosts.iter_mut().enumerate() {
+        // Every rank's host and process, after checking that it runs with the same nranks.
+        let mut descs = vec![mesh::describe_self(host); nranks];
+        for (peer, d) in descs.iter_mut().enumerate() {
             if peer == rank {
                 continue;
             }
@@ -122,53 +124,42 @@ impl Communicator {
             }
             let v = store.get(&format!("{prefix}/host/{peer}"), left())?;
             let s = String::from_utf8_lossy(&v);
-            *h = u64::from_str_radix(&s, 16).map_err(|_| {
+            let parsed = s.split_once(':').and_then(|(h, p)| {
+                Some(ferroccl_transport::RankDesc {
+                    host: u64::from_str_radix(h, 16).ok()?,
+                    pid: p.parse().ok()?,
+                })
+            });
+            *d = parsed.ok_or_else(|| {
                 Error::internal(format!("init: rank {peer} published a bad host id {s:?}"))
             })?;
         }
-        let addr_of = |peer: usize| -> Result<SocketAddr> {
-            let v = store.get(&format!("{prefix}/addr/{peer}"), left())?;
-            let s = String::from_utf8_lossy(&v);
-            s.parse().map_err(|_| {
-                Error::internal(format!("init: rank {peer} published a bad address {s:?}"))
-            })
+        let (mut trs, order) = transports_for(&config, ip);
+        let setup = ferroccl_transport::SetupCtx {
+            rank,
+            nranks,
+            comm_id: id,
+            ranks: &descs,
+            deadline,
         };
-        let mc = mesh_config(&config, rank, nranks, id, &hosts, deadline);
-        let own = mesh::create_segment(&mc);
-        store.set(
-            &format!("{prefix}/shmseg/{rank}"),
-            own.as_ref().map_or("", |s| s.name()).as_bytes(),
-        )?;
-        let name_of = |peer: usize| -> Result<Option<String>> {
-            let v = store.get(&format!("{prefix}/shmseg/{peer}"), left())?;
-            Ok(Some(String::from_utf8_lossy(&v).into_owned()).filter(|s| !s.is_empty()))
+        let mut ex = StoreExchange {
+            store: &*store,
+            prefix: &prefix,
+            rank,
+            nranks,
+            deadline,
         };
-        let mapped = mesh::map_segments(&mc, own.as_ref(), &name_of).map_err(ctx)?;
-        let list: Vec<String> = mesh::mapped_ranks(&mapped)
-            .iter()
-            .map(usize::to_string)
-            .collect();
-        store.set(
-            &format!("{prefix}/shmmapped/{rank}"),
-            list.join(",").as_bytes(),
-        )?;
-        let peer_mapped_me = |peer: usize| -> Result<bool> {
-            let v = store.get(&format!("{prefix}/shmmapped/{peer}"), left())?;
-            let me = rank.to_string();
-            Ok(String::from_utf8_lossy(&v).split(',').any(|r| r == me))
-        };
-        let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
+        let mesh = mesh::connect_mesh(&setup, &mut trs, &order, &mut ex, &mesh_options(&config))
             .map_err(ctx)?;
         rendezvous::confirm(&*store, &claim, nranks, deadline)?;
         if config.debug >= DebugLevel::Info {
             let nshm = mesh
                 .transports
                 .iter()
-                .filter(|t| **t == Some(Transport::Shm))
+                .filter(|t| **t == Some("shm"))
                 .count();
             ferroccl_transport::log_line!(
-                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
-                endpoint.addr(),
+                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {ip}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
                 config.nstreams
             );
         }
@@ -180,7 +171,7 @@ impl Communicator {
             config,
             ip,
             mesh,
-            hosts,
+            descs,
             Some(store),
             server,
         );
@@ -198,7 +189,7 @@ impl Communicator {
         config: Config,
         listen_ip: IpAddr,
         mesh: mesh::Mesh,
-        hosts: Vec<u64>,
+        descs: Vec<ferroccl_transport::RankDesc>,
         store: Option<Arc<dyn Store>>,
         server: Option<bootstrap::TcpStoreServer>,
     ) -> Communicator {
@@ -213,7 +204,7 @@ impl Communicator {
             },
             Arc::clone(&aborted),
             config.slice_bytes,
-            tuning(&config, &hosts),
+            tuning(&config, &descs, listen_ip),
         );
         Communicator {
             inner: Arc::new(Inner {
@@ -231,7 +222,8 @@ impl Communicator {
                 groups: AtomicU64::new(0),
                 store,
                 _store_server: server,
-                hosts,
+                hosts: descs.iter().map(|d| d.host).collect(),
+                descs,
                 transports: mesh.transports,
             }),
             worker: Mutex::new(None),
@@ -384,15 +376,20 @@ fn join_inits(handles: Vec<InitHandle>) -> Result<Vec<Communicator>> {
     }
 }
 
-/// The tuner of a communicator whose ranks live on `hosts`.
-fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
+/// The tuner of a communicator whose ranks are `descs`.
+fn tuning(
+    config: &Config,
+    descs: &[ferroccl_transport::RankDesc],
+    ip: IpAddr,
+) -> crate::exec::Tuning {
     let mut seen: Vec<u64> = Vec::new();
-    let host_of = hosts
+    let host_of = descs
         .iter()
-        .map(|h| match seen.iter().position(|x| x == h) {
+        .map(|d| d.host)
+        .map(|h| match seen.iter().position(|x| *x == h) {
             Some(i) => i,
             None => {
-                seen.push(*h);
+                seen.push(h);
                 seen.len() - 1
             }
         })
@@ -401,8 +398,14 @@ fn tuning(config: &Config, hosts: &[u64]) -> crate::exec::Tuning {
         max_slice: config.slice_bytes.max(64),
         ..crate::plan::CostModel::default()
     };
-    if !config.transports.contains(&Transport::Shm) {
-        model.intra = crate::plan::Link::Tcp;
+    // The links of the transports that join ranks of one host and of two hosts, from the
+    // configuration alone (every rank's tuner must agree).
+    let (intra, inter) = mesh::tuner_links(&transports_for(config, ip).0);
+    if let Some(p) = intra {
+        model.intra = p.link;
+    }
+    if let Some(p) = inter {
+        model.inter = p.link;
     }
     // Config::from_lookup validated the rules; a Config built by hand may hold bad ones.
     let overrides = config

@@ -1,308 +1,398 @@
-//! Connecting every pair of ranks, choosing the transport per pair.
+//! Connecting every pair of ranks: the one selection loop over the transports of
+//! [`super::transports`], and the exchange it runs through (the store at init, the parent
+//! communicator in `split`).
 //!
-//! Per pair, the first transport of [`Config::transports`](super::Config::transports) that can
-//! connect it wins: shared memory between ranks of one host (equal host ids) whose segments both
-//! sides mapped, TCP otherwise. Both ranks of a pair decide from the same facts (host ids and
-//! what each side published about its mappings), so they always agree.
+//! Three rounds, every rank in step (see `ferroccl_transport::setup`):
+//! 1. each transport decides, per peer, whether it can join the pair and listens for those it
+//!    can; every rank publishes one card with its transports' names, in its order of
+//!    preference, and connect handles;
+//! 2. each transport attaches the peers' handles; every rank publishes, per transport, which
+//!    peers it attached;
+//! 3. each pair takes the first transport in the lower rank's order that both ends attached,
+//!    and the transports connect their pairs, in the fixed order of the registry on every rank.
 //!
-//! Shared memory is set up in three steps with an exchange between each, which the caller runs
-//! through the store (init) or the parent communicator (split):
-//! 1. [`create_segment`]: this rank's segment, if it prefers shared memory and has local peers;
-//!    publish its name.
-//! 2. [`map_segments`]: map the segments local peers published; publish which were mapped.
-//! 3. [`connect_all`]: shared-memory connections where both sides mapped, TCP for the rest
-//!    (connect to higher ranks, accept lower ones: deadlock-free); unlink this rank's segment,
-//!    which every peer has mapped by now.
+//! Every decline is kept with its reason: `FERRO_DEBUG=INFO` logs them, and a pair that no
+//! transport can join fails init with all of them.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::time::Instant;
+use std::time::Duration;
 
-use ferroccl_transport::Connection;
-use ferroccl_transport_shm::{
-    segment_name, OwnSegment, PeerSegment, PeerWatch, ShmConfig, ShmConnection,
-};
-use ferroccl_transport_tcp::{connect, TcpConfig, TcpEndpoint};
+use ferroccl_transport::{Connection, Properties, RankDesc, SetupCtx, Transport};
 
-use super::config::{DebugLevel, Transport};
+use super::config::DebugLevel;
 use crate::exec::Conn;
 use crate::{Error, Result};
 
-/// What connecting a rank needs to know.
+/// How ranks exchange setup bytes: every rank passes its bytes and gets every rank's, by rank.
+pub(crate) trait Exchange {
+    /// All ranks' `mine`, by rank (this rank's included).
+    fn allgather(&mut self, round: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
+}
+
+/// Exchanges [`connect_mesh`] runs, so that ranks not joining a new communicator (a split's
+/// non-members) can take part in the same number.
+pub(crate) const ROUNDS: usize = 2;
+
+/// What connecting needs besides the transports.
 #[derive(Debug)]
-pub(crate) struct MeshConfig<'a> {
-    pub rank: usize,
-    pub nranks: usize,
-    pub comm_id: u64,
-    /// Host id of every rank.
-    pub hosts: &'a [u64],
-    pub transports: &'a [Transport],
-    pub tcp: TcpConfig,
-    pub shm: ShmConfig,
+pub(crate) struct MeshOptions {
     pub debug: DebugLevel,
-    pub deadline: Instant,
-    /// One-way delay added to TCP connections across hosts (`FERRO_LINK_DELAY_US`).
-    pub link_delay: std::time::Duration,
-}
-
-impl MeshConfig<'_> {
-    /// Whether this rank would pick shared memory where it can (it comes before TCP).
-    fn prefers_shm(&self) -> bool {
-        let pos = |t| self.transports.iter().position(|&x| x == t);
-        match (pos(Transport::Shm), pos(Transport::Tcp)) {
-            (Some(s), Some(t)) => s < t,
-            (Some(_), None) => true,
-            _ => false,
-        }
-    }
-
-    /// The other ranks on this rank's host, in rank order.
-    fn local_peers(&self) -> Vec<usize> {
-        let me = self.hosts[self.rank];
-        (0..self.nranks)
-            .filter(|&p| p != self.rank && self.hosts[p] == me)
-            .collect()
-    }
-}
-
-/// This rank's position on its host: (local rank, local nranks).
-pub(crate) fn local_position(rank: usize, hosts: &[u64]) -> (usize, usize) {
-    let me = hosts.get(rank).copied().unwrap_or(0);
-    let local_rank = hosts[..rank.min(hosts.len())]
-        .iter()
-        .filter(|&&h| h == me)
-        .count();
-    let local_nranks = hosts.iter().filter(|&&h| h == me).count();
-    (local_rank, local_nranks)
-}
-
-fn warn(rank: usize, what: impl std::fmt::Display) {
-    ferroccl_transport::log_line!("ferroccl rank {rank} WARN: {what}");
-}
-
-/// Step 1: creates this rank's segment when it prefers shared memory and has peers on its host.
-/// A failure (a full `/dev/shm`, say) is reported once and means TCP for this rank's local peers.
-pub(crate) fn create_segment(mc: &MeshConfig) -> Option<OwnSegment> {
-    if !mc.prefers_shm() {
-        return None;
-    }
-    let peers = mc.local_peers();
-    if peers.is_empty() {
-        return None;
-    }
-    let name = segment_name(mc.comm_id, mc.rank);
-    match OwnSegment::create(
-        &mc.shm.dir,
-        &name,
-        mc.comm_id,
-        mc.rank,
-        &peers,
-        mc.shm.ring_bytes,
-    ) {
-        Ok(s) => {
-            if s.swept() > 0 && mc.debug >= DebugLevel::Info {
-                ferroccl_transport::log_line!(
-                    "ferroccl rank {} SHM: removed {} segment(s) of processes that are gone from {}",
-                    mc.rank,
-                    s.swept(),
-                    mc.shm.dir.display()
-                );
-            }
-            Some(s)
-        }
-        Err(e) => {
-            warn(
-                mc.rank,
-                format_args!(
-                    "shared memory is unavailable, falling back to TCP for the {} peer(s) on this host: {e}",
-                    peers.len()
-                ),
-            );
-            None
-        }
-    }
-}
-
-/// Step 2: maps the segment of every local peer that published one (`name_of(peer)`, `None`
-/// when it offers none). Returns, per rank, the mapped segment. Mapping failures are warnings.
-pub(crate) fn map_segments(
-    mc: &MeshConfig,
-    own: Option<&OwnSegment>,
-    name_of: &dyn Fn(usize) -> Result<Option<String>>,
-) -> Result<Vec<Option<PeerSegment>>> {
-    let mut out: Vec<Option<PeerSegment>> = (0..mc.nranks).map(|_| None).collect();
-    if own.is_none() {
-        return Ok(out);
-    }
-    for p in mc.local_peers() {
-        let Some(name) = name_of(p)? else { continue };
-        if name.is_empty() || name.contains('/') {
-            continue;
-        }
-        match PeerSegment::open(Path::new(&mc.shm.dir), &name, mc.comm_id, p, mc.rank) {
-            Ok(s) => {
-                if mc.shm.cma {
-                    if let Some(own) = own {
-                        ShmConnection::offer_cma(own, &s);
-                    }
-                }
-                out[p] = Some(s)
-            }
-            Err(e) => warn(
-                mc.rank,
-                format_args!("cannot map rank {p}'s shared memory, using TCP with it: {e}"),
-            ),
-        }
-    }
-    Ok(out)
-}
-
-/// The ranks whose segments `mapped` holds (what this rank publishes after step 2).
-pub(crate) fn mapped_ranks(mapped: &[Option<PeerSegment>]) -> Vec<usize> {
-    mapped
-        .iter()
-        .enumerate()
-        .filter_map(|(p, s)| s.as_ref().map(|_| p))
-        .collect()
+    /// One-way delay added to connections across hosts (`FERRO_LINK_DELAY_US`).
+    pub link_delay: Duration,
 }
 
 /// The connections of one rank and the transport chosen for each peer.
 #[derive(Debug)]
 pub(crate) struct Mesh {
     pub conns: Vec<Option<Conn>>,
-    pub transports: Vec<Option<Transport>>,
+    pub transports: Vec<Option<&'static str>>,
 }
 
-/// Step 3: connects `rank` to every other rank. `mapped` comes from [`map_segments`];
-/// `peer_mapped_me(p)` says whether local peer `p` published that it mapped this rank's segment
-/// (it waits for the publication). TCP peers: connects to higher ranks (addresses from `addrs`)
-/// and accepts lower ones on `endpoint`.
-pub(crate) fn connect_all(
-    mc: &MeshConfig,
-    endpoint: &TcpEndpoint,
-    addrs: &dyn Fn(usize) -> Result<SocketAddr>,
-    own: Option<OwnSegment>,
-    mapped: Vec<Option<PeerSegment>>,
-    peer_mapped_me: &dyn Fn(usize) -> Result<bool>,
-) -> Result<Mesh> {
-    let (rank, nranks) = (mc.rank, mc.nranks);
-    let mut own = own;
-    // Whether each pair can use shared memory: both sides mapped the other's segment.
-    let mut shm_ok = vec![false; nranks];
-    if let Some(seg) = own.as_mut() {
-        for p in mc.local_peers() {
-            // Asked for every local peer: when all have answered, all have finished mapping.
-            let theirs = peer_mapped_me(p)?;
-            shm_ok[p] = theirs && mapped[p].is_some();
+/// One rank's card of round 1: for each transport, in order of preference, its name and
+/// handle (`None`: it declined every peer).
+fn encode_card(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, handle) in entries {
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        match handle {
+            Some(h) => {
+                out.extend_from_slice(&(h.len() as u32).to_le_bytes());
+                out.extend_from_slice(h);
+            }
+            None => out.extend_from_slice(&u32::MAX.to_le_bytes()),
         }
-        seg.unlink();
     }
-    let mut choice: Vec<Option<Transport>> = vec![None; nranks];
-    for (p, slot) in choice.iter_mut().enumerate() {
-        if p == rank {
+    out
+}
+
+type Card = Vec<(String, Option<Vec<u8>>)>;
+
+fn decode_card(b: &[u8], rank: usize) -> Result<Card> {
+    let bad = || {
+        Error::internal(format!(
+            "setup: rank {rank} sent a malformed transport card"
+        ))
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let n = usize::from(b[i]);
+        let name = b.get(i + 1..i + 1 + n).ok_or_else(bad)?;
+        i += 1 + n;
+        let len = b.get(i..i + 4).ok_or_else(bad)?;
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]);
+        i += 4;
+        let handle = if len == u32::MAX {
+            None
+        } else {
+            let h = b.get(i..i + len as usize).ok_or_else(bad)?;
+            i += len as usize;
+            Some(h.to_vec())
+        };
+        out.push((String::from_utf8_lossy(name).into_owned(), handle));
+    }
+    Ok(out)
+}
+
+/// Connects this rank (`ctx.rank`) to every other rank with `transports` (in this rank's
+/// order of preference; `registry_order[i]` is transport `i`'s place in the registry).
+pub(crate) fn connect_mesh(
+    ctx: &SetupCtx,
+    transports: &mut [Box<dyn Transport>],
+    registry_order: &[usize],
+    ex: &mut dyn Exchange,
+    opts: &MeshOptions,
+) -> Result<Mesh> {
+    let (rank, nranks) = (ctx.rank, ctx.nranks);
+    let nt = transports.len();
+    // Why each transport declined each peer.
+    let mut why: Vec<Vec<Option<String>>> = vec![vec![None; nranks]; nt];
+    // Round 1: decide, listen, publish handles.
+    let mut handles: Vec<Option<Vec<u8>>> = Vec::with_capacity(nt);
+    let mut listening = vec![false; nt];
+    for (t, tr) in transports.iter_mut().enumerate() {
+        let mut peers = Vec::new();
+        for p in (0..nranks).filter(|&p| p != rank) {
+            match tr.can_connect(ctx, p) {
+                Ok(()) => peers.push(p),
+                Err(e) => why[t][p] = Some(e),
+            }
+        }
+        if peers.is_empty() {
+            handles.push(None);
             continue;
         }
-        let pick = mc.transports.iter().copied().find(|t| match t {
-            Transport::Shm => shm_ok[p],
-            Transport::Tcp => true,
-        });
-        match pick {
-            Some(t) => *slot = Some(t),
-            None => {
-                let same = mc.hosts[p] == mc.hosts[rank];
-                let names: Vec<&str> = mc.transports.iter().map(|t| t.name()).collect();
-                return Err(Error::invalid_usage(format!(
-                    "rank {rank}: no transport of FERRO_TRANSPORTS={} can reach rank {p} ({}); \
-                     add tcp to the list",
-                    names.join(","),
-                    if same {
-                        "on this host, but shared memory could not be set up"
-                    } else {
-                        "on another host"
-                    }
-                )));
+        match tr.listen(ctx, &peers) {
+            Ok(h) => {
+                listening[t] = true;
+                handles.push(Some(h));
             }
+            Err(e) => {
+                if opts.debug >= DebugLevel::Warn {
+                    ferroccl_transport::log_line!(
+                        "ferroccl rank {rank} WARN: {} is unavailable for {} peer(s): {}",
+                        tr.name(),
+                        peers.len(),
+                        e.message()
+                    );
+                }
+                for &p in &peers {
+                    why[t][p] = Some(format!("unavailable on rank {rank}: {}", e.message()));
+                }
+                handles.push(None);
+            }
+        }
+    }
+    let entries: Vec<(&str, Option<&[u8]>)> = transports
+        .iter()
+        .zip(&handles)
+        .map(|(tr, h)| (tr.name(), h.as_deref()))
+        .collect();
+    let cards = ex.allgather("cards", &encode_card(&entries))?;
+    let cards: Vec<Card> = cards
+        .iter()
+        .enumerate()
+        .map(|(r, c)| decode_card(c, r))
+        .collect::<Result<_>>()?;
+    // Round 2: attach the peers' handles, publish which peers each transport attached.
+    let words = nranks.div_ceil(8);
+    let mut attached = vec![vec![false; nranks]; nt];
+    let mut bitmaps = vec![0u8; nt * words];
+    for (t, tr) in transports.iter_mut().enumerate() {
+        if !listening[t] {
+            continue;
+        }
+        for p in 0..nranks {
+            if p == rank || why[t][p].is_some() {
+                continue;
+            }
+            let theirs = cards[p].iter().find(|(n, _)| n == tr.name());
+            let r = match theirs {
+                None => Err(format!("rank {p} does not use {}", tr.name())),
+                Some((_, None)) => Err(format!("rank {p} offers no {} handle", tr.name())),
+                Some((_, Some(h))) => tr.attach(ctx, p, h),
+            };
+            match r {
+                Ok(()) => {
+                    attached[t][p] = true;
+                    bitmaps[t * words + p / 8] |= 1 << (p % 8);
+                }
+                Err(e) => why[t][p] = Some(e),
+            }
+        }
+    }
+    // The bitmaps go out per transport name, in this rank's order.
+    let mut mine = Vec::new();
+    for (t, tr) in transports.iter().enumerate() {
+        mine.push(tr.name().len() as u8);
+        mine.extend_from_slice(tr.name().as_bytes());
+        mine.extend_from_slice(&bitmaps[t * words..(t + 1) * words]);
+    }
+    let all = ex.allgather("attached", &mine)?;
+    let peer_attached_me = |p: usize, name: &str| -> bool {
+        let b = &all[p];
+        let mut i = 0;
+        while i < b.len() {
+            let n = usize::from(b[i]);
+            let Some(nm) = b.get(i + 1..i + 1 + n) else {
+                return false;
+            };
+            let Some(bits) = b.get(i + 1 + n..i + 1 + n + words) else {
+                return false;
+            };
+            if nm == name.as_bytes() {
+                return bits[rank / 8] & (1 << (rank % 8)) != 0;
+            }
+            i += 1 + n + words;
+        }
+        false
+    };
+    // Round 3: choose per pair (the lower rank's order), then connect in registry order.
+    let mut choice: Vec<Option<usize>> = vec![None; nranks];
+    for p in (0..nranks).filter(|&p| p != rank) {
+        let both = |t: usize| attached[t][p] && peer_attached_me(p, transports[t].name());
+        for t in 0..nt {
+            if attached[t][p] && !peer_attached_me(p, transports[t].name()) {
+                why[t][p].get_or_insert_with(|| format!("rank {p} could not attach it"));
+            }
+        }
+        choice[p] = if rank < p {
+            (0..nt).find(|&t| both(t))
+        } else {
+            // The lower rank's order of preference, from its card.
+            cards[p]
+                .iter()
+                .filter_map(|(n, _)| transports.iter().position(|tr| tr.name() == n))
+                .find(|&t| both(t))
+        };
+        if choice[p].is_none() {
+            let reasons: Vec<String> = transports
+                .iter()
+                .enumerate()
+                .map(|(t, tr)| {
+                    let w = why[t][p].as_deref().unwrap_or("not chosen");
+                    format!("{}: {w}", tr.name())
+                })
+                .collect();
+            let names: Vec<&str> = transports.iter().map(|t| t.name()).collect();
+            return Err(Error::invalid_usage(format!(
+                "rank {rank}: no transport of FERRO_TRANSPORTS={} can reach rank {p} ({})",
+                names.join(","),
+                reasons.join("; ")
+            )));
         }
     }
     let mut conns: Vec<Option<Conn>> = (0..nranks).map(|_| None).collect();
-    if let Some(seg) = own.as_ref() {
-        for (p, m) in mapped.iter().enumerate() {
-            if let (Some(Transport::Shm), Some(peer_seg)) = (choice[p], m) {
-                let c = ShmConnection::new(seg, peer_seg, &mc.shm)?;
-                conns[p] = Some(Conn::Shm(c));
-            }
+    let mut order: Vec<usize> = (0..nt).collect();
+    order.sort_by_key(|&t| registry_order[t]);
+    for t in order {
+        if !listening[t] {
+            continue;
         }
-        // One thread per rank wakes it when a shared-memory peer's process exits.
-        let pids: Vec<u32> = conns
+        let peers: Vec<usize> = (0..nranks).filter(|&p| choice[p] == Some(t)).collect();
+        let tr = &mut transports[t];
+        let props = tr.properties();
+        let name = tr.name();
+        let made = tr
+            .connect(ctx, &peers)
+            .map_err(|e| e.context(format!("{name} setup on rank {rank}")))?;
+        for c in made {
+            let p = c.peer().rank;
+            if choice.get(p) != Some(&Some(t)) || conns[p].is_some() {
+                return Err(Error::internal(format!(
+                    "{name} setup on rank {rank}: a connection to unexpected rank {p}"
+                )));
+            }
+            let c = delayed(c, ctx, p, opts)?;
+            conns[p] = Some(Conn::new(c, props));
+        }
+    }
+    for p in (0..nranks).filter(|&p| p != rank) {
+        if conns[p].is_none() {
+            let t = choice[p].map_or("none", |t| transports[t].name());
+            return Err(Error::internal(format!(
+                "{t} setup on rank {rank}: no connection to rank {p}"
+            )));
+        }
+    }
+    if opts.debug >= DebugLevel::Info {
+        log_mesh(ctx, transports, &choice, &conns, &why);
+    }
+    Ok(Mesh {
+        transports: choice
             .iter()
-            .filter_map(|c| match c {
-                Some(Conn::Shm(c)) => Some(c.peer_pid()),
-                _ => None,
-            })
-            .collect();
-        if let Some(watch) = PeerWatch::start(rank, &pids, seg.bell()) {
-            for c in conns.iter_mut() {
-                if let Some(Conn::Shm(c)) = c {
-                    c.set_watch(std::sync::Arc::clone(&watch));
+            .map(|c| c.map(|t| transports[t].name()))
+            .collect(),
+        conns,
+    })
+}
+
+/// Wraps a connection across hosts in the link delay of `FERRO_LINK_DELAY_US` (test and
+/// benchmark tooling). Both ends see the same host ids, so both wrap or neither does.
+fn delayed(
+    c: Box<dyn Connection>,
+    ctx: &SetupCtx,
+    peer: usize,
+    opts: &MeshOptions,
+) -> Result<Box<dyn Connection>> {
+    if opts.link_delay.is_zero() || ctx.same_host(peer) {
+        return Ok(c);
+    }
+    Ok(Box::new(ferroccl_transport_testkit::Delayed::new(
+        c,
+        opts.link_delay,
+    )?))
+}
+
+fn log_mesh(
+    ctx: &SetupCtx,
+    transports: &[Box<dyn Transport>],
+    choice: &[Option<usize>],
+    conns: &[Option<Conn>],
+    why: &[Vec<Option<String>>],
+) {
+    let rank = ctx.rank;
+    let hosts: Vec<u64> = ctx.ranks.iter().map(|d| d.host).collect();
+    let (lr, ln) = crate::topo::local_position(rank, &hosts);
+    let list: Vec<String> = (0..ctx.nranks)
+        .filter(|&p| p != rank)
+        .map(|p| {
+            let extra = conns[p]
+                .as_ref()
+                .map(Conn::describe)
+                .filter(|d| !d.is_empty())
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default();
+            let name = choice[p].map_or("none", |t| transports[t].name());
+            format!("{p}:{name}{extra}")
+        })
+        .collect();
+    ferroccl_transport::log_line!(
+        "ferroccl rank {rank} TRANSPORT: local rank {lr} of {ln} on host {:016x}; peers {}",
+        ctx.ranks[rank].host,
+        if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join(", ")
+        }
+    );
+    // Why earlier transports declined a peer, once per transport and reason.
+    for (t, tr) in transports.iter().enumerate() {
+        let mut seen: Vec<(&str, Vec<usize>)> = Vec::new();
+        for p in (0..ctx.nranks).filter(|&p| p != rank) {
+            // Only transports this rank preferred to the one chosen.
+            let earlier = choice[p].is_some_and(|c| t < c);
+            if let (true, Some(w)) = (earlier, why[t][p].as_deref()) {
+                match seen.iter_mut().find(|(r, _)| *r == w) {
+                    Some((_, v)) => v.push(p),
+                    None => seen.push((w, vec![p])),
                 }
             }
         }
-    }
-    // The segments stay mapped through the connections; the names are gone.
-    drop(mapped);
-    drop(own);
-    // Both ends of a pair see the same host ids, so both wrap or neither does.
-    let tcp = |c: ferroccl_transport_tcp::TcpConnection| -> Result<Conn> {
-        let p = c.peer().rank;
-        if mc.link_delay.is_zero() || mc.hosts[p] == mc.hosts[rank] {
-            return Ok(Conn::Tcp(c));
+        for (w, peers) in seen {
+            let list: Vec<String> = peers.iter().map(usize::to_string).collect();
+            ferroccl_transport::log_line!(
+                "ferroccl rank {rank} TRANSPORT: {} declined rank(s) {}: {w}",
+                tr.name(),
+                list.join(",")
+            );
         }
-        let d = ferroccl_transport::Delayed::new(c, mc.link_delay)?;
-        Ok(Conn::DelayedTcp(Box::new(d)))
+    }
+}
+
+/// This rank's description for setup.
+pub(crate) fn describe_self(host: u64) -> RankDesc {
+    RankDesc {
+        host,
+        pid: std::process::id(),
+    }
+}
+
+/// The transports' properties as the tuner sees them: the link of the first transport that
+/// joins two ranks of one host, and of two hosts (from the configuration alone, so that every
+/// rank's tuner agrees).
+pub(crate) fn tuner_links(
+    transports: &[Box<dyn Transport>],
+) -> (Option<Properties>, Option<Properties>) {
+    let ranks = [
+        RankDesc { host: 1, pid: 1 },
+        RankDesc { host: 1, pid: 2 },
+        RankDesc { host: 2, pid: 3 },
+    ];
+    let ctx = SetupCtx {
+        rank: 0,
+        nranks: 3,
+        comm_id: 0,
+        ranks: &ranks,
+        deadline: std::time::Instant::now(),
     };
-    for p in rank + 1..nranks {
-        if choice[p] == Some(Transport::Tcp) {
-            let addr = addrs(p)?;
-            let c = connect(rank, mc.comm_id, p, addr, &mc.tcp, mc.deadline)?;
-            conns[p] = Some(tcp(c)?);
-        }
-    }
-    let lower: Vec<usize> = (0..rank)
-        .filter(|&p| choice[p] == Some(Transport::Tcp))
-        .collect();
-    if !lower.is_empty() {
-        for c in endpoint.accept(rank, mc.comm_id, &lower, &mc.tcp, mc.deadline)? {
-            let p = c.peer().rank;
-            conns[p] = Some(tcp(c)?);
-        }
-    }
-    if mc.debug >= DebugLevel::Info {
-        let (lr, ln) = local_position(rank, mc.hosts);
-        let list: Vec<String> = (0..nranks)
-            .filter(|&p| p != rank)
-            .map(|p| {
-                let extra = match &conns[p] {
-                    Some(Conn::Shm(c)) if c.cma_enabled() => " (+cma)".to_string(),
-                    Some(Conn::DelayedTcp(c)) => format!(" (+{} us delay)", c.delay().as_micros()),
-                    _ => String::new(),
-                };
-                format!("{p}:{}{extra}", choice[p].map_or("none", Transport::name))
-            })
-            .collect();
-        ferroccl_transport::log_line!(
-            "ferroccl rank {rank} TRANSPORT: local rank {lr} of {ln} on host {:016x}; peers {}",
-            mc.hosts[rank],
-            if list.is_empty() {
-                "none".to_string()
-            } else {
-                list.join(", ")
-            }
-        );
-    }
-    Ok(Mesh {
-        conns,
-        transports: choice,
-    })
+    let first = |peer| {
+        transports
+            .iter()
+            .find(|t| t.can_connect(&ctx, peer).is_ok())
+            .map(|t| t.properties())
+    };
+    (first(1), first(2))
 }
 
 #[cfg(test)]
@@ -310,12 +400,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn local_positions_follow_rank_order_per_host() {
-        let hosts = [7, 9, 7, 7, 9];
-        assert_eq!(local_position(0, &hosts), (0, 3));
-        assert_eq!(local_position(2, &hosts), (1, 3));
-        assert_eq!(local_position(3, &hosts), (2, 3));
-        assert_eq!(local_position(1, &hosts), (0, 2));
-        assert_eq!(local_position(4, &hosts), (1, 2));
+    fn cards_round_trip() {
+        let c = encode_card(&[("shm", Some(b"seg-1")), ("tcp", None), ("x", Some(b""))]);
+        let d = decode_card(&c, 3).unwrap();
+        assert_eq!(
+            d,
+            vec![
+                ("shm".to_string(), Some(b"seg-1".to_vec())),
+                ("tcp".to_string(), None),
+                ("x".to_string(), Some(Vec::new())),
+            ]
+        );
+        let e = decode_card(&c[..c.len() - 1], 3).unwrap_err();
+        assert!(e.message().contains("rank 3"), "{e}");
     }
 }

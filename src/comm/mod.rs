@@ -10,6 +10,7 @@ mod mesh;
 mod order;
 mod rendezvous;
 mod split;
+mod transports;
 mod work;
 
 use std::net::IpAddr;
@@ -24,12 +25,11 @@ use crate::coll::{CollArgs, CollKind};
 use crate::exec::Engine;
 use crate::{Error, ErrorKind, Result};
 
-pub use config::{parse_size, Config, DebugLevel, Transport};
+pub use config::{parse_size, Config, DebugLevel};
 pub use group::Group;
 pub use work::Work;
 
 use call::{header_kind, Call};
-use init::mesh_config;
 use work::Worker;
 
 /// A reduction operation.
@@ -114,8 +114,10 @@ struct Inner {
     _store_server: Option<bootstrap::TcpStoreServer>,
     /// Host id of every rank (equal ids: one host).
     hosts: Vec<u64>,
+    /// Every rank's description (host, process).
+    descs: Vec<ferroccl_transport::RankDesc>,
     /// Transport chosen for each peer (None for this rank).
-    transports: Vec<Option<Transport>>,
+    transports: Vec<Option<&'static str>>,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.
@@ -133,19 +135,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// FNV-1a, to turn job names into communicator ids.
-pub(crate) fn hash64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
+pub(crate) use ferroccl_transport::hash64;
 
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];
@@ -181,17 +171,17 @@ impl Communicator {
 
     /// This rank's position among the ranks of its host, in rank order (`0..local_nranks()`).
     pub fn local_rank(&self) -> usize {
-        mesh::local_position(self.inner.rank, &self.inner.hosts).0
+        crate::topo::local_position(self.inner.rank, &self.inner.hosts).0
     }
 
     /// Ranks of this communicator on this rank's host (this one included).
     pub fn local_nranks(&self) -> usize {
-        mesh::local_position(self.inner.rank, &self.inner.hosts).1
+        crate::topo::local_position(self.inner.rank, &self.inner.hosts).1
     }
 
-    /// The transport connecting this rank with `peer`; `None` for this rank itself or a rank
-    /// out of range.
-    pub fn transport(&self, peer: usize) -> Option<Transport> {
+    /// The name of the transport connecting this rank with `peer` (`"shm"`, `"tcp"`); `None`
+    /// for this rank itself or a rank out of range.
+    pub fn transport(&self, peer: usize) -> Option<&'static str> {
         self.inner.transports.get(peer).copied().flatten()
     }
 

@@ -1,11 +1,9 @@
 //! Splitting a communicator into sub-communicators.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use ferroccl_kernels::DataType;
-use ferroccl_transport_tcp::TcpEndpoint;
 
 use crate::coll::CollKind;
 use crate::{Error, Result};
@@ -43,7 +41,6 @@ impl Communicator {
             .filter(|&r| my_color >= 0 && entry(r).0 == my_color)
             .collect();
         members.sort_by_key(|&r| (entry(r).1, r));
-        let is_member = my_color >= 0;
         let new_rank = members.iter().position(|&r| r == inner.rank);
         let split_no = inner.splits.fetch_add(1, Ordering::Relaxed);
         let id = hash64(&[
@@ -52,95 +49,44 @@ impl Communicator {
             &my_color.to_le_bytes(),
         ]);
         // The members' hosts are known from the parent: no exchange needed for them.
-        let hosts: Vec<u64> = members.iter().map(|&r| inner.hosts[r]).collect();
+        let descs: Vec<ferroccl_transport::RankDesc> =
+            members.iter().map(|&r| inner.descs[r]).collect();
         let deadline = Instant::now() + inner.config.timeout;
-        let mc =
-            new_rank.map(|nr| mesh_config(&inner.config, nr, members.len(), id, &hosts, deadline));
-        // Members listen on a new endpoint and create their segments, and share the address
-        // and segment name through the parent.
-        let endpoint = if is_member {
-            Some(TcpEndpoint::listen(inner.listen_ip)?)
-        } else {
-            None
+        let mut ex = ParentExchange {
+            comm: self,
+            members: &members,
         };
-        let own = mc.as_ref().and_then(mesh::create_segment);
-        const ADDR_LEN: usize = 64;
-        const SEG_LEN: usize = 96;
-        const CARD_LEN: usize = ADDR_LEN + SEG_LEN;
-        let mut my_card = [0u8; CARD_LEN];
-        if let Some(ep) = &endpoint {
-            let s = ep.addr().to_string();
-            my_card[..s.len()].copy_from_slice(s.as_bytes());
-        }
-        if let Some(seg) = &own {
-            let n = seg.name().as_bytes();
-            if n.len() <= SEG_LEN {
-                my_card[ADDR_LEN..ADDR_LEN + n.len()].copy_from_slice(n);
+        let Some(new_rank) = new_rank else {
+            // Not a member: take part in the members' exchanges with nothing to say.
+            for _ in 0..mesh::ROUNDS {
+                mesh::Exchange::allgather(&mut ex, "", &[])?;
             }
-        }
-        let mut cards = vec![0u8; CARD_LEN * n];
-        self.raw_collective(
-            CollKind::AllGather,
-            Some(&my_card),
-            &mut cards,
-            CARD_LEN,
-            DataType::Uint8,
-            ReduceOp::Sum,
-        )?;
-        let text = |old: usize, from: usize, len: usize| -> String {
-            let raw = &cards[CARD_LEN * old + from..CARD_LEN * old + from + len];
-            let end = raw.iter().position(|&b| b == 0).unwrap_or(len);
-            String::from_utf8_lossy(&raw[..end]).into_owned()
-        };
-        let mapped = match &mc {
-            Some(mc) => {
-                let name_of = |new_peer: usize| -> Result<Option<String>> {
-                    Ok(Some(text(members[new_peer], ADDR_LEN, SEG_LEN)).filter(|s| !s.is_empty()))
-                };
-                mesh::map_segments(mc, own.as_ref(), &name_of)?
-            }
-            None => Vec::new(),
-        };
-        // Which parent ranks' segments each rank mapped, as a bitmap over parent ranks.
-        let bitmap_len = n.div_ceil(8);
-        let mut my_bits = vec![0u8; bitmap_len];
-        for new_peer in mesh::mapped_ranks(&mapped) {
-            let old = members[new_peer];
-            my_bits[old / 8] |= 1 << (old % 8);
-        }
-        let mut bits = vec![0u8; bitmap_len * n];
-        self.raw_collective(
-            CollKind::AllGather,
-            Some(&my_bits),
-            &mut bits,
-            bitmap_len,
-            DataType::Uint8,
-            ReduceOp::Sum,
-        )?;
-        let (Some(endpoint), Some(mc)) = (endpoint, mc) else {
             return Ok(None);
         };
-        let me = inner.rank;
-        let peer_mapped_me = |new_peer: usize| -> Result<bool> {
-            let old = members[new_peer];
-            Ok(bits[bitmap_len * old + me / 8] & (1 << (me % 8)) != 0)
+        let (mut trs, order) = init::transports_for(&inner.config, inner.listen_ip);
+        let setup = ferroccl_transport::SetupCtx {
+            rank: new_rank,
+            nranks: members.len(),
+            comm_id: id,
+            ranks: &descs,
+            deadline,
         };
-        let addr_of = |new_peer: usize| -> Result<SocketAddr> {
-            let old = members[new_peer];
-            let s = text(old, 0, ADDR_LEN);
-            s.parse()
-                .map_err(|_| Error::internal(format!("split: rank {old} sent a bad address {s:?}")))
-        };
-        let mesh = mesh::connect_all(&mc, &endpoint, &addr_of, own, mapped, &peer_mapped_me)
-            .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
+        let mesh = mesh::connect_mesh(
+            &setup,
+            &mut trs,
+            &order,
+            &mut ex,
+            &init::mesh_options(&inner.config),
+        )
+        .map_err(|e| e.context(format!("split on rank {}", inner.rank)))?;
         let child = Self::from_parts(
-            mc.rank,
+            new_rank,
             members.len(),
             id,
             inner.config.clone(),
             inner.listen_ip,
             mesh,
-            hosts.clone(),
+            descs,
             inner.store.clone(),
             None,
         );
@@ -154,5 +100,56 @@ impl Communicator {
             .inherit_calibration(&parent);
         drop(parent);
         Ok(Some(child))
+    }
+}
+
+/// Setup exchange through the parent communicator: an allgather over every parent rank (a
+/// non-member contributes nothing), returned by rank of the new communicator.
+struct ParentExchange<'a> {
+    comm: &'a Communicator,
+    /// Parent rank of each new rank.
+    members: &'a [usize],
+}
+
+impl mesh::Exchange for ParentExchange<'_> {
+    fn allgather(&mut self, _round: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let n = self.comm.inner.nranks;
+        let len = (mine.len() as u64).to_le_bytes();
+        let mut lens = vec![0u8; 8 * n];
+        self.comm.raw_collective(
+            CollKind::AllGather,
+            Some(&len),
+            &mut lens,
+            8,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        let len_of = |r: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&lens[8 * r..8 * r + 8]);
+            usize::try_from(u64::from_le_bytes(w)).unwrap_or(usize::MAX)
+        };
+        let width = (0..n).map(len_of).max().unwrap_or(0);
+        if width > 1 << 20 {
+            return Err(Error::internal(format!(
+                "split: a rank sent {width} bytes of setup data"
+            )));
+        }
+        let mut padded = vec![0u8; width];
+        padded[..mine.len()].copy_from_slice(mine);
+        let mut all = vec![0u8; width * n];
+        self.comm.raw_collective(
+            CollKind::AllGather,
+            Some(&padded),
+            &mut all,
+            width,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )?;
+        Ok(self
+            .members
+            .iter()
+            .map(|&r| all[width * r..width * r + len_of(r)].to_vec())
+            .collect())
     }
 }

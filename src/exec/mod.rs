@@ -21,73 +21,69 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Connection, Delayed, Doorbell, Header, PeerInfo, PollFd, Progress, Result,
+    Connection, Doorbell, Header, Payload, PayloadMut, PeerInfo, PollFd, Progress, Properties,
+    Result, WaitKind,
 };
-use ferroccl_transport_shm::ShmConnection;
-use ferroccl_transport_tcp::TcpConnection;
 
 use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
 
 pub(crate) use step::{kind, OpContext, RawOp};
 
-/// A connection to one peer: the closed set of transports.
+/// A connection to one peer, with what the executor needs to know of its transport.
 #[derive(Debug)]
-pub(crate) enum Conn {
-    Tcp(TcpConnection),
-    Shm(ShmConnection),
-    /// TCP across hosts with `FERRO_LINK_DELAY_US` added (test and benchmark tooling).
-    DelayedTcp(Box<Delayed<TcpConnection>>),
+pub(crate) struct Conn {
+    conn: Box<dyn Connection>,
+    /// The transport's properties.
+    pub props: Properties,
 }
 
 impl Conn {
-    fn get(&mut self) -> &mut dyn Connection {
-        match self {
-            Conn::Tcp(c) => c,
-            Conn::Shm(c) => c,
-            Conn::DelayedTcp(c) => c.as_mut(),
-        }
-    }
-
-    fn get_ref(&self) -> &dyn Connection {
-        match self {
-            Conn::Tcp(c) => c,
-            Conn::Shm(c) => c,
-            Conn::DelayedTcp(c) => c.as_ref(),
-        }
+    pub(crate) fn new(conn: Box<dyn Connection>, props: Properties) -> Conn {
+        Conn { conn, props }
     }
 
     /// Whether waiting for this connection means waiting on the doorbell, not on descriptors.
     pub(crate) fn uses_doorbell(&self) -> bool {
-        matches!(self, Conn::Shm(_))
+        self.props.wait == WaitKind::Doorbell
     }
 
     pub(crate) fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
-        self.get_ref().doorbell()
+        self.conn.doorbell()
     }
 
     pub(crate) fn peer(&self) -> &PeerInfo {
-        self.get_ref().peer()
+        self.conn.peer()
     }
 
-    pub(crate) fn send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
-        self.get().send(h, payload, p)
+    /// Details for logs (`+cma`, a delay).
+    pub(crate) fn describe(&self) -> String {
+        self.conn.describe()
+    }
+
+    pub(crate) fn send(
+        &mut self,
+        h: &Header,
+        payload: Payload<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        self.conn.send(h, payload, p)
     }
 
     pub(crate) fn recv(
         &mut self,
         h: &mut Header,
-        payload: &mut [u8],
+        payload: PayloadMut<'_>,
         p: &mut Progress,
     ) -> Result<bool> {
-        self.get().recv(h, payload, p)
+        self.conn.recv(h, payload, p)
     }
 
     pub(crate) fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
-        self.get_ref().poll_fds(sending, receiving, out)
+        self.conn.poll_fds(sending, receiving, out)
     }
 
     pub(crate) fn shutdown(&mut self) {
-        self.get().shutdown()
+        self.conn.shutdown()
     }
 }
 
@@ -232,7 +228,7 @@ impl Engine {
             }
             let mut progress = Progress::default();
             loop {
-                match c.send(&header, why, &mut progress) {
+                match c.send(&header, Payload::Host(why), &mut progress) {
                     Ok(false) if std::time::Instant::now() < until => std::thread::yield_now(),
                     _ => break,
                 }
@@ -241,6 +237,11 @@ impl Engine {
                 self.tx_dirty[p] = true;
             }
         }
+    }
+
+    /// The cost model's link for the connection to `peer`.
+    pub(crate) fn link_to(&self, peer: usize) -> Option<crate::plan::Link> {
+        self.conns.get(peer)?.as_ref().map(|c| c.props.link)
     }
 
     /// Closes every connection, so that peers blocked on this rank see it at once.

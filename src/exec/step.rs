@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Doorbell, Error, ErrorKind, Header, PollFd, Progress, Result, MAX_PARTS};
+use ferroccl_transport::{
+    Doorbell, Error, ErrorKind, Header, Payload, PayloadMut, PollFd, Progress, Result, MAX_PARTS,
+};
 
 use super::{Conn, WaitPolicy};
 
@@ -310,7 +312,7 @@ fn drive(
                     // SAFETY: the communicator checked that `ptr..ptr+len` is readable for the
                     // whole call, and no op of this step writes it (schedules are checked for that).
                     let payload = unsafe { std::slice::from_raw_parts(ptr, len) };
-                    conn.send(&header, payload, &mut s.progress)
+                    conn.send(&header, Payload::Host(payload), &mut s.progress)
                 }
                 RawOp::Recv {
                     ptr, len, header, ..
@@ -318,7 +320,7 @@ fn drive(
                     // SAFETY: the communicator checked that `ptr..ptr+len` is writable for the
                     // whole call, and no other op of this step touches it.
                     let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-                    let r = conn.recv(&mut s.header, payload, &mut s.progress);
+                    let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
                     if r.is_ok() && s.progress.header_done() && !s.progress.started {
                         if s.header.kind == kind::NOTICE {
                             return Err(read_notice(conn, s, o.peer(), ctx));
@@ -335,7 +337,11 @@ fn drive(
                     ..
                 } => {
                     let stage = &mut staging[s.stage][..len];
-                    let r = conn.recv(&mut s.header, stage, &mut s.progress);
+                    let r = conn.recv(
+                        &mut s.header,
+                        PayloadMut::Host(&mut *stage),
+                        &mut s.progress,
+                    );
                     if r.is_ok() && s.progress.header_done() && !s.progress.started {
                         if s.header.kind == kind::NOTICE {
                             return Err(read_notice(conn, s, o.peer(), ctx));
@@ -433,7 +439,11 @@ fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -
     if len <= NOTICE_MAX {
         let until = Instant::now() + NOTICE_READ;
         loop {
-            match conn.recv(&mut s.header, &mut buf[..len], &mut s.progress) {
+            match conn.recv(
+                &mut s.header,
+                PayloadMut::Host(&mut buf[..len]),
+                &mut s.progress,
+            ) {
                 Ok(true) => {
                     why = Some(String::from_utf8_lossy(&buf[..len]).into_owned());
                     break;

@@ -28,50 +28,7 @@ pub use rules::{Overrides, Rule};
 
 use crate::coll::{Algorithm, CollKind, Topology};
 
-/// A kind of link between two ranks, as the cost model sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Link {
-    /// Shared memory between ranks of one host.
-    Shm,
-    /// TCP sockets.
-    Tcp,
-    /// RDMA (InfiniBand / RoCE).
-    Rdma,
-    /// NVLink between GPUs of one host.
-    Nvlink,
-}
-
-impl Link {
-    /// Every link kind, in the order of [`CostModel::links`].
-    pub const ALL: [Link; 4] = [Link::Shm, Link::Tcp, Link::Rdma, Link::Nvlink];
-
-    /// Name in logs and topology files.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Link::Shm => "shm",
-            Link::Tcp => "tcp",
-            Link::Rdma => "rdma",
-            Link::Nvlink => "nvlink",
-        }
-    }
-
-    /// Parses [`Link::name`].
-    pub fn parse(s: &str) -> Result<Link, String> {
-        Link::ALL
-            .into_iter()
-            .find(|l| l.name() == s.trim().to_ascii_lowercase())
-            .ok_or_else(|| format!("unknown link '{s}' (expected shm, tcp, rdma or nvlink)"))
-    }
-
-    const fn index(self) -> usize {
-        match self {
-            Link::Shm => 0,
-            Link::Tcp => 1,
-            Link::Rdma => 2,
-            Link::Nvlink => 3,
-        }
-    }
-}
+pub use ferroccl_transport::Link;
 
 /// Latency and bandwidth of one link kind.
 #[derive(Debug, Clone, Copy, PartialEq)]

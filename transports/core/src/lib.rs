@@ -7,20 +7,26 @@
 //! | [`Progress`] | where one message stands between non-blocking calls |
 //! | [`PeerInfo`] | the rank and address of the other end, for error messages |
 //! | [`Doorbell`] | a word peers bump when they change what a rank may wait for (shared memory) |
-//! | [`Delayed`] | test and benchmark tooling: a wrapper adding a fixed one-way delay per message |
+//! | [`Transport`] | the setup half: can it join two ranks, connect handles, [`Properties`] |
+//! | [`MemRef`], [`Payload`], [`Region`] | typed memory: space, address, length; registration |
+//! | [`hash64`] | the project's one 64-bit hash |
 //!
 //! A transport never knows which collective it serves: the executor gives it a header and a
 //! payload and asks it to move them, one message after another, in order. No call blocks; an
 //! executor with nothing to do waits on the descriptors from [`Connection::poll_fds`], or, for
 //! transports without descriptors (shared memory), on the [`Doorbell`] from
-//! [`Connection::doorbell`].
+//! [`Connection::doorbell`]. How connections come to be is the [`setup`] module's story.
 
-pub mod delay;
 mod error;
+mod hash;
 pub mod log;
+pub mod memory;
+pub mod setup;
 
-pub use delay::Delayed;
 pub use error::{Error, ErrorKind, Result};
+pub use hash::{fnv1a64, hash64};
+pub use memory::{MemRef, MemSpace, Payload, PayloadMut, RegCache, Region, Spaces};
+pub use setup::{Decline, Link, Properties, RankDesc, SetupCtx, Transport, WaitKind};
 
 use std::fmt;
 use std::sync::Arc;
@@ -204,7 +210,12 @@ pub trait Connection: Send + fmt::Debug {
     /// Moves the next outgoing message: `header` (whose `len` must equal `payload.len()`)
     /// then `payload`. Returns `Ok(true)` once all of it is handed to the transport.
     /// The same `header` and `payload` must be passed on every call for one message.
-    fn send(&mut self, header: &Header, payload: &[u8], progress: &mut Progress) -> Result<bool>;
+    fn send(
+        &mut self,
+        header: &Header,
+        payload: Payload<'_>,
+        progress: &mut Progress,
+    ) -> Result<bool>;
 
     /// Moves the next incoming message. The header arrives first: once
     /// `progress.header_done()`, `header` holds it and the caller must check it (its `len`
@@ -213,9 +224,31 @@ pub trait Connection: Send + fmt::Debug {
     fn recv(
         &mut self,
         header: &mut Header,
-        payload: &mut [u8],
+        payload: PayloadMut<'_>,
         progress: &mut Progress,
     ) -> Result<bool>;
+
+    /// Announces where the next incoming message will land, before its header arrives: a
+    /// one-sided transport tells the sender (RDMA's clear-to-send) so that the payload is
+    /// written straight there. `region` is `dst`'s registration where the transport needs one.
+    /// Pull-style transports (TCP, shared memory) ignore it (the default).
+    fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
+        let _ = (dst, region);
+        Ok(())
+    }
+
+    /// Registers `mem` for direct transfers, for transports whose [`Properties::registration`]
+    /// is set; `None` (the default) where no registration is needed. The caller caches the
+    /// region ([`RegCache`]) and keeps it as long as it uses the buffer.
+    fn register(&mut self, mem: MemRef) -> Result<Option<Region>> {
+        let _ = mem;
+        Ok(None)
+    }
+
+    /// Details for the connection log line (`+cma`, a delay); empty by default.
+    fn describe(&self) -> String {
+        String::new()
+    }
 
     /// Descriptors to poll while waiting for the send (`sending`) or receive (`receiving`) side.
     fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>);
@@ -229,6 +262,36 @@ pub trait Connection: Send + fmt::Debug {
 
     /// Closes the connection so that the peer sees it closed at once. Idempotent.
     fn shutdown(&mut self);
+}
+
+impl<C: Connection + ?Sized> Connection for Box<C> {
+    fn peer(&self) -> &PeerInfo {
+        (**self).peer()
+    }
+    fn send(&mut self, h: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        (**self).send(h, payload, p)
+    }
+    fn recv(&mut self, h: &mut Header, payload: PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
+        (**self).recv(h, payload, p)
+    }
+    fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
+        (**self).post_recv(dst, region)
+    }
+    fn register(&mut self, mem: MemRef) -> Result<Option<Region>> {
+        (**self).register(mem)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
+        (**self).poll_fds(sending, receiving, out)
+    }
+    fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        (**self).doorbell()
+    }
+    fn shutdown(&mut self) {
+        (**self).shutdown()
+    }
 }
 
 #[cfg(test)]

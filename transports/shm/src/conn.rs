@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Doorbell, Error, Header, Part, PeerInfo, PollFd, Progress, Result, HEADER_LEN,
+    Connection, Doorbell, Error, Header, Part, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Result, HEADER_LEN,
 };
 
 use crate::bell::Bell;
@@ -309,7 +310,8 @@ impl Connection for ShmConnection {
         &self.peer
     }
 
-    fn send(&mut self, header: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+    fn send(&mut self, header: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        let payload = payload.host("shm")?;
         if self.closed {
             return Err(self.closed_error());
         }
@@ -377,7 +379,13 @@ impl Connection for ShmConnection {
         Ok(p.done())
     }
 
-    fn recv(&mut self, header: &mut Header, payload: &mut [u8], p: &mut Progress) -> Result<bool> {
+    fn recv(
+        &mut self,
+        header: &mut Header,
+        payload: PayloadMut<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        let payload = payload.host("shm")?;
         if self.closed {
             return Err(self.closed_error());
         }
@@ -512,6 +520,14 @@ impl Connection for ShmConnection {
     }
 
     fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+
+    fn describe(&self) -> String {
+        if self.cma_enabled() {
+            "+cma".to_string()
+        } else {
+            String::new()
+        }
+    }
 
     fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
         Some(Arc::clone(&self.my_bell) as Arc<dyn Doorbell>)

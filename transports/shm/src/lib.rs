@@ -6,6 +6,7 @@
 //! | [`OwnSegment`] | a rank's file in `/dev/shm`: its doorbell and one incoming ring per local peer |
 //! | [`PeerSegment`] | a peer's segment, mapped by this rank to produce into its ring |
 //! | [`ShmConnection`] | one peer pair: the two rings, doorbells, cross-memory attach for large payloads |
+//! | [`ShmTransport`] | setup: segment names as connect handles, connections where both sides mapped |
 //! | [`ShmConfig`] | ring size, cross-memory attach threshold, directory |
 //! | [`sweep_dead_segments`] | removes segments whose owner process is gone |
 //!
@@ -35,6 +36,8 @@ mod host;
 #[cfg(not(loom))]
 mod segment;
 #[cfg(not(loom))]
+mod setup;
+#[cfg(not(loom))]
 mod sweep;
 
 #[cfg(not(loom))]
@@ -45,6 +48,8 @@ pub use conn::{PeerWatch, ShmConnection};
 pub use host::{host_description, host_id, namespace_inode};
 #[cfg(not(loom))]
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
+#[cfg(not(loom))]
+pub use setup::ShmTransport;
 #[cfg(not(loom))]
 pub use sweep::sweep_dead_segments;
 

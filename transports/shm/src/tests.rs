@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ferroccl_transport::{Connection, ErrorKind, Header, Progress};
+use ferroccl_transport::{Connection, ErrorKind, Header, Payload, PayloadMut, Progress};
 
 use super::*;
 
@@ -62,7 +62,7 @@ fn exchange(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
                 let h = header(m.len(), k as u64);
                 let mut p = Progress::default();
                 let t = Instant::now();
-                while !a.send(&h, m, &mut p).unwrap() {
+                while !a.send(&h, Payload::Host(m), &mut p).unwrap() {
                     assert!(t.elapsed() < Duration::from_secs(20), "send {k} stuck");
                     std::thread::yield_now();
                 }
@@ -74,7 +74,7 @@ fn exchange(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
             let mut p = Progress::default();
             let t = Instant::now();
             loop {
-                let done = b.recv(&mut h, &mut got, &mut p).unwrap();
+                let done = b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap();
                 if p.header_done() && !p.started {
                     assert_eq!(h, header(m.len(), k as u64));
                 }
@@ -138,21 +138,23 @@ fn shutdown_is_seen_by_the_peer_after_the_data() {
     let (mut a, mut b) = pair(&cfg);
     let m = [5u8, 6, 7];
     let mut p = Progress::default();
-    assert!(a.send(&header(3, 9), &m, &mut p).unwrap());
+    assert!(a.send(&header(3, 9), Payload::Host(&m), &mut p).unwrap());
     a.shutdown();
     // The message sent before the close still arrives whole.
     let mut got = [0u8; 3];
     let mut h = Header::default();
     let mut p = Progress::default();
-    while !b.recv(&mut h, &mut got, &mut p).unwrap() {}
+    while !b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap() {}
     assert_eq!(got, m);
     let mut p = Progress::default();
-    let e = b.recv(&mut h, &mut got, &mut p).unwrap_err();
+    let e = b
+        .recv(&mut h, PayloadMut::Host(&mut got), &mut p)
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Remote);
     assert_eq!(e.peer(), Some(0));
     assert!(e.to_string().contains("rank 0 (shm, pid"), "{e}");
     let e = a
-        .send(&header(3, 10), &m, &mut Progress::default())
+        .send(&header(3, 10), Payload::Host(&m), &mut Progress::default())
         .unwrap_err();
     assert!(e.to_string().contains("rank 1"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -181,7 +183,7 @@ fn doorbell_wakes_a_sleeper_and_times_out_otherwise() {
         s.spawn(|| {
             std::thread::sleep(Duration::from_millis(20));
             let mut p = Progress::default();
-            assert!(a.send(&header(1, 0), &[1], &mut p).unwrap());
+            assert!(a.send(&header(1, 0), Payload::Host(&[1]), &mut p).unwrap());
         });
         let t = Instant::now();
         while bell.seq() == seen {
@@ -243,7 +245,7 @@ fn send_then_close(cfg: &ShmConfig, len: usize, receiver_closes: bool) {
         s.spawn(|| {
             let mut p = Progress::default();
             let t = Instant::now();
-            while !a.send(&header(len, 1), &m, &mut p).unwrap() {
+            while !a.send(&header(len, 1), Payload::Host(&m), &mut p).unwrap() {
                 assert!(t.elapsed() < Duration::from_secs(20), "send stuck");
             }
             if !receiver_closes {
@@ -253,7 +255,7 @@ fn send_then_close(cfg: &ShmConfig, len: usize, receiver_closes: bool) {
         let mut h = Header::default();
         let mut p = Progress::default();
         let t = Instant::now();
-        while !b.recv(&mut h, &mut got, &mut p).unwrap() {
+        while !b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap() {
             assert!(t.elapsed() < Duration::from_secs(20), "recv stuck");
         }
         if receiver_closes {

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | [`TcpEndpoint`] | a listening socket; accepts peers after checking their handshake |
 //! | [`TcpConnection`] | one peer pair: several sockets ("streams"); large messages are striped over them |
+//! | [`TcpTransport`] | setup: the listening address as connect handle, connect up, accept down |
 //! | [`TcpConfig`] | streams per peer, striping threshold, socket buffer size |
 //!
 //! Every socket opens with a handshake that names the communicator id, the sender's rank, the
@@ -20,8 +21,8 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Error, ErrorKind, Header, Part, PeerInfo, PollFd, Progress, Result, HEADER_LEN,
-    MAX_PARTS,
+    Connection, Error, ErrorKind, Header, Part, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Result, HEADER_LEN, MAX_PARTS,
 };
 
 /// Settings of the TCP transport.
@@ -775,7 +776,8 @@ impl Connection for TcpConnection {
         &self.peer
     }
 
-    fn send(&mut self, header: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+    fn send(&mut self, header: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        let payload = payload.host("tcp")?;
         if self.closed {
             return Err(self.closed_error());
         }
@@ -825,7 +827,13 @@ impl Connection for TcpConnection {
         Ok(p.done())
     }
 
-    fn recv(&mut self, header: &mut Header, payload: &mut [u8], p: &mut Progress) -> Result<bool> {
+    fn recv(
+        &mut self,
+        header: &mut Header,
+        payload: PayloadMut<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        let payload = payload.host("tcp")?;
         if self.closed {
             return Err(self.closed_error());
         }
@@ -909,6 +917,9 @@ impl Connection for TcpConnection {
         }
     }
 }
+
+mod setup;
+pub use setup::TcpTransport;
 
 #[cfg(test)]
 mod tests;

@@ -35,10 +35,12 @@ fn exchange(a: &mut TcpConnection, b: &mut TcpConnection, msgs: &[Vec<u8>]) -> V
                 "exchange stalled"
             );
             if !sent {
-                sent = a.send(&h, m, &mut sp).unwrap();
+                sent = a.send(&h, Payload::Host(m), &mut sp).unwrap();
             }
             if !recvd {
-                recvd = b.recv(&mut rh, &mut buf, &mut rp).unwrap();
+                recvd = b
+                    .recv(&mut rh, PayloadMut::Host(&mut buf), &mut rp)
+                    .unwrap();
                 if rp.header_done() && !rp.started {
                     assert_eq!(rh, h);
                 }
@@ -152,7 +154,7 @@ fn a_closed_peer_is_an_error_naming_it() {
     let mut p = Progress::default();
     let start = Instant::now();
     let err = loop {
-        match a.recv(&mut h, &mut [], &mut p) {
+        match a.recv(&mut h, PayloadMut::Host(&mut []), &mut p) {
             Ok(_) => assert!(start.elapsed() < Duration::from_secs(5)),
             Err(e) => break e,
         }

@@ -26,7 +26,10 @@ use std::fmt;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
 
-use crate::{Connection, Error, Header, Part, PeerInfo, PollFd, Progress, Result, HEADER_LEN};
+use ferroccl_transport::{
+    Connection, Error, Header, Part, Payload, PayloadMut, PeerInfo, PollFd, Progress, Result,
+    HEADER_LEN,
+};
 
 /// Header kind of a stamp (no collective uses it).
 pub const STAMP_KIND: u8 = 0xfd;
@@ -224,7 +227,7 @@ impl<C: Connection> Delayed<C> {
         while self.may_read() {
             if let Some((stamp, p)) = &mut self.rx_stamp {
                 // Header first (the inner transport stops there), then the empty payload.
-                if !self.inner.recv(stamp, &mut [], p)? {
+                if !self.inner.recv(stamp, PayloadMut::Host(&mut []), p)? {
                     if !p.header_done() {
                         return Ok(());
                     }
@@ -251,9 +254,11 @@ impl<C: Connection> Delayed<C> {
             }
             let m = self.inbox.back_mut().expect("a message follows its stamp");
             let header_was_done = m.progress.header_done();
-            let done = self
-                .inner
-                .recv(&mut m.header, &mut m.payload, &mut m.progress)?;
+            let done = self.inner.recv(
+                &mut m.header,
+                PayloadMut::Host(&mut m.payload),
+                &mut m.progress,
+            )?;
             if !done {
                 if header_was_done || !m.progress.header_done() {
                     return Ok(());
@@ -307,7 +312,12 @@ impl<C: Connection> Connection for Delayed<C> {
         self.inner.peer()
     }
 
-    fn send(&mut self, header: &Header, payload: &[u8], progress: &mut Progress) -> Result<bool> {
+    fn send(
+        &mut self,
+        header: &Header,
+        payload: Payload<'_>,
+        progress: &mut Progress,
+    ) -> Result<bool> {
         if self.tx == TxState::Idle {
             let stamp = Header {
                 kind: STAMP_KIND,
@@ -319,7 +329,7 @@ impl<C: Connection> Connection for Delayed<C> {
         }
         if self.tx == TxState::Stamp {
             let (stamp, p) = &mut self.tx_stamp;
-            if !self.inner.send(stamp, &[], p)? {
+            if !self.inner.send(stamp, Payload::Host(&[]), p)? {
                 return Ok(false);
             }
             self.tx = TxState::Message;
@@ -334,9 +344,10 @@ impl<C: Connection> Connection for Delayed<C> {
     fn recv(
         &mut self,
         header: &mut Header,
-        payload: &mut [u8],
+        payload: PayloadMut<'_>,
         progress: &mut Progress,
     ) -> Result<bool> {
+        let payload = payload.host("delayed")?;
         if let Err(e) = self.read_ahead() {
             // Messages already in are still delivered; the error comes after them.
             self.rx_error = Some(e);
@@ -397,6 +408,10 @@ impl<C: Connection> Connection for Delayed<C> {
             .poll_fds(sending, receiving && self.may_read(), out);
     }
 
+    fn describe(&self) -> String {
+        format!("+{} us delay", self.delay_ns / 1000)
+    }
+
     fn shutdown(&mut self) {
         self.inner.shutdown();
     }
@@ -452,17 +467,24 @@ mod tests {
             &self.peer
         }
 
-        fn send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+        fn send(&mut self, h: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+            let payload = payload.host("mem")?;
             assert_eq!(h.len, payload.len() as u64);
             let mut q = self.out.lock().unwrap();
             let start = q.back().map_or(Instant::now(), |m| m.2.max(Instant::now()));
             q.push_back((*h, payload.to_vec(), start + self.transfer));
-            p.header_pos = crate::HEADER_LEN;
+            p.header_pos = HEADER_LEN;
             p.started = true;
             Ok(true)
         }
 
-        fn recv(&mut self, h: &mut Header, payload: &mut [u8], p: &mut Progress) -> Result<bool> {
+        fn recv(
+            &mut self,
+            h: &mut Header,
+            payload: PayloadMut<'_>,
+            p: &mut Progress,
+        ) -> Result<bool> {
+            let payload = payload.host("mem")?;
             let mut q = self.inbox.lock().unwrap();
             let Some((head, body, in_at)) = q.front() else {
                 if self.closed.load(Ordering::SeqCst) {
@@ -472,7 +494,7 @@ mod tests {
             };
             if !p.header_done() {
                 *h = *head;
-                p.header_pos = crate::HEADER_LEN;
+                p.header_pos = HEADER_LEN;
                 return Ok(false);
             }
             if Instant::now() < *in_at {
@@ -504,7 +526,7 @@ mod tests {
         let mut calls = 0;
         loop {
             calls += 1;
-            if c.recv(h, buf, &mut p).unwrap() {
+            if c.recv(h, PayloadMut::Host(&mut *buf), &mut p).unwrap() {
                 return calls;
             }
             std::thread::yield_now();
@@ -538,7 +560,9 @@ mod tests {
         for i in 0..3u8 {
             let body = vec![i; 5 + usize::from(i)];
             let h = header(u64::from(i), body.len());
-            assert!(a.send(&h, &body, &mut Progress::default()).unwrap());
+            assert!(a
+                .send(&h, Payload::Host(&body), &mut Progress::default())
+                .unwrap());
         }
         for i in 0..3u8 {
             let mut h = Header::default();
@@ -568,7 +592,11 @@ mod tests {
         );
         for i in 0..10 {
             assert!(a
-                .send(&header(i, 4), &[7; 4], &mut Progress::default())
+                .send(
+                    &header(i, 4),
+                    Payload::Host(&[7; 4]),
+                    &mut Progress::default()
+                )
                 .unwrap());
         }
         let last_sent = Instant::now();
@@ -582,7 +610,7 @@ mod tests {
             // Stamp, then header, then payload: the in-memory transport needs two calls for a
             // message, none of them waits.
             let mut calls = 0;
-            while !b.recv(&mut h, &mut buf, &mut p).unwrap() {
+            while !b.recv(&mut h, PayloadMut::Host(&mut buf), &mut p).unwrap() {
                 calls += 1;
                 assert!(calls < 4, "message {i} still held");
             }
@@ -600,10 +628,10 @@ mod tests {
         );
         let sent = Instant::now();
         assert!(a
-            .send(&header(9, 1), &[1], &mut Progress::default())
+            .send(&header(9, 1), Payload::Host(&[1]), &mut Progress::default())
             .unwrap());
         let (mut h, mut buf, mut p) = (Header::default(), [0u8; 1], Progress::default());
-        if b.recv(&mut h, &mut buf, &mut p).unwrap() {
+        if b.recv(&mut h, PayloadMut::Host(&mut buf), &mut p).unwrap() {
             // Only possible when this thread was descheduled for the whole delay.
             assert!(sent.elapsed() >= delay);
             return;
@@ -623,11 +651,15 @@ mod tests {
         let (mut a, b) = pair();
         let mut b = Delayed::new(b, Duration::from_micros(200)).unwrap();
         assert!(a
-            .send(&header(1, 2), &[1, 2], &mut Progress::default())
+            .send(
+                &header(1, 2),
+                Payload::Host(&[1, 2]),
+                &mut Progress::default()
+            )
             .unwrap());
         let (mut h, mut buf, mut p) = (Header::default(), [0u8; 2], Progress::default());
         let e = loop {
-            match b.recv(&mut h, &mut buf, &mut p) {
+            match b.recv(&mut h, PayloadMut::Host(&mut buf), &mut p) {
                 Ok(false) => continue,
                 Ok(true) => panic!("a message without a stamp was accepted"),
                 Err(e) => break e,
@@ -664,7 +696,11 @@ mod tests {
         let sent = Instant::now();
         for i in 0..2u8 {
             assert!(a
-                .send(&header(u64::from(i), 3), &[i; 3], &mut Progress::default())
+                .send(
+                    &header(u64::from(i), 3),
+                    Payload::Host(&[i; 3]),
+                    &mut Progress::default()
+                )
                 .unwrap());
         }
         for i in 0..2u8 {
@@ -689,14 +725,18 @@ mod tests {
             Delayed::new(b, Duration::from_millis(5)).unwrap(),
         );
         assert!(a
-            .send(&header(4, 2), &[4, 4], &mut Progress::default())
+            .send(
+                &header(4, 2),
+                Payload::Host(&[4, 4]),
+                &mut Progress::default()
+            )
             .unwrap());
         closed.store(true, Ordering::SeqCst);
         let (mut h, mut buf) = (Header::default(), [0u8; 2]);
         recv_all(&mut b, &mut h, &mut buf);
         assert_eq!((h.seq, buf), (4, [4, 4]));
         let e = b
-            .recv(&mut h, &mut buf, &mut Progress::default())
+            .recv(&mut h, PayloadMut::Host(&mut buf), &mut Progress::default())
             .unwrap_err();
         assert!(e.to_string().contains("closed"), "{e}");
     }

@@ -1,0 +1,91 @@
+//! Every transport ferroccl has, one line each: the registry the selection loop
+//! ([`super::mesh`]) and `FERRO_TRANSPORTS` draw from. A new transport is its own crate plus
+//! one line here.
+
+use std::net::IpAddr;
+
+use ferroccl_transport::Transport;
+use ferroccl_transport_shm::{ShmConfig, ShmTransport};
+use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
+
+use super::config::{Config, DebugLevel};
+
+/// What a transport is built from.
+#[derive(Debug)]
+pub(crate) struct Settings<'a> {
+    pub config: &'a Config,
+    /// The address this rank's sockets listen on.
+    pub ip: IpAddr,
+}
+
+impl Settings<'_> {
+    fn shm(&self) -> ShmConfig {
+        let c = self.config;
+        ShmConfig {
+            ring_bytes: c.shm_ring_bytes,
+            cma: c.shm_cma,
+            cma_min: c.shm_cma_min,
+            dir: c.shm_dir.clone(),
+            ..ShmConfig::default()
+        }
+    }
+
+    fn tcp(&self) -> TcpConfig {
+        TcpConfig {
+            nstreams: self.config.nstreams,
+            ..TcpConfig::default()
+        }
+    }
+
+    fn verbose(&self) -> bool {
+        self.config.debug >= DebugLevel::Info
+    }
+}
+
+/// A registry entry: name, whether it is tried by default, constructor.
+type Entry = (&'static str, bool, fn(&Settings) -> Box<dyn Transport>);
+
+/// The transports, in the default order of preference.
+const REGISTRY: &[Entry] = &[
+    ("shm", true, |s| {
+        Box::new(ShmTransport::new(s.shm(), s.verbose()))
+    }),
+    ("tcp", true, |s| Box::new(TcpTransport::new(s.tcp(), s.ip))),
+];
+
+/// Other names `FERRO_TRANSPORTS` accepts.
+const ALIASES: &[(&str, &str)] = &[("socket", "tcp")];
+
+/// The names of the transports tried by default, in order.
+pub(crate) fn defaults() -> Vec<String> {
+    REGISTRY
+        .iter()
+        .filter(|e| e.1)
+        .map(|e| e.0.to_string())
+        .collect()
+}
+
+/// Every transport's name, in registry order.
+pub(crate) fn names() -> Vec<&'static str> {
+    REGISTRY.iter().map(|e| e.0).collect()
+}
+
+/// The registry name of `word` (case and aliases aside), if it names a transport.
+pub(crate) fn canonical(word: &str) -> Option<&'static str> {
+    let w = word.trim().to_ascii_lowercase();
+    let w = ALIASES
+        .iter()
+        .find(|a| a.0 == w)
+        .map_or(w.as_str(), |a| a.1);
+    REGISTRY.iter().map(|e| e.0).find(|n| *n == w)
+}
+
+/// The transports of `names` (in that order, unknown names skipped), each with its place in
+/// the registry (the order in which transports connect on every rank).
+pub(crate) fn build(names: &[String], s: &Settings) -> (Vec<Box<dyn Transport>>, Vec<usize>) {
+    names
+        .iter()
+        .filter_map(|n| REGISTRY.iter().position(|e| e.0 == n))
+        .map(|i| ((REGISTRY[i].2)(s), i))
+        .unzip()
+}

@@ -158,8 +158,15 @@ impl Communicator {
                 .iter()
                 .filter(|t| **t == Some("shm"))
                 .count();
+            let listening = mesh
+                .handles
+                .iter()
+                .find(|(name, _)| *name == "tcp")
+                .map_or(ip.to_string(), |(_, h)| {
+                    String::from_utf8_lossy(h).into_owned()
+                });
             ferroccl_transport::log_line!(
-                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {ip}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
+                "ferroccl rank {rank} INIT: {nranks} ranks, id {id:016x}, listening on {listening}, TCP with {} stream(s) per peer, shared memory with {nshm} peer(s)",
                 config.nstreams
             );
         }

@@ -45,6 +45,8 @@ pub(crate) struct MeshOptions {
 pub(crate) struct Mesh {
     pub conns: Vec<Option<Conn>>,
     pub transports: Vec<Option<&'static str>>,
+    /// This rank's connect handle per transport that listened (for logs).
+    pub handles: Vec<(&'static str, Vec<u8>)>,
 }
 
 /// One rank's card of round 1: for each transport, in order of preference, its name and
@@ -278,7 +280,13 @@ pub(crate) fn connect_mesh(
     if opts.debug >= DebugLevel::Info {
         log_mesh(ctx, transports, &choice, &conns, &why);
     }
+    let handles = transports
+        .iter()
+        .zip(handles)
+        .filter_map(|(tr, h)| Some((tr.name(), h?)))
+        .collect();
     Ok(Mesh {
+        handles,
         transports: choice
             .iter()
             .map(|c| c.map(|t| transports[t].name()))
@@ -352,7 +360,7 @@ fn log_mesh(
         for (w, peers) in seen {
             let list: Vec<String> = peers.iter().map(usize::to_string).collect();
             ferroccl_transport::log_line!(
-                "ferroccl rank {rank} TRANSPORT: {} declined rank(s) {}: {w}",
+                "ferroccl rank {rank} SETUP: {} declined rank(s) {}: {w}",
                 tr.name(),
                 list.join(",")
             );

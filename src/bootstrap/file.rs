@@ -564,6 +564,13 @@ mod tests {
     use crate::ErrorKind;
     use std::thread;
 
+    #[test]
+    fn long_key_names_end_in_a_fixed_hash() {
+        let name = file_name(&"a".repeat(300));
+        assert_eq!(name.len(), MAX_NAME);
+        assert!(name.ends_with("~ee7717eba7a17e21"), "{name}");
+    }
+
     fn temp_store(name: &str) -> FileStore {
         let dir = std::env::temp_dir().join(format!(
             "ferroccl-test-{name}-{}-{}",

@@ -67,4 +67,9 @@ mod tests {
         assert!(host_description().contains("netns "));
         assert_ne!(namespace_inode("net"), 0);
     }
+
+    #[test]
+    fn host_id_values_are_fixed() {
+        assert_eq!(host_id(Some("node7")), 0x014f_f27e_2ddc_0f90);
+    }
 }

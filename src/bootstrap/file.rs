@@ -49,6 +49,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferroccl_transport::fnv1a64;
+
 use super::{add_to_counter, Store};
 use crate::{Error, Result};
 
@@ -546,16 +548,9 @@ fn file_name(key: &str) -> String {
     if name.len() > MAX_NAME {
         // Every character is ASCII, so any byte index is a char boundary.
         name.truncate(MAX_NAME - 17);
-        name.push_str(&format!("~{:016x}", fnv1a(key.as_bytes())));
+        name.push_str(&format!("~{:016x}", fnv1a64(key.as_bytes())));
     }
     name
-}
-
-/// 64-bit FNV-1a hash.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

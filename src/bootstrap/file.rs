@@ -49,6 +49,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ferroccl_transport::fnv1a64;
+
 use super::{add_to_counter, Store};
 use crate::{Error, Result};
 
@@ -546,16 +548,9 @@ fn file_name(key: &str) -> String {
     if name.len() > MAX_NAME {
         // Every character is ASCII, so any byte index is a char boundary.
         name.truncate(MAX_NAME - 17);
-        name.push_str(&format!("~{:016x}", fnv1a(key.as_bytes())));
+        name.push_str(&format!("~{:016x}", fnv1a64(key.as_bytes())));
     }
     name
-}
-
-/// 64-bit FNV-1a hash.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[cfg(test)]
@@ -563,6 +558,13 @@ mod tests {
     use super::*;
     use crate::ErrorKind;
     use std::thread;
+
+    #[test]
+    fn long_key_names_end_in_a_fixed_hash() {
+        let name = file_name(&"a".repeat(300));
+        assert_eq!(name.len(), MAX_NAME);
+        assert!(name.ends_with("~ee7717eba7a17e21"), "{name}");
+    }
 
     fn temp_store(name: &str) -> FileStore {
         let dir = std::env::temp_dir().join(format!(

@@ -11,11 +11,13 @@
 //! | [`TcpStore`] / [`TcpStoreServer`] | a store served by one rank over TCP, for everything else |
 //! | [`UniqueId`] | 128 bytes (as NCCL's `ncclUniqueId`) naming a job's TCP store |
 //! | [`env`](mod@env) | which launcher started this process (ferrorun, torchrun, SLURM, Open MPI) |
-//! | [`iface`] | which local address other hosts can reach us on (`FERRO_SOCKET_IFNAME`) |
 //!
 //! Counters written by [`Store::add`] are stored as decimal ASCII text (`b"-12"`), in every
 //! store, so `get` on a counter key returns its value as text and `add` on a key that `set`
 //! wrote with such text continues from it.
+//!
+//! Which local address to publish (`FERRO_SOCKET_IFNAME`) is chosen by
+//! [`topo::iface`](crate::topo::iface).
 //!
 //! ```
 //! use std::time::Duration;
@@ -34,7 +36,6 @@ use crate::{Error, Result};
 
 pub mod env;
 pub mod file;
-pub mod iface;
 pub mod memory;
 pub mod tcp;
 pub mod unique_id;

@@ -20,8 +20,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
-use super::iface::{interface_addresses, select_address, SOCKET_IFNAME_ENV};
 use super::tcp::{TcpStore, TcpStoreServer};
+use crate::topo::iface::{interface_addresses, select_address, SOCKET_IFNAME_ENV};
 use crate::{Error, Result};
 
 const MARKER: [u8; 4] = *b"FRID";
@@ -64,7 +64,7 @@ impl UniqueId {
     /// Starts a store server on `bind` and returns an id naming it, with a fresh random magic.
     ///
     /// If `bind` has an unspecified IP (`0.0.0.0`, `::`), the id carries a local address other
-    /// hosts can reach, chosen by `FERRO_SOCKET_IFNAME` (see [`iface`](super::iface)). Keep
+    /// hosts can reach, chosen by `FERRO_SOCKET_IFNAME` (see [`iface`](crate::topo::iface)). Keep
     /// the server alive until every rank has connected and the job no longer needs the store.
     pub fn create(bind: SocketAddr) -> Result<(UniqueId, TcpStoreServer)> {
         let magic = random_magic()?;
@@ -193,7 +193,8 @@ fn random_magic() -> Result<u64> {
     }
 }
 
-/// 32-bit FNV-1a hash.
+/// 32-bit FNV-1a hash: the checksum of the `UniqueId` wire format (bytes 36..40), a field of
+/// four bytes, so it is not the project's 64-bit `hash64`; changing it would change the format.
 fn fnv1a32(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5, |h, &b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)

@@ -14,8 +14,9 @@ use super::ops::{
     dtype_arg, rank_arg, read_scalar, reduction_arg, Op, PreMul, Reduction, Rooted, Scalar,
 };
 use super::types::*;
-use crate::bootstrap::{iface, TcpStoreServer, UniqueId};
+use crate::bootstrap::{TcpStoreServer, UniqueId};
 use crate::coll::CollKind;
+use crate::topo::iface;
 use crate::{Communicator, Error, ReduceOp, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

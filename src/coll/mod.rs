@@ -17,13 +17,13 @@ pub mod schedule;
 mod tests;
 #[cfg(test)]
 mod tests_algo;
-mod topology;
 mod tree;
 
+/// The algorithms' view of where ranks live; defined in [`crate::topo`].
+pub use crate::topo::Topology;
 pub use algorithm::{build_all, build_with, Algorithm};
 pub use check::{check, check_schedules, Checker};
 pub use schedule::{BufKind, Op, Schedule, Span, Step};
-pub use topology::Topology;
 
 /// Which collective, with its root where it has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

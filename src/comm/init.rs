@@ -95,7 +95,7 @@ impl Communicator {
         let claim = rendezvous::claim(&*store, id, rank, deadline)?;
         let id = claim.comm_id;
         let ip = match &config.socket_ifname {
-            Some(spec) => bootstrap::iface::pick_address(Some(spec))?,
+            Some(spec) => crate::topo::iface::pick_address(Some(spec))?,
             None => store.local_ip().unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
         };
         let prefix = format!("ferroccl/{id:016x}");

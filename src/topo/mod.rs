@@ -1,33 +1,23 @@
-//! Topology: what ferroccl knows of where ranks run — which share a host, each rank's place on
-//! it, the network interface to use — and the view the algorithms plan with.
+//! Topology: what ferroccl knows of where ranks run, and the view the algorithms plan with.
 //!
-//! Pure code except host identity, which reads `/etc/machine-id`, the host name and the
-//! network namespace.
+//! | piece | what it is |
+//! |---|---|
+//! | [`host_id`] / [`host_description`] | which ranks share a host (machine id, host name, network namespace) |
+//! | `local_position` | a rank's local rank and local nranks, from every rank's host id |
+//! | [`iface`] | which local address other hosts can reach this one on (`FERRO_SOCKET_IFNAME`) |
+//! | [`Topology`] | the host of every rank, as the hierarchical and tree algorithms see it |
+//!
+//! To come here, as NCCL's `graph/` has them: NUMA nodes, PCI switches, GPUs and NICs and the
+//! paths between them (NVLink, PCIe, network), reading and writing NCCL's topology XML, and
+//! from these the rings, trees and transport choice of a communicator.
+//!
+//! Host identity reads `/etc/machine-id`, the host name and the network namespace, and
+//! [`iface`] lists the interfaces; everything else is pure.
 
-pub use ferroccl_transport_shm::{host_description, host_id};
+mod host;
+pub mod iface;
+mod layout;
 
-/// This rank's position on its host: (local rank, local nranks), from every rank's host id.
-pub(crate) fn local_position(rank: usize, hosts: &[u64]) -> (usize, usize) {
-    let me = hosts.get(rank).copied().unwrap_or(0);
-    let local_rank = hosts[..rank.min(hosts.len())]
-        .iter()
-        .filter(|&&h| h == me)
-        .count();
-    let local_nranks = hosts.iter().filter(|&&h| h == me).count();
-    (local_rank, local_nranks)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn local_positions_follow_rank_order_per_host() {
-        let hosts = [7, 9, 7, 7, 9];
-        assert_eq!(local_position(0, &hosts), (0, 3));
-        assert_eq!(local_position(2, &hosts), (1, 3));
-        assert_eq!(local_position(3, &hosts), (2, 3));
-        assert_eq!(local_position(1, &hosts), (0, 2));
-        assert_eq!(local_position(4, &hosts), (1, 2));
-    }
-}
+pub(crate) use host::local_position;
+pub use host::{host_description, host_id};
+pub use layout::Topology;

@@ -2,7 +2,7 @@
 //!
 //! | item | what it is |
 //! |---|---|
-//! | [`host_id`] | which ranks share a host (machine id, host name, network namespace) |
+//! | [`namespace_inode`] | this process's namespaces, which decide whether a peer's pid means anything here |
 //! | [`OwnSegment`] | a rank's file in `/dev/shm`: its doorbell and one incoming ring per local peer |
 //! | [`PeerSegment`] | a peer's segment, mapped by this rank to produce into its ring |
 //! | [`ShmConnection`] | one peer pair: the two rings, doorbells, cross-memory attach for large payloads |
@@ -45,7 +45,7 @@ pub use bell::Bell;
 #[cfg(not(loom))]
 pub use conn::{PeerWatch, ShmConnection};
 #[cfg(not(loom))]
-pub use host::{host_description, host_id, namespace_inode};
+pub use host::namespace_inode;
 #[cfg(not(loom))]
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
 #[cfg(not(loom))]
@@ -99,7 +99,7 @@ pub fn segment_name(comm_id: u64, rank: usize) -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let n = NONCE.fetch_add(1, Ordering::Relaxed);
-    let nonce = host::fnv(&[&t.to_le_bytes(), &n.to_le_bytes()]) as u32;
+    let nonce = ferroccl_transport::hash64(&[&t.to_le_bytes(), &n.to_le_bytes()]) as u32;
     format!(
         "{SEGMENT_PREFIX}{comm_id:016x}-r{rank}-p{}-{nonce:08x}",
         std::process::id()

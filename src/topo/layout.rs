@@ -1,4 +1,5 @@
-//! Where ranks live: which host each rank is on, as the hierarchical and tree algorithms see it.
+//! Where ranks live: which host each rank is on, as the hierarchical and tree algorithms see it
+//! (re-exported as `coll::Topology`).
 #![forbid(unsafe_code)]
 
 /// The host of every rank. Ranks of a host are taken in rank order; a rank's local rank is its
@@ -72,5 +73,47 @@ impl Topology {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_host_and_uniform_layouts() {
+        let one = Topology::single_host(3);
+        assert_eq!(one.nranks(), 3);
+        assert_eq!(one.hosts(), vec![vec![0, 1, 2]]);
+        assert!(one.is_uniform());
+
+        let u = Topology::uniform(7, 3);
+        assert_eq!(u.host_of, vec![0, 0, 0, 1, 1, 1, 2]);
+        assert_eq!(u.nhosts(), 3);
+        assert!(!u.is_uniform());
+        assert_eq!(Topology::uniform(4, 0), Topology::uniform(4, 1));
+        assert_eq!(Topology::uniform(0, 8).nhosts(), 0);
+    }
+
+    #[test]
+    fn hosts_are_ordered_by_index_and_unused_indices_skipped() {
+        let t = Topology {
+            host_of: vec![5, 2, 5, 2, 9],
+        };
+        assert_eq!(t.hosts(), vec![vec![1, 3], vec![0, 2], vec![4]]);
+        assert_eq!(t.nhosts(), 3);
+        assert!(!t.is_uniform());
+    }
+
+    #[test]
+    fn same_host_and_validate() {
+        let t = Topology::uniform(4, 2);
+        assert!(t.same_host(0, 1));
+        assert!(!t.same_host(1, 2));
+        assert!(!t.same_host(0, 4));
+        assert!(!t.same_host(4, 4));
+        assert!(t.validate(4).is_ok());
+        let e = t.validate(5).unwrap_err();
+        assert_eq!(e, "topology describes 4 ranks, the call has 5");
     }
 }

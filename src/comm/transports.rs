@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use ferroccl_transport::Transport;
+use ferroccl_transport_mem::MemTransport;
 use ferroccl_transport_shm::{ShmConfig, ShmTransport};
 use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
 
@@ -51,6 +52,7 @@ const REGISTRY: &[Entry] = &[
         Box::new(ShmTransport::new(s.shm(), s.verbose()))
     }),
     ("tcp", true, |s| Box::new(TcpTransport::new(s.tcp(), s.ip))),
+    ("mem", false, |_| Box::new(MemTransport::new())),
 ];
 
 /// Other names `FERRO_TRANSPORTS` accepts.

@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use ferroccl_transport::{Connection, ErrorKind, Header, Payload, PayloadMut, Progress};
 
+use ferroccl_transport_testkit::conformance::{self, Options};
+use ferroccl_transport_testkit::drive::{assert_same, exchange_threaded, header, patterns};
+
 use super::*;
 
 fn tmp_dir(tag: &str) -> PathBuf {
@@ -37,56 +40,51 @@ fn pair(cfg: &ShmConfig) -> (ShmConnection, ShmConnection) {
     (c0, c1)
 }
 
-fn header(len: usize, seq: u64) -> Header {
-    Header {
-        kind: 1,
-        dtype: 7,
-        op: 0,
-        seq,
-        count: len as u64 / 4,
-        root: u32::MAX,
-        len: len as u64,
+/// Sends one message of each of `sizes` from `a` to `b` on two threads; checks every byte and
+/// header.
+fn exchange(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
+    let msgs = patterns(sizes);
+    let got = exchange_threaded(a, b, &msgs);
+    for (k, (g, m)) in got.iter().zip(&msgs).enumerate() {
+        assert_same(format_args!("message {k}"), g, m);
     }
 }
 
-/// Sends `msgs` from `a` to `b` on two threads and checks every byte and header.
-fn exchange(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
-    let msgs: Vec<Vec<u8>> = sizes
-        .iter()
-        .enumerate()
-        .map(|(k, &n)| (0..n).map(|i| ((i * 31 + k * 7) % 253) as u8).collect())
-        .collect();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            for (k, m) in msgs.iter().enumerate() {
-                let h = header(m.len(), k as u64);
-                let mut p = Progress::default();
-                let t = Instant::now();
-                while !a.send(&h, Payload::Host(m), &mut p).unwrap() {
-                    assert!(t.elapsed() < Duration::from_secs(20), "send {k} stuck");
-                    std::thread::yield_now();
-                }
-            }
-        });
-        for (k, m) in msgs.iter().enumerate() {
-            let mut got = vec![0u8; m.len()];
-            let mut h = Header::default();
-            let mut p = Progress::default();
-            let t = Instant::now();
-            loop {
-                let done = b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap();
-                if p.header_done() && !p.started {
-                    assert_eq!(h, header(m.len(), k as u64));
-                }
-                if done {
-                    break;
-                }
-                assert!(t.elapsed() < Duration::from_secs(20), "recv {k} stuck");
-                std::thread::yield_now();
-            }
-            assert!(got == *m, "message {k} of {} bytes differs", m.len());
-        }
+#[test]
+fn conformance_inline_rings() {
+    let dir = tmp_dir("conformance");
+    let cfg = ShmConfig {
+        ring_bytes: 1 << 16,
+        cma: false,
+        dir: dir.clone(),
+        ..ShmConfig::default()
+    };
+    conformance::run(&Options::new("shm"), || {
+        let (a, b) = pair(&cfg);
+        (Box::new(a), Box::new(b))
     });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn conformance_cross_memory_attach() {
+    let dir = tmp_dir("conformance-cma");
+    let cfg = ShmConfig {
+        ring_bytes: 1 << 16,
+        cma: true,
+        cma_min: 1 << 14,
+        max_io: 1 << 16,
+        dir: dir.clone(),
+    };
+    let opts = Options {
+        threads: true,
+        ..Options::new("shm+cma")
+    };
+    conformance::run(&opts, || {
+        let (a, b) = pair(&cfg);
+        (Box::new(a), Box::new(b))
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -1,6 +1,9 @@
 use super::*;
 use std::net::Ipv4Addr;
 
+use ferroccl_transport_testkit::conformance::{self, Options};
+use ferroccl_transport_testkit::drive::exchange;
+
 fn pair(cfg: TcpConfig, comm_id: u64) -> (TcpConnection, TcpConnection) {
     let ep = TcpEndpoint::listen(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
     let addr = ep.addr();
@@ -10,45 +13,20 @@ fn pair(cfg: TcpConfig, comm_id: u64) -> (TcpConnection, TcpConnection) {
     (t.join().unwrap(), acc.remove(0))
 }
 
-/// Sends `msgs` from `a` to `b` concurrently with receiving them, driving both by polling.
-fn exchange(a: &mut TcpConnection, b: &mut TcpConnection, msgs: &[Vec<u8>]) -> Vec<Vec<u8>> {
-    let mut got = Vec::new();
-    for (k, m) in msgs.iter().enumerate() {
-        let h = Header {
-            kind: 1,
-            dtype: 7,
-            op: 0,
-            seq: k as u64,
-            count: m.len() as u64,
-            root: u32::MAX,
-            len: m.len() as u64,
+#[test]
+fn conformance_over_loopback() {
+    for nstreams in [1, 2] {
+        let cfg = TcpConfig {
+            nstreams,
+            ..TcpConfig::default()
         };
-        let mut sp = Progress::default();
-        let mut rp = Progress::default();
-        let mut rh = Header::default();
-        let mut buf = vec![0u8; m.len()];
-        let (mut sent, mut recvd) = (false, false);
-        let start = Instant::now();
-        while !(sent && recvd) {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "exchange stalled"
-            );
-            if !sent {
-                sent = a.send(&h, Payload::Host(m), &mut sp).unwrap();
-            }
-            if !recvd {
-                recvd = b
-                    .recv(&mut rh, PayloadMut::Host(&mut buf), &mut rp)
-                    .unwrap();
-                if rp.header_done() && !rp.started {
-                    assert_eq!(rh, h);
-                }
-            }
-        }
-        got.push(buf);
+        let mut id = 100;
+        conformance::run(&Options::new("tcp"), || {
+            id += 1;
+            let (a, b) = pair(cfg, id);
+            (Box::new(a), Box::new(b))
+        });
     }
-    got
 }
 
 #[test]

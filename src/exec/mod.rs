@@ -197,6 +197,11 @@ impl Engine {
         tuning: Tuning,
     ) -> Engine {
         let bell = conns.iter().flatten().find_map(Conn::doorbell);
+        // Room for every connection's descriptors in both directions, counted once here.
+        let mut fds = Vec::new();
+        for c in conns.iter().flatten() {
+            c.poll_fds(true, true, &mut fds);
+        }
         Engine {
             rank,
             nranks,
@@ -212,7 +217,7 @@ impl Engine {
             tuning,
             p2p_sent: vec![0; nranks],
             p2p_recvd: vec![0; nranks],
-            waits: WaitBuffers::default(),
+            waits: WaitBuffers::with_capacity(2 * fds.len().max(1)),
             tx_dirty: vec![false; nranks],
             reducer: Arc::new(HostReducer),
             raw: RawOps::default(),

@@ -63,6 +63,16 @@ pub(crate) struct WaitBuffers {
     sys: Vec<libc::pollfd>,
 }
 
+impl WaitBuffers {
+    /// Lists with room for `fds` descriptors, so that the first sleep allocates nothing either.
+    pub(crate) fn with_capacity(fds: usize) -> Self {
+        WaitBuffers {
+            fds: Vec::with_capacity(fds),
+            sys: Vec::with_capacity(fds),
+        }
+    }
+}
+
 impl std::fmt::Debug for WaitBuffers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WaitBuffers")

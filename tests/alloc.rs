@@ -90,7 +90,8 @@ fn allocs_per_rank(transport: &str, tag: u64, bytes: usize, calls: usize) -> Vec
                     let mut buf = vec![0f32; count];
                     let run = |buf: &mut Vec<f32>| {
                         buf.iter_mut().for_each(|x| *x = (c.rank() + 1) as f32);
-                        c.all_reduce_in_place(buf, ReduceOp::Sum).expect("allreduce");
+                        c.all_reduce_in_place(buf, ReduceOp::Sum)
+                            .expect("allreduce");
                         assert!(buf.iter().all(|&x| x == 3.0), "wrong sum");
                     };
                     for _ in 0..10 {

@@ -133,7 +133,11 @@ impl Call {
             rank: self.rank,
             kind: self.hkind,
             dtype: self.dtype,
-            op: if reduces { self.op.code() } else { wire::op::NONE },
+            op: if reduces {
+                self.op.code()
+            } else {
+                wire::op::NONE
+            },
             count: self.args.count as u64,
             root: self.args.kind.root().map_or(u32::MAX, |r| r as u32),
         };

@@ -41,7 +41,7 @@ fn check_lens(dtype: Option<DataType>, len: usize, others: &[usize]) -> Result<(
         )));
     }
     if let Some(d) = dtype {
-        if len % d.size() != 0 {
+        if !len.is_multiple_of(d.size()) {
             return Err(Error::internal(format!(
                 "{NAME}: {len} bytes is not a whole number of {d} elements"
             )));

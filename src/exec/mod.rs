@@ -10,7 +10,9 @@
 //! futex) when it waits only for shared-memory peers, in `poll(2)` on the sockets when it waits
 //! only for TCP peers, and in `poll(2)` with a 1 ms limit when it waits for both. An idle rank
 //! burns no CPU. Every wait has a deadline: no bytes moved for `timeout` is an error naming the
-//! operation, this rank and the peer.
+//! operation, this rank and the peer. The step driver (`step`) holds the progress logic only;
+//! time and waiting come from a `wait::Waiter`, and every element-wise step (reductions,
+//! pre-multiplied scaling, copies) from the engine's [`Reducer`].
 
 mod step;
 #[cfg(test)]
@@ -31,6 +33,7 @@ use ferroccl_transport::{
 use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
 use crate::reduce::{HostReducer, Reducer};
 
+// Header kinds, for code that names them through the executor (their home is `crate::wire`).
 pub(crate) use crate::wire::kind;
 pub(crate) use step::{OpContext, RawOp};
 use step::{OpState, StepEnv};

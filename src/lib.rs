@@ -47,8 +47,10 @@ pub mod coll;
 pub mod comm;
 mod exec;
 pub mod plan;
+mod reduce;
 pub mod sim;
 pub mod topo;
+mod wire;
 
 pub use comm::{Communicator, Config, Group, ReduceOp, Work};
 pub use ferroccl_kernels::{DataType, ElemOp, Element};

@@ -488,8 +488,8 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             let (send, send_len, recv, recv_len, block, in_place) =
                 rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
             let hkind = match which {
-                Rooted::Gather => crate::exec::kind::GATHER,
-                Rooted::Scatter => crate::exec::kind::SCATTER,
+                Rooted::Gather => crate::wire::kind::GATHER,
+                Rooted::Scatter => crate::wire::kind::SCATTER,
             };
             comm.agree_on_root(api, hkind, root, count, dtype)?;
             if block == 0 {

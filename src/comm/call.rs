@@ -1,9 +1,11 @@
 //! One collective call: its arguments checked, then run on the engine.
 
 use ferroccl_kernels::DataType;
+use ferroccl_transport::PayloadMut;
 
 use crate::coll::{CollArgs, CollKind};
-use crate::exec::{kind, Engine, Memory, OpContext};
+use crate::exec::{Engine, Memory, OpContext};
+use crate::wire::{self, kind};
 use crate::{Error, Result};
 
 use super::*;
@@ -131,7 +133,11 @@ impl Call {
             rank: self.rank,
             kind: self.hkind,
             dtype: self.dtype,
-            op: if reduces { self.op.code() } else { 0xff },
+            op: if reduces {
+                self.op.code()
+            } else {
+                wire::op::NONE
+            },
             count: self.args.count as u64,
             root: self.args.kind.root().map_or(u32::MAX, |r| r as u32),
         };
@@ -172,7 +178,8 @@ impl Call {
                 let out = unsafe {
                     std::slice::from_raw_parts_mut(mem.output.add(out_off * es), out_len * es)
                 };
-                ferroccl_kernels::divide(self.dtype, out, self.nranks as u64);
+                e.reducer()
+                    .divide(self.dtype, PayloadMut::Host(out), self.nranks as u64)?;
             }
         }
         Ok(())

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, Element};
 
 use crate::coll::CollKind;
-use crate::exec::{kind, Memory};
+use crate::exec::Memory;
+use crate::wire::kind;
 use crate::{Error, Result};
 
 use super::*;
@@ -59,7 +60,7 @@ impl Communicator {
             rank: inner.rank,
             kind: hkind,
             dtype,
-            op: 0xff,
+            op: crate::wire::op::NONE,
             count: count as u64,
             root: root as u32,
         };

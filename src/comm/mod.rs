@@ -63,26 +63,20 @@ impl ReduceOp {
 
     /// NCCL's code for the op (`ncclSum` = 0 ... `ncclAvg` = 4; 5 for pre-multiplied sums).
     pub fn code(self) -> u8 {
+        use crate::wire::op;
         match self {
-            ReduceOp::Sum => 0,
-            ReduceOp::Prod => 1,
-            ReduceOp::Max => 2,
-            ReduceOp::Min => 3,
-            ReduceOp::Avg => 4,
-            ReduceOp::PreMulSum(_) => 5,
+            ReduceOp::Sum => op::SUM,
+            ReduceOp::Prod => op::PROD,
+            ReduceOp::Max => op::MAX,
+            ReduceOp::Min => op::MIN,
+            ReduceOp::Avg => op::AVG,
+            ReduceOp::PreMulSum(_) => op::PREMUL_SUM,
         }
     }
 
     /// Name as nccl-tests prints it.
     pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-            ReduceOp::Avg => "avg",
-            ReduceOp::PreMulSum(_) => "premulsum",
-        }
+        crate::wire::op::name(self.code())
     }
 }
 

@@ -10,9 +10,14 @@
 //! futex) when it waits only for shared-memory peers, in `poll(2)` on the sockets when it waits
 //! only for TCP peers, and in `poll(2)` with a 1 ms limit when it waits for both. An idle rank
 //! burns no CPU. Every wait has a deadline: no bytes moved for `timeout` is an error naming the
-//! operation, this rank and the peer.
+//! operation, this rank and the peer. The step driver (`step`) holds the progress logic only;
+//! time and waiting come from a `wait::Waiter`, and every element-wise step (reductions,
+//! pre-multiplied scaling, copies) from the engine's [`Reducer`].
 
 mod step;
+#[cfg(test)]
+mod tests;
+mod wait;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -26,8 +31,13 @@ use ferroccl_transport::{
 };
 
 use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
+use crate::reduce::{HostReducer, Reducer};
 
-pub(crate) use step::{kind, OpContext, RawOp};
+// Header kinds, for code that names them through the executor (their home is `crate::wire`).
+pub(crate) use crate::wire::kind;
+pub(crate) use step::{OpContext, RawOp};
+use step::{OpState, StepEnv};
+use wait::{SysWaiter, WaitBuffers};
 
 /// A connection to one peer, with what the executor needs to know of its transport.
 #[derive(Debug)]
@@ -157,10 +167,27 @@ pub(crate) struct Engine {
     /// Sequence numbers of point-to-point messages per peer, each direction.
     pub p2p_sent: Vec<u64>,
     pub p2p_recvd: Vec<u64>,
-    pollfds: Vec<PollFd>,
+    /// Descriptor lists for sleeping in poll(2), kept between steps.
+    waits: WaitBuffers,
     /// Per peer: a send was left half-way, so nothing more may be written on the connection.
     tx_dirty: Vec<bool>,
+    /// Runs every element-wise step (reductions, pre-multiplied scaling, copies).
+    reducer: Arc<dyn Reducer>,
+    /// A step's resolved ops; empty between calls (the storage is kept).
+    raw: RawOps,
+    /// Progress of each op of the running step; the storage is kept between steps.
+    states: Vec<OpState>,
 }
+
+/// Storage for a step's resolved ops, reused from call to call.
+#[derive(Debug, Default)]
+struct RawOps(Vec<RawOp>);
+
+// SAFETY: the pointers in a `RawOp` point into buffers that the caller of `run_collective`
+// holds for the call, and the ops are only used by the thread running that call (which holds
+// the engine mutably). `run_collective` clears the vector before returning, so a moved engine
+// carries no pointer to another thread; only the allocation travels.
+unsafe impl Send for RawOps {}
 
 impl Engine {
     pub(crate) fn new(
@@ -173,6 +200,11 @@ impl Engine {
         tuning: Tuning,
     ) -> Engine {
         let bell = conns.iter().flatten().find_map(Conn::doorbell);
+        // Room for every connection's descriptors in both directions, counted once here.
+        let mut fds = Vec::new();
+        for c in conns.iter().flatten() {
+            c.poll_fds(true, true, &mut fds);
+        }
         Engine {
             rank,
             nranks,
@@ -188,9 +220,17 @@ impl Engine {
             tuning,
             p2p_sent: vec![0; nranks],
             p2p_recvd: vec![0; nranks],
-            pollfds: Vec::new(),
+            waits: WaitBuffers::with_capacity(2 * fds.len().max(1)),
             tx_dirty: vec![false; nranks],
+            reducer: Arc::new(HostReducer),
+            raw: RawOps::default(),
+            states: Vec::new(),
         }
+    }
+
+    /// The reducer that runs this engine's element-wise steps.
+    pub(crate) fn reducer(&self) -> &dyn Reducer {
+        &*self.reducer
     }
 
     /// Tells every peer why this rank is failing, where the connection allows it, in at most
@@ -214,7 +254,7 @@ impl Engine {
         let header = Header {
             kind: kind::NOTICE,
             dtype: 0,
-            op: 0xff,
+            op: crate::wire::op::NONE,
             seq,
             count: 0,
             root: u32::try_from(origin).unwrap_or(u32::MAX),
@@ -417,6 +457,13 @@ impl Engine {
         mem: Memory,
         ctx: &OpContext,
     ) -> Result<()> {
+        if !self.reducer.serves(ferroccl_transport::MemSpace::Host) {
+            return Err(ferroccl_transport::Error::internal(format!(
+                "{}: the {} reducer cannot reach host memory",
+                ctx.label(),
+                self.reducer.name()
+            )));
+        }
         let es = dtype.size();
         let (in_len, _) = args.kind.buffer_lens(args.count, self.nranks);
         let mut mem = mem;
@@ -445,7 +492,12 @@ impl Engine {
             // SAFETY: `src` holds `in_bytes` readable bytes (checked by the caller), and
             // `premul` is engine-owned memory that no one else references.
             let src = unsafe { std::slice::from_raw_parts(src, in_bytes) };
-            ferroccl_kernels::scale_into(dtype, &mut self.premul[..in_bytes], src, factor);
+            self.reducer.scale_into(
+                dtype,
+                PayloadMut::Host(&mut self.premul[..in_bytes]),
+                Payload::Host(src),
+                factor,
+            )?;
             mem.input = self.premul.as_ptr();
             mem.input_len = in_bytes;
             if mem.in_place {
@@ -477,7 +529,23 @@ impl Engine {
             mem,
             scratch: self.scratch.as_mut_ptr(),
         };
-        let mut raw: Vec<RawOp> = Vec::new();
+        let mut raw = std::mem::take(&mut self.raw.0);
+        let r = self.run_steps(&sched, &layout, &mut raw, dtype, op, ctx);
+        raw.clear();
+        self.raw.0 = raw;
+        r
+    }
+
+    /// Runs the steps of `sched` over `layout`, resolving each step's ops into `raw`.
+    fn run_steps(
+        &mut self,
+        sched: &Schedule,
+        layout: &Layout,
+        raw: &mut Vec<RawOp>,
+        dtype: DataType,
+        op: ElemOp,
+        ctx: &OpContext,
+    ) -> Result<()> {
         for st in &sched.steps {
             raw.clear();
             for o in &st.ops {
@@ -485,17 +553,32 @@ impl Engine {
                     let (s, n) = layout.resolve(&src, ctx)?;
                     let (d, m) = layout.resolve(&dst, ctx)?;
                     debug_assert_eq!(n, m);
-                    if s != d && n > 0 {
+                    let n = n.min(m);
+                    if s == d || n == 0 {
+                        continue;
+                    }
+                    let (su, du) = (s as usize, d as usize);
+                    if su < du + n && du < su + n {
                         // SAFETY: both ranges are in bounds (resolve checked them); `copy`
-                        // allows overlap.
-                        unsafe { std::ptr::copy(s, d, n.min(m)) };
+                        // allows the overlap that two slices could not express.
+                        unsafe { std::ptr::copy(s, d, n) };
+                    } else {
+                        // SAFETY: both ranges are in bounds (resolve checked them), disjoint
+                        // (checked above), and no other reference to them is live here.
+                        let (s, d) = unsafe {
+                            (
+                                std::slice::from_raw_parts(s, n),
+                                std::slice::from_raw_parts_mut(d, n),
+                            )
+                        };
+                        self.reducer.copy(PayloadMut::Host(d), Payload::Host(s))?;
                     }
                     continue;
                 }
                 raw.push(layout.raw_op(o, ctx)?);
             }
             if !raw.is_empty() {
-                self.run_step(&raw, dtype, op, ctx)?;
+                self.run_step(raw, dtype, op, ctx)?;
             }
         }
         Ok(())
@@ -551,19 +634,17 @@ impl Engine {
         if self.staging.len() < nstage {
             self.staging.resize_with(nstage, Vec::new);
         }
-        step::run(
-            &mut self.conns,
-            &mut self.staging,
-            &mut self.pollfds,
-            self.bell.as_deref(),
-            &self.wait,
-            &self.abort,
-            ops,
-            dtype,
-            op,
-            ctx,
-            &mut self.tx_dirty,
-        )
+        let mut waiter = SysWaiter::new(self.bell.as_deref(), &mut self.waits);
+        let env = StepEnv {
+            conns: &mut self.conns,
+            staging: &mut self.staging,
+            states: &mut self.states,
+            reducer: &*self.reducer,
+            wait: self.wait,
+            abort: &self.abort,
+            tx_dirty: &mut self.tx_dirty,
+        };
+        step::run(env, &mut waiter, ops, dtype, op, ctx)
     }
 }
 

@@ -1,65 +1,23 @@
 //! One step: concurrent sends and receives, driven without blocking until all are done.
+//!
+//! The driver is a state machine: each pass ([`advance`]) moves what every op may move now
+//! (ops to one peer in one direction run in order), checks headers as they arrive, reduces
+//! received bytes as they land and reports whether anything moved. It neither reads a clock
+//! nor waits: a [`Waiter`] tells the time and spends it when nothing moved (spin, yield,
+//! doorbell, poll(2)), so tests run a step on a simulated clock.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Doorbell, Error, ErrorKind, Header, Payload, PayloadMut, PollFd, Progress, Result, MAX_PARTS,
+    Error, ErrorKind, Header, Payload, PayloadMut, Progress, Result, MAX_PARTS,
 };
 
+use super::wait::{Waiter, Waiting};
 use super::{Conn, WaitPolicy};
-
-/// Operation kinds as carried in message headers.
-pub(crate) mod kind {
-    pub const ALL_REDUCE: u8 = 1;
-    pub const BROADCAST: u8 = 2;
-    pub const REDUCE: u8 = 3;
-    pub const ALL_GATHER: u8 = 4;
-    pub const REDUCE_SCATTER: u8 = 5;
-    pub const ALL_TO_ALL: u8 = 6;
-    pub const SEND_RECV: u8 = 7;
-    pub const SPLIT: u8 = 8;
-    pub const BARRIER: u8 = 9;
-    /// Gather and scatter, built from sends and receives (their root agreement carries it).
-    pub const GATHER: u8 = 10;
-    pub const SCATTER: u8 = 11;
-    /// A failure notice: a failing rank's last message on a connection before it closes it.
-    /// `root` names the rank where the failure began; the payload is that rank's reason.
-    pub const NOTICE: u8 = 12;
-
-    /// Name of a header kind.
-    pub fn name(k: u8) -> &'static str {
-        match k {
-            ALL_REDUCE => "all_reduce",
-            BROADCAST => "broadcast",
-            REDUCE => "reduce",
-            ALL_GATHER => "all_gather",
-            REDUCE_SCATTER => "reduce_scatter",
-            ALL_TO_ALL => "all_to_all",
-            SEND_RECV => "send/recv",
-            SPLIT => "split",
-            BARRIER => "barrier",
-            GATHER => "gather",
-            SCATTER => "scatter",
-            NOTICE => "failure notice",
-            _ => "unknown operation",
-        }
-    }
-}
-
-/// Names of reduction codes carried in headers.
-pub(crate) fn op_name(code: u8) -> &'static str {
-    match code {
-        0 => "sum",
-        1 => "prod",
-        2 => "max",
-        3 => "min",
-        4 => "avg",
-        5 => "premulsum",
-        _ => "none",
-    }
-}
+use crate::reduce::Reducer;
+use crate::wire::{kind, op as op_code};
 
 /// What an operation is, for headers and error messages.
 #[derive(Debug, Clone)]
@@ -74,7 +32,7 @@ pub(crate) struct OpContext {
     pub kind: u8,
     /// Element type.
     pub dtype: DataType,
-    /// Reduction code (see [`op_name`]); 0xff when none.
+    /// Reduction code ([`crate::wire::op`]); [`crate::wire::op::NONE`] when none.
     pub op: u8,
     /// Element count as the caller gave it.
     pub count: u64,
@@ -130,7 +88,7 @@ pub(crate) enum RawOp {
 }
 
 impl RawOp {
-    fn peer(&self) -> usize {
+    pub(crate) fn peer(&self) -> usize {
         match *self {
             RawOp::Send { peer, .. }
             | RawOp::Recv { peer, .. }
@@ -138,7 +96,7 @@ impl RawOp {
         }
     }
 
-    fn is_send(&self) -> bool {
+    pub(crate) fn is_send(&self) -> bool {
         matches!(self, RawOp::Send { .. })
     }
 
@@ -151,8 +109,9 @@ impl RawOp {
     }
 }
 
+/// Where one op of a step stands.
 #[derive(Debug, Default)]
-struct OpState {
+pub(crate) struct OpState {
     progress: Progress,
     header: Header,
     done: bool,
@@ -160,6 +119,13 @@ struct OpState {
     reduced: [usize; MAX_PARTS],
     /// RecvReduce: which staging buffer.
     stage: usize,
+}
+
+impl OpState {
+    /// Whether the op has finished.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
 }
 
 fn dtype_name(code: u8) -> String {
@@ -193,8 +159,8 @@ fn check_header(ctx: &OpContext, peer: usize, got: &Header, want: &Header) -> Re
     } else if got.op != want.op {
         format!(
             "rank {peer} reduces with {}, rank {me} with {}",
-            op_name(got.op),
-            op_name(want.op)
+            op_code::name(got.op),
+            op_code::name(want.op)
         )
     } else if got.root != want.root {
         format!(
@@ -221,22 +187,43 @@ fn conn_of<'a>(
         .ok_or_else(|| Error::internal(format!("{}: no connection to rank {peer}", ctx.label())))
 }
 
+/// What a step borrows from its engine.
+pub(crate) struct StepEnv<'a> {
+    /// Connection to each peer (None for self).
+    pub conns: &'a mut [Option<Conn>],
+    /// One buffer per receive-reduce op of the step (grown to its length here).
+    pub staging: &'a mut [Vec<u8>],
+    /// Per-op state, reused from step to step.
+    pub states: &'a mut Vec<OpState>,
+    /// Runs the reductions of received bytes.
+    pub reducer: &'a dyn Reducer,
+    pub wait: WaitPolicy,
+    pub abort: &'a AtomicBool,
+    /// Per peer: set when a send is left half-way (see [`run`]).
+    pub tx_dirty: &'a mut [bool],
+}
+
 /// Drives `ops` to completion. Ops to the same peer in the same direction run in order.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn run(
-    conns: &mut [Option<Conn>],
-    staging: &mut [Vec<u8>],
-    pollfds: &mut Vec<PollFd>,
-    bell: Option<&dyn Doorbell>,
-    wait: &WaitPolicy,
-    abort: &AtomicBool,
+pub(crate) fn run<W: Waiter>(
+    env: StepEnv<'_>,
+    waiter: &mut W,
     ops: &[RawOp],
     dtype: DataType,
     op: ElemOp,
     ctx: &OpContext,
-    tx_dirty: &mut [bool],
 ) -> Result<()> {
-    let mut st: Vec<OpState> = (0..ops.len()).map(|_| OpState::default()).collect();
+    let StepEnv {
+        conns,
+        staging,
+        states,
+        reducer,
+        wait,
+        abort,
+        tx_dirty,
+    } = env;
+    states.clear();
+    states.resize_with(ops.len(), OpState::default);
+    let st = &mut states[..];
     let mut nstage = 0;
     for (i, o) in ops.iter().enumerate() {
         if let RawOp::RecvReduce { len, .. } = *o {
@@ -247,13 +234,20 @@ pub(crate) fn run(
             nstage += 1;
         }
     }
-    let r = drive(
-        conns, staging, pollfds, bell, wait, abort, ops, dtype, op, ctx, &mut st,
-    );
+    let mut pass = Pass {
+        conns,
+        staging,
+        reducer,
+        ops,
+        dtype,
+        op,
+        ctx,
+    };
+    let r = drive(&mut pass, st, waiter, &wait, abort);
     if r.is_err() {
         // A send left half-way leaves its connection mid-message: nothing more may be written
         // on it (a failure notice there would land inside the payload).
-        for (o, s) in ops.iter().zip(&st) {
+        for (o, s) in ops.iter().zip(st.iter()) {
             if o.is_send() && !s.done && s.progress.header_pos > 0 {
                 if let Some(d) = tx_dirty.get_mut(o.peer()) {
                     *d = true;
@@ -264,164 +258,187 @@ pub(crate) fn run(
     r
 }
 
-#[allow(clippy::too_many_arguments)]
-fn drive(
-    conns: &mut [Option<Conn>],
-    staging: &mut [Vec<u8>],
-    pollfds: &mut Vec<PollFd>,
-    bell: Option<&dyn Doorbell>,
-    wait: &WaitPolicy,
-    abort: &AtomicBool,
-    ops: &[RawOp],
+/// Everything one pass over a step's ops reads or writes, besides the ops' states.
+struct Pass<'a, 'b> {
+    conns: &'b mut [Option<Conn>],
+    staging: &'b mut [Vec<u8>],
+    reducer: &'a dyn Reducer,
+    ops: &'b [RawOp],
     dtype: DataType,
     op: ElemOp,
-    ctx: &OpContext,
+    ctx: &'b OpContext,
+}
+
+/// What a pass over the ops found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    /// Every op is done.
+    AllDone,
+    /// Some op moved bytes or finished.
+    Some,
+    /// Nothing moved.
+    Nothing,
+}
+
+/// Runs passes until the step is done, asking `waiter` for the time and to wait whenever a
+/// pass moved nothing. No progress for `wait.timeout` is an error naming the awaited peers.
+fn drive<W: Waiter>(
+    pass: &mut Pass<'_, '_>,
     st: &mut [OpState],
+    waiter: &mut W,
+    wait: &WaitPolicy,
+    abort: &AtomicBool,
 ) -> Result<()> {
-    let es = dtype.size();
-    let mut last_progress = Instant::now();
-    let mut idle_since: Option<Instant> = None;
+    let mut last_progress = waiter.now();
+    let mut idle_since = None;
     loop {
-        // Read before checking the connections: a change made after this read bumps it, and
-        // the doorbell wait below then returns at once.
-        let seen = bell.map(|b| b.seq());
-        let mut moved = false;
-        let mut all_done = true;
-        for i in 0..ops.len() {
-            if st[i].done {
+        // Before checking the connections: a change made after this point wakes the waiter.
+        waiter.arm();
+        match advance(pass, st, waiter)? {
+            Moved::AllDone => return Ok(()),
+            Moved::Some => {
+                last_progress = waiter.now();
+                idle_since = None;
                 continue;
             }
-            all_done = false;
-            // FIFO per peer and direction: wait for earlier ops on the same channel.
-            let o = ops[i];
-            let blocked = ops[..i]
-                .iter()
-                .zip(&st[..i])
-                .any(|(e, s)| !s.done && e.peer() == o.peer() && e.is_send() == o.is_send());
-            if blocked {
-                continue;
-            }
-            let s = &mut st[i];
-            let before =
-                s.progress.header_pos + s.progress.moved() + usize::from(s.progress.started);
-            let conn = conn_of(conns, o.peer(), ctx)?;
-            let done = match o {
-                RawOp::Send {
-                    ptr, len, header, ..
-                } => {
-                    // SAFETY: the communicator checked that `ptr..ptr+len` is readable for the
-                    // whole call, and no op of this step writes it (schedules are checked for that).
-                    let payload = unsafe { std::slice::from_raw_parts(ptr, len) };
-                    conn.send(&header, Payload::Host(payload), &mut s.progress)
-                }
-                RawOp::Recv {
-                    ptr, len, header, ..
-                } => {
-                    // SAFETY: the communicator checked that `ptr..ptr+len` is writable for the
-                    // whole call, and no other op of this step touches it.
-                    let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-                    let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
-                    if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                        if s.header.kind == kind::NOTICE {
-                            return Err(read_notice(conn, s, o.peer(), ctx));
-                        }
-                        check_header(ctx, o.peer(), &s.header, &header)?;
-                    }
-                    r
-                }
-                RawOp::RecvReduce {
-                    src,
-                    dst,
-                    len,
-                    header,
-                    ..
-                } => {
-                    let stage = &mut staging[s.stage][..len];
-                    let r = conn.recv(
-                        &mut s.header,
-                        PayloadMut::Host(&mut *stage),
-                        &mut s.progress,
-                    );
-                    if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                        if s.header.kind == kind::NOTICE {
-                            return Err(read_notice(conn, s, o.peer(), ctx));
-                        }
-                        check_header(ctx, o.peer(), &s.header, &header)?;
-                    }
-                    if r.is_ok() && s.progress.started {
-                        for (j, part) in s.progress.parts().iter().enumerate() {
-                            let from = s.reduced[j].max(part.start);
-                            let avail = part.pos - part.pos % es;
-                            if avail > from {
-                                reduce_range(dtype, op, src, dst, &stage[from..avail], from);
-                                s.reduced[j] = avail;
-                            }
-                        }
-                    }
-                    r
-                }
-            }
-            .map_err(|e| e.context(ctx.label()))?;
-            let after =
-                s.progress.header_pos + s.progress.moved() + usize::from(s.progress.started);
-            if after != before {
-                moved = true;
-            }
-            if done {
-                s.done = true;
-                moved = true;
-            }
-        }
-        if all_done {
-            return Ok(());
-        }
-        if moved {
-            last_progress = Instant::now();
-            idle_since = None;
-            continue;
+            Moved::Nothing => {}
         }
         if abort.load(Ordering::Relaxed) {
             return Err(Error::new(
                 ErrorKind::Aborted,
-                format!("{}: the communicator was aborted", ctx.label()),
+                format!("{}: the communicator was aborted", pass.ctx.label()),
             ));
         }
-        let now = Instant::now();
+        let now = waiter.now();
         let idle = *idle_since.get_or_insert(now);
         let idle_for = now.duration_since(idle);
         if idle_for < wait.spin {
-            if idle_for < PURE_SPIN {
-                std::hint::spin_loop();
-            } else {
-                // Brief spinning catches a peer on another core; beyond that, give the core to
-                // a rank that shares it (more ranks than cores) before checking again.
-                std::thread::yield_now();
-            }
+            waiter.pause(idle_for);
             continue;
         }
-        if now.duration_since(last_progress) >= wait.timeout {
-            return Err(timeout_error(conns, ops, st, wait.timeout, ctx));
+        let quiet = now.duration_since(last_progress);
+        if quiet >= wait.timeout {
+            return Err(timeout_error(pass, st, wait.timeout));
         }
-        pollfds.clear();
-        let mut on_bell = false;
-        for (o, s) in ops.iter().zip(st.iter()) {
-            if !s.done {
-                if let Some(Some(c)) = conns.get(o.peer()) {
-                    on_bell |= c.uses_doorbell();
-                    c.poll_fds(o.is_send(), !o.is_send(), pollfds);
+        let waiting = Waiting {
+            conns: pass.conns,
+            ops: pass.ops,
+            st,
+        };
+        waiter.sleep(&waiting, wait.timeout.saturating_sub(quiet).min(MAX_SLEEP));
+    }
+}
+
+/// One pass over the ops: moves what each may move now, checks headers as they arrive and
+/// reduces received bytes as they land. Reads no clock and never waits (`waiter` only serves a
+/// failure notice's tail, on the way to an error).
+fn advance<W: Waiter>(
+    pass: &mut Pass<'_, '_>,
+    st: &mut [OpState],
+    waiter: &mut W,
+) -> Result<Moved> {
+    let (ops, ctx) = (pass.ops, pass.ctx);
+    let es = pass.dtype.size();
+    let mut moved = false;
+    let mut all_done = true;
+    for i in 0..ops.len() {
+        if st[i].done {
+            continue;
+        }
+        all_done = false;
+        // FIFO per peer and direction: wait for earlier ops on the same channel.
+        let o = ops[i];
+        let blocked = ops[..i]
+            .iter()
+            .zip(&st[..i])
+            .any(|(e, s)| !s.done && e.peer() == o.peer() && e.is_send() == o.is_send());
+        if blocked {
+            continue;
+        }
+        let s = &mut st[i];
+        let before = s.progress.header_pos + s.progress.moved() + usize::from(s.progress.started);
+        let conn = conn_of(pass.conns, o.peer(), ctx)?;
+        let done = match o {
+            RawOp::Send {
+                ptr, len, header, ..
+            } => {
+                // SAFETY: the communicator checked that `ptr..ptr+len` is readable for the
+                // whole call, and no op of this step writes it (schedules are checked for that).
+                let payload = unsafe { std::slice::from_raw_parts(ptr, len) };
+                conn.send(&header, Payload::Host(payload), &mut s.progress)
+            }
+            RawOp::Recv {
+                ptr, len, header, ..
+            } => {
+                // SAFETY: the communicator checked that `ptr..ptr+len` is writable for the
+                // whole call, and no other op of this step touches it.
+                let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
+                if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                    if s.header.kind == kind::NOTICE {
+                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
+                    }
+                    check_header(ctx, o.peer(), &s.header, &header)?;
                 }
+                r
+            }
+            RawOp::RecvReduce {
+                src,
+                dst,
+                len,
+                header,
+                ..
+            } => {
+                let stage = &mut pass.staging[s.stage][..len];
+                let r = conn.recv(
+                    &mut s.header,
+                    PayloadMut::Host(&mut *stage),
+                    &mut s.progress,
+                );
+                if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                    if s.header.kind == kind::NOTICE {
+                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
+                    }
+                    check_header(ctx, o.peer(), &s.header, &header)?;
+                }
+                if r.is_ok() && s.progress.started {
+                    for (j, part) in s.progress.parts().iter().enumerate() {
+                        let from = s.reduced[j].max(part.start);
+                        let avail = part.pos - part.pos % es;
+                        if avail > from {
+                            reduce_range(
+                                pass.reducer,
+                                pass.dtype,
+                                pass.op,
+                                src,
+                                dst,
+                                &stage[from..avail],
+                                from,
+                            )
+                            .map_err(|e| e.context(ctx.label()))?;
+                            s.reduced[j] = avail;
+                        }
+                    }
+                }
+                r
             }
         }
-        let left = wait
-            .timeout
-            .saturating_sub(now.duration_since(last_progress))
-            .min(MAX_SLEEP);
-        match (on_bell, bell, seen) {
-            (true, Some(b), Some(seen)) if pollfds.is_empty() => b.wait(seen, left),
-            (true, _, _) => sleep_on(pollfds, left.min(MIXED_SLEEP)),
-            _ => sleep_on(pollfds, left),
+        .map_err(|e| e.context(ctx.label()))?;
+        let after = s.progress.header_pos + s.progress.moved() + usize::from(s.progress.started);
+        if after != before || done {
+            moved = true;
+        }
+        if done {
+            s.done = true;
         }
     }
+    Ok(if all_done {
+        Moved::AllDone
+    } else if moved {
+        Moved::Some
+    } else {
+        Moved::Nothing
+    })
 }
 
 /// The longest reason a failure notice carries, in bytes.
@@ -431,13 +448,19 @@ const NOTICE_READ: Duration = Duration::from_millis(200);
 
 /// The error for a failure notice from `peer` whose header `s` has just read: the notice names
 /// the rank where the failure began and carries that rank's reason.
-fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -> Error {
+fn read_notice<W: Waiter>(
+    conn: &mut Conn,
+    s: &mut OpState,
+    peer: usize,
+    ctx: &OpContext,
+    waiter: &mut W,
+) -> Error {
     let origin = s.header.root as usize;
     let len = usize::try_from(s.header.len).unwrap_or(usize::MAX);
     let mut buf = [0u8; NOTICE_MAX];
     let mut why = None;
     if len <= NOTICE_MAX {
-        let until = Instant::now() + NOTICE_READ;
+        let until = waiter.now() + NOTICE_READ;
         loop {
             match conn.recv(
                 &mut s.header,
@@ -448,7 +471,7 @@ fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -
                     why = Some(String::from_utf8_lossy(&buf[..len]).into_owned());
                     break;
                 }
-                Ok(false) if Instant::now() < until => std::thread::yield_now(),
+                Ok(false) if waiter.now() < until => waiter.pause(Duration::MAX),
                 _ => break,
             }
         }
@@ -464,27 +487,26 @@ fn read_notice(conn: &mut Conn, s: &mut OpState, peer: usize, ctx: &OpContext) -
         .with_origin(origin, why)
 }
 
-/// Pure busy-waiting before yielding between checks.
-const PURE_SPIN: Duration = Duration::from_micros(10);
 /// Longest single sleep (the abort flag and peers' liveness are checked between sleeps).
-const MAX_SLEEP: Duration = Duration::from_millis(100);
-/// Longest sleep in poll(2) while shared-memory peers, which cannot wake poll, are awaited too.
-const MIXED_SLEEP: Duration = Duration::from_millis(1);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(100);
 
+/// Reduces `incoming`, bytes `from..from + incoming.len()` of a receive-reduce's message, with
+/// the same bytes of `src` into `dst`.
 fn reduce_range(
+    reducer: &dyn Reducer,
     dtype: DataType,
     op: ElemOp,
     src: *const u8,
     dst: *mut u8,
     incoming: &[u8],
     from: usize,
-) {
+) -> Result<()> {
     let n = incoming.len();
     if std::ptr::eq(src, dst) {
         // SAFETY: `dst..dst+len` is writable for the call and used by no other op of the step;
         // `from + n <= len`.
         let d = unsafe { std::slice::from_raw_parts_mut(dst.add(from), n) };
-        ferroccl_kernels::reduce_inplace(dtype, op, d, incoming);
+        reducer.reduce_inplace(dtype, op, PayloadMut::Host(d), Payload::Host(incoming))
     } else {
         // SAFETY: as above; `src` is a different, readable range of the same length that no op
         // of this step writes.
@@ -494,23 +516,25 @@ fn reduce_range(
                 std::slice::from_raw_parts(src.add(from), n),
             )
         };
-        ferroccl_kernels::reduce(dtype, op, d, s, incoming);
+        reducer.reduce(
+            dtype,
+            op,
+            PayloadMut::Host(d),
+            Payload::Host(s),
+            Payload::Host(incoming),
+        )
     }
 }
 
-fn timeout_error(
-    conns: &[Option<Conn>],
-    ops: &[RawOp],
-    st: &[OpState],
-    timeout: Duration,
-    ctx: &OpContext,
-) -> Error {
-    let waiting: Vec<String> = ops
+fn timeout_error(pass: &Pass<'_, '_>, st: &[OpState], timeout: Duration) -> Error {
+    let waiting: Vec<String> = pass
+        .ops
         .iter()
         .zip(st)
         .filter(|(_, s)| !s.done)
         .map(|(o, s)| {
-            let who = conns
+            let who = pass
+                .conns
                 .get(o.peer())
                 .and_then(Option::as_ref)
                 .map(|c| c.peer().to_string())
@@ -529,25 +553,8 @@ fn timeout_error(
         .collect();
     Error::timeout(format!(
         "{}: no progress for {:.1} s while {} (FERRO_TIMEOUT sets the limit)",
-        ctx.label(),
+        pass.ctx.label(),
         timeout.as_secs_f64(),
         waiting.join(", ")
     ))
-}
-
-fn sleep_on(fds: &[PollFd], timeout: Duration) {
-    let mut pfds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|f| libc::pollfd {
-            fd: f.fd,
-            events: (if f.read { libc::POLLIN } else { 0 })
-                | (if f.write { libc::POLLOUT } else { 0 }),
-            revents: 0,
-        })
-        .collect();
-    let ms = libc::c_int::try_from(timeout.as_millis())
-        .unwrap_or(100)
-        .max(1);
-    // SAFETY: `pfds` is a live array of `pfds.len()` pollfd structs.
-    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
 }

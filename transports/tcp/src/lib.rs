@@ -722,14 +722,23 @@ enum Io {
 }
 
 fn send_some(fd: i32, bufs: &[&[u8]]) -> std::io::Result<Io> {
-    let iov: Vec<libc::iovec> = bufs
-        .iter()
-        .filter(|b| !b.is_empty())
-        .map(|b| libc::iovec {
+    // Callers pass a header and a payload at most; a longer list sends its first buffers now
+    // (a short write, which callers handle) and the rest on the next call.
+    const MAX_IOV: usize = 4;
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; MAX_IOV];
+    let mut n = 0;
+    for b in bufs.iter().filter(|b| !b.is_empty()).take(MAX_IOV) {
+        iov[n] = libc::iovec {
             iov_base: b.as_ptr() as *mut libc::c_void,
             iov_len: b.len(),
-        })
-        .collect();
+        };
+        n += 1;
+    }
+    let iov = &iov[..n];
     if iov.is_empty() {
         return Ok(Io::Moved(0));
     }

@@ -1,0 +1,329 @@
+//! The step driver over an in-memory connection, on a simulated clock: no sockets, no sleeping.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp};
+use ferroccl_transport::{
+    Connection, ErrorKind, Header, Link, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Properties, Result, Spaces, WaitKind, HEADER_LEN,
+};
+
+use super::step::{self, OpContext, OpState, RawOp, StepEnv};
+use super::wait::{Waiter, Waiting};
+use super::{Conn, WaitPolicy};
+use crate::reduce::HostReducer;
+use crate::wire::{kind, op};
+
+/// Bytes in flight one way.
+type Pipe = Arc<Mutex<VecDeque<u8>>>;
+
+/// One end of an in-memory connection: unbounded pipes each way; a receive takes at most
+/// `chunk` payload bytes per call, so that messages arrive in pieces.
+#[derive(Debug)]
+struct MemConn {
+    peer: PeerInfo,
+    tx: Pipe,
+    rx: Pipe,
+    chunk: usize,
+}
+
+/// Both ends of a connection between ranks `a` and `b`: (a's end, b's end).
+fn mem_pair(a: usize, b: usize, chunk: usize) -> (MemConn, MemConn) {
+    let (ab, ba) = (Pipe::default(), Pipe::default());
+    let end = |peer: usize, tx: &Pipe, rx: &Pipe| MemConn {
+        peer: PeerInfo {
+            rank: peer,
+            addr: format!("mem:{peer}"),
+        },
+        tx: Arc::clone(tx),
+        rx: Arc::clone(rx),
+        chunk,
+    };
+    (end(b, &ab, &ba), end(a, &ba, &ab))
+}
+
+impl Connection for MemConn {
+    fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    fn send(&mut self, h: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        let payload = payload.host("mem")?;
+        let mut tx = self.tx.lock().unwrap();
+        tx.extend(h.encode());
+        tx.extend(payload);
+        p.header_pos = HEADER_LEN;
+        p.started = true;
+        p.nparts = 1;
+        p.parts[0].end = payload.len();
+        p.parts[0].pos = payload.len();
+        Ok(true)
+    }
+
+    fn recv(&mut self, h: &mut Header, payload: PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
+        let payload = payload.host("mem")?;
+        let mut rx = self.rx.lock().unwrap();
+        if !p.header_done() {
+            if rx.len() < HEADER_LEN {
+                return Ok(false);
+            }
+            let mut b = [0u8; HEADER_LEN];
+            for (d, s) in b.iter_mut().zip(rx.drain(..HEADER_LEN)) {
+                *d = s;
+            }
+            *h = Header::decode(&b).expect("a header");
+            p.header_pos = HEADER_LEN;
+            return Ok(false);
+        }
+        if !p.started {
+            p.started = true;
+            p.nparts = 1;
+            p.parts[0].end = payload.len();
+        }
+        let part = &mut p.parts[0];
+        let n = (part.end - part.pos).min(rx.len()).min(self.chunk);
+        for (d, s) in payload[part.pos..part.pos + n]
+            .iter_mut()
+            .zip(rx.drain(..n))
+        {
+            *d = s;
+        }
+        part.pos += n;
+        Ok(part.pos == part.end)
+    }
+
+    fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+
+    fn shutdown(&mut self) {}
+}
+
+fn conn(c: MemConn) -> Conn {
+    Conn::new(
+        Box::new(c),
+        Properties {
+            link: Link::Shm,
+            spaces: Spaces::HOST,
+            one_sided: false,
+            registration: false,
+            wait: WaitKind::Descriptors,
+            latency_us: 1.0,
+            bandwidth_gbps: 1.0,
+        },
+    )
+}
+
+/// A clock that moves only when the driver waits: a pause costs a microsecond, a sleep its
+/// whole limit.
+#[derive(Debug)]
+struct SimWaiter {
+    start: Instant,
+    elapsed: Duration,
+    sleeps: usize,
+    /// Peers the driver waited on in its sleeps.
+    awaited: Vec<usize>,
+}
+
+impl SimWaiter {
+    fn new() -> Self {
+        SimWaiter {
+            start: Instant::now(),
+            elapsed: Duration::ZERO,
+            sleeps: 0,
+            awaited: Vec::new(),
+        }
+    }
+}
+
+impl Waiter for SimWaiter {
+    fn now(&self) -> Instant {
+        self.start + self.elapsed
+    }
+
+    fn arm(&mut self) {}
+
+    fn pause(&mut self, _idle_for: Duration) {
+        self.elapsed += Duration::from_micros(1);
+    }
+
+    fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {
+        self.sleeps += 1;
+        for (c, _) in waiting.each() {
+            self.awaited.push(c.peer().rank);
+        }
+        self.elapsed += limit;
+    }
+}
+
+fn ctx(rank: usize, seq: u64) -> OpContext {
+    OpContext {
+        name: "all_reduce",
+        seq,
+        rank,
+        kind: kind::ALL_REDUCE,
+        dtype: DataType::Float32,
+        op: op::SUM,
+        count: 5,
+        root: u32::MAX,
+    }
+}
+
+/// One rank's engine state, minus the engine: connections, staging and per-op state.
+struct Rank {
+    conns: Vec<Option<Conn>>,
+    staging: Vec<Vec<u8>>,
+    states: Vec<OpState>,
+    tx_dirty: Vec<bool>,
+    abort: AtomicBool,
+    wait: WaitPolicy,
+}
+
+impl Rank {
+    fn new(conns: Vec<Option<Conn>>, timeout: Duration) -> Rank {
+        let n = conns.len();
+        Rank {
+            conns,
+            staging: vec![Vec::new(); 2],
+            states: Vec::new(),
+            tx_dirty: vec![false; n],
+            abort: AtomicBool::new(false),
+            wait: WaitPolicy {
+                spin: Duration::from_micros(20),
+                timeout,
+            },
+        }
+    }
+
+    fn step(&mut self, w: &mut SimWaiter, ops: &[RawOp], ctx: &OpContext) -> Result<()> {
+        let env = StepEnv {
+            conns: &mut self.conns,
+            staging: &mut self.staging,
+            states: &mut self.states,
+            reducer: &HostReducer,
+            wait: self.wait,
+            abort: &self.abort,
+            tx_dirty: &mut self.tx_dirty,
+        };
+        step::run(env, w, ops, DataType::Float32, ElemOp::Sum, ctx)
+    }
+}
+
+/// Ranks 0 and 1, connected in memory; rank 1 receives in `chunk`-byte pieces.
+fn two_ranks(chunk: usize, timeout: Duration) -> (Rank, Rank) {
+    let (a, b) = mem_pair(0, 1, chunk);
+    (
+        Rank::new(vec![None, Some(conn(a))], timeout),
+        Rank::new(vec![Some(conn(b)), None], timeout),
+    )
+}
+
+#[test]
+fn receive_reduce_reduces_bytes_as_they_arrive() {
+    let (mut r0, mut r1) = two_ranks(6, Duration::from_secs(1));
+    let sent = [1.0f32, 2.0, 3.0, 4.0, 5.0];
+    let mut mine = [10.0f32, 20.0, 30.0, 40.0, 50.0];
+    let len = std::mem::size_of_val(&sent);
+    let c0 = ctx(0, 1);
+    let send = RawOp::Send {
+        peer: 1,
+        ptr: as_bytes(&sent).as_ptr(),
+        len,
+        header: c0.header(len),
+    };
+    r0.step(&mut SimWaiter::new(), &[send], &c0).unwrap();
+    let c1 = ctx(1, 1);
+    let dst = as_bytes_mut(&mut mine).as_mut_ptr();
+    let recv = RawOp::RecvReduce {
+        peer: 0,
+        src: dst,
+        dst,
+        len,
+        header: c1.header(len),
+    };
+    let mut w = SimWaiter::new();
+    r1.step(&mut w, &[recv], &c1).unwrap();
+    assert_eq!(mine, [11.0, 22.0, 33.0, 44.0, 55.0]);
+    assert_eq!(w.sleeps, 0, "every piece was there to take");
+}
+
+#[test]
+fn timeout_fires_at_the_simulated_deadline_and_names_the_peer() {
+    let timeout = Duration::from_secs(3);
+    let (_r0, mut r1) = two_ranks(64, timeout);
+    let mut buf = [0u8; 20];
+    let c1 = ctx(1, 7);
+    let recv = RawOp::Recv {
+        peer: 0,
+        ptr: buf.as_mut_ptr(),
+        len: buf.len(),
+        header: c1.header(buf.len()),
+    };
+    let wall = Instant::now();
+    let mut w = SimWaiter::new();
+    let e = r1.step(&mut w, &[recv], &c1).unwrap_err();
+    assert!(wall.elapsed() < Duration::from_secs(1), "the test slept");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert_eq!(w.elapsed, timeout, "fired at the deadline");
+    assert!(
+        w.sleeps >= 30,
+        "slept in pieces of at most 100 ms: {}",
+        w.sleeps
+    );
+    assert!(w.awaited.iter().all(|&p| p == 0) && !w.awaited.is_empty());
+    let msg = e.to_string();
+    assert!(
+        msg.contains("all_reduce #7 on rank 1")
+            && msg.contains("receiving from rank 0 (mem:0) (0 of 20 bytes moved)")
+            && msg.contains("3.0 s"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_mismatched_header_names_both_ranks_at_once() {
+    let (mut r0, mut r1) = two_ranks(64, Duration::from_secs(1));
+    let data = [0u8; 20];
+    let c0 = ctx(0, 4);
+    let send = RawOp::Send {
+        peer: 1,
+        ptr: data.as_ptr(),
+        len: 20,
+        header: c0.header(20),
+    };
+    r0.step(&mut SimWaiter::new(), &[send], &c0).unwrap();
+    let mut buf = [0u8; 20];
+    let c1 = ctx(1, 5);
+    let recv = RawOp::Recv {
+        peer: 0,
+        ptr: buf.as_mut_ptr(),
+        len: 20,
+        header: c1.header(20),
+    };
+    let mut w = SimWaiter::new();
+    let e = r1.step(&mut w, &[recv], &c1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Remote);
+    assert!(
+        e.to_string()
+            .contains("rank 0 is in all_reduce #4, rank 1 in all_reduce #5"),
+        "{e}"
+    );
+    assert_eq!(w.elapsed, Duration::ZERO);
+}
+
+#[test]
+fn abort_ends_a_waiting_step() {
+    let (_r0, mut r1) = two_ranks(64, Duration::from_secs(10));
+    r1.abort.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut buf = [0u8; 4];
+    let c1 = ctx(1, 2);
+    let recv = RawOp::Recv {
+        peer: 0,
+        ptr: buf.as_mut_ptr(),
+        len: 4,
+        header: c1.header(4),
+    };
+    let e = r1.step(&mut SimWaiter::new(), &[recv], &c1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
+}

@@ -28,11 +28,12 @@
 use std::time::Instant;
 
 use super::config::DebugLevel;
-use super::Communicator;
+use super::{lock, Communicator};
 use crate::coll::{Algorithm, CollArgs, CollKind};
 use crate::exec::Engine;
 use crate::plan::Link;
 use crate::{Error, Result};
+use ferroccl_transport::{Payload, PayloadMut};
 
 fn lock_engine(c: &Communicator) -> std::sync::MutexGuard<'_, Engine> {
     c.inner.engine.lock().unwrap_or_else(|p| p.into_inner())
@@ -255,17 +256,18 @@ impl Communicator {
     /// Times the f32 sum kernel on 4 MiB and logs its rate on the slowest rank (for the
     /// simulator's reduction term; the tuner's corrections already hold it).
     fn time_reduction(&self) -> Result<()> {
+        let reducer = lock(&self.inner.engine).shared_reducer();
         let src: Vec<f32> = (0..REDUCE_ELEMS).map(|i| i as f32).collect();
         let mut dst = vec![1.0f32; REDUCE_ELEMS];
         let mut best = f64::INFINITY;
         for _ in 0..4 {
             let t = Instant::now();
-            ferroccl_kernels::reduce_inplace(
+            reducer.reduce_inplace(
                 ferroccl_kernels::DataType::Float32,
                 ferroccl_kernels::ElemOp::Sum,
-                ferroccl_kernels::as_bytes_mut(&mut dst),
-                ferroccl_kernels::as_bytes(&src),
-            );
+                PayloadMut::Host(ferroccl_kernels::as_bytes_mut(&mut dst)),
+                Payload::Host(ferroccl_kernels::as_bytes(&src)),
+            )?;
             best = best.min(t.elapsed().as_secs_f64());
             std::hint::black_box(&mut dst);
         }

@@ -3,7 +3,8 @@
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
 
 use super::Communicator;
-use crate::exec::{kind, OpContext, RawOp};
+use crate::exec::{OpContext, RawOp};
+use crate::wire::{kind, op};
 use crate::{Error, Result};
 
 #[derive(Debug)]
@@ -105,7 +106,7 @@ impl<'a> Group<'a> {
         inner.execute(ticket, |engine| {
             // Messages to self are copies, matched in order.
             let mut self_sends: Vec<&[u8]> = Vec::new();
-            let mut raw: Vec<RawOp> = Vec::with_capacity(ops.len());
+            let mut raw = engine.take_ops();
             let mut dtype = DataType::Uint8;
             for o in ops.iter_mut() {
                 match o {
@@ -159,6 +160,7 @@ impl<'a> Group<'a> {
                 )));
             }
             if raw.is_empty() {
+                engine.return_ops(raw);
                 return Ok(());
             }
             let ctx = OpContext {
@@ -167,11 +169,13 @@ impl<'a> Group<'a> {
                 rank,
                 kind: kind::SEND_RECV,
                 dtype,
-                op: 0xff,
+                op: op::NONE,
                 count: 0,
                 root: u32::MAX,
             };
-            engine.run_step(&raw, DataType::Uint8, ElemOp::Sum, &ctx)
+            let r = engine.run_step(&raw, DataType::Uint8, ElemOp::Sum, &ctx);
+            engine.return_ops(raw);
+            r
         })
     }
 }
@@ -180,7 +184,7 @@ fn p2p_header(dtype: DataType, len: usize, seq: u64) -> ferroccl_transport::Head
     ferroccl_transport::Header {
         kind: kind::SEND_RECV,
         dtype: dtype as u8,
-        op: 0xff,
+        op: op::NONE,
         seq,
         count: (len / dtype.size()) as u64,
         root: u32::MAX,

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Connection, Doorbell, Header, Payload, PayloadMut, PeerInfo, PollFd, Progress, Properties,
-    Result, WaitKind,
+    Connection, Doorbell, Header, MemRef, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Properties, RegCache, Region, Result, WaitKind,
 };
 
 use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
@@ -92,6 +92,16 @@ impl Conn {
         self.conn.poll_fds(sending, receiving, out)
     }
 
+    /// Announces the destination of the next incoming message (one-sided transports).
+    pub(crate) fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
+        self.conn.post_recv(dst, region)
+    }
+
+    /// Registers `mem` with the transport, where it needs registration.
+    pub(crate) fn register(&mut self, mem: MemRef) -> Result<Option<Region>> {
+        self.conn.register(mem)
+    }
+
     pub(crate) fn shutdown(&mut self) {
         self.conn.shutdown()
     }
@@ -100,6 +110,9 @@ impl Conn {
 /// How long a failing rank spends, at most, telling its peers why (see
 /// [`Engine::notify_failure`]).
 const NOTICE_BUDGET: Duration = Duration::from_millis(50);
+
+/// Registered regions an engine keeps, over all its connections.
+const REG_CACHE_ENTRIES: usize = 256;
 
 /// Largest allreduce, in bytes, whose algorithm the uncalibrated cost model picks.
 const AUTO_TUNED_MAX: usize = 8 << 10;
@@ -177,6 +190,8 @@ pub(crate) struct Engine {
     raw: RawOps,
     /// Progress of each op of the running step; the storage is kept between steps.
     states: Vec<OpState>,
+    /// Registered regions per connection (transports whose properties ask for registration).
+    regs: RegCache,
 }
 
 /// Storage for a step's resolved ops, reused from call to call.
@@ -199,7 +214,14 @@ impl Engine {
         slice_bytes: usize,
         tuning: Tuning,
     ) -> Engine {
-        let bell = conns.iter().flatten().find_map(Conn::doorbell);
+        // One doorbell wakes this rank only when every doorbell-driven connection rings the
+        // same one; with several (transports of different kinds), sleeps are short polls.
+        let mut bells = conns.iter().flatten().filter_map(Conn::doorbell);
+        let first = bells.next();
+        let bell = match first {
+            Some(b) if bells.all(|o| Arc::ptr_eq(&b, &o)) => Some(b),
+            _ => None,
+        };
         // Room for every connection's descriptors in both directions, counted once here.
         let mut fds = Vec::new();
         for c in conns.iter().flatten() {
@@ -225,12 +247,30 @@ impl Engine {
             reducer: Arc::new(HostReducer),
             raw: RawOps::default(),
             states: Vec::new(),
+            regs: RegCache::new(REG_CACHE_ENTRIES),
         }
+    }
+
+    /// The engine's empty op list, to fill with one step's ops (send/recv groups); hand it
+    /// back with [`Engine::return_ops`] so that its storage serves the next call.
+    pub(crate) fn take_ops(&mut self) -> Vec<RawOp> {
+        std::mem::take(&mut self.raw.0)
+    }
+
+    /// Returns the list of [`Engine::take_ops`], emptied.
+    pub(crate) fn return_ops(&mut self, mut ops: Vec<RawOp>) {
+        ops.clear();
+        self.raw.0 = ops;
     }
 
     /// The reducer that runs this engine's element-wise steps.
     pub(crate) fn reducer(&self) -> &dyn Reducer {
         &*self.reducer
+    }
+
+    /// The reducer, shared (to use it without holding the engine).
+    pub(crate) fn shared_reducer(&self) -> Arc<dyn Reducer> {
+        Arc::clone(&self.reducer)
     }
 
     /// Tells every peer why this rank is failing, where the connection allows it, in at most
@@ -643,6 +683,7 @@ impl Engine {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
+            regs: &mut self.regs,
         };
         step::run(env, &mut waiter, ops, dtype, op, ctx)
     }

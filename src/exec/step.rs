@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Error, ErrorKind, Header, Payload, PayloadMut, Progress, Result, MAX_PARTS,
+    Error, ErrorKind, Header, MemRef, Payload, PayloadMut, Progress, RegCache, Result, MAX_PARTS,
 };
 
 use super::wait::{Waiter, Waiting};
@@ -201,6 +201,40 @@ pub(crate) struct StepEnv<'a> {
     pub abort: &'a AtomicBool,
     /// Per peer: set when a send is left half-way (see [`run`]).
     pub tx_dirty: &'a mut [bool],
+    /// Registered regions, per connection, for transports that need them.
+    pub regs: &'a mut RegCache,
+}
+
+/// Tells one-sided transports where each receive of the step will land, in op order per peer
+/// (registering the destination first where the transport needs it), before any header comes.
+fn post_receives(
+    conns: &mut [Option<Conn>],
+    staging: &[Vec<u8>],
+    regs: &mut RegCache,
+    ops: &[RawOp],
+    st: &[OpState],
+    ctx: &OpContext,
+) -> Result<()> {
+    for (o, s) in ops.iter().zip(st) {
+        let dst = match *o {
+            RawOp::Send { .. } => continue,
+            RawOp::Recv { ptr, len, .. } => MemRef::host(ptr, len),
+            RawOp::RecvReduce { len, .. } => MemRef::host(staging[s.stage].as_ptr(), len),
+        };
+        let peer = o.peer();
+        let conn = conn_of(conns, peer, ctx)?;
+        if !conn.props.one_sided {
+            continue;
+        }
+        let label = |e: Error| e.context(ctx.label());
+        if conn.props.registration && regs.get(peer, &dst).is_none() {
+            if let Some(region) = conn.register(dst).map_err(label)? {
+                regs.insert(peer, region);
+            }
+        }
+        conn.post_recv(dst, regs.get(peer, &dst)).map_err(label)?;
+    }
+    Ok(())
 }
 
 /// Drives `ops` to completion. Ops to the same peer in the same direction run in order.
@@ -220,6 +254,7 @@ pub(crate) fn run<W: Waiter>(
         wait,
         abort,
         tx_dirty,
+        regs,
     } = env;
     states.clear();
     states.resize_with(ops.len(), OpState::default);
@@ -229,11 +264,15 @@ pub(crate) fn run<W: Waiter>(
         if let RawOp::RecvReduce { len, .. } = *o {
             st[i].stage = nstage;
             if staging[nstage].len() < len {
+                // The old buffer goes away: so do its registrations.
+                let old = &staging[nstage];
+                regs.forget(&MemRef::host(old.as_ptr(), old.capacity()));
                 staging[nstage].resize(len, 0);
             }
             nstage += 1;
         }
     }
+    post_receives(conns, staging, regs, ops, st, ctx)?;
     let mut pass = Pass {
         conns,
         staging,

@@ -176,6 +176,7 @@ struct Rank {
     staging: Vec<Vec<u8>>,
     states: Vec<OpState>,
     tx_dirty: Vec<bool>,
+    regs: ferroccl_transport::RegCache,
     abort: AtomicBool,
     wait: WaitPolicy,
 }
@@ -188,6 +189,7 @@ impl Rank {
             staging: vec![Vec::new(); 2],
             states: Vec::new(),
             tx_dirty: vec![false; n],
+            regs: ferroccl_transport::RegCache::new(8),
             abort: AtomicBool::new(false),
             wait: WaitPolicy {
                 spin: Duration::from_micros(20),
@@ -205,6 +207,7 @@ impl Rank {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
+            regs: &mut self.regs,
         };
         step::run(env, w, ops, DataType::Float32, ElemOp::Sum, ctx)
     }

@@ -194,6 +194,17 @@ pub(crate) struct Engine {
     regs: RegCache,
 }
 
+/// The doorbell to sleep on: one wakes this rank only when every doorbell-driven connection
+/// rings the same one (handles compared by [`Doorbell::identity`]); with several (transports of
+/// different kinds), `None`, and sleeps are short polls.
+fn common_doorbell(
+    mut bells: impl Iterator<Item = Arc<dyn Doorbell>>,
+) -> Option<Arc<dyn Doorbell>> {
+    let first = bells.next()?;
+    let id = first.identity();
+    bells.all(|b| b.identity() == id).then_some(first)
+}
+
 /// Storage for a step's resolved ops, reused from call to call.
 #[derive(Debug, Default)]
 struct RawOps(Vec<RawOp>);
@@ -214,14 +225,7 @@ impl Engine {
         slice_bytes: usize,
         tuning: Tuning,
     ) -> Engine {
-        // One doorbell wakes this rank only when every doorbell-driven connection rings the
-        // same one; with several (transports of different kinds), sleeps are short polls.
-        let mut bells = conns.iter().flatten().filter_map(Conn::doorbell);
-        let first = bells.next();
-        let bell = match first {
-            Some(b) if bells.all(|o| Arc::ptr_eq(&b, &o)) => Some(b),
-            _ => None,
-        };
+        let bell = common_doorbell(conns.iter().flatten().filter_map(Conn::doorbell));
         // Room for every connection's descriptors in both directions, counted once here.
         let mut fds = Vec::new();
         for c in conns.iter().flatten() {

@@ -330,3 +330,36 @@ fn abort_ends_a_waiting_step() {
     let e = r1.step(&mut SimWaiter::new(), &[recv], &c1).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
 }
+
+/// A doorbell handle over a shared word: `identity` is the word's address.
+#[derive(Debug)]
+struct Handle(Arc<std::sync::atomic::AtomicU32>);
+
+impl ferroccl_transport::Doorbell for Handle {
+    fn seq(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn wait(&self, _seen: u32, _timeout: Duration) {}
+    fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+}
+
+#[test]
+fn one_doorbell_behind_several_handles_is_slept_on() {
+    use ferroccl_transport::Doorbell;
+    let word = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let other = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let h = |w: &Arc<std::sync::atomic::AtomicU32>| -> Arc<dyn Doorbell> {
+        Arc::new(Handle(Arc::clone(w)))
+    };
+    // Two handles (as a transport hands out per connection) of one word: one doorbell.
+    let same = super::common_doorbell([h(&word), h(&word), h(&word)].into_iter());
+    assert_eq!(
+        same.map(|b| b.identity()),
+        Some(Arc::as_ptr(&word) as usize)
+    );
+    // Two words (transports of different kinds): no single doorbell wakes every wait.
+    assert!(super::common_doorbell([h(&word), h(&other)].into_iter()).is_none());
+    assert!(super::common_doorbell(std::iter::empty()).is_none());
+}

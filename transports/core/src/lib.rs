@@ -197,6 +197,10 @@ pub trait Doorbell: Send + Sync + fmt::Debug {
     /// Sleeps until the value differs from `seen`, someone wakes this doorbell, or `timeout`
     /// passes. May return early for no reason; callers re-check and wait again.
     fn wait(&self, seen: u32, timeout: Duration);
+
+    /// An address that two doorbells share exactly when they are one doorbell (the word they
+    /// wait on), however many handles point at it.
+    fn identity(&self) -> usize;
 }
 
 /// A connection to one peer. Messages in each direction are delivered whole and in order.

@@ -363,3 +363,61 @@ fn one_doorbell_behind_several_handles_is_slept_on() {
     assert!(super::common_doorbell([h(&word), h(&other)].into_iter()).is_none());
     assert!(super::common_doorbell(std::iter::empty()).is_none());
 }
+
+/// The in-memory transport is one-sided in shape: a step registers each receive destination
+/// once (the engine's cache keeps it) and posts it before the header comes.
+#[test]
+fn a_one_sided_transport_gets_posted_and_registered_destinations() {
+    use ferroccl_transport::Transport;
+    use ferroccl_transport_mem::{MemConfig, MemConnection, MemTransport};
+    let props = MemTransport::new().properties();
+    assert!(props.one_sided && props.registration);
+    let (a, b) = MemConnection::pair(0, 1, &MemConfig::default());
+    let timeout = Duration::from_secs(1);
+    let mut r0 = Rank::new(vec![None, Some(Conn::new(Box::new(a), props))], timeout);
+    let mut r1 = Rank::new(vec![Some(Conn::new(Box::new(b), props)), None], timeout);
+    let mut buf = [0u8; 24];
+    for seq in 1..=3u64 {
+        let data: Vec<u8> = (0..24).map(|i| (i as u64 * 7 + seq) as u8).collect();
+        let c0 = ctx(0, seq);
+        let send = RawOp::Send {
+            peer: 1,
+            ptr: data.as_ptr(),
+            len: data.len(),
+            header: c0.header(data.len()),
+        };
+        r0.step(&mut SimWaiter::new(), &[send], &c0).unwrap();
+        let c1 = ctx(1, seq);
+        let recv = RawOp::Recv {
+            peer: 0,
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            header: c1.header(buf.len()),
+        };
+        r1.step(&mut SimWaiter::new(), &[recv], &c1).unwrap();
+        assert_eq!(&buf[..], &data[..]);
+        assert_eq!(r1.regs.len(), 1, "one registration for the reused buffer");
+    }
+    // A destination of another length is a new registration; the old one is kept until the
+    // cache needs the room.
+    let mut small = [0u8; 8];
+    let c0 = ctx(0, 4);
+    let data = [9u8; 8];
+    let send = RawOp::Send {
+        peer: 1,
+        ptr: data.as_ptr(),
+        len: 8,
+        header: c0.header(8),
+    };
+    r0.step(&mut SimWaiter::new(), &[send], &c0).unwrap();
+    let c1 = ctx(1, 4);
+    let recv = RawOp::Recv {
+        peer: 0,
+        ptr: small.as_mut_ptr(),
+        len: 8,
+        header: c1.header(8),
+    };
+    r1.step(&mut SimWaiter::new(), &[recv], &c1).unwrap();
+    assert_eq!(small, data);
+    assert_eq!(r1.regs.len(), 2);
+}

@@ -53,5 +53,10 @@ pub mod topo;
 mod wire;
 
 pub use comm::{Communicator, Config, Group, ReduceOp, Work};
+
+// The README's Rust examples compile as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 pub use ferroccl_kernels::{DataType, ElemOp, Element};
 pub use ferroccl_transport::{Error, ErrorKind, Result};

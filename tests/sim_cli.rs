@@ -38,3 +38,72 @@ fn bad_options_name_themselves() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--calls"), "{stderr}");
 }
+
+#[test]
+fn help_names_every_flag_and_version_prints_the_version() {
+    for flag in ["--help", "-h"] {
+        let out = Command::new(SIM)
+            .arg(flag)
+            .output()
+            .expect("run ferroccl-sim");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{flag}: {:?}", out.status);
+        for name in [
+            "--ranks",
+            "--ranks-per-host",
+            "--op",
+            "--algo",
+            "--minbytes",
+            "--maxbytes",
+            "--stepfactor",
+            "--intra",
+            "--inter",
+            "--nic-gbps",
+            "--nic-burst",
+            "--reduce-gbps",
+            "--eager",
+            "--slice",
+            "--calls",
+            "--ranks-per-core",
+            "--wake-us",
+            "--cache",
+            "--mem-gbps",
+            "--slow",
+            "--placement",
+            "--topology",
+            "--version",
+            "--help",
+        ] {
+            assert!(
+                stdout.contains(name),
+                "{flag} does not name {name}:\n{stdout}"
+            );
+        }
+    }
+    let out = Command::new(SIM)
+        .arg("--version")
+        .output()
+        .expect("run ferroccl-sim");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}", out.status);
+    assert_eq!(
+        stdout.trim(),
+        format!("ferroccl-sim {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn the_header_prints_link_costs_readably() {
+    let out = Command::new(SIM)
+        .args(["--ranks", "4", "--ranks-per-host", "2", "-e", "8"])
+        .output()
+        .expect("run ferroccl-sim");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}", out.status);
+    let header = stdout.lines().next().unwrap_or("");
+    assert!(
+        header.contains("intra shm: ") && header.contains(" us, "),
+        "{header}"
+    );
+    assert!(!header.contains("LinkCost"), "{header}");
+}

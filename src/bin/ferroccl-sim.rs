@@ -7,7 +7,7 @@
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
 //!              [--reduce-gbps X] [--eager BYTES] [--nic-burst BYTES] [--calls N]
 //!              [--ranks-per-core F] [--wake-us W] [--cache BYTES --mem-gbps X]
-//!              [--topology FILE]
+//!              [--topology FILE] [-h|--help] [-V|--version]
 //! ```
 //!
 //! `--ranks-per-core F` and `--wake-us W`: ranks that share cores (`F` > 1) run their copies,
@@ -52,7 +52,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use ferroccl::coll::{AlgoOptions, Algorithm, CollArgs, CollKind, Topology};
-use ferroccl::plan::{CostModel, Link, Overrides};
+use ferroccl::plan::{CostModel, Link, LinkCost, Overrides};
 use ferroccl::sim::{
     busbw_factor, simulate_calls, Cluster, DEFAULT_COPY_GBPS, DEFAULT_EAGER_BYTES,
     DEFAULT_REDUCE_GBPS,
@@ -195,18 +195,21 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_args() -> Result<Opts, String> {
+fn parse_args() -> Result<Opts, Stop> {
     let mut o = Opts::default();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
         let flag = args[i].as_str();
         if flag == "-h" || flag == "--help" {
-            return Err(String::new());
+            return Err(Stop::Help);
+        }
+        if flag == "-V" || flag == "--version" {
+            return Err(Stop::Version);
         }
         let v = args
             .get(i + 1)
-            .ok_or_else(|| format!("{flag} needs a value"))?
+            .ok_or_else(|| Stop::Bad(format!("{flag} needs a value")))?
             .as_str();
         match flag {
             "--ranks" | "-n" => o.ranks = num(v, "--ranks")?,
@@ -219,7 +222,7 @@ fn parse_args() -> Result<Opts, String> {
                     o.algos = Some(
                         v.split(',')
                             .map(str::parse)
-                            .collect::<Result<Vec<Algorithm>, _>>()?,
+                            .collect::<Result<Vec<Algorithm>, String>>()?,
                     )
                 }
             },
@@ -233,7 +236,7 @@ fn parse_args() -> Result<Opts, String> {
             "--slice" => {
                 let n = parse_size(v)?;
                 if n == 0 {
-                    return Err("--slice must be at least 1 byte".to_string());
+                    return Err(Stop::Bad("--slice must be at least 1 byte".to_string()));
                 }
                 o.model.max_slice = n;
             }
@@ -247,39 +250,114 @@ fn parse_args() -> Result<Opts, String> {
             "--slow" => {
                 let (h, f) = v
                     .split_once('=')
-                    .ok_or_else(|| format!("bad --slow '{v}'"))?;
+                    .ok_or_else(|| Stop::Bad(format!("bad --slow '{v}'")))?;
                 o.slow.push((num(h, "host")?, num(f, "factor")?));
             }
             "--placement" => o.round_robin = parse_placement(v)?,
             "--topology" => apply_file(&mut o, v)?,
-            _ => return Err(format!("unknown option '{flag}'")),
+            _ => return Err(Stop::Bad(format!("unknown option '{flag}'"))),
         }
         i += 2;
     }
     if o.ranks == 0 || o.per_host == 0 || o.factor < 2 || o.calls == 0 {
-        return Err(
+        return Err(Stop::Bad(
             "--ranks, --ranks-per-host and --calls must be positive and -f at least 2".into(),
-        );
+        ));
     }
     Ok(o)
+}
+
+/// Why [`parse_args`] returned no options.
+#[derive(Debug)]
+enum Stop {
+    /// `-h` / `--help`.
+    Help,
+    /// `-V` / `--version`.
+    Version,
+    /// A bad option, with the message.
+    Bad(String),
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Self {
+        Stop::Bad(e)
+    }
+}
+
+/// The usage text: every flag with its meaning, units and default.
+fn usage() -> String {
+    format!(
+        "USAGE: ferroccl-sim [options]
+Predicts collective times on a modelled cluster by running ferroccl's schedules, and prints
+them in the perf tools' table layout. Sizes take K, M or G suffixes (powers of 1024).
+
+\t[-n,--ranks <N>] ranks in the cluster (default: 16)
+\t[-k,--ranks-per-host <K>] ranks per host (default: 8)
+\t[--op <allreduce/allgather/reducescatter/broadcast/reduce/alltoall>] collective (default: allreduce)
+\t[--algo <auto/all/NAME,...>] auto: the tuner's choice; all: every algorithm for the op; or a list of
+\t        ring, tree, rd, rhd, hier, binomial, chain, pairwise (default: auto)
+\t[-b,--minbytes <bytes>] smallest size (default: 8)
+\t[-e,--maxbytes <bytes>] largest size (default: 128M)
+\t[-f,--stepfactor <factor>] size multiplier between rows, at least 2 (default: 4)
+\t[--intra <shm/tcp/rdma/nvlink>] link between ranks of one host (default: shm)
+\t[--inter <shm/tcp/rdma/nvlink>] link between hosts (default: tcp)
+\t[--nic-gbps <GB/s>] each host's NIC bandwidth, each way; cross-host messages queue for it
+\t        (default: the inter link's bandwidth)
+\t[--nic-burst <bytes>] the NIC as a token-bucket shaper holding this many bytes (default: 0, none)
+\t[--reduce-gbps <GB/s>] bytes of received data a rank reduces per second; 0 or inf: free
+\t        (default: {reduce})
+\t[--eager <bytes>] messages up to this size leave without waiting for the receiver; 0: every
+\t        message is a rendezvous (default: {eager})
+\t[--slice <bytes>] most bytes one message carries, as FERRO_SLICE_BYTES (default: 4M)
+\t[--calls <N>] time per call of N back-to-back calls after the first (default: 1)
+\t[--ranks-per-core <F>] ranks sharing a core: copies, reductions and shm transfers F times
+\t        slower (default: 1)
+\t[--wake-us <us>] with --ranks-per-core F > 1, each message costs (1 - 1/F) * W us more (default: 0)
+\t[--cache <bytes>] buffers per host from which a call is memory-bound (default: 0, no memory term)
+\t[--mem-gbps <GB/s>] with --cache, a memory-bound rank's copy rate (default: 0, no memory term)
+\t[--slow <HOST=FACTOR>] host HOST runs FACTOR (>= 1) times slower; repeatable (default: none)
+\t[--placement <host-major/round-robin>] host-major: ranks h*K..(h+1)*K on host h; round-robin:
+\t        rank r on host r % hosts (default: host-major)
+\t[--topology <file>] lines `key value...` (# starts a comment): ranks N, ranks_per_host K,
+\t        intra LINK, inter LINK, link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES,
+\t        ranks_per_core F, wake_us W, cache BYTES, mem_gbps X, reduce GBPS, eager BYTES,
+\t        slow HOST FACTOR, placement host-major|round-robin
+\t[-V,--version] print the version and exit
+\t[-h,--help] print this text and exit
+Options and topology lines apply in order; later ones win.
+",
+        reduce = format_args!("{DEFAULT_REDUCE_GBPS} GB/s"),
+        eager = format_args!("{} K", DEFAULT_EAGER_BYTES >> 10),
+    )
+}
+
+/// A link's cost as a reader wants it: `1.0 us, 6.0 GB/s`.
+fn show_link(c: &LinkCost) -> String {
+    // Whole numbers keep one decimal; others print as given (1.25, not 1.2).
+    let show = |x: f64| {
+        if x.fract() == 0.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x}")
+        }
+    };
+    format!("{} us, {} GB/s", show(c.alpha_us), show(c.beta_gbps))
 }
 
 fn main() -> ExitCode {
     let o = match parse_args() {
         Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("ferroccl-sim: {e}");
-            }
-            eprintln!(
-                "usage: ferroccl-sim --ranks N --ranks-per-host K [--op allreduce] \
-                 [--algo auto|all|ring,tree,rd,hier,...] [-b 8] [-e 128M] [-f 4] [--intra shm] \
-                 [--inter tcp] [--nic-gbps X] [--reduce-gbps X (0: free)] [--eager BYTES] [--nic-burst BYTES] [--calls N] [--ranks-per-core F] [--wake-us W] [--cache BYTES --mem-gbps X] [--slice BYTES] \
-                 [--slow HOST=FACTOR] [--placement host-major|round-robin] [--topology FILE]\n\
-                 topology file lines: ranks N, ranks_per_host K, intra LINK, inter LINK, \
-                 link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES, ranks_per_core F, wake_us W, cache BYTES, mem_gbps X, reduce GBPS, eager BYTES, slow HOST FACTOR, \
-                 placement host-major|round-robin"
-            );
+        Err(Stop::Help) => {
+            print!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(Stop::Version) => {
+            println!("ferroccl-sim {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(Stop::Bad(e)) => {
+            eprintln!("ferroccl-sim: {e}");
+            eprint!("{}", usage());
             return ExitCode::from(2);
         }
     };
@@ -353,15 +431,15 @@ fn run(o: &Opts) -> Result<(), Failure> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {} ({:?}), inter {} ({:?}), \
+        "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {}: {}, inter {}: {}, \
          reduce {}, eager up to {} B, NIC burst {} B, {}{}{}{}",
         o.ranks,
         o.per_host,
         nhosts,
         o.model.intra.name(),
-        cluster.intra,
+        show_link(&cluster.intra),
         o.model.inter.name(),
-        cluster.inter,
+        show_link(&cluster.inter),
         if cluster.reduce_gbps > 0.0 && cluster.reduce_gbps.is_finite() {
             format!("{} GB/s", cluster.reduce_gbps)
         } else {

@@ -3,8 +3,9 @@
  *
  * Names, enum values, struct layouts and signatures are those of NCCL 2.19, plus
  * ncclAlltoAll, ncclGather and ncclScatter of later releases, so programs written against
- * NVIDIA's header build against this one unchanged. ferroccl runs on host memory over TCP:
- * pass a NULL stream and host buffers (a non-NULL stream is ncclInvalidUsage).
+ * NVIDIA's header build against this one unchanged. ferroccl moves host memory, over shared
+ * memory between ranks of one host and TCP across hosts; CUDA device buffers are not yet
+ * supported: pass a NULL stream and host buffers (a non-NULL stream is ncclInvalidUsage).
  *
  * Build the library with scripts/build-capi.sh; link with -lnccl.
  */

@@ -53,7 +53,8 @@ typedef struct {
   char internal[NCCL_UNIQUE_ID_BYTES];
 } ncclUniqueId;
 
-/* Result codes. A timeout waiting for a peer is ncclRemoteError (2.19 has no ncclTimeout). */
+/* Result codes. A deadline that passes while waiting for a peer is ncclTimeout (the value and
+ * position NVIDIA's header gives it); a peer that failed or left is ncclRemoteError. */
 typedef enum {
   ncclSuccess = 0,
   ncclUnhandledCudaError = 1,
@@ -63,7 +64,8 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  ncclTimeout = 8,
+  ncclNumResults = 9
 } ncclResult_t;
 
 #define NCCL_CONFIG_UNDEF_INT INT_MIN

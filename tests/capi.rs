@@ -196,6 +196,7 @@ fn rust_facts() -> BTreeMap<String, i64> {
         ("ncclInvalidUsage", ncclInvalidUsage),
         ("ncclRemoteError", ncclRemoteError),
         ("ncclInProgress", ncclInProgress),
+        ("ncclTimeout", ncclTimeout),
         ("ncclInt8", ncclInt8),
         ("ncclChar", ncclChar),
         ("ncclUint8", ncclUint8),
@@ -486,6 +487,7 @@ fn c_program_with_nccl_comm_id_and_init_all() {
     run_c(&exe, &["2", "mismatch"], &[]);
     run_c(&exe, &["3", "mismatch"], &[]);
     run_c(&exe, &["3", "rootmismatch"], &[]);
+    run_c(&exe, &["2", "timeout"], &[("FERRO_TIMEOUT", "2")]);
 }
 
 #[test]

@@ -17,13 +17,16 @@
 //! [`LaunchEnv::store_addr`]. It is, in order:
 //!
 //! 1. `FERRO_STORE_ADDR` (`host:port`), if set;
-//! 2. else `MASTER_ADDR` with port `FERRO_STORE_PORT` if set, else **`MASTER_PORT + 1`**.
+//! 2. else `MASTER_ADDR` with port `FERRO_STORE_PORT` if set, else **`MASTER_PORT + 1`**
+//!    (under torchrun an unset `MASTER_PORT` is 29500, torchrun's default, so the store takes
+//!    29501).
 //!
 //! torchrun already runs its own c10d store on `MASTER_PORT`, so ferroccl never listens there:
 //! by default its store takes the next port, `MASTER_PORT + 1`. If that port is taken on the
 //! rank-0 host, set `FERRO_STORE_PORT` to a free one (the same on every rank).
 //!
-//! torchrun requires `MASTER_ADDR` and `MASTER_PORT`. Under SLURM either `FERRO_STORE_ADDR` or
+//! torchrun requires `MASTER_ADDR`; an unset `MASTER_PORT` is 29500, as torchrun takes it, and
+//! one that is set must be a port number. Under SLURM either `FERRO_STORE_ADDR` or
 //! `MASTER_ADDR` (with `MASTER_PORT` or `FERRO_STORE_PORT`) must be set. Under Open MPI the
 //! same holds, except that when every rank runs on one host (`OMPI_COMM_WORLD_LOCAL_SIZE ==
 //! OMPI_COMM_WORLD_SIZE`) and no address is given, `store_addr` is `None` and the ranks share
@@ -178,13 +181,12 @@ fn torchrun(v: &Vars<'_>) -> Result<LaunchEnv> {
     let nranks = v.required(l, "WORLD_SIZE")?;
     let local_rank = v.number(l, "LOCAL_RANK")?;
     let local_nranks = v.number(l, "LOCAL_WORLD_SIZE")?;
-    for name in ["MASTER_ADDR", "MASTER_PORT"] {
-        if !v.has(name) {
-            return Err(Error::invalid_usage(format!(
-                "torchrun environment: RANK and WORLD_SIZE are set but {name} is not; \
-                 torchrun sets MASTER_ADDR and MASTER_PORT, set them when launching otherwise"
-            )));
-        }
+    if !v.has("MASTER_ADDR") {
+        return Err(Error::invalid_usage(
+            "torchrun environment: RANK and WORLD_SIZE are set but MASTER_ADDR is not; \
+             torchrun sets MASTER_ADDR (and MASTER_PORT, default 29500), set it when launching \
+             otherwise",
+        ));
     }
     let store = store_addr(v, l)?;
     let job_id = match v.get("TORCHELASTIC_RUN_ID").filter(|id| id != "none") {
@@ -192,7 +194,8 @@ fn torchrun(v: &Vars<'_>) -> Result<LaunchEnv> {
         None => format!(
             "torchrun-{}-{}",
             v.get("MASTER_ADDR").unwrap_or_default(),
-            v.get("MASTER_PORT").unwrap_or_default()
+            v.get("MASTER_PORT")
+                .unwrap_or_else(|| DEFAULT_MASTER_PORT.to_string())
         ),
     };
     finish(l, rank, nranks, local_rank, local_nranks, store, job_id)
@@ -369,8 +372,12 @@ fn launcher_names(l: Launcher) -> Names {
     }
 }
 
+/// torchrun's `MASTER_PORT` when none is given.
+const DEFAULT_MASTER_PORT: u16 = 29500;
+
 /// The store address: `FERRO_STORE_ADDR`, else `MASTER_ADDR` on `FERRO_STORE_PORT` or
-/// `MASTER_PORT + 1`; `None` when neither address variable is set.
+/// `MASTER_PORT + 1` (torchrun's default `MASTER_PORT`, 29500, when unset under torchrun);
+/// `None` when neither address variable is set.
 fn store_addr(v: &Vars<'_>, l: Launcher) -> Result<Option<SocketAddr>> {
     let what = l.name();
     if let Some(addr) = v.get("FERRO_STORE_ADDR") {
@@ -391,18 +398,21 @@ fn store_addr(v: &Vars<'_>, l: Launcher) -> Result<Option<SocketAddr>> {
             ))
         })?,
         None => {
-            let Some(p) = v.get("MASTER_PORT") else {
-                return Err(Error::invalid_usage(format!(
-                    "{what} environment: MASTER_ADDR={host} is set but neither MASTER_PORT nor \
-                     FERRO_STORE_PORT is; ferroccl's store listens on FERRO_STORE_PORT, or \
-                     MASTER_PORT+1"
-                )));
+            let master = match v.get("MASTER_PORT") {
+                Some(p) => parse_port(&p).ok_or_else(|| {
+                    Error::invalid_argument(format!(
+                        "{what} environment: MASTER_PORT={p:?} is not a port number (1-65535)"
+                    ))
+                })?,
+                None if l == Launcher::Torchrun => DEFAULT_MASTER_PORT,
+                None => {
+                    return Err(Error::invalid_usage(format!(
+                        "{what} environment: MASTER_ADDR={host} is set but neither MASTER_PORT \
+                         nor FERRO_STORE_PORT is; ferroccl's store listens on FERRO_STORE_PORT, \
+                         or MASTER_PORT+1"
+                    )));
+                }
             };
-            let master = parse_port(&p).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "{what} environment: MASTER_PORT={p:?} is not a port number (1-65535)"
-                ))
-            })?;
             master.checked_add(1).ok_or_else(|| {
                 Error::invalid_argument(format!(
                     "{what} environment: MASTER_PORT={master}: ferroccl's store listens on \
@@ -686,6 +696,51 @@ mod tests {
         ]);
         assert_eq!(e.store_addr, Some(sa("127.0.0.1:29401")));
         assert_eq!(e.job_id, "torchrun-localhost-29400");
+    }
+
+    #[test]
+    fn torchrun_master_port_defaults_to_29500() {
+        let e = ok(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.9"),
+        ]);
+        assert_eq!(e.launcher, Launcher::Torchrun);
+        assert_eq!(e.store_addr, Some(sa("10.0.0.9:29501")));
+        assert_eq!(e.job_id, "torchrun-10.0.0.9-29500");
+        // The same job as when torchrun's default is spelled out.
+        let spelled = ok(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.9"),
+            ("MASTER_PORT", "29500"),
+        ]);
+        assert_eq!(
+            (spelled.store_addr, spelled.job_id),
+            (e.store_addr, e.job_id)
+        );
+        // FERRO_STORE_PORT still wins.
+        let e = ok(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.0.0.9"),
+            ("FERRO_STORE_PORT", "31337"),
+        ]);
+        assert_eq!(e.store_addr, Some(sa("10.0.0.9:31337")));
+        // A MASTER_PORT that is set must be a port number.
+        for bad in ["0", "65536", "x29500"] {
+            let e = err(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "10.0.0.9"),
+                ("MASTER_PORT", bad),
+            ]);
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad:?}: {e}");
+            assert!(
+                e.message().contains(&format!("MASTER_PORT={bad:?}")),
+                "{bad:?}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! | `NCCL_BUFFSIZE` (bytes) | `FERRO_SLICE_BYTES` |
 //! | `NCCL_COMM_ID` (`host:port`) | `ncclGetUniqueId` names a store at that address, which rank 0 hosts |
 //! | `NCCL_COMM_BLOCKING` (0/1) | default of `ncclConfig_t::blocking` |
-//! | `NCCL_DEBUG_SUBSYS`, `NCCL_SHM_DISABLE` | accepted, no effect |
+//! | `NCCL_SHM_DISABLE` (0/1) | `FERRO_SHM_DISABLE`: `1` leaves shared memory out of `FERRO_TRANSPORTS` (peers on one host use TCP), `0` keeps it |
+//! | `NCCL_DEBUG_SUBSYS` | accepted, no effect |
 //! | `NCCL_ALGO`, `NCCL_PROTO` | accepted, logged at `INFO`: ferroccl picks its own schedules |
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -50,6 +51,20 @@ pub fn mapped(env: Lookup<'_>, ferro: &str) -> Option<String> {
                 Some(n) if n >= 64 => Some(n.to_string()),
                 _ => {
                     ferroccl_transport::log_line!("ferroccl (libnccl) WARN NCCL_BUFFSIZE={v:?} ignored: expected a size of at least 64 bytes");
+                    None
+                }
+            }
+        }
+        "FERRO_SHM_DISABLE" => {
+            let v = env("NCCL_SHM_DISABLE")?;
+            // NCCL reads an integer: any non-zero value disables shared memory.
+            match v.trim().parse::<i64>() {
+                Ok(n) => Some(if n != 0 { "1" } else { "0" }.into()),
+                Err(_) if v.trim().is_empty() => None,
+                Err(_) => {
+                    ferroccl_transport::log_line!(
+                        "ferroccl (libnccl) WARN NCCL_SHM_DISABLE={v:?} ignored: expected 0 or 1"
+                    );
                     None
                 }
             }
@@ -150,6 +165,26 @@ mod tests {
         assert_eq!(config_from(&e).unwrap().debug, DebugLevel::Debug);
         let e = env(&[("NCCL_BUFFSIZE", "12"), ("NCCL_DEBUG", "bogus")]);
         assert_eq!(config_from(&e).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn nccl_shm_disable_leaves_shared_memory_out() {
+        let default = Config::default().transports;
+        assert!(default.iter().any(|t| t == "shm"), "{default:?}");
+        let e = env(&[("NCCL_SHM_DISABLE", "1")]);
+        assert_eq!(config_from(&e).unwrap().transports, ["tcp"]);
+        let e = env(&[("NCCL_SHM_DISABLE", "0")]);
+        assert_eq!(config_from(&e).unwrap().transports, default);
+        let e = env(&[("NCCL_SHM_DISABLE", " 2 ")]);
+        assert_eq!(config_from(&e).unwrap().transports, ["tcp"]);
+        // Unusable values are ignored, and ferroccl's own variable wins.
+        let e = env(&[("NCCL_SHM_DISABLE", "maybe")]);
+        assert_eq!(config_from(&e).unwrap().transports, default);
+        let e = env(&[("NCCL_SHM_DISABLE", "1"), ("FERRO_SHM_DISABLE", "0")]);
+        assert_eq!(config_from(&e).unwrap().transports, default);
+        let e = env(&[("NCCL_SHM_DISABLE", "1"), ("FERRO_TRANSPORTS", "tcp,shm")]);
+        assert_eq!(config_from(&e).unwrap().transports, ["tcp"]);
+        assert_eq!(mapped(&env(&[]), "FERRO_SHM_DISABLE"), None);
     }
 
     #[test]

@@ -9,14 +9,15 @@ use crate::{Error, ErrorKind, Result};
 
 /// The one mapping from ferroccl's error kinds to `ncclResult_t`.
 ///
-/// NCCL 2.19 has no `ncclTimeout`: a deadline that passes while waiting for a peer is reported
-/// as `ncclRemoteError` (the peer did not answer), with "timeout" in the last-error string.
+/// A deadline that passes while waiting for a peer is `ncclTimeout` (value 8, as in NVIDIA's
+/// header); a peer that failed, left or disagreed is `ncclRemoteError`.
 pub fn result_of(kind: ErrorKind) -> ncclResult_t {
     match kind {
         ErrorKind::InvalidArgument => ncclInvalidArgument,
         ErrorKind::InvalidUsage | ErrorKind::Aborted | ErrorKind::Unsupported => ncclInvalidUsage,
         ErrorKind::System => ncclSystemError,
-        ErrorKind::Remote | ErrorKind::Timeout => ncclRemoteError,
+        ErrorKind::Remote => ncclRemoteError,
+        ErrorKind::Timeout => ncclTimeout,
         ErrorKind::Internal => ncclInternalError,
         _ => ncclInternalError,
     }
@@ -33,9 +34,9 @@ pub fn error_string(code: ncclResult_t) -> &'static CStr {
         }
         ncclInvalidArgument => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
         ncclInvalidUsage => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
-        ncclRemoteError => c"remote process exited, a peer timed out, or there was a network error",
+        ncclRemoteError => c"remote process exited or there was a network error",
         ncclInProgress => c"NCCL operation in progress",
-        8 => c"operation timed out",
+        ncclTimeout => c"operation timed out",
         _ => c"unknown result code",
     }
 }
@@ -96,7 +97,15 @@ mod tests {
     #[test]
     fn kinds_map_to_results() {
         assert_eq!(result_of(ErrorKind::InvalidArgument), ncclInvalidArgument);
-        assert_eq!(result_of(ErrorKind::Timeout), ncclRemoteError);
+        assert_eq!(result_of(ErrorKind::Timeout), ncclTimeout);
+        assert_eq!(ncclTimeout, 8);
+        assert_eq!(ncclNumResults, 9);
+        assert_eq!(result_of(ErrorKind::Remote), ncclRemoteError);
+        assert_eq!(
+            guard("t", || Err(Error::timeout("rank 1 did not answer"))),
+            ncclTimeout
+        );
+        assert_eq!(error_string(ncclTimeout), c"operation timed out");
         assert_eq!(result_of(ErrorKind::System), ncclSystemError);
         assert_eq!(
             guard("t", || Err(Error::remote("rank 2 left"))),

@@ -25,8 +25,8 @@
 //!   communicator on its own thread, sends and receives of one communicator together.
 //! - Every entry point checks its arguments as NCCL does (the last-error string names the
 //!   argument and its value), catches panics (`ncclInternalError`), and maps ferroccl's
-//!   error kinds to `ncclResult_t` in [`error::result_of`]. NCCL 2.19 has no `ncclTimeout`:
-//!   timeouts are `ncclRemoteError`.
+//!   error kinds to `ncclResult_t` in [`error::result_of`]; a deadline that passes while
+//!   waiting for a peer is `ncclTimeout`, a peer that failed or left `ncclRemoteError`.
 //! - Communicator handles are looked up in a table, never dereferenced: a stale or made-up
 //!   handle is `ncclInvalidArgument`, not a crash.
 

@@ -76,12 +76,14 @@ pub const ncclInternalError: ncclResult_t = 3;
 pub const ncclInvalidArgument: ncclResult_t = 4;
 /// A call not allowed in this state.
 pub const ncclInvalidUsage: ncclResult_t = 5;
-/// A peer failed or the network did (timeouts included: NCCL 2.19 has no `ncclTimeout`).
+/// A peer failed or the network did.
 pub const ncclRemoteError: ncclResult_t = 6;
 /// A non-blocking operation is still running.
 pub const ncclInProgress: ncclResult_t = 7;
+/// A deadline passed while waiting for a peer (`FERRO_TIMEOUT`).
+pub const ncclTimeout: ncclResult_t = 8;
 /// Number of result codes.
-pub const ncclNumResults: ncclResult_t = 8;
+pub const ncclNumResults: ncclResult_t = 9;
 
 /// `ncclDataType_t` (values are [`DataType`](crate::DataType)'s discriminants).
 pub type ncclDataType_t = c_int;

@@ -15,6 +15,7 @@ int main(void) {
   P(sizeof(ncclRedOp_t));
   P(ncclSuccess); P(ncclUnhandledCudaError); P(ncclSystemError); P(ncclInternalError);
   P(ncclInvalidArgument); P(ncclInvalidUsage); P(ncclRemoteError); P(ncclInProgress);
+  P(ncclTimeout);
   P(ncclInt8); P(ncclChar); P(ncclUint8); P(ncclInt32); P(ncclInt); P(ncclUint32);
   P(ncclInt64); P(ncclUint64); P(ncclFloat16); P(ncclHalf); P(ncclFloat32); P(ncclFloat);
   P(ncclFloat64); P(ncclDouble); P(ncclBfloat16); P(ncclFloat8e4m3); P(ncclFloat8e5m2);

@@ -349,6 +349,28 @@ static int run_all(int n) {
   return 0;
 }
 
+/* Rank 0 reduces while rank 1 stays alive but never joins, for longer than the deadline
+ * (FERRO_TIMEOUT=2): rank 0 gets ncclTimeout, not ncclRemoteError, and the last error names
+ * the operation. */
+static int run_timeout(int rank, int n, ncclUniqueId id) {
+  g_rank = rank;
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  float buf[16] = {0};
+  if (rank == 0) {
+    ncclResult_t r = ncclAllReduce(buf, buf, 16, ncclFloat, ncclSum, comm, NULL);
+    const char *m = ncclGetLastError(NULL);
+    EXPECT(r == ncclTimeout, "allreduce past the deadline returned %d (%s)", (int)r, m);
+    EXPECT(strstr(m, "all_reduce") != NULL, "last error \"%s\" names the operation", m);
+    EXPECT(strcmp(ncclGetErrorString(ncclTimeout), "operation timed out") == 0,
+           "error string of ncclTimeout: %s", ncclGetErrorString(ncclTimeout));
+  } else {
+    sleep(6);
+  }
+  CHECK(ncclCommAbort(comm));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "pipe";
@@ -375,6 +397,7 @@ int main(int argc, char **argv) {
     }
     fflush(stdout);
     if (strcmp(mode, "rootmismatch") == 0) _exit(run_root_mismatch(r, n, id));
+    if (strcmp(mode, "timeout") == 0) _exit(run_timeout(r, n, id));
     _exit(mismatch ? run_mismatch(r, n, id) : run_rank(r, n, id));
   }
   int failed = 0;

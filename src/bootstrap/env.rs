@@ -26,11 +26,11 @@
 //! rank-0 host, set `FERRO_STORE_PORT` to a free one (the same on every rank).
 //!
 //! torchrun requires `MASTER_ADDR`; an unset `MASTER_PORT` is 29500, as torchrun takes it, and
-//! one that is set must be a port number. Under SLURM either `FERRO_STORE_ADDR` or
-//! `MASTER_ADDR` (with `MASTER_PORT` or `FERRO_STORE_PORT`) must be set. Under Open MPI the
-//! same holds, except that when every rank runs on one host (`OMPI_COMM_WORLD_LOCAL_SIZE ==
-//! OMPI_COMM_WORLD_SIZE`) and no address is given, `store_addr` is `None` and the ranks share
-//! a job store ([`FileStore::new_for_job`](super::FileStore::new_for_job)) in
+//! one that is set must be a port number. Under SLURM and Open MPI either `FERRO_STORE_ADDR` or
+//! `MASTER_ADDR` (with `MASTER_PORT` or `FERRO_STORE_PORT`) must be set, except that when every
+//! rank runs on one host (`OMPI_COMM_WORLD_LOCAL_SIZE == OMPI_COMM_WORLD_SIZE`; under SLURM
+//! all tasks on the node, or `SLURM_STEP_NUM_NODES` / `SLURM_JOB_NUM_NODES` / `SLURM_NNODES`
+//! equal to 1) and no address is given, `store_addr` is `None` and the ranks share a job store ([`FileStore::new_for_job`](super::FileStore::new_for_job)) in
 //! [`LaunchEnv::file_store_dir`], removed when the last rank is done.
 //!
 //! Host names (`MASTER_ADDR=localhost`, `FERRO_STORE_ADDR=node17:29600`) are resolved, IPv4
@@ -221,32 +221,35 @@ fn slurm(v: &Vars<'_>) -> Result<LaunchEnv> {
                 .and_then(|list| tasks_on_node(&list, node))
         }
     };
-    let store = store_addr(v, l)?.ok_or_else(|| {
-        Error::invalid_usage(
-            "SLURM environment: ferroccl needs the address of its store, hosted by rank 0; \
-             set FERRO_STORE_ADDR=<host of rank 0>:<free port> on every rank (e.g. \
-             FERRO_STORE_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1):29600), \
-             or MASTER_ADDR=<host of rank 0> with MASTER_PORT (the store uses MASTER_PORT+1) \
-             or FERRO_STORE_PORT",
-        )
-    })?;
-    let job = v
-        .get("SLURM_JOB_ID")
-        .or_else(|| v.get("SLURM_JOBID"))
-        .unwrap_or_else(|| "unknown".into());
-    let job_id = match v.get("SLURM_STEP_ID").or_else(|| v.get("SLURM_STEPID")) {
-        Some(step) => format!("slurm-{job}.{step}"),
-        None => format!("slurm-{job}"),
+    let store = store_addr(v, l)?;
+    // One node (all tasks local, or SLURM says one node): a job store in /tmp, as under mpirun.
+    let one_node = local_nranks == Some(nranks)
+        || [
+            "SLURM_STEP_NUM_NODES",
+            "SLURM_JOB_NUM_NODES",
+            "SLURM_NNODES",
+        ]
+        .iter()
+        .find_map(|name| v.get(name))
+        .is_some_and(|n| n.trim() == "1");
+    if store.is_none() && !one_node {
+        return Err(Error::invalid_usage(
+            "SLURM environment: the tasks span several nodes, so ferroccl needs the address of \
+             its store, hosted by rank 0; set FERRO_STORE_ADDR=<host of rank 0>:<free port> on \
+             every rank (e.g. FERRO_STORE_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" \
+             | head -n1):29600), or MASTER_ADDR=<host of rank 0> with MASTER_PORT (the store \
+             uses MASTER_PORT+1) or FERRO_STORE_PORT",
+        ));
+    }
+    let job = v.get("SLURM_JOB_ID").or_else(|| v.get("SLURM_JOBID"));
+    let step = v.get("SLURM_STEP_ID").or_else(|| v.get("SLURM_STEPID"));
+    let job_id = match (job, step) {
+        (Some(job), Some(step)) => format!("slurm-{job}.{step}"),
+        (Some(job), None) => format!("slurm-{job}"),
+        // The tasks of a step on one node are children of the same slurmstepd.
+        (None, _) => format!("slurm-ppid{}", std::os::unix::process::parent_id()),
     };
-    finish(
-        l,
-        rank,
-        nranks,
-        local_rank,
-        local_nranks,
-        Some(store),
-        job_id,
-    )
+    finish(l, rank, nranks, local_rank, local_nranks, store, job_id)
 }
 
 fn open_mpi(v: &Vars<'_>) -> Result<LaunchEnv> {
@@ -839,6 +842,31 @@ mod tests {
         assert_eq!(ok(&last).local_nranks, Some(1));
         last.push(("SLURM_NTASKS_PER_NODE", "3"));
         assert_eq!(ok(&last).local_nranks, Some(3));
+
+        // One node, no address: a job store in /tmp, named after the job and step.
+        let one = [
+            ("SLURM_PROCID", "2"),
+            ("SLURM_NTASKS", "3"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_TASKS_PER_NODE", "3"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "0"),
+        ];
+        let e = ok(&one);
+        assert_eq!(e.store_addr, None);
+        assert!(!e.host_store);
+        assert_eq!(e.local_nranks, Some(3));
+        assert_eq!(
+            e.file_store_dir(),
+            Some(std::path::PathBuf::from("/tmp/ferroccl-slurm-77.0"))
+        );
+        // Without per-node task counts, SLURM saying one node is enough.
+        let mut nodes = one.to_vec();
+        nodes.retain(|(k, _)| *k != "SLURM_TASKS_PER_NODE");
+        assert!(err(&nodes).message().contains("several nodes"));
+        nodes.push(("SLURM_STEP_NUM_NODES", "1"));
+        assert_eq!(ok(&nodes).store_addr, None);
 
         let mut bad = with_addr.clone();
         bad.retain(|(k, _)| *k != "SLURM_NTASKS");

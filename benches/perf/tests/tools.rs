@@ -433,6 +433,42 @@ fn all_reduce_perf_under_open_mpi_env() {
 }
 
 #[test]
+fn all_reduce_perf_under_one_node_slurm_env() {
+    let bin = env!("CARGO_BIN_EXE_all_reduce_perf");
+    // srun -n 3 on one node, no address: the ranks meet through a file store named after the
+    // job and step, as under mpirun.
+    let job = job_id("slurm");
+    let env = |r: usize| -> Vec<(String, String)> {
+        [
+            ("SLURM_PROCID", r.to_string()),
+            ("SLURM_NTASKS", "3".into()),
+            ("SLURM_LOCALID", r.to_string()),
+            ("SLURM_NODEID", "0".into()),
+            ("SLURM_STEP_NUM_NODES", "1".into()),
+            ("SLURM_STEP_TASKS_PER_NODE", "3".into()),
+            ("SLURM_JOB_ID", job.clone()),
+            ("SLURM_STEP_ID", "0".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    };
+    let mut args = SWEEP.to_vec();
+    args.extend(ALL_REDUCE);
+    let outs = run_processes(
+        bin,
+        &args,
+        3,
+        &env,
+        "all_reduce_perf under one-node SLURM env",
+    );
+    check_outputs(&outs, SIZES, "all_reduce_perf under one-node SLURM env");
+    // The job's store directory is gone with its last rank.
+    let dir = format!("/tmp/ferroccl-slurm-{job}.0");
+    assert!(!Path::new(&dir).exists(), "{dir} was left behind");
+}
+
+#[test]
 fn json_output_parses() {
     let bin = env!("CARGO_BIN_EXE_all_reduce_perf");
     let dir = std::env::temp_dir().join(job_id("json"));

@@ -183,38 +183,28 @@ pub(crate) fn connect_mesh(
             }
         }
     }
-    // The bitmaps go out per transport name, in this rank's order.
-    let mut mine = Vec::new();
-    for (t, tr) in transports.iter().enumerate() {
-        mine.push(tr.name().len() as u8);
-        mine.extend_from_slice(tr.name().as_bytes());
-        mine.extend_from_slice(&bitmaps[t * words..(t + 1) * words]);
-    }
-    let all = ex.allgather("attached", &mine)?;
-    let peer_attached_me = |p: usize, name: &str| -> bool {
-        let b = &all[p];
-        let mut i = 0;
-        while i < b.len() {
-            let n = usize::from(b[i]);
-            let Some(nm) = b.get(i + 1..i + 1 + n) else {
-                return false;
-            };
-            let Some(bits) = b.get(i + 1 + n..i + 1 + n + words) else {
-                return false;
-            };
-            if nm == name.as_bytes() {
-                return bits[rank / 8] & (1 << (rank % 8)) != 0;
+    // The bitmaps go out as a card (transport name, bitmap), decoded once.
+    let entries: Vec<(&str, Option<&[u8]>)> = transports
+        .iter()
+        .enumerate()
+        .map(|(t, tr)| (tr.name(), Some(&bitmaps[t * words..(t + 1) * words])))
+        .collect();
+    let all = ex.allgather("attached", &encode_card(&entries))?;
+    let mut attached_me = vec![vec![false; nranks]; nt];
+    for (p, b) in all.iter().enumerate().filter(|&(p, _)| p != rank) {
+        for (name, bits) in decode_card(b, p)? {
+            let bit = bits.and_then(|b| b.get(rank / 8).map(|w| w & (1 << (rank % 8)) != 0));
+            if let Some(t) = transports.iter().position(|tr| tr.name() == name) {
+                attached_me[t][p] = bit.unwrap_or(false);
             }
-            i += 1 + n + words;
         }
-        false
-    };
+    }
     // Round 3: choose per pair (the lower rank's order), then connect in registry order.
     let mut choice: Vec<Option<usize>> = vec![None; nranks];
     for p in (0..nranks).filter(|&p| p != rank) {
-        let both = |t: usize| attached[t][p] && peer_attached_me(p, transports[t].name());
+        let both = |t: usize| attached[t][p] && attached_me[t][p];
         for t in 0..nt {
-            if attached[t][p] && !peer_attached_me(p, transports[t].name()) {
+            if attached[t][p] && !attached_me[t][p] {
                 why[t][p].get_or_insert_with(|| format!("rank {p} could not attach it"));
             }
         }

@@ -192,6 +192,8 @@ pub(crate) struct Engine {
     states: Vec<OpState>,
     /// Registered regions per connection (transports whose properties ask for registration).
     regs: RegCache,
+    /// Whether any connection is one-sided (receives are posted before each step).
+    one_sided: bool,
 }
 
 /// The doorbell to sleep on: one wakes this rank only when every doorbell-driven connection
@@ -226,6 +228,7 @@ impl Engine {
         tuning: Tuning,
     ) -> Engine {
         let bell = common_doorbell(conns.iter().flatten().filter_map(Conn::doorbell));
+        let one_sided = conns.iter().flatten().any(|c| c.props.one_sided);
         // Room for every connection's descriptors in both directions, counted once here.
         let mut fds = Vec::new();
         for c in conns.iter().flatten() {
@@ -252,6 +255,7 @@ impl Engine {
             raw: RawOps::default(),
             states: Vec::new(),
             regs: RegCache::new(REG_CACHE_ENTRIES),
+            one_sided,
         }
     }
 
@@ -687,7 +691,7 @@ impl Engine {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
-            regs: &mut self.regs,
+            regs: self.one_sided.then_some(&mut self.regs),
         };
         step::run(env, &mut waiter, ops, dtype, op, ctx)
     }

@@ -201,8 +201,9 @@ pub(crate) struct StepEnv<'a> {
     pub abort: &'a AtomicBool,
     /// Per peer: set when a send is left half-way (see [`run`]).
     pub tx_dirty: &'a mut [bool],
-    /// Registered regions, per connection, for transports that need them.
-    pub regs: &'a mut RegCache,
+    /// Registered regions, per connection; `None` when no connection is one-sided (nothing
+    /// is posted or registered then).
+    pub regs: Option<&'a mut RegCache>,
 }
 
 /// Tells one-sided transports where each receive of the step will land, in op order per peer
@@ -254,7 +255,7 @@ pub(crate) fn run<W: Waiter>(
         wait,
         abort,
         tx_dirty,
-        regs,
+        mut regs,
     } = env;
     states.clear();
     states.resize_with(ops.len(), OpState::default);
@@ -265,14 +266,18 @@ pub(crate) fn run<W: Waiter>(
             st[i].stage = nstage;
             if staging[nstage].len() < len {
                 // The old buffer goes away: so do its registrations.
-                let old = &staging[nstage];
-                regs.forget(&MemRef::host(old.as_ptr(), old.capacity()));
+                if let Some(regs) = regs.as_deref_mut() {
+                    let old = &staging[nstage];
+                    regs.forget(&MemRef::host(old.as_ptr(), old.capacity()));
+                }
                 staging[nstage].resize(len, 0);
             }
             nstage += 1;
         }
     }
-    post_receives(conns, staging, regs, ops, st, ctx)?;
+    if let Some(regs) = regs {
+        post_receives(conns, staging, regs, ops, st, ctx)?;
+    }
     let mut pass = Pass {
         conns,
         staging,

@@ -207,7 +207,7 @@ impl Rank {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
-            regs: &mut self.regs,
+            regs: Some(&mut self.regs),
         };
         step::run(env, w, ops, DataType::Float32, ElemOp::Sum, ctx)
     }

@@ -10,26 +10,12 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::child::{self, ferrorun_self, field, free_port, self_command, Finished, Running};
+use common::child::{
+    self, ferrorun_self, field, free_port, now_ms, self_command, serial, Finished, Running,
+};
 use ferroccl::{Communicator, ReduceOp};
-
-/// Jobs of this file run one at a time (2 cores; the timing assertions need them).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Milliseconds since the epoch: comparable across the processes of this machine.
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
-}
 
 /// The `FERRO_*` environment of rank `rank` of a hand-started job.
 fn rank_env(
@@ -39,13 +25,9 @@ fn rank_env(
     job: &str,
     timeout_s: u32,
 ) -> Vec<(&'static str, String)> {
-    vec![
-        ("FERRO_RANK", rank.to_string()),
-        ("FERRO_NRANKS", nranks.to_string()),
-        ("FERRO_STORE_ADDR", store.to_string()),
-        ("FERRO_JOB_ID", job.to_string()),
-        ("FERRO_TIMEOUT", timeout_s.to_string()),
-    ]
+    let mut v = child::rank_env(rank, nranks, store, timeout_s);
+    v.push(("FERRO_JOB_ID", job.to_string()));
+    v
 }
 
 /// A job id no other test (or earlier run) uses.

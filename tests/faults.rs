@@ -9,26 +9,10 @@ mod common;
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use common::child::{self, field, free_port, self_command, Finished, Running};
+use common::child::{self, field, free_port, now_ms, self_command, serial, Finished, Running};
 use ferroccl::{Communicator, Config, ErrorKind, ReduceOp};
-
-/// Jobs of this file run one at a time (2 cores; the timing assertions need them).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Milliseconds since the epoch: comparable across the processes of this machine.
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
-}
 
 fn rank_env(
     rank: usize,
@@ -37,12 +21,7 @@ fn rank_env(
     timeout_s: u32,
     extra: &[(&'static str, String)],
 ) -> Vec<(&'static str, String)> {
-    let mut v = vec![
-        ("FERRO_RANK", rank.to_string()),
-        ("FERRO_NRANKS", nranks.to_string()),
-        ("FERRO_STORE_ADDR", store.to_string()),
-        ("FERRO_TIMEOUT", timeout_s.to_string()),
-    ];
+    let mut v = child::rank_env(rank, nranks, store, timeout_s);
     v.extend_from_slice(extra);
     v
 }

@@ -9,11 +9,12 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
+use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferroccl::{DataType, ReduceOp};
 
@@ -363,4 +364,34 @@ pub fn process_alive(pid: u32) -> bool {
             .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
     }
+}
+
+/// Jobs of one test file run one at a time (2 cores; timing assertions need them): hold the
+/// guard for the test's length.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Milliseconds since the epoch: comparable across the processes of this machine.
+pub fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// The `FERRO_*` environment of rank `rank` of a hand-started job meeting at `store`.
+pub fn rank_env(
+    rank: usize,
+    nranks: usize,
+    store: SocketAddr,
+    timeout_s: u32,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("FERRO_RANK", rank.to_string()),
+        ("FERRO_NRANKS", nranks.to_string()),
+        ("FERRO_STORE_ADDR", store.to_string()),
+        ("FERRO_TIMEOUT", timeout_s.to_string()),
+    ]
 }

@@ -1,0 +1,158 @@
+//! One host's hardware, as ferroccl uses it: the NCCL-format tree (loaded from
+//! `FERRO_TOPO_FILE` or detected), the [`Topo`] model built from it and its [`Paths`].
+#![forbid(unsafe_code)]
+
+use std::path::Path;
+
+use super::model::{nvlink_gbps, NodeKind, Topo};
+use super::paths::{PathType, Paths};
+use super::search::{search, Search};
+use super::xml::{self, Elem};
+use crate::{Error, Result};
+
+/// A host's hardware: tree, model and paths.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hardware {
+    /// The NCCL-format tree it was built from (what a dump writes).
+    pub xml: Elem,
+    /// The model.
+    pub topo: Topo,
+    /// Paths between every pair of nodes.
+    pub paths: Paths,
+}
+
+impl Hardware {
+    /// Builds the model of a `<system>` tree; `what` names the source in errors.
+    pub fn from_xml(xml: Elem, what: &str) -> Result<Hardware> {
+        let topo = Topo::from_xml(&xml)
+            .map_err(|e| Error::invalid_argument(format!("topology {what}: {e}")))?;
+        let paths = Paths::compute(&topo);
+        Ok(Hardware { xml, topo, paths })
+    }
+
+    /// Parses NCCL topology XML text; `what` names the source in errors.
+    pub fn parse(text: &str, what: &str) -> Result<Hardware> {
+        let tree = xml::parse(text)
+            .map_err(|e| Error::invalid_argument(format!("topology {what}: {e}")))?;
+        Self::from_xml(tree, what)
+    }
+
+    /// Loads an NCCL topology file (`FERRO_TOPO_FILE`, `NCCL_TOPO_FILE`).
+    pub fn load(path: &Path) -> Result<Hardware> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading topology file {}", path.display()), &e))?;
+        Self::parse(&text, &format!("file {}", path.display()))
+    }
+
+    /// Detects the hardware under sysfs root `root` (`/` for this machine).
+    pub fn detect(root: &Path) -> Result<Hardware> {
+        Self::from_xml(super::sysfs::detect(root), "detected from sysfs")
+    }
+
+    /// Writes the tree as NCCL topology XML (`FERRO_TOPO_DUMP_FILE`).
+    pub fn dump(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.xml.to_xml())
+            .map_err(|e| Error::io(format!("writing topology file {}", path.display()), &e))
+    }
+
+    /// Rings, trees and NICs for this host's GPUs.
+    pub fn search(&self) -> Search {
+        search(&self.topo, &self.paths)
+    }
+
+    /// The matrix of `nvidia-smi topo -m`: for every GPU and NIC, the path to every other
+    /// (`NV<n>`: n NVLinks, else NCCL's path type), then each GPU's NUMA node, then a legend.
+    pub fn matrix(&self) -> String {
+        let t = &self.topo;
+        let gpus = t.gpus();
+        let nics = t.nics();
+        let mut labels: Vec<String> = (0..gpus.len()).map(|i| format!("GPU{i}")).collect();
+        labels.extend((0..nics.len()).map(|i| format!("NIC{i}")));
+        let nodes: Vec<usize> = gpus.iter().chain(&nics).copied().collect();
+        let w = labels.iter().map(String::len).max().unwrap_or(4).max(5) + 2;
+        let mut out = format!("{:w$}", "");
+        for l in &labels {
+            out.push_str(&format!("{l:<w$}"));
+        }
+        out.push_str("NUMA\n");
+        for (i, &a) in nodes.iter().enumerate() {
+            out.push_str(&format!("{:<w$}", labels[i]));
+            for &b in &nodes {
+                let cell = if a == b {
+                    "X".to_string()
+                } else {
+                    self.cell(a, b)
+                };
+                out.push_str(&format!("{cell:<w$}"));
+            }
+            out.push_str(&format!("{}\n", t.nodes[t.nodes[a].cpu].dev));
+        }
+        out.push_str("\nLegend:\n  X    = self\n  NV#  = NVLink, # links (through NVSwitch or direct)\n  NVB  = NVLink through another GPU\n  PIX  = at most one PCIe switch\n  PXB  = several PCIe switches, no CPU\n  PHB  = through a CPU host bridge (same NUMA node)\n  SYS  = across the CPU interconnect\n");
+        if !nics.is_empty() {
+            out.push_str("\nNIC Legend:\n");
+            for (i, &n) in nics.iter().enumerate() {
+                let node = &t.nodes[n];
+                out.push_str(&format!(
+                    "  NIC{i}: {} ({}, {:.1} GB/s)\n",
+                    node.id, node.flavour, node.speed_gbps
+                ));
+            }
+        }
+        out
+    }
+
+    fn cell(&self, a: usize, b: usize) -> String {
+        let Some(p) = self.paths.direct(a, b) else {
+            return "-".to_string();
+        };
+        if p.kind == PathType::Nvl {
+            let na = &self.topo.nodes[a];
+            if na.kind == NodeKind::Gpu {
+                let per = nvlink_gbps(na.sm);
+                return format!("NV{}", (p.gbps / per).round() as u64);
+            }
+        }
+        p.kind.name().to_string()
+    }
+
+    /// A few lines saying what the host has: counts of CPUs, GPUs, NICs, NVSwitch.
+    pub fn summary(&self) -> String {
+        let t = &self.topo;
+        format!(
+            "{} CPU socket(s)/NUMA node(s), {} PCI switch(es)/bridge(s), {} GPU(s), {} NIC port(s){}",
+            t.count(NodeKind::Cpu),
+            t.count(NodeKind::Pci),
+            t.count(NodeKind::Gpu),
+            t.count(NodeKind::Nic),
+            if t.count(NodeKind::NvSwitch) > 0 {
+                ", NVSwitch"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// The channel and tree lines and each GPU's NIC, as `ferroccl-topo` and the `INFO` log
+    /// print them.
+    pub fn plan_lines(&self, s: &Search) -> Vec<String> {
+        let mut out = s.log_lines(&[]);
+        for (i, nic) in s.nic_of.iter().enumerate() {
+            let g = s.gpus[i];
+            let line = match nic {
+                Some(n) => {
+                    let node = &self.topo.nodes[*n];
+                    format!(
+                        "GPU{i} ({}) -> NIC {} ({}, {:.1} GB/s)",
+                        self.topo.nodes[g].id,
+                        node.id,
+                        self.paths.kind(g, *n),
+                        self.paths.gbps(g, *n)
+                    )
+                }
+                None => format!("GPU{i} ({}) -> no NIC", self.topo.nodes[g].id),
+            };
+            out.push(line);
+        }
+        out
+    }
+}

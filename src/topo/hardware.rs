@@ -92,9 +92,14 @@ impl Hardware {
             out.push_str("\nNIC Legend:\n");
             for (i, &n) in nics.iter().enumerate() {
                 let node = &t.nodes[n];
+                let speed = if node.speed_gbps > 0.0 {
+                    format!("{:.1} GB/s", node.speed_gbps)
+                } else {
+                    "speed unknown".to_string()
+                };
                 out.push_str(&format!(
-                    "  NIC{i}: {} ({}, {:.1} GB/s)\n",
-                    node.id, node.flavour, node.speed_gbps
+                    "  NIC{i}: {} ({}, {speed})\n",
+                    node.id, node.flavour
                 ));
             }
         }

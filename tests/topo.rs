@@ -242,18 +242,19 @@ fn adjacent(ring: &[usize], (a, b): (usize, usize)) -> bool {
 fn log_lines_follow_nccl() {
     let hw = fixture("pcie-4xa100-nvlink-pairs.xml");
     let s = hw.search();
-    let lines = s.log_lines(&[10, 11, 12, 13]);
-    assert!(lines[0].starts_with("Channel 00/01 : "), "{lines:?}");
+    let ranks = [10, 11, 12, 13];
+    let lines = s.channel_lines(&ranks);
     let ring = &s.channels[0].ring;
     let want: Vec<String> = ring.iter().map(|r| (r + 10).to_string()).collect();
-    assert_eq!(lines[0], format!("Channel 00/01 : {}", want.join(" ")));
-    let head = ring[0] + 10;
-    let next = ring[1] + 10;
-    assert!(
-        lines
-            .iter()
-            .any(|l| l == &format!("Trees for rank {head}: [0] {next}/-1/-1->{head}->-1")),
-        "{lines:?}"
+    assert_eq!(lines, [format!("Channel 00/01 : {}", want.join(" "))]);
+    let (head, next, last) = (ring[0], ring[1], ring[3]);
+    assert_eq!(
+        s.tree_line(head, &ranks),
+        format!("Trees [0] {}/-1/-1->{}->-1", next + 10, head + 10)
+    );
+    assert_eq!(
+        s.tree_line(last, &ranks),
+        format!("Trees [0] -1/-1/-1->{}->{}", last + 10, ring[2] + 10)
     );
 }
 
@@ -436,4 +437,67 @@ fn detection_on_this_machine() {
     assert!(hw.topo.count(NodeKind::Cpu) >= 1);
     let _ = hw.search();
     let _ = hw.matrix();
+}
+
+// ---- at communicator init ----
+
+fn init_all(
+    configs: Vec<ferroccl::Config>,
+    tag: u64,
+) -> Vec<ferroccl::Result<ferroccl::Communicator>> {
+    use std::sync::Arc;
+    let n = configs.len();
+    let store: Arc<dyn ferroccl::bootstrap::Store> =
+        Arc::new(ferroccl::bootstrap::MemoryStore::new());
+    let id = 0x7070_0000 ^ (std::process::id() as u64) << 16 ^ tag << 8 ^ n as u64;
+    let hs: Vec<_> = configs
+        .into_iter()
+        .enumerate()
+        .map(|(r, cfg)| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || ferroccl::Communicator::init(store, r, n, id, cfg))
+        })
+        .collect();
+    hs.into_iter()
+        .map(|h| h.join().expect("init thread"))
+        .collect()
+}
+
+#[test]
+fn init_loads_the_topology_file_and_dumps_it() {
+    let dir = tempdir("init");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/topo/hgx-a100.xml");
+    let dump = dir.join("dump.xml");
+    let cfg = ferroccl::Config {
+        topo_file: Some(src.clone()),
+        topo_dump_file: Some(dump.clone()),
+        debug: ferroccl::comm::DebugLevel::Info,
+        transports: vec!["tcp".into()],
+        ..ferroccl::Config::default()
+    };
+    let comms = init_all(vec![cfg; 3], 1);
+    for c in &comms {
+        assert!(c.is_ok(), "{:?}", c.as_ref().err());
+    }
+    let back = Hardware::load(&dump).unwrap();
+    assert_eq!(back.topo, fixture("hgx-a100.xml").topo);
+    drop(comms);
+
+    let bad = dir.join("bad.xml");
+    std::fs::write(&bad, "<system>\n<cpu>\n<pci/>\n</cpu>\n</system>\n").unwrap();
+    let cfg = ferroccl::Config {
+        topo_file: Some(bad),
+        transports: vec!["tcp".into()],
+        ..ferroccl::Config::default()
+    };
+    for (r, c) in init_all(vec![cfg; 2], 2).into_iter().enumerate() {
+        let e = c.err().expect("a bad topology file fails init").to_string();
+        assert!(
+            e.contains(&format!("rank {r}"))
+                && e.contains("bad.xml")
+                && e.contains("line 3")
+                && e.contains("busid"),
+            "{e}"
+        );
+    }
 }

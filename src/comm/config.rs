@@ -65,6 +65,12 @@ pub struct Config {
     /// one-way delay to every message between ranks of different hosts (TCP connections
     /// across host ids); delays of messages in flight overlap. Both ends must set it.
     pub link_delay: Duration,
+    /// `FERRO_TOPO_FILE` (`NCCL_TOPO_FILE` through the C ABI): an NCCL topology XML file
+    /// describing this host, used instead of detection. Default: none (detect).
+    pub topo_file: Option<PathBuf>,
+    /// `FERRO_TOPO_DUMP_FILE` (`NCCL_TOPO_DUMP_FILE`): rank 0 writes the topology it detected
+    /// or loaded there at init, as NCCL topology XML. Default: none.
+    pub topo_dump_file: Option<PathBuf>,
 }
 
 /// How much ferroccl logs.
@@ -97,6 +103,8 @@ impl Default for Config {
             host_id: None,
             tune_measure: false,
             link_delay: Duration::ZERO,
+            topo_file: None,
+            topo_dump_file: None,
         }
     }
 }
@@ -222,6 +230,12 @@ impl Config {
             }
             c.link_delay = Duration::from_secs_f64(us / 1e6);
         }
+        c.topo_file = var("FERRO_TOPO_FILE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        c.topo_dump_file = var("FERRO_TOPO_DUMP_FILE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
         Ok(c)
     }
 }

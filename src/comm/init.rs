@@ -170,6 +170,7 @@ impl Communicator {
                 config.nstreams
             );
         }
+        crate::topo::at_init(&config, rank, &descs)?;
         let measure = config.tune_measure;
         let comm = Self::from_parts(
             rank,

@@ -8,6 +8,7 @@ use super::model::{nvlink_gbps, NodeKind, Topo};
 use super::paths::{PathType, Paths};
 use super::search::{search, Search};
 use super::xml::{self, Elem};
+use crate::comm::{Config, DebugLevel};
 use crate::{Error, Result};
 
 /// A host's hardware: tree, model and paths.
@@ -140,7 +141,10 @@ impl Hardware {
     /// The channel and tree lines and each GPU's NIC, as `ferroccl-topo` and the `INFO` log
     /// print them.
     pub fn plan_lines(&self, s: &Search) -> Vec<String> {
-        let mut out = s.log_lines(&[]);
+        let mut out = s.channel_lines(&[]);
+        for me in 0..s.gpus.len() {
+            out.push(format!("rank {me}: {}", s.tree_line(me, &[])));
+        }
         for (i, nic) in s.nic_of.iter().enumerate() {
             let g = s.gpus[i];
             let line = match nic {
@@ -160,4 +164,53 @@ impl Hardware {
         }
         out
     }
+}
+
+/// What init does with the topology: loads `FERRO_TOPO_FILE` (a bad file fails init, naming
+/// it and the line) or, when `FERRO_DEBUG=INFO` or a dump asks for it, detects; rank 0 writes
+/// `FERRO_TOPO_DUMP_FILE`; at `INFO` the host's first rank logs the hardware and the channels
+/// and every rank its tree line, as NCCL does. Nothing runs when none of these is set.
+pub(crate) fn at_init(
+    config: &Config,
+    rank: usize,
+    descs: &[ferroccl_transport::RankDesc],
+) -> Result<()> {
+    let info = config.debug >= DebugLevel::Info;
+    if config.topo_file.is_none() && config.topo_dump_file.is_none() && !info {
+        return Ok(());
+    }
+    let hw = match &config.topo_file {
+        Some(f) => Hardware::load(f).map_err(|e| {
+            Error::invalid_argument(format!(
+                "init: rank {rank}: FERRO_TOPO_FILE: {}",
+                e.message()
+            ))
+        })?,
+        None => Hardware::detect(Path::new("/"))?,
+    };
+    if let (Some(out), 0) = (&config.topo_dump_file, rank) {
+        hw.dump(out)?;
+    }
+    if !info {
+        return Ok(());
+    }
+    let host = descs.get(rank).map(|d| d.host);
+    let local: Vec<usize> = (0..descs.len())
+        .filter(|&r| Some(descs[r].host) == host)
+        .collect();
+    let me = local.iter().position(|&r| r == rank).unwrap_or(0);
+    let found = hw.search();
+    let s = if !found.gpus.is_empty() && found.gpus.len() == local.len() {
+        found
+    } else {
+        Search::cpu_ring(local.len())
+    };
+    if me == 0 {
+        ferroccl_transport::log_line!("ferroccl rank {rank} GRAPH: {}", hw.summary());
+        for line in s.channel_lines(&local) {
+            ferroccl_transport::log_line!("ferroccl rank {rank} GRAPH: {line}");
+        }
+    }
+    ferroccl_transport::log_line!("ferroccl rank {rank} GRAPH: {}", s.tree_line(me, &local));
+    Ok(())
 }

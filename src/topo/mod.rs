@@ -45,6 +45,7 @@ pub mod search;
 pub mod sysfs;
 pub mod xml;
 
+pub(crate) use hardware::at_init;
 pub use hardware::Hardware;
 pub(crate) use host::local_position;
 pub use host::{host_description, host_id};

@@ -55,33 +55,61 @@ impl Search {
         self.channels.iter().map(|c| c.gbps).sum()
     }
 
-    /// NCCL's log lines: `Channel 00/02 : 0 1 3 2` per channel, then `Trees [0] ...` with
-    /// `child->rank->parent` of each local rank per channel (-1: none; the head's parent is
-    /// the network). `ranks[i]` names local rank `i`.
-    pub fn log_lines(&self, ranks: &[usize]) -> Vec<String> {
-        let name = |i: usize| ranks.get(i).copied().unwrap_or(i).to_string();
+    /// NCCL's channel lines: `Channel 00/02 : 0 1 3 2`, one per channel; `ranks[i]` names
+    /// local rank `i` (its own index where `ranks` is shorter).
+    pub fn channel_lines(&self, ranks: &[usize]) -> Vec<String> {
         let n = self.channels.len();
-        let mut out = Vec::new();
-        for (c, ch) in self.channels.iter().enumerate() {
-            let order: Vec<String> = ch.ring.iter().map(|&i| name(i)).collect();
-            out.push(format!("Channel {c:02}/{n:02} : {}", order.join(" ")));
-        }
-        for me in 0..self.gpus.len() {
-            let mut line = format!("Trees for rank {}:", name(me));
-            for (c, ch) in self.channels.iter().enumerate() {
-                let pos = ch.ring.iter().position(|&r| r == me).unwrap_or(0);
-                let child = ch.ring.get(pos + 1).map_or("-1".to_string(), |&r| name(r));
-                let parent = if pos == 0 {
-                    "-1".to_string()
-                } else {
-                    name(ch.ring[pos - 1])
-                };
-                line.push_str(&format!(" [{c}] {child}/-1/-1->{}->{parent}", name(me)));
-            }
-            out.push(line);
-        }
-        out
+        self.channels
+            .iter()
+            .enumerate()
+            .map(|(c, ch)| {
+                let order: Vec<String> = ch.ring.iter().map(|&i| name(ranks, i)).collect();
+                format!("Channel {c:02}/{n:02} : {}", order.join(" "))
+            })
+            .collect()
     }
+
+    /// NCCL's tree line of local rank `me`: `Trees [0] 1/-1/-1->0->-1 [1] ...`, per channel
+    /// `child/-1/-1->me->parent` in the channel's chain (-1: none; the head's parent is the
+    /// network, reached through the channel's NIC).
+    pub fn tree_line(&self, me: usize, ranks: &[usize]) -> String {
+        let mut line = "Trees".to_string();
+        for (c, ch) in self.channels.iter().enumerate() {
+            let Some(pos) = ch.ring.iter().position(|&r| r == me) else {
+                continue;
+            };
+            let child = ch
+                .ring
+                .get(pos + 1)
+                .map_or("-1".to_string(), |&r| name(ranks, r));
+            let parent = match pos {
+                0 => "-1".to_string(),
+                p => name(ranks, ch.ring[p - 1]),
+            };
+            line.push_str(&format!(
+                " [{c}] {child}/-1/-1->{}->{parent}",
+                name(ranks, me)
+            ));
+        }
+        line
+    }
+
+    /// One ring over `n` local ranks in rank order: what ranks without GPUs (CPU ranks) use.
+    pub fn cpu_ring(n: usize) -> Search {
+        Search {
+            gpus: Vec::new(),
+            channels: vec![Channel {
+                ring: (0..n).collect(),
+                gbps: 0.0,
+                nic: None,
+            }],
+            nic_of: vec![None; n],
+        }
+    }
+}
+
+fn name(ranks: &[usize], i: usize) -> String {
+    ranks.get(i).copied().unwrap_or(i).to_string()
 }
 
 /// Whether GPUs `a` and `b` (node indices) should talk peer to peer: their path is NVLink or

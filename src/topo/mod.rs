@@ -11,6 +11,7 @@
 //! | [`paths`] | the best path between any two nodes: NCCL's path type and bottleneck bandwidth |
 //! | [`search`] | rings and trees per channel that follow the hardware, each GPU's nearest NIC |
 //! | [`sysfs`] | detection from `/sys` (or any root, for tests) |
+//! | [`tune`] | the tuner's link table from the channels and NICs found |
 //! | [`Hardware`] | all of it for one host: load, detect, dump, search, `nvidia-smi topo -m` matrix |
 //!
 //! ```
@@ -43,6 +44,7 @@ pub mod model;
 pub mod paths;
 pub mod search;
 pub mod sysfs;
+pub mod tune;
 pub mod xml;
 
 pub(crate) use hardware::at_init;

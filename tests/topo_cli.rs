@@ -80,3 +80,81 @@ fn bad_input_is_an_error_naming_it() {
     assert_eq!(code, Some(2));
     assert!(err.contains("needs a value"), "{err}");
 }
+
+const SIM: &str = env!("CARGO_BIN_EXE_ferroccl-sim");
+
+/// `ferroccl-sim --topology FILE --hosts 4` at 256 MiB: (header lines, time in us).
+fn sim(file: &str) -> (String, f64) {
+    let out = Command::new(SIM)
+        .args([
+            "--topology",
+            &data(file),
+            "--hosts",
+            "4",
+            "-b",
+            "256M",
+            "-e",
+            "256M",
+        ])
+        .output()
+        .expect("run ferroccl-sim");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = stdout
+        .lines()
+        .find(|l| !l.starts_with('#'))
+        .expect("a result row");
+    let time: f64 = row.split_whitespace().nth(6).unwrap().parse().unwrap();
+    (stdout, time)
+}
+
+#[test]
+fn the_simulator_predicts_per_machine_type() {
+    let (h100, t_h100) = sim("dgx-h100.xml");
+    assert!(
+        h100.contains("32 ranks, 8 per host (4 hosts), intra nvlink: 2.0 us, 360.0 GB/s, inter rdma: 3.0 us, 50.0 GB/s"),
+        "{h100}"
+    );
+    assert!(
+        h100.contains("# machine ") && h100.contains("6 channel(s) of 60.0 GB/s"),
+        "{h100}"
+    );
+    let (a100, t_a100) = sim("hgx-a100.xml");
+    assert!(
+        a100.contains("intra nvlink: 2.0 us, 240.0 GB/s, inter rdma: 3.0 us, 25.0 GB/s"),
+        "{a100}"
+    );
+    let (pcie, t_pcie) = sim("pcie-4xa100-nvlink-pairs.xml");
+    assert!(
+        pcie.contains("16 ranks, 4 per host (4 hosts), intra shm: 1.0 us, 24.0 GB/s"),
+        "{pcie}"
+    );
+    let (_, t_dual) = sim("dual-socket-8xv100-pcie.xml");
+    // Faster links, shorter predictions: H100 < A100 < the PCIe boxes.
+    assert!(
+        t_h100 < t_a100 && t_a100 < t_pcie && t_a100 < t_dual,
+        "{t_h100} {t_a100} {t_pcie} {t_dual}"
+    );
+
+    let bad = std::env::temp_dir().join(format!("ferroccl-sim-bad-{}.xml", std::process::id()));
+    std::fs::write(
+        &bad,
+        "<system>\n<cpu>\n<pci busid=\"0000:01:00.0\">\n</cpu>\n</system>\n",
+    )
+    .unwrap();
+    let out = Command::new(SIM)
+        .args(["--topology", bad.to_str().unwrap(), "--hosts", "2"])
+        .output()
+        .expect("run ferroccl-sim");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 4") && err.contains("expected </pci>"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(bad);
+}

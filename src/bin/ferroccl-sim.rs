@@ -7,7 +7,7 @@
 //!              [--slice BYTES] [--slow HOST=FACTOR] [--placement host-major|round-robin]
 //!              [--reduce-gbps X] [--eager BYTES] [--nic-burst BYTES] [--calls N]
 //!              [--ranks-per-core F] [--wake-us W] [--cache BYTES --mem-gbps X]
-//!              [--topology FILE] [-h|--help] [-V|--version]
+//!              [--topology FILE] [--hosts N] [-h|--help] [-V|--version]
 //! ```
 //!
 //! `--ranks-per-core F` and `--wake-us W`: ranks that share cores (`F` > 1) run their copies,
@@ -45,6 +45,13 @@
 //! `nic_gbps X`, `nic_burst BYTES`, `ranks_per_core F`, `wake_us W`, `cache BYTES`,
 //! `mem_gbps X`, `reduce GBPS` (as `--reduce-gbps`), `eager BYTES`, `slow HOST FACTOR`,
 //! `placement host-major|round-robin`. Options and lines apply in order, later ones win.
+//!
+//! `--topology` also takes an NCCL topology XML file (as `ferroccl-topo` reads): one host of
+//! that machine, a rank per GPU, the intra-host link's bandwidth from the channels found over
+//! its GPUs and the inter-host link and NIC bandwidth from the NICs they use; reductions are
+//! free (GPUs reduce at memory bandwidth). `--hosts N`
+//! then sets the ranks to N hosts' worth, so `--topology dgx-h100.xml --hosts 16` predicts 16
+//! such machines.
 #![forbid(unsafe_code)]
 
 use std::io::Write;
@@ -57,6 +64,7 @@ use ferroccl::sim::{
     busbw_factor, simulate_calls, Cluster, DEFAULT_COPY_GBPS, DEFAULT_EAGER_BYTES,
     DEFAULT_REDUCE_GBPS,
 };
+use ferroccl::topo::Hardware;
 
 struct Opts {
     ranks: usize,
@@ -78,6 +86,10 @@ struct Opts {
     wake_us: f64,
     cache_bytes: usize,
     mem_gbps: f64,
+    /// `--hosts N`: ranks become N times the ranks per host, after every other option.
+    hosts: Option<usize>,
+    /// What an NCCL topology file given to `--topology` described, for the header.
+    machine: Option<String>,
 }
 
 impl Default for Opts {
@@ -103,6 +115,8 @@ impl Default for Opts {
             wake_us: 0.0,
             cache_bytes: 0,
             mem_gbps: 0.0,
+            hosts: None,
+            machine: None,
         }
     }
 }
@@ -159,6 +173,9 @@ fn parse_reduce_gbps(v: &str, what: &str) -> Result<f64, String> {
 
 fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--topology {path}: {e}"))?;
+    if text.trim_start().starts_with('<') {
+        return apply_machine(o, path, &text);
+    }
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
         if line.is_empty() {
@@ -192,6 +209,30 @@ fn apply_file(o: &mut Opts, path: &str) -> Result<(), String> {
         };
         apply().map_err(|e| format!("{path}:{}: {e}", i + 1))?;
     }
+    Ok(())
+}
+
+/// An NCCL topology XML file: one host of that machine. Its GPUs give the ranks per host
+/// (one rank per GPU), the channels found over them the intra-host bandwidth and the NICs
+/// the GPUs use the inter-host link and the host's NIC bandwidth (see
+/// `ferroccl::topo::tune::apply`); what the file does not know keeps its value.
+fn apply_machine(o: &mut Opts, path: &str, text: &str) -> Result<(), String> {
+    let hw = Hardware::parse(text, &format!("file {path}"))
+        .map_err(|e| format!("--topology {}", e.message()))?;
+    let s = hw.search();
+    if !s.gpus.is_empty() {
+        o.per_host = s.gpus.len();
+        // GPUs reduce at memory bandwidth (TB/s), far above any link: free, as `--reduce-gbps 0`.
+        o.reduce_gbps = 0.0;
+    }
+    ferroccl::topo::tune::apply(&mut o.model, &hw, &s);
+    o.machine = Some(format!(
+        "{}: {}, {} channel(s) of {:.1} GB/s",
+        path,
+        hw.summary(),
+        s.channels.len(),
+        s.channels.first().map_or(0.0, |c| c.gbps)
+    ));
     Ok(())
 }
 
@@ -255,9 +296,13 @@ fn parse_args() -> Result<Opts, Stop> {
             }
             "--placement" => o.round_robin = parse_placement(v)?,
             "--topology" => apply_file(&mut o, v)?,
+            "--hosts" => o.hosts = Some(num(v, "--hosts")?),
             _ => return Err(Stop::Bad(format!("unknown option '{flag}'"))),
         }
         i += 2;
+    }
+    if let Some(h) = o.hosts {
+        o.ranks = o.per_host.saturating_mul(h);
     }
     if o.ranks == 0 || o.per_host == 0 || o.factor < 2 || o.calls == 0 {
         return Err(Stop::Bad(
@@ -321,7 +366,9 @@ them in the perf tools' table layout. Sizes take K, M or G suffixes (powers of 1
 \t[--topology <file>] lines `key value...` (# starts a comment): ranks N, ranks_per_host K,
 \t        intra LINK, inter LINK, link LINK ALPHA_US BETA_GBPS, nic_gbps X, nic_burst BYTES,
 \t        ranks_per_core F, wake_us W, cache BYTES, mem_gbps X, reduce GBPS, eager BYTES,
-\t        slow HOST FACTOR, placement host-major|round-robin
+\t        slow HOST FACTOR, placement host-major|round-robin; or an NCCL topology XML file
+\t        (one host of a machine: a rank per GPU, links from its channels and NICs)
+\t[--hosts <N>] N hosts: ranks = N x ranks per host, applied after every other option
 \t[-V,--version] print the version and exit
 \t[-h,--help] print this text and exit
 Options and topology lines apply in order; later ones win.
@@ -429,6 +476,9 @@ fn run(o: &Opts) -> Result<(), Failure> {
     let elem = 4;
     let started = Instant::now();
     let mut out = std::io::stdout().lock();
+    if let Some(m) = &o.machine {
+        writeln!(out, "# machine {m}")?;
+    }
     writeln!(
         out,
         "# ferroccl-sim: {} ranks, {} per host ({} hosts), intra {}: {}, inter {}: {}, \

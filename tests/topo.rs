@@ -491,7 +491,10 @@ fn init_loads_the_topology_file_and_dumps_it() {
         ..ferroccl::Config::default()
     };
     for (r, c) in init_all(vec![cfg; 2], 2).into_iter().enumerate() {
-        let e = c.err().expect("a bad topology file fails init").to_string();
+        let Err(e) = c else {
+            panic!("rank {r}: a bad topology file must fail init")
+        };
+        let e = e.to_string();
         assert!(
             e.contains(&format!("rank {r}"))
                 && e.contains("bad.xml")

@@ -45,9 +45,20 @@ impl Hardware {
         Self::parse(&text, &format!("file {}", path.display()))
     }
 
-    /// Detects the hardware under sysfs root `root` (`/` for this machine).
+    /// Detects the hardware under sysfs root `root` (`/` for this machine). On this machine
+    /// (`/`), GPUs found are completed with NVML's NVLinks and compute capability where the
+    /// library is present; without it the topology is the PCI tree.
     pub fn detect(root: &Path) -> Result<Hardware> {
-        Self::from_xml(super::sysfs::detect(root), "detected from sysfs")
+        let mut tree = super::sysfs::detect(root);
+        if root == Path::new("/") {
+            let gpus = gpu_busids(&tree);
+            if !gpus.is_empty() {
+                if let Ok(found) = super::nvml::query(&gpus) {
+                    super::nvml::complete(&mut tree, &found);
+                }
+            }
+        }
+        Self::from_xml(tree, "detected from sysfs")
     }
 
     /// Writes the tree as NCCL topology XML (`FERRO_TOPO_DUMP_FILE`).
@@ -213,4 +224,18 @@ pub(crate) fn at_init(
     }
     ferroccl_transport::log_line!("ferroccl rank {rank} GRAPH: {}", s.tree_line(me, &local));
     Ok(())
+}
+
+/// Bus ids of the `<pci>` elements that hold a `<gpu>`.
+fn gpu_busids(e: &Elem) -> Vec<String> {
+    let mut out = Vec::new();
+    if e.name == "pci" && e.find("gpu").is_some() {
+        if let Some(b) = e.attr("busid") {
+            out.push(b.to_ascii_lowercase());
+        }
+    }
+    for c in &e.children {
+        out.extend(gpu_busids(c));
+    }
+    out
 }

@@ -11,6 +11,7 @@
 //! | [`paths`] | the best path between any two nodes: NCCL's path type and bottleneck bandwidth |
 //! | [`search`] | rings and trees per channel that follow the hardware, each GPU's nearest NIC |
 //! | [`sysfs`] | detection from `/sys` (or any root, for tests) |
+//! | [`nvml`] | NVLink state and compute capability from NVML, loaded at run time when present |
 //! | [`tune`] | the tuner's link table from the channels and NICs found |
 //! | [`Hardware`] | all of it for one host: load, detect, dump, search, `nvidia-smi topo -m` matrix |
 //!
@@ -34,13 +35,15 @@
 //! ```
 //!
 //! Host identity reads `/etc/machine-id`, the host name and the network namespace, [`iface`]
-//! lists the interfaces and [`sysfs`] reads `/sys`; everything else is pure.
+//! lists the interfaces, [`sysfs`] reads `/sys` and [`nvml`] (the one module with `unsafe`:
+//! `dlopen` and NVML calls) asks the driver; everything else is pure.
 
 mod hardware;
 mod host;
 pub mod iface;
 mod layout;
 pub mod model;
+pub mod nvml;
 pub mod paths;
 pub mod search;
 pub mod sysfs;

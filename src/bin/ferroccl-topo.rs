@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Without `--topology`, the file named by `FERRO_TOPO_FILE` (or `NCCL_TOPO_FILE`) is shown
-//! if set, else what detection finds on this machine. `--topology FILE` shows a machine you
+//! if set, completed by what detection finds here (as init sees it), else what detection
+//! finds on this machine. `--topology FILE` shows a machine you
 //! do not have (an NCCL topology XML file, such as those published for cloud GPU VMs).
 //! `--sysfs ROOT` detects from a captured sysfs tree instead of `/`. `--dump FILE` writes the
 //! topology shown as NCCL topology XML.
@@ -71,8 +72,8 @@ fn main() -> ExitCode {
             format!("detected under {}", root.display()),
         ),
         (None, None, Some(f)) => (
-            Hardware::load(f.as_ref()),
-            format!("file {f} (from the environment)"),
+            Hardware::load_completed(f.as_ref(), "/".as_ref()),
+            format!("file {f} (from the environment), completed by detection"),
         ),
         (None, None, None) => (
             Hardware::detect("/".as_ref()),

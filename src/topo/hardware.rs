@@ -61,6 +61,23 @@ impl Hardware {
         Self::from_xml(tree, "detected from sysfs")
     }
 
+    /// Loads an NCCL topology file and completes it with what detection finds under `root`
+    /// (`/` for this machine): the file's tree stands, detected GPUs and NICs are added, as
+    /// NCCL does with `NCCL_TOPO_FILE`. This is what init does with `FERRO_TOPO_FILE`.
+    pub fn load_completed(path: &Path, root: &Path) -> Result<Hardware> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::io(format!("reading topology file {}", path.display()), &e))?;
+        let what = format!("file {}", path.display());
+        let mut tree = xml::parse(&text)
+            .map_err(|e| Error::invalid_argument(format!("topology {what}: {e}")))?;
+        // The file alone must make sense: its errors name its lines.
+        Topo::from_xml(&tree)
+            .map_err(|e| Error::invalid_argument(format!("topology {what}: {e}")))?;
+        let detected = Self::detect(root)?;
+        super::merge::complete(&mut tree, &detected.xml);
+        Self::from_xml(tree, &format!("{what} completed by detection"))
+    }
+
     /// Writes the tree as NCCL topology XML (`FERRO_TOPO_DUMP_FILE`).
     pub fn dump(&self, path: &Path) -> Result<()> {
         std::fs::write(path, self.xml.to_xml())
@@ -191,7 +208,7 @@ pub(crate) fn at_init(
         return Ok(());
     }
     let hw = match &config.topo_file {
-        Some(f) => Hardware::load(f).map_err(|e| {
+        Some(f) => Hardware::load_completed(f, Path::new("/")).map_err(|e| {
             Error::invalid_argument(format!(
                 "init: rank {rank}: FERRO_TOPO_FILE: {}",
                 e.message()

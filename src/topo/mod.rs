@@ -11,6 +11,7 @@
 //! | [`paths`] | the best path between any two nodes: NCCL's path type and bottleneck bandwidth |
 //! | [`search`] | rings and trees per channel that follow the hardware, each GPU's nearest NIC |
 //! | [`sysfs`] | detection from `/sys` (or any root, for tests) |
+//! | [`merge`] | a partial topology file completed with what detection found |
 //! | [`nvml`] | NVLink state and compute capability from NVML, loaded at run time when present |
 //! | [`tune`] | the tuner's link table from the channels and NICs found |
 //! | [`Hardware`] | all of it for one host: load, detect, dump, search, `nvidia-smi topo -m` matrix |
@@ -42,6 +43,7 @@ mod hardware;
 mod host;
 pub mod iface;
 mod layout;
+pub mod merge;
 pub mod model;
 pub mod nvml;
 pub mod paths;

@@ -287,6 +287,27 @@ impl Topo {
         if let Some(nic) = e.find("nic") {
             return self.nets(nic, parent, cpu, bw);
         }
+        // A leaf `<pci>` of a GPU or network class, as the files published for cloud VMs
+        // give them (detection fills in `<gpu>` / `<nic>` on the machine itself): the device
+        // is known by its position and class only.
+        let class = int_attr(e, "class")?.unwrap_or(0) >> 16;
+        if e.children.is_empty() && (class == 0x03 || class == 0x02) {
+            let kind = if class == 0x03 {
+                NodeKind::Gpu
+            } else {
+                NodeKind::Nic
+            };
+            let mut n = Self::blank(kind, &busid.to_ascii_lowercase(), cpu);
+            n.dev = self.count(kind) as u32;
+            n.flavour = if class == 0x02 {
+                "unknown".into()
+            } else {
+                String::new()
+            };
+            let id = self.add_node(n);
+            self.connect(id, parent, LinkKind::Pci, bw);
+            return Ok(());
+        }
         let id = self.add_node(Self::blank(NodeKind::Pci, &busid.to_ascii_lowercase(), cpu));
         self.connect(id, parent, LinkKind::Pci, bw);
         for c in &e.children {

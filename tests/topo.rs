@@ -518,3 +518,30 @@ fn init_loads_the_topology_file_and_dumps_it() {
         );
     }
 }
+
+#[cfg(feature = "capi")]
+#[test]
+fn nccl_topo_variables_map_through_the_c_abi() {
+    let vars = |k: &str| match k {
+        "NCCL_TOPO_FILE" => Some("/etc/nccl/topo.xml".to_string()),
+        "NCCL_TOPO_DUMP_FILE" => Some("/tmp/dump.xml".to_string()),
+        _ => None,
+    };
+    let c = ferroccl::capi::env::config_from(&vars).unwrap();
+    assert_eq!(
+        c.topo_file.as_deref(),
+        Some(Path::new("/etc/nccl/topo.xml"))
+    );
+    assert_eq!(
+        c.topo_dump_file.as_deref(),
+        Some(Path::new("/tmp/dump.xml"))
+    );
+    // FERRO_* wins.
+    let vars = |k: &str| match k {
+        "NCCL_TOPO_FILE" => Some("/a.xml".to_string()),
+        "FERRO_TOPO_FILE" => Some("/b.xml".to_string()),
+        _ => None,
+    };
+    let c = ferroccl::capi::env::config_from(&vars).unwrap();
+    assert_eq!(c.topo_file.as_deref(), Some(Path::new("/b.xml")));
+}

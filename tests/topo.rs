@@ -471,6 +471,7 @@ fn init_loads_the_topology_file_and_dumps_it() {
     let cfg = ferroccl::Config {
         topo_file: Some(src.clone()),
         topo_dump_file: Some(dump.clone()),
+        graph_dump_file: Some(dir.join("graph.xml")),
         debug: ferroccl::comm::DebugLevel::Info,
         transports: vec!["tcp".into()],
         ..ferroccl::Config::default()
@@ -495,6 +496,10 @@ fn init_loads_the_topology_file_and_dumps_it() {
     for n in &a100.topo.nodes {
         assert!(back.topo.nodes.contains(n), "{n:?} lost");
     }
+    let graph = std::fs::read_to_string(dir.join("graph.xml")).unwrap();
+    let graph = xml::parse(&graph).unwrap();
+    assert_eq!(graph.name, "graphs");
+    assert_eq!(graph.children[0].attr("nchannels"), Some("4"));
     drop(comms);
 
     let bad = dir.join("bad.xml");

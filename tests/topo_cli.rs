@@ -31,14 +31,34 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
 fn help_lists_the_flags() {
     let (code, out, _) = run(&["--help"]);
     assert_eq!(code, Some(0));
-    for flag in ["--topology", "--sysfs", "--dump", "--help"] {
+    for flag in ["--topology", "--sysfs", "--dump", "--graph", "--help"] {
         assert!(out.contains(flag), "{out}");
     }
 }
 
 #[test]
 fn shows_a_machine_from_its_file() {
-    let (code, out, err) = run(&["--topology", &data("dgx-h100.xml")]);
+    let graph = std::env::temp_dir().join(format!("ferroccl-graph-{}.xml", std::process::id()));
+    let (code, out, err) = run(&[
+        "--topology",
+        &data("dgx-h100.xml"),
+        "--graph",
+        graph.to_str().unwrap(),
+    ]);
+    let g = ferroccl::topo::xml::parse(&std::fs::read_to_string(&graph).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&graph);
+    assert_eq!(g.children.len(), 2);
+    let ring = &g.children[0];
+    assert_eq!(ring.attr("pattern"), Some("4"));
+    assert_eq!(ring.attr("nchannels"), Some("6"));
+    assert_eq!(ring.attr("typeintra"), Some("NVL"));
+    assert_eq!(ring.attr("typeinter"), Some("PIX"));
+    // Each channel: its NIC, the 8 GPUs, the NIC again.
+    for ch in &ring.children {
+        assert_eq!(ch.children.len(), 10);
+        assert_eq!(ch.children[0].name, "net");
+        assert_eq!(ch.children[0].attr("dev"), ch.children[9].attr("dev"));
+    }
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("8 GPU(s), 8 NIC port(s), NVSwitch"), "{out}");
     assert!(out.contains("NV18"), "{out}");

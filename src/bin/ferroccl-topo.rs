@@ -3,7 +3,7 @@
 //! tree chains) of the host's GPUs and each GPU's NIC.
 //!
 //! ```text
-//! ferroccl-topo [--topology FILE] [--sysfs ROOT] [--dump FILE] [-h|--help]
+//! ferroccl-topo [--topology FILE] [--sysfs ROOT] [--dump FILE] [--graph FILE] [-h|--help]
 //! ```
 //!
 //! Without `--topology`, the file named by `FERRO_TOPO_FILE` (or `NCCL_TOPO_FILE`) is shown
@@ -11,7 +11,7 @@
 //! finds on this machine. `--topology FILE` shows a machine you
 //! do not have (an NCCL topology XML file, such as those published for cloud GPU VMs).
 //! `--sysfs ROOT` detects from a captured sysfs tree instead of `/`. `--dump FILE` writes the
-//! topology shown as NCCL topology XML.
+//! topology shown as NCCL topology XML, `--graph FILE` the channels as NCCL graph XML.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
@@ -22,12 +22,13 @@ use ferroccl::topo::Hardware;
 const HELP: &str =
     "ferroccl-topo: the hardware topology ferroccl sees, and its rings, trees and NICs
 
-usage: ferroccl-topo [--topology FILE] [--sysfs ROOT] [--dump FILE] [-h|--help]
+usage: ferroccl-topo [--topology FILE] [--sysfs ROOT] [--dump FILE] [--graph FILE] [-h|--help]
 
   --topology FILE  load an NCCL topology XML file instead of detecting (default:
                    FERRO_TOPO_FILE or NCCL_TOPO_FILE if set, else detection)
   --sysfs ROOT     detect from a sysfs tree under ROOT instead of / (e.g. a captured tree)
   --dump FILE      write the topology shown as NCCL topology XML
+  --graph FILE     write the channels found as NCCL graph XML (rings and trees)
   -h, --help       print this help
 
 Prints the path matrix between GPUs and NICs (NV#: NVLink, PIX/PXB: PCIe switches, PHB: host
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
     let mut topology: Option<PathBuf> = None;
     let mut sysfs: Option<PathBuf> = None;
     let mut dump: Option<PathBuf> = None;
+    let mut graph: Option<PathBuf> = None;
     let mut i = 0;
     while i < args.len() {
         let flag = args[i].as_str();
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
             "--topology" => topology = Some(PathBuf::from(value)),
             "--sysfs" => sysfs = Some(PathBuf::from(value)),
             "--dump" => dump = Some(PathBuf::from(value)),
+            "--graph" => graph = Some(PathBuf::from(value)),
             _ => {
                 eprintln!("ferroccl-topo: unknown option '{flag}' (see --help)");
                 return ExitCode::from(2);
@@ -93,10 +96,16 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
+    let s = hw.search();
+    if let Some(out) = graph {
+        if let Err(e) = std::fs::write(&out, hw.graph_xml(&s).to_xml()) {
+            eprintln!("ferroccl-topo: writing graph file {}: {e}", out.display());
+            return ExitCode::from(1);
+        }
+    }
     println!("Topology: {source}");
     println!("{}\n", hw.summary());
     print!("{}", hw.matrix());
-    let s = hw.search();
     println!();
     if s.gpus.is_empty() {
         println!("No GPUs: the ranks of this host form one ring in local-rank order.");

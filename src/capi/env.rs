@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `NCCL_DEBUG` (`VERSION`, `WARN`, `INFO`, `TRACE`) | `FERRO_DEBUG` (`WARN`, `WARN`, `INFO`, `DEBUG`) |
 //! | `NCCL_SOCKET_IFNAME` | `FERRO_SOCKET_IFNAME` (same syntax) |
-//! | `NCCL_TOPO_FILE`, `NCCL_TOPO_DUMP_FILE` | `FERRO_TOPO_FILE`, `FERRO_TOPO_DUMP_FILE` (NCCL topology XML) |
+//! | `NCCL_TOPO_FILE`, `NCCL_TOPO_DUMP_FILE`, `NCCL_GRAPH_DUMP_FILE` | `FERRO_TOPO_FILE`, `FERRO_TOPO_DUMP_FILE`, `FERRO_GRAPH_DUMP_FILE` (NCCL topology and graph XML) |
 //! | `NCCL_BUFFSIZE` (bytes) | `FERRO_SLICE_BYTES` |
 //! | `NCCL_COMM_ID` (`host:port`) | `ncclGetUniqueId` names a store at that address, which rank 0 hosts |
 //! | `NCCL_COMM_BLOCKING` (0/1) | default of `ncclConfig_t::blocking` |
@@ -46,7 +46,7 @@ pub fn mapped(env: Lookup<'_>, ferro: &str) -> Option<String> {
             Some(level.into())
         }
         "FERRO_SOCKET_IFNAME" => env("NCCL_SOCKET_IFNAME").filter(|v| !v.trim().is_empty()),
-        "FERRO_TOPO_FILE" | "FERRO_TOPO_DUMP_FILE" => {
+        "FERRO_TOPO_FILE" | "FERRO_TOPO_DUMP_FILE" | "FERRO_GRAPH_DUMP_FILE" => {
             env(&ferro.replace("FERRO_", "NCCL_")).filter(|v| !v.trim().is_empty())
         }
         "FERRO_SLICE_BYTES" => {

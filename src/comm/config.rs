@@ -71,6 +71,9 @@ pub struct Config {
     /// `FERRO_TOPO_DUMP_FILE` (`NCCL_TOPO_DUMP_FILE`): rank 0 writes the topology it detected
     /// or loaded there at init, as NCCL topology XML. Default: none.
     pub topo_dump_file: Option<PathBuf>,
+    /// `FERRO_GRAPH_DUMP_FILE` (`NCCL_GRAPH_DUMP_FILE`): rank 0 writes the channels found
+    /// over the host's GPUs there at init, in NCCL's graph XML. Default: none.
+    pub graph_dump_file: Option<PathBuf>,
 }
 
 /// How much ferroccl logs.
@@ -105,6 +108,7 @@ impl Default for Config {
             link_delay: Duration::ZERO,
             topo_file: None,
             topo_dump_file: None,
+            graph_dump_file: None,
         }
     }
 }
@@ -234,6 +238,9 @@ impl Config {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         c.topo_dump_file = var("FERRO_TOPO_DUMP_FILE")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        c.graph_dump_file = var("FERRO_GRAPH_DUMP_FILE")
             .filter(|v| !v.is_empty())
             .map(PathBuf::from);
         Ok(c)

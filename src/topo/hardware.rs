@@ -149,6 +149,64 @@ impl Hardware {
         p.kind.name().to_string()
     }
 
+    /// The search as NCCL's graph XML (`NCCL_GRAPH_DUMP_FILE`'s format): a ring graph
+    /// (pattern 4) and a tree graph (pattern 3) with the channels, each `<channel>` listing
+    /// its NIC, its GPUs in ring order and the NIC again; speeds in GB/s, the intra type the
+    /// worst path between ring neighbours, the inter type the worst GPU-to-NIC path.
+    pub fn graph_xml(&self, s: &Search) -> Elem {
+        let worst = |pairs: &mut dyn Iterator<Item = (usize, usize)>| {
+            pairs
+                .map(|(a, b)| self.paths.kind(a, b))
+                .max()
+                .unwrap_or(PathType::Loc)
+        };
+        let intra = worst(&mut s.channels.iter().flat_map(|c| {
+            (0..c.ring.len())
+                .map(move |i| (s.gpus[c.ring[i]], s.gpus[c.ring[(i + 1) % c.ring.len()]]))
+        }));
+        let inter = worst(
+            &mut s
+                .channels
+                .iter()
+                .filter_map(|c| Some((s.gpus[*c.ring.first()?], c.nic?))),
+        );
+        let speed = s.channels.first().map_or(0.0, |c| c.gbps);
+        let nic_dev = |c: &super::search::Channel| c.nic.map(|n| self.topo.nodes[n].dev);
+        let mut graphs = Elem::new("graphs").with("version", "1");
+        for (id, pattern) in [(0, "4"), (1, "3")] {
+            let mut g = Elem::new("graph")
+                .with("id", id.to_string())
+                .with("pattern", pattern)
+                .with("crossnic", "0")
+                .with("nchannels", s.channels.len().to_string())
+                .with("speedintra", format!("{speed}"))
+                .with("speedinter", format!("{speed}"))
+                .with("latencyinter", "0")
+                .with("typeintra", intra.name())
+                .with("typeinter", inter.name())
+                .with("samechannels", "0");
+            for c in &s.channels {
+                let mut ch = Elem::new("channel");
+                if let Some(d) = nic_dev(c) {
+                    ch.children
+                        .push(Elem::new("net").with("dev", d.to_string()));
+                }
+                for &r in &c.ring {
+                    let dev = self.topo.nodes[s.gpus[r]].dev;
+                    ch.children
+                        .push(Elem::new("gpu").with("dev", dev.to_string()));
+                }
+                if let Some(d) = nic_dev(c) {
+                    ch.children
+                        .push(Elem::new("net").with("dev", d.to_string()));
+                }
+                g.children.push(ch);
+            }
+            graphs.children.push(g);
+        }
+        graphs
+    }
+
     /// A few lines saying what the host has: counts of CPUs, GPUs, NICs, NVSwitch.
     pub fn summary(&self) -> String {
         let t = &self.topo;
@@ -204,7 +262,11 @@ pub(crate) fn at_init(
     descs: &[ferroccl_transport::RankDesc],
 ) -> Result<()> {
     let info = config.debug >= DebugLevel::Info;
-    if config.topo_file.is_none() && config.topo_dump_file.is_none() && !info {
+    if config.topo_file.is_none()
+        && config.topo_dump_file.is_none()
+        && config.graph_dump_file.is_none()
+        && !info
+    {
         return Ok(());
     }
     let hw = match &config.topo_file {
@@ -218,6 +280,10 @@ pub(crate) fn at_init(
     };
     if let (Some(out), 0) = (&config.topo_dump_file, rank) {
         hw.dump(out)?;
+    }
+    if let (Some(out), 0) = (&config.graph_dump_file, rank) {
+        std::fs::write(out, hw.graph_xml(&hw.search()).to_xml())
+            .map_err(|e| Error::io(format!("writing graph file {}", out.display()), &e))?;
     }
     if !info {
         return Ok(());

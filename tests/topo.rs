@@ -550,3 +550,67 @@ fn nccl_topo_variables_map_through_the_c_abi() {
     let c = ferroccl::capi::env::config_from(&vars).unwrap();
     assert_eq!(c.topo_file.as_deref(), Some(Path::new("/b.xml")));
 }
+
+/// A DGX-2-like box: 16 GPUs with 6 NVLinks each into the NVSwitch fabric, on two sockets.
+fn sixteen_gpus() -> String {
+    let mut x = String::from("<system version=\"1\">\n");
+    for s in 0..2 {
+        x.push_str(&format!(
+            "<cpu numaid=\"{s}\" vendor=\"GenuineIntel\" familyid=\"6\" modelid=\"85\">\n"
+        ));
+        for k in 0..8 {
+            let i = s * 8 + k;
+            x.push_str(&format!(
+                "<pci busid=\"0000:{:02x}:00.0\" class=\"0x030200\" link_speed=\"8.0 GT/s PCIe\" link_width=\"16\">\n<gpu dev=\"{i}\" sm=\"70\">\n<nvlink target=\"ffffffff:ff:ff.0\" count=\"6\" tclass=\"0x068000\"/>\n</gpu>\n</pci>\n",
+                0x10 + i
+            ));
+        }
+        x.push_str("</cpu>\n");
+    }
+    x.push_str("</system>\n");
+    x
+}
+
+#[test]
+fn sixteen_gpus_are_ringed_greedily() {
+    let hw = Hardware::parse(&sixteen_gpus(), "dgx2").unwrap();
+    let s = hw.search();
+    // 6 x 20 = 120 GB/s per GPU into the fabric: two channels of 60.
+    assert_eq!(s.channels.len(), 2);
+    for ch in &s.channels {
+        assert_eq!(ch.gbps, 60.0);
+        let mut r = ch.ring.clone();
+        r.sort_unstable();
+        assert_eq!(r, (0..16).collect::<Vec<_>>());
+        assert_eq!(
+            ring_bottleneck(&hw.topo, &hw.paths, &s.gpus, &ch.ring),
+            120.0
+        );
+    }
+}
+
+#[test]
+fn every_channel_is_a_ring_and_a_chain_of_every_local_rank() {
+    let mut cases: Vec<ferroccl::topo::search::Search> =
+        FIXTURES.iter().map(|f| fixture(f).search()).collect();
+    cases.push(Hardware::parse(&sixteen_gpus(), "dgx2").unwrap().search());
+    for n in [1, 2, 3, 5, 7, 13] {
+        cases.push(ferroccl::topo::search::Search::cpu_ring(n));
+    }
+    for s in cases {
+        let n = s.nic_of.len();
+        for ch in &s.channels {
+            let mut r = ch.ring.clone();
+            r.sort_unstable();
+            assert_eq!(r, (0..n).collect::<Vec<_>>());
+        }
+        // Tree lines: one head (parent -1) per channel, and every other rank's parent is the
+        // rank before it in the ring.
+        let ranks: Vec<usize> = (100..100 + n).collect();
+        let heads = (0..n)
+            .map(|me| s.tree_line(me, &ranks))
+            .map(|l| l.matches("->-1").count())
+            .sum::<usize>();
+        assert_eq!(heads, s.channels.len(), "n = {n}");
+    }
+}

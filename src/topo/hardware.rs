@@ -254,7 +254,7 @@ impl Hardware {
 
 /// What init does with the topology: loads `FERRO_TOPO_FILE` (a bad file fails init, naming
 /// it and the line) or, when `FERRO_DEBUG=INFO` or a dump asks for it, detects; rank 0 writes
-/// `FERRO_TOPO_DUMP_FILE`; at `INFO` the host's first rank logs the hardware and the channels
+/// `FERRO_TOPO_DUMP_FILE` and `FERRO_GRAPH_DUMP_FILE` (a failed write is a warning); at `INFO` the host's first rank logs the hardware and the channels
 /// and every rank its tree line, as NCCL does. Nothing runs when none of these is set.
 pub(crate) fn at_init(
     config: &Config,
@@ -278,12 +278,19 @@ pub(crate) fn at_init(
         })?,
         None => Hardware::detect(Path::new("/"))?,
     };
+    // A dump that cannot be written is worth a warning, not a failed communicator.
     if let (Some(out), 0) = (&config.topo_dump_file, rank) {
-        hw.dump(out)?;
+        if let Err(e) = hw.dump(out) {
+            ferroccl_transport::log_line!("ferroccl rank {rank} WARN FERRO_TOPO_DUMP_FILE: {e}");
+        }
     }
     if let (Some(out), 0) = (&config.graph_dump_file, rank) {
-        std::fs::write(out, hw.graph_xml(&hw.search()).to_xml())
-            .map_err(|e| Error::io(format!("writing graph file {}", out.display()), &e))?;
+        if let Err(e) = std::fs::write(out, hw.graph_xml(&hw.search()).to_xml()) {
+            ferroccl_transport::log_line!(
+                "ferroccl rank {rank} WARN FERRO_GRAPH_DUMP_FILE: writing {}: {e}",
+                out.display()
+            );
+        }
     }
     if !info {
         return Ok(());

@@ -19,40 +19,15 @@ use crate::coll::CollKind;
 use crate::topo::iface;
 use crate::{Communicator, Error, ReduceOp, Result};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Defines `ncclX` and its alias `pncclX` with the same signature.
-macro_rules! nccl_api {
-    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $r:ty $body:block) => {
-        $(#[doc = $doc])*
-        ///
-        /// # Safety
-        /// Pointer arguments follow NCCL's contract for this call: NULL only where NCCL allows
-        /// it, otherwise pointing to memory of the size the other arguments imply, kept valid
-        /// (and, for buffers an operation writes, unused by the caller) until the operation
-        /// completes.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> $r $body
-
-        #[doc = concat!("`", stringify!($pname), "`: the profiling alias of [`", stringify!($name), "`].")]
-        ///
-        /// # Safety
-        #[doc = concat!("As for [`", stringify!($name), "`].")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $pname($($a: $t),*) -> $r {
-            // SAFETY: the same contract as the function it aliases, which the caller upholds.
-            unsafe { $name($($a),*) }
-        }
-    };
 }
 
 /// Stores `v` through the caller's out-pointer `p`, refusing NULL.
 ///
 /// # Safety
 /// `p` is NULL or valid for a write of `T`.
-unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
+pub(super) unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
     }
@@ -61,14 +36,14 @@ unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
     Ok(())
 }
 
-fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
+pub(super) fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
     }
     Ok(())
 }
 
-fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
+pub(super) fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
     if stream.is_null() {
         return Ok(());
     }
@@ -82,14 +57,14 @@ fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
 }
 
 /// Runs an operation-issuing call; its argument error also fails the enclosing group.
-fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
+pub(super) fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
     f().inspect_err(group::note_error)
 }
 
 // ----- version, unique id -----
 
 nccl_api! {
-    /// Writes `NCCL_VERSION_CODE` (2.19.3: 21903).
+    /// Writes `NCCL_VERSION_CODE` (2.32.3: 23203), the release whose API is implemented.
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         guard("ncclGetVersion", || {
             // SAFETY: the caller passes NULL or a writable int.
@@ -101,7 +76,7 @@ nccl_api! {
 
 /// Store servers started by `ncclGetUniqueId`, by job magic, until a communicator of this
 /// process takes one over.
-static SERVERS: LazyLock<Mutex<HashMap<u64, Arc<TcpStoreServer>>>> =
+pub(super) static SERVERS: LazyLock<Mutex<HashMap<u64, Arc<TcpStoreServer>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 nccl_api! {
@@ -156,7 +131,7 @@ fn server_for(api: &str, uid: &UniqueId, rank: usize) -> Result<Option<Arc<TcpSt
 
 /// # Safety
 /// `out` is NULL or writable.
-unsafe fn init_rank(
+pub(super) unsafe fn init_rank(
     api: &str,
     out: *mut ncclComm_t,
     nranks: c_int,
@@ -360,6 +335,7 @@ nccl_api! {
         const API: &str = "ncclCommDestroy";
         guard(API, || {
             let shared = unregister(API, comm)?;
+            super::window::forget_comm(comm);
             shared.stop_worker();
             if let Some(Ok(c)) = shared.try_ready() {
                 drop(shared);
@@ -380,6 +356,7 @@ nccl_api! {
         const API: &str = "ncclCommAbort";
         guard(API, || {
             let shared = unregister(API, comm)?;
+            super::window::forget_comm(comm);
             shared.abort();
             Ok(ncclSuccess)
         })
@@ -414,7 +391,7 @@ nccl_api! {
 }
 
 /// The ready communicator for a query, or `Ok(Err(code))` while it initializes.
-fn query(
+pub(super) fn query(
     api: &str,
     comm: ncclComm_t,
 ) -> Result<std::result::Result<Arc<Communicator>, ncclResult_t>> {
@@ -425,6 +402,14 @@ fn query(
             Ok(Err(ncclInProgress))
         }
         Some(r) => Ok(Ok(r.map_err(|e| e.context(api))?)),
+    }
+}
+
+/// The communicator behind `comm` if it is ready (`None` while it initializes).
+pub(super) fn lookup_ready(api: &str, comm: ncclComm_t) -> Result<Option<Arc<Communicator>>> {
+    match lookup(api, comm)?.try_ready() {
+        None => Ok(None),
+        Some(r) => Ok(Some(r.map_err(|e| e.context(api))?)),
     }
 }
 
@@ -578,7 +563,7 @@ nccl_api! {
 // ----- collectives -----
 
 #[allow(clippy::too_many_arguments)]
-fn collective(
+pub(super) fn collective(
     api: &'static str,
     kind: impl FnOnce(usize) -> CollKind,
     root: Option<c_int>,
@@ -728,7 +713,7 @@ nccl_api! {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn rooted(
+pub(super) fn rooted(
     api: &'static str,
     which: Rooted,
     send: *const c_void,

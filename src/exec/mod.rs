@@ -333,6 +333,18 @@ impl Engine {
     }
 
     /// Closes every connection, so that peers blocked on this rank see it at once.
+    /// Registers `mem` with every connection whose transport asks for registration; the
+    /// regions keep the registrations alive (none for transports that need none).
+    pub(crate) fn register_all(&mut self, mem: MemRef) -> Result<Vec<Region>> {
+        let mut regions = Vec::new();
+        for c in self.conns.iter_mut().flatten() {
+            if let Some(r) = c.register(mem)? {
+                regions.push(r);
+            }
+        }
+        Ok(regions)
+    }
+
     pub(crate) fn shutdown_all(&mut self) {
         for c in self.conns.iter_mut().flatten() {
             c.shutdown();

@@ -28,14 +28,23 @@ fn check_allreduces(comm: &Communicator, tag: u64) {
             .unwrap_or_else(|e| panic!("rank {r}, count {count}: {e}"));
         for (i, v) in recv.iter().enumerate() {
             let want = n * (tag * 1_000_000 + i as u64) + 100_000 * n * (n - 1) / 2;
-            assert_eq!(*v, want as i64, "rank {r} of {n}, count {count}, element {i}");
+            assert_eq!(
+                *v, want as i64,
+                "rank {r} of {n}, count {count}, element {i}"
+            );
         }
-        let send: Vec<f32> = (0..count).map(|i| (r as usize * 7 + i % 101) as f32).collect();
+        let send: Vec<f32> = (0..count)
+            .map(|i| (r as usize * 7 + i % 101) as f32)
+            .collect();
         let mut recv = vec![0f32; count];
         comm.all_reduce(&send, &mut recv, ReduceOp::Max)
             .unwrap_or_else(|e| panic!("rank {r}, f32 count {count}: {e}"));
         for (i, v) in recv.iter().enumerate() {
-            assert_eq!(*v, ((n as usize - 1) * 7 + i % 101) as f32, "rank {r}, element {i}");
+            assert_eq!(
+                *v,
+                ((n as usize - 1) * 7 + i % 101) as f32,
+                "rank {r}, element {i}"
+            );
         }
     }
 }
@@ -80,7 +89,10 @@ fn child_shrink() {
                 check_allreduces(&current, step);
             }
             Err(e) => {
-                assert!(!shrunk, "rank {r}: the shrunk communicator failed at step {step}: {e}");
+                assert!(
+                    !shrunk,
+                    "rank {r}: the shrunk communicator failed at step {step}: {e}"
+                );
                 println!("FAILED rank={r} step={step} at_ms={} error={e}", now_ms());
                 let small = current
                     .shrink(&[victim])

@@ -1,5 +1,5 @@
-//! NCCL's C API (`include/nccl.h`, NCCL 2.19 plus `ncclAlltoAll`, `ncclGather` and
-//! `ncclScatter`), exported from the shared library `libnccl.so.2` that
+//! NCCL's C API (`include/nccl.h`, NCCL 2.32: every function of NVIDIA's 2.32.3 header),
+//! exported from the shared library `libnccl.so.2` that
 //! `scripts/build-capi.sh` builds (cargo feature `capi`). Programs written against NVIDIA's
 //! header compile, link and run against it on host memory.
 //!
@@ -14,6 +14,12 @@
 //! | `NCCL_*` environment variables | [`env`] |
 //! | groups (`ncclGroupStart`/`End`) | `group` |
 //! | communicator handles, non-blocking work | `comm` |
+//! | per-call `nccl*Config` collectives | `coll_config` |
+//! | scalable init, shrink, revoke, suspend, per-communicator ids | `life` |
+//! | memory windows | `window` |
+//! | `ncclGroupSimulateEnd` | `simulate` |
+//! | `ncclParam*` | `param` |
+//! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
 //! - A NULL stream means host buffers; a call on a blocking communicator completes before it

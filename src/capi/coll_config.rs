@@ -10,7 +10,8 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::str::FromStr;
 
-use super::api::{collective, lookup_ready, rooted};
+use super::api::lookup_ready;
+use super::colls::{collective, rooted};
 use super::error::guard;
 use super::ops::{dtype_arg, Rooted};
 use super::types::*;

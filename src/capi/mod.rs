@@ -83,6 +83,7 @@ macro_rules! nccl_api {
 
 pub mod api;
 mod coll_config;
+mod colls;
 mod comm;
 pub mod env;
 pub mod error;
@@ -97,6 +98,7 @@ mod window;
 
 pub use api::*;
 pub use coll_config::*;
+pub use colls::*;
 pub use comm::{live_count, read_config, CommOptions};
 pub use life::*;
 pub use param::*;

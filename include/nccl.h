@@ -6,7 +6,7 @@
  * declares links. ferroccl moves host memory, over shared memory between ranks of one host and
  * TCP across hosts; CUDA device buffers are not yet supported: pass a NULL stream and host
  * buffers (a non-NULL stream is ncclInvalidUsage). Functions that have no meaning here yet
- * (device-initiated signals, growing a communicator in place, encryption keys) return
+ * (device-initiated signals, encryption keys) return
  * ncclInvalidUsage and ncclGetLastError says why.
  *
  * Build the library with scripts/build-capi.sh; link with -lnccl.
@@ -273,11 +273,12 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int exclude
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags);
 
-/* A unique id hosted by this process, for a larger communicator made with ncclCommInitRank. */
+/* Growing: rank 0 (or any one existing rank) makes an id with ncclCommGetUniqueId; existing
+ * ranks call ncclCommGrow(comm, nRanks, id or NULL, -1, ...), new ranks
+ * ncclCommGrow(NULL, nRanks, id, rank, ...). Existing ranks keep their ranks. */
 ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
 ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId *uniqueId);
 
-/* Not supported yet (ncclInvalidUsage): growing a communicator in place. */
 ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,
                           ncclComm_t *newcomm, ncclConfig_t *config);
 ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId *uniqueId, int rank,

@@ -1,4 +1,4 @@
-//! Communicator life after NCCL 2.19: scalable init, per-communicator unique ids, shrink,
+//! Communicator life after NCCL 2.19: scalable init, per-communicator unique ids, grow, shrink,
 //! revoke, suspend and resume, memory statistics.
 
 use std::ffi::c_int;
@@ -13,7 +13,7 @@ use super::error::guard;
 use super::types::*;
 use crate::bootstrap::UniqueId;
 use crate::topo::iface;
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, Result};
 
 nccl_api! {
     /// As `ncclCommInitRankConfig`, given `nId` unique ids (the same list, in the same order,
@@ -54,9 +54,8 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Makes a unique id for a communicator that grows out of `comm` (one at a time: the
-    /// previous one must have been used). This process hosts its rendezvous store; every rank
-    /// of the larger communicator can join it with `ncclCommInitRank`.
+    /// Makes a unique id for `ncclCommGrow` on `comm` (one at a time: the previous one must
+    /// have been used). This process hosts its rendezvous store.
     fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, unique_id: *mut ncclUniqueId) -> ncclResult_t {
         const API: &str = "ncclCommGetUniqueId";
         guard(API, || {
@@ -83,9 +82,11 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Not supported yet: growing a live communicator in place. Returns `ncclInvalidUsage`;
-    /// the ranks of the larger group can instead create a new communicator with
-    /// `ncclCommInitRank` and the id from `ncclCommGetUniqueId`.
+    /// Grows `comm` to `nRanks` ranks. Existing ranks pass `comm` and `rank = -1`, one of them
+    /// (the root) the id from `ncclCommGetUniqueId`, the others NULL; they keep their ranks.
+    /// New ranks pass `comm = NULL`, the root's id and their rank (from the old size up). The
+    /// existing ranks learn the id from the root over `comm`; then everyone joins the id's
+    /// rendezvous as a new communicator.
     fn ncclCommGrow / pncclCommGrow(
         comm: ncclComm_t,
         n_ranks: c_int,
@@ -95,17 +96,55 @@ nccl_api! {
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
         const API: &str = "ncclCommGrow";
-        let _ = (comm, unique_id, rank, config);
         guard(API, || {
-            if !newcomm.is_null() {
-                // SAFETY: non-NULL and writable by the caller's contract.
-                unsafe { newcomm.write(std::ptr::null_mut()) };
+            check_out(API, "newcomm", newcomm)?;
+            if comm.is_null() {
+                // A new rank.
+                check_out(API, "uniqueId", unique_id)?;
+                // SAFETY: non-NULL; points to an id by the caller's contract.
+                let id = unsafe { *unique_id };
+                // SAFETY: the caller passes NULL or an initialized config.
+                let opts = unsafe { read_config(API, config, env::default_blocking(&env::process_env)) }?;
+                // SAFETY: checked non-NULL; writable.
+                return unsafe { init_rank(API, newcomm, n_ranks, &id, rank, opts) };
             }
-            Err(Error::new(ErrorKind::Unsupported, format!(
-                "{API}: growing a communicator in place (to {n_ranks} ranks) is not supported by \
-                 ferroccl yet; create a new communicator with ncclCommInitRank and an id from \
-                 ncclCommGetUniqueId"
-            )))
+            let parent = lookup(API, comm)?;
+            if rank != -1 {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: invalid rank {rank} for an existing rank (must be -1: existing ranks keep theirs)"
+                )));
+            }
+            let c = parent.wait_ready().map_err(|e| e.context(API))?;
+            if usize::try_from(n_ranks).map_or(true, |n| n <= c.nranks()) {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: invalid nRanks {n_ranks} (must be more than the {} ranks of comm)",
+                    c.nranks()
+                )));
+            }
+            let mut mine = [0u8; 1 + NCCL_UNIQUE_ID_BYTES];
+            if !unique_id.is_null() {
+                // SAFETY: non-NULL; points to an id by the caller's contract.
+                let id = unsafe { *unique_id };
+                mine[0] = 1;
+                mine[1..].copy_from_slice(&id.to_bytes());
+            }
+            let mut all = vec![0u8; mine.len() * c.nranks()];
+            c.all_gather(&mine, &mut all).map_err(|e| e.context(API))?;
+            let roots: Vec<usize> = (0..c.nranks()).filter(|&r| all[r * mine.len()] == 1).collect();
+            let [root] = roots[..] else {
+                return Err(Error::invalid_usage(format!(
+                    "{API}: exactly one existing rank must pass the id from ncclCommGetUniqueId; \
+                     ranks {roots:?} did"
+                )));
+            };
+            let mut bytes = [0u8; NCCL_UNIQUE_ID_BYTES];
+            let at = root * mine.len() + 1;
+            bytes.copy_from_slice(&all[at..at + NCCL_UNIQUE_ID_BYTES]);
+            let id = ncclUniqueId::from_bytes(&bytes);
+            // SAFETY: the caller passes NULL or an initialized config.
+            let opts = unsafe { read_config(API, config, parent.blocking) }?;
+            // SAFETY: checked non-NULL; writable.
+            unsafe { init_rank(API, newcomm, n_ranks, &id, c.rank() as c_int, opts) }
         })
     }
 }

@@ -15,7 +15,7 @@
 //! | groups (`ncclGroupStart`/`End`) | `group` |
 //! | communicator handles, non-blocking work | `comm` |
 //! | per-call `nccl*Config` collectives | `coll_config` |
-//! | scalable init, shrink, revoke, suspend, per-communicator ids | `life` |
+//! | scalable init, grow, shrink, revoke, suspend, per-communicator ids | `life` |
 //! | memory windows | `window` |
 //! | `ncclGroupSimulateEnd` | `simulate` |
 //! | `ncclParam*` | `param` |

@@ -1,8 +1,9 @@
 /* Calls every function NCCL 2.27 .. 2.32 added, across ranks that are processes (fork), on
  * their working paths and their refusals; builds against ferroccl's header and NVIDIA's.
  *
- *   api232 NRANKS   (NRANKS >= 3) every rank runs every check; then the last rank dies and
- *                   the others shrink the communicator and carry on without it
+ *   api232 NRANKS   (NRANKS >= 3) every rank runs every check; the job grows by a process
+ *                   that joins with ncclCommGrow; then the last rank dies and the others
+ *                   shrink the communicator and carry on without it
  *
  * Exit status 0 when every check passed. */
 #define _GNU_SOURCE
@@ -117,14 +118,9 @@ static void windows_and_state(ncclComm_t comm) {
              "suspended");
   CHECK(ncclCommResume(comm));
   EXPECT_ERR(ncclCommResume(comm), ncclInvalidUsage, "not suspended");
+  ncclComm_t none = NULL;
+  EXPECT_ERR(ncclCommGrow(comm, 8, NULL, 2, &none, NULL), ncclInvalidArgument, "must be -1");
   EXPECT_ERR(ncclCommMemStats(comm, (ncclCommMemStat_t)9, &v), ncclInvalidArgument, "stat 9");
-
-  ncclUniqueId id;
-  CHECK(ncclCommGetUniqueId(comm, &id));
-  EXPECT_ERR(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "not been used");
-  ncclComm_t grown = (ncclComm_t)1;
-  EXPECT_ERR(ncclCommGrow(comm, 8, &id, -1, &grown, NULL), ncclInvalidUsage, "not supported");
-  EXPECT(grown == NULL, "grow left a handle");
 
   ncclWaitSignalDesc_t desc = {1, 0, 0, 0};
   EXPECT_ERR(ncclPutSignal(buf, 1, ncclInt8, 0, NULL, 0, 0, 0, 0, comm, NULL), ncclInvalidUsage,
@@ -140,6 +136,47 @@ static void windows_and_state(ncclComm_t comm) {
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   ncclResetDebugInit();
 #pragma GCC diagnostic pop
+}
+
+/* Sums rank+1 over a communicator of n ranks, with every rank's value in every element. */
+static void check_sum(ncclComm_t comm, int rank, int n) {
+  int64_t x[C];
+  for (int i = 0; i < C; i++) x[i] = (rank + 1) * 1000 + i;
+  CHECK(ncclAllReduce(x, x, C, ncclInt64, ncclSum, comm, NULL));
+  for (int i = 0; i < C; i++)
+    EXPECT(x[i] == 1000LL * n * (n + 1) / 2 + (int64_t)n * i, "sum over %d ranks, %d: %lld", n,
+           i, (long long)x[i]);
+}
+
+/* The job grows by one process: rank 0 makes the id and hands it to the newcomer by pipe. */
+static void grow(ncclComm_t comm, int rank, int n, int to_newcomer) {
+  ncclUniqueId id;
+  ncclComm_t big = NULL;
+  if (rank == 0) {
+    CHECK(ncclCommGetUniqueId(comm, &id));
+    EXPECT_ERR(ncclCommGetUniqueId(comm, &id), ncclInvalidUsage, "not been used");
+    if (write(to_newcomer, &id, sizeof id) != (ssize_t)sizeof id) exit(4);
+  }
+  EXPECT_ERR(ncclCommGrow(comm, n, rank == 0 ? &id : NULL, -1, &big, NULL), ncclInvalidArgument,
+             "nRanks");
+  CHECK(ncclCommGrow(comm, n + 1, rank == 0 ? &id : NULL, -1, &big, NULL));
+  int count = 0, me = -1;
+  CHECK(ncclCommCount(big, &count));
+  CHECK(ncclCommUserRank(big, &me));
+  EXPECT(count == n + 1 && me == rank, "grown to %d ranks, rank %d", count, me);
+  check_sum(big, rank, n + 1);
+  CHECK(ncclCommDestroy(big));
+}
+
+static int newcomer(int n, int from_rank0) {
+  ncclUniqueId id;
+  ncclComm_t big = NULL;
+  g_rank = n;
+  if (read(from_rank0, &id, sizeof id) != (ssize_t)sizeof id) return 4;
+  CHECK(ncclCommGrow(NULL, n + 1, &id, n, &big, NULL));
+  check_sum(big, n, n + 1);
+  CHECK(ncclCommDestroy(big));
+  return 0;
 }
 
 static void simulate(ncclComm_t comm) {
@@ -248,7 +285,7 @@ static int shrink_after_death(ncclComm_t comm, int rank, int n) {
   return 0;
 }
 
-static int run_rank(int rank, int n, ncclUniqueId *ids) {
+static int run_rank(int rank, int n, ncclUniqueId *ids, int to_newcomer) {
   ncclComm_t comm;
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   int v = 0;
@@ -260,19 +297,22 @@ static int run_rank(int rank, int n, ncclUniqueId *ids) {
   windows_and_state(comm);
   simulate(comm);
   params();
+  grow(comm, rank, n, to_newcomer);
   return shrink_after_death(comm, rank, n);
 }
 
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 3;
   if (n < 3) return 1;
-  int (*pipes)[2] = calloc(n, sizeof *pipes);
-  for (int r = 0; r < n; r++)
+  /* pipes[n] carries the grow id from rank 0 to the newcomer, process n. */
+  int (*pipes)[2] = calloc(n + 1, sizeof *pipes);
+  for (int r = 0; r <= n; r++)
     if (pipe(pipes[r]) != 0) return 1;
-  for (int r = 0; r < n; r++) {
+  for (int r = 0; r <= n; r++) {
     pid_t pid = fork();
     if (pid < 0) return 1;
     if (pid > 0) continue;
+    if (r == n) _exit(newcomer(n, pipes[n][0]));
     ncclUniqueId ids[2];
     g_rank = r;
     if (r == 0) {
@@ -283,10 +323,10 @@ int main(int argc, char **argv) {
     } else if (read(pipes[r][0], ids, sizeof ids) != (ssize_t)sizeof ids) {
       _exit(4);
     }
-    _exit(run_rank(r, n, ids));
+    _exit(run_rank(r, n, ids, pipes[n][1]));
   }
   int failed = 0;
-  for (int r = 0; r < n; r++) {
+  for (int r = 0; r <= n; r++) {
     int status = 0;
     if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
   }

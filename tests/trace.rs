@@ -37,7 +37,7 @@ fn child_traced() {
     comm.broadcast(&mut c, 1).unwrap();
     assert_eq!(c[76], 1);
     let mut d = vec![0f32; 33 * comm.nranks()];
-    comm.all_gather(&vec![r; 33], &mut d).unwrap();
+    comm.all_gather(&[r; 33], &mut d).unwrap();
     drop(comm);
     println!("TRACED");
 }

@@ -311,6 +311,12 @@ nccl_api! {
         const API: &str = "ncclCommFinalize";
         guard(API, || {
             let shared = lookup(API, comm)?;
+            if shared.revoked.load(Ordering::SeqCst) {
+                return Err(Error::invalid_usage(format!(
+                    "{API}: the communicator was revoked (ncclCommRevoke); destroy it with \
+                     ncclCommDestroy instead"
+                )));
+            }
             shared.finalized.store(true, Ordering::SeqCst);
             if shared.blocking {
                 shared.wait_idle();

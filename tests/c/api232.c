@@ -280,6 +280,7 @@ static int shrink_after_death(ncclComm_t comm, int rank, int n) {
   EXPECT_ERR(ncclCommRevoke(comm, 1), ncclInvalidArgument, "revokeFlags");
   CHECK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
   EXPECT_ERR(ncclAllReduce(x, x, C, ncclInt64, ncclSum, comm, NULL), ncclInvalidUsage, "revoked");
+  EXPECT_ERR(ncclCommFinalize(comm), ncclInvalidUsage, "revoked");
   CHECK(ncclCommDestroy(comm));
   CHECK(ncclCommDestroy(small));
   return 0;

@@ -1,7 +1,8 @@
 //! Shrinking after a failure, across processes: one rank of 4 or 8 is killed (SIGKILL) in the
 //! middle of a loop of allreduces, or hangs until the deadline declares it dead; the survivors
 //! see the failure, call `Communicator::shrink` with the lost rank and check collectives of
-//! several counts and types on the smaller communicator, over shared memory and over TCP.
+//! several counts and types on the smaller communicator, over shared memory, over TCP, and
+//! across network-namespace hosts (skipped, with the reason, where namespaces cannot be built).
 //!
 //! The test binary runs itself as the ranks (see `common::child`), started by hand with the
 //! `FERRO_*` environment (a launcher would stop the job at the first death).
@@ -13,6 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::child::{self, field, free_port, now_ms, self_command, serial, Finished, Running};
+use common::netns::{netns_available, NetnsHosts};
 use ferroccl::{Communicator, ReduceOp};
 
 /// Checks allreduces of several counts and two types on `comm`, with a distinct value in
@@ -120,8 +122,20 @@ fn child_shrink() {
 const TIMEOUT_S: u32 = 20;
 
 fn shrink_job(nranks: usize, victim: usize, transport: &str, hang: bool) {
+    shrink_job_on(None, nranks, victim, transport, hang);
+}
+
+/// [`shrink_job`], rank `r` on host `r % hosts` when `hosts` is given (the store on host 0).
+fn shrink_job_on(
+    hosts: Option<&NetnsHosts>,
+    nranks: usize,
+    victim: usize,
+    transport: &str,
+    hang: bool,
+) {
     let _serial = serial();
-    let store = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let ip = hosts.map_or([127, 0, 0, 1], |h| h.addr(0).octets());
+    let store = SocketAddr::from((ip, free_port()));
     let job = format!("shrink-{}-{}", std::process::id(), now_ms());
     let timeout = if hang { 4 } else { TIMEOUT_S };
     let ranks: Vec<Running> = (0..nranks)
@@ -131,7 +145,24 @@ fn shrink_job(nranks: usize, victim: usize, transport: &str, hang: bool) {
             env.push(("FERRO_TRANSPORTS", transport.to_string()));
             env.push(("SHRINK_VICTIM", victim.to_string()));
             env.push(("SHRINK_HANG", u8::from(hang).to_string()));
-            Running::spawn(self_command("child_shrink", "shrink", &env))
+            let cmd = self_command("child_shrink", "shrink", &env);
+            match hosts {
+                None => Running::spawn(cmd),
+                Some(h) => {
+                    // The same command, inside host r % n's network namespace.
+                    let mut wrapped = std::process::Command::new("ip");
+                    wrapped
+                        .args(["netns", "exec", &h.name(r % h.len())])
+                        .arg(cmd.get_program())
+                        .args(cmd.get_args());
+                    for (k, v) in cmd.get_envs() {
+                        if let Some(v) = v {
+                            wrapped.env(k, v);
+                        }
+                    }
+                    Running::spawn(wrapped)
+                }
+            }
         })
         .collect();
     let outs: Vec<Finished> = ranks
@@ -175,6 +206,17 @@ fn eight_ranks_shrink_after_a_kill_over_shared_memory() {
 #[test]
 fn eight_ranks_shrink_after_a_kill_over_tcp() {
     shrink_job(8, 7, "tcp", false);
+}
+
+#[test]
+fn four_ranks_on_two_netns_hosts_shrink_after_a_kill() {
+    if let Err(why) = netns_available() {
+        println!("skipped: four_ranks_on_two_netns_hosts_shrink_after_a_kill: {why}");
+        return;
+    }
+    let hosts = NetnsHosts::up(2).expect("build namespace hosts");
+    // Ranks 0 and 2 on host 0 (shared memory between them), 1 and 3 on host 1; rank 3 dies.
+    shrink_job_on(Some(&hosts), 4, 3, "shm,tcp", false);
 }
 
 #[test]

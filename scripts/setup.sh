@@ -7,6 +7,9 @@ need_pkgs=()
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
+# A private one-node SLURM cluster for the srun test (scripts/slurm-local.sh).
+{ command -v srun && PATH=$PATH:/usr/sbin command -v slurmd; } >/dev/null 2>&1 || need_pkgs+=(slurm-wlm)
+PATH=$PATH:/usr/sbin command -v munged >/dev/null 2>&1 || need_pkgs+=(munge)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

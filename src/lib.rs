@@ -50,6 +50,7 @@ pub mod plan;
 mod reduce;
 pub mod sim;
 pub mod topo;
+pub mod trace;
 mod wire;
 
 pub use comm::{Communicator, Config, Group, ReduceOp, Work};

@@ -252,15 +252,72 @@ fn rust_facts() -> BTreeMap<String, i64> {
         ("maxCTAs", std::mem::offset_of!(ncclConfig_t, maxCTAs)),
         ("netName", std::mem::offset_of!(ncclConfig_t, netName)),
         ("splitShare", std::mem::offset_of!(ncclConfig_t, splitShare)),
+        (
+            "trafficClass",
+            std::mem::offset_of!(ncclConfig_t, trafficClass),
+        ),
+        ("commName", std::mem::offset_of!(ncclConfig_t, commName)),
+        (
+            "collnetEnable",
+            std::mem::offset_of!(ncclConfig_t, collnetEnable),
+        ),
+        (
+            "shrinkShare",
+            std::mem::offset_of!(ncclConfig_t, shrinkShare),
+        ),
+        (
+            "nvlsHostMode",
+            std::mem::offset_of!(ncclConfig_t, nvlsHostMode),
+        ),
     ] {
         put(&format!("offsetof_{k}"), off as i64);
     }
     put("c.magic", i64::from(c.magic));
     put("c.blocking", i64::from(c.blocking));
     put("c.netName == NULL", i64::from(c.netName.is_null()));
-    // Only in our header (NVIDIA's config is larger and its version newer).
     put("sizeof(ncclConfig_t)", size_of::<ncclConfig_t>() as i64);
     put("NCCL_VERSION_CODE", i64::from(NCCL_VERSION_CODE));
+    put(
+        "sizeof(ncclCollConfig_t)",
+        size_of::<ncclCollConfig_t>() as i64,
+    );
+    put(
+        "offsetof(ncclCollConfig_t, algSelection)",
+        std::mem::offset_of!(ncclCollConfig_t, algSelection) as i64,
+    );
+    put(
+        "offsetof(ncclCollConfig_t, userProfilerTag)",
+        std::mem::offset_of!(ncclCollConfig_t, userProfilerTag) as i64,
+    );
+    put(
+        "offsetof(ncclCollConfig_t, launchCompletionEvent)",
+        std::mem::offset_of!(ncclCollConfig_t, launchCompletionEvent) as i64,
+    );
+    put("sizeof(ncclSimInfo_t)", size_of::<ncclSimInfo_t>() as i64);
+    put(
+        "offsetof(ncclSimInfo_t, estimatedTime)",
+        std::mem::offset_of!(ncclSimInfo_t, estimatedTime) as i64,
+    );
+    put(
+        "sizeof(ncclConfigExt_t)",
+        size_of::<ncclConfigExt_t>() as i64,
+    );
+    put(
+        "sizeof(ncclWaitSignalDesc_t)",
+        size_of::<ncclWaitSignalDesc_t>() as i64,
+    );
+    put(
+        "sizeof(ncclEncryptionConfig_t)",
+        size_of::<ncclEncryptionConfig_t>() as i64,
+    );
+    put("ncclStatGpuMemTotal", i64::from(ncclStatGpuMemTotal));
+    put("NCCL_SHRINK_ABORT", i64::from(NCCL_SHRINK_ABORT));
+    put("NCCL_SUSPEND_MEM", i64::from(NCCL_SUSPEND_MEM));
+    let cc = ncclCollConfig_t::default();
+    put("cc.forceAlgSelection", i64::from(cc.forceAlgSelection));
+    put("cc.magic", i64::from(cc.magic));
+    put("si.magic", i64::from(ncclSimInfo_t::default().magic));
+    // Only in our header.
     put("NCCL_VERSION(2, 19, 3)", 21903);
     put("c.size", c.size as i64);
     put("c.version", i64::from(c.version));
@@ -321,7 +378,14 @@ fn header_agrees_with_nvidia_header() {
     let theirs = prototypes(&std::fs::read_to_string(inc.join("nccl.h")).expect("read"));
     let ours =
         prototypes(&std::fs::read_to_string(Path::new(ROOT).join("include/nccl.h")).expect("read"));
-    assert!(ours.len() >= 68, "{} prototypes", ours.len());
+    assert!(ours.len() >= 140, "{} prototypes", ours.len());
+    // ... and every function NVIDIA declares, we declare (and so export, see below).
+    for name in theirs.keys() {
+        assert!(
+            ours.contains_key(name),
+            "{name} is in NVIDIA's header but not ours"
+        );
+    }
     for (name, params) in &ours {
         let Some(t) = theirs.get(name) else {
             panic!("{name} is not in NVIDIA's header");
@@ -488,6 +552,53 @@ fn c_program_with_nccl_comm_id_and_init_all() {
     run_c(&exe, &["3", "mismatch"], &[]);
     run_c(&exe, &["3", "rootmismatch"], &[]);
     run_c(&exe, &["2", "timeout"], &[("FERRO_TIMEOUT", "2")]);
+}
+
+#[test]
+fn c_program_calls_every_new_function_and_shrinks_after_a_death() {
+    let exe = gcc("api232.c", "api232", &[&our_include()], true);
+    run_c(&exe, &["3"], &[]);
+    run_c(&exe, &["4"], &[("NCCL_SHM_DISABLE", "1")]);
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let mut flags = nvidia_flags(&inc);
+    flags.push("-DNCCL_OS_LINUX".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("api232.c", "api232_nvidia", &flags, true);
+    run_c(&exe, &["3"], &[]);
+}
+
+#[test]
+fn every_function_of_nvidias_header_is_exported() {
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping");
+        return;
+    };
+    let theirs = prototypes(&std::fs::read_to_string(inc.join("nccl.h")).expect("read"));
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib_dir().join("libnccl.so.2"))
+        .output()
+        .expect("nm");
+    let syms = String::from_utf8_lossy(&out.stdout);
+    let exported: std::collections::BTreeSet<&str> = syms
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    // The two functions returning void are not in `prototypes`.
+    let mut names: Vec<String> = theirs.keys().cloned().collect();
+    for v in ["ncclParamDumpAll", "ncclResetDebugInit"] {
+        names.push(v.into());
+        names.push(format!("p{v}"));
+    }
+    let missing: Vec<&String> = names
+        .iter()
+        .filter(|n| !exported.contains(n.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+    assert!(names.len() >= 146, "{} names", names.len());
 }
 
 #[test]

@@ -10,49 +10,21 @@ use super::comm::{self, lookup, read_config, register, unregister, CommOptions, 
 use super::env;
 use super::error::{error_string, guard, last_error_ptr, result_of, set_last_error};
 use super::group;
-use super::ops::{
-    dtype_arg, rank_arg, read_scalar, reduction_arg, Op, PreMul, Reduction, Rooted, Scalar,
-};
+use super::ops::{dtype_arg, read_scalar, Op, PreMul, Scalar};
 use super::types::*;
 use crate::bootstrap::{TcpStoreServer, UniqueId};
-use crate::coll::CollKind;
 use crate::topo::iface;
-use crate::{Communicator, Error, ReduceOp, Result};
+use crate::{Communicator, Error, Result};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Defines `ncclX` and its alias `pncclX` with the same signature.
-macro_rules! nccl_api {
-    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $r:ty $body:block) => {
-        $(#[doc = $doc])*
-        ///
-        /// # Safety
-        /// Pointer arguments follow NCCL's contract for this call: NULL only where NCCL allows
-        /// it, otherwise pointing to memory of the size the other arguments imply, kept valid
-        /// (and, for buffers an operation writes, unused by the caller) until the operation
-        /// completes.
-        #[no_mangle]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> $r $body
-
-        #[doc = concat!("`", stringify!($pname), "`: the profiling alias of [`", stringify!($name), "`].")]
-        ///
-        /// # Safety
-        #[doc = concat!("As for [`", stringify!($name), "`].")]
-        #[no_mangle]
-        pub unsafe extern "C" fn $pname($($a: $t),*) -> $r {
-            // SAFETY: the same contract as the function it aliases, which the caller upholds.
-            unsafe { $name($($a),*) }
-        }
-    };
 }
 
 /// Stores `v` through the caller's out-pointer `p`, refusing NULL.
 ///
 /// # Safety
 /// `p` is NULL or valid for a write of `T`.
-unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
+pub(super) unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
     }
@@ -61,14 +33,14 @@ unsafe fn put<T>(api: &str, name: &str, p: *mut T, v: T) -> Result<()> {
     Ok(())
 }
 
-fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
+pub(super) fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
     if p.is_null() {
         return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
     }
     Ok(())
 }
 
-fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
+pub(super) fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
     if stream.is_null() {
         return Ok(());
     }
@@ -82,14 +54,14 @@ fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
 }
 
 /// Runs an operation-issuing call; its argument error also fails the enclosing group.
-fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
+pub(super) fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
     f().inspect_err(group::note_error)
 }
 
 // ----- version, unique id -----
 
 nccl_api! {
-    /// Writes `NCCL_VERSION_CODE` (2.19.3: 21903).
+    /// Writes `NCCL_VERSION_CODE` (2.32.3: 23203), the release whose API is implemented.
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         guard("ncclGetVersion", || {
             // SAFETY: the caller passes NULL or a writable int.
@@ -101,7 +73,7 @@ nccl_api! {
 
 /// Store servers started by `ncclGetUniqueId`, by job magic, until a communicator of this
 /// process takes one over.
-static SERVERS: LazyLock<Mutex<HashMap<u64, Arc<TcpStoreServer>>>> =
+pub(super) static SERVERS: LazyLock<Mutex<HashMap<u64, Arc<TcpStoreServer>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 nccl_api! {
@@ -156,7 +128,7 @@ fn server_for(api: &str, uid: &UniqueId, rank: usize) -> Result<Option<Arc<TcpSt
 
 /// # Safety
 /// `out` is NULL or writable.
-unsafe fn init_rank(
+pub(super) unsafe fn init_rank(
     api: &str,
     out: *mut ncclComm_t,
     nranks: c_int,
@@ -339,6 +311,12 @@ nccl_api! {
         const API: &str = "ncclCommFinalize";
         guard(API, || {
             let shared = lookup(API, comm)?;
+            if shared.revoked.load(Ordering::SeqCst) {
+                return Err(Error::invalid_usage(format!(
+                    "{API}: the communicator was revoked (ncclCommRevoke); destroy it with \
+                     ncclCommDestroy instead"
+                )));
+            }
             shared.finalized.store(true, Ordering::SeqCst);
             if shared.blocking {
                 shared.wait_idle();
@@ -360,6 +338,7 @@ nccl_api! {
         const API: &str = "ncclCommDestroy";
         guard(API, || {
             let shared = unregister(API, comm)?;
+            super::window::forget_comm(comm);
             shared.stop_worker();
             if let Some(Ok(c)) = shared.try_ready() {
                 drop(shared);
@@ -380,6 +359,7 @@ nccl_api! {
         const API: &str = "ncclCommAbort";
         guard(API, || {
             let shared = unregister(API, comm)?;
+            super::window::forget_comm(comm);
             shared.abort();
             Ok(ncclSuccess)
         })
@@ -414,7 +394,7 @@ nccl_api! {
 }
 
 /// The ready communicator for a query, or `Ok(Err(code))` while it initializes.
-fn query(
+pub(super) fn query(
     api: &str,
     comm: ncclComm_t,
 ) -> Result<std::result::Result<Arc<Communicator>, ncclResult_t>> {
@@ -425,6 +405,14 @@ fn query(
             Ok(Err(ncclInProgress))
         }
         Some(r) => Ok(Ok(r.map_err(|e| e.context(api))?)),
+    }
+}
+
+/// The communicator behind `comm` if it is ready (`None` while it initializes).
+pub(super) fn lookup_ready(api: &str, comm: ncclComm_t) -> Result<Option<Arc<Communicator>>> {
+    match lookup(api, comm)?.try_ready() {
+        None => Ok(None),
+        Some(r) => Ok(Some(r.map_err(|e| e.context(api))?)),
     }
 }
 
@@ -572,287 +560,6 @@ nccl_api! {
                 ))),
             }
         })
-    }
-}
-
-// ----- collectives -----
-
-#[allow(clippy::too_many_arguments)]
-fn collective(
-    api: &'static str,
-    kind: impl FnOnce(usize) -> CollKind,
-    root: Option<c_int>,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    datatype: ncclDataType_t,
-    op: Option<ncclRedOp_t>,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    guard(api, || {
-        issuing(|| {
-            let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
-            let dtype = dtype_arg(api, datatype)?;
-            let red = match op {
-                Some(op) => reduction_arg(api, &shared, op, dtype)?,
-                None => Reduction::Op(ReduceOp::Sum),
-            };
-            let root = match root {
-                Some(r) => rank_arg(api, "root", r)?,
-                None => 0,
-            };
-            let op = Op::Coll {
-                api,
-                kind: kind(root),
-                send: send.cast(),
-                recv: recv.cast(),
-                count,
-                dtype,
-                red,
-            };
-            group::issue(api, &shared, op)
-        })
-    })
-}
-
-nccl_api! {
-    /// Every rank's `recvbuff` becomes the reduction of all ranks' `sendbuff` (`count`
-    /// elements; in place when the two are equal).
-    fn ncclAllReduce / pncclAllReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclAllReduce", |_| CollKind::AllReduce, None, sendbuff, recvbuff, count, datatype, Some(op), comm, stream)
-    }
-}
-
-nccl_api! {
-    /// The root's `recvbuff` becomes the reduction of all ranks' `sendbuff` (`recvbuff` is
-    /// not used elsewhere).
-    fn ncclReduce / pncclReduce(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclReduce", |root| CollKind::Reduce { root }, Some(root), sendbuff, recvbuff, count, datatype, Some(op), comm, stream)
-    }
-}
-
-nccl_api! {
-    /// Every rank's `recvbuff` becomes the root's `sendbuff` (`sendbuff` is read on the root
-    /// only).
-    fn ncclBroadcast / pncclBroadcast(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclBroadcast", |root| CollKind::Broadcast { root }, Some(root), sendbuff, recvbuff, count, datatype, None, comm, stream)
-    }
-}
-
-nccl_api! {
-    /// In-place broadcast: every rank's `buff` becomes the root's.
-    fn ncclBcast / pncclBcast(
-        buff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclBcast", |root| CollKind::Broadcast { root }, Some(root), buff, buff, count, datatype, None, comm, stream)
-    }
-}
-
-nccl_api! {
-    /// `recvbuff` (`nranks × sendcount` elements) becomes every rank's `sendbuff`, in rank
-    /// order (in place when `sendbuff == recvbuff + rank × sendcount`).
-    fn ncclAllGather / pncclAllGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclAllGather", |_| CollKind::AllGather, None, sendbuff, recvbuff, sendcount, datatype, None, comm, stream)
-    }
-}
-
-nccl_api! {
-    /// `recvbuff` (`recvcount` elements) becomes block `rank` of the reduction of all ranks'
-    /// `sendbuff` (`nranks × recvcount`; in place when `recvbuff == sendbuff + rank ×
-    /// recvcount`).
-    fn ncclReduceScatter / pncclReduceScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclReduceScatter", |_| CollKind::ReduceScatter, None, sendbuff, recvbuff, recvcount, datatype, Some(op), comm, stream)
-    }
-}
-
-nccl_api! {
-    /// Block `p` (`count` elements) of `sendbuff` goes to rank `p`, which stores it as block
-    /// `rank` of its `recvbuff`.
-    fn ncclAlltoAll / pncclAlltoAll(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        collective("ncclAlltoAll", |_| CollKind::AllToAll, None, sendbuff, recvbuff, count, datatype, None, comm, stream)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn rooted(
-    api: &'static str,
-    which: Rooted,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    datatype: ncclDataType_t,
-    root: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    guard(api, || {
-        issuing(|| {
-            let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
-            let dtype = dtype_arg(api, datatype)?;
-            let root = rank_arg(api, "root", root)?;
-            let op = Op::Rooted {
-                api,
-                which,
-                root,
-                send: send.cast(),
-                recv: recv.cast(),
-                count,
-                dtype,
-            };
-            group::issue(api, &shared, op)
-        })
-    })
-}
-
-nccl_api! {
-    /// The root's `recvbuff` (`nranks × count`) receives every rank's `sendbuff` (`count`), in
-    /// rank order.
-    fn ncclGather / pncclGather(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        rooted("ncclGather", Rooted::Gather, sendbuff, recvbuff, count, datatype, root, comm, stream)
-    }
-}
-
-nccl_api! {
-    /// Rank `p`'s `recvbuff` (`count`) receives block `p` of the root's `sendbuff`.
-    fn ncclScatter / pncclScatter(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        rooted("ncclScatter", Rooted::Scatter, sendbuff, recvbuff, count, datatype, root, comm, stream)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn p2p(
-    api: &'static str,
-    send: bool,
-    buf: *mut c_void,
-    count: usize,
-    datatype: ncclDataType_t,
-    peer: c_int,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-) -> ncclResult_t {
-    guard(api, || {
-        issuing(|| {
-            let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
-            let dtype = dtype_arg(api, datatype)?;
-            let peer = rank_arg(api, "peer", peer)?;
-            let op = if send {
-                Op::Send {
-                    buf: buf.cast_const().cast(),
-                    count,
-                    dtype,
-                    peer,
-                }
-            } else {
-                Op::Recv {
-                    buf: buf.cast(),
-                    count,
-                    dtype,
-                    peer,
-                }
-            };
-            group::issue(api, &shared, op)
-        })
-    })
-}
-
-nccl_api! {
-    /// Sends `count` elements to `peer`, which calls `ncclRecv`. Inside a group, all sends and
-    /// receives run together.
-    fn ncclSend / pncclSend(
-        sendbuff: *const c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        p2p("ncclSend", true, sendbuff.cast_mut(), count, datatype, peer, comm, stream)
-    }
-}
-
-nccl_api! {
-    /// Receives `count` elements from `peer`.
-    fn ncclRecv / pncclRecv(
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        peer: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-    ) -> ncclResult_t {
-        p2p("ncclRecv", false, recvbuff, count, datatype, peer, comm, stream)
     }
 }
 

@@ -63,6 +63,12 @@ pub(crate) struct Shared {
     pub registrations: Mutex<HashMap<usize, (usize, usize)>>,
     /// The rendezvous store this rank hosts, kept alive as long as the communicator.
     server: Mutex<Option<Arc<TcpStoreServer>>>,
+    /// Set by `ncclCommSuspend`, cleared by `ncclCommResume`: no operations meanwhile.
+    pub suspended: AtomicBool,
+    /// Set by `ncclCommRevoke`: operations fail; destroy, abort and shrink remain.
+    pub revoked: AtomicBool,
+    /// The unique id `ncclCommGetUniqueId` handed out and no communicator has used yet.
+    pub fresh_id: Mutex<Option<u64>>,
 }
 
 impl Shared {
@@ -82,6 +88,9 @@ impl Shared {
             redops: Mutex::new(Vec::new()),
             registrations: Mutex::new(HashMap::new()),
             server: Mutex::new(None),
+            suspended: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+            fresh_id: Mutex::new(None),
         })
     }
 

@@ -67,6 +67,17 @@ pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResul
              ncclCommDestroy is allowed now"
         )));
     }
+    if shared.revoked.load(Ordering::SeqCst) {
+        return Err(Error::invalid_usage(format!(
+            "{api}: the communicator was revoked (ncclCommRevoke); only ncclCommDestroy, \
+             ncclCommAbort and ncclCommShrink are allowed now"
+        )));
+    }
+    if shared.suspended.load(Ordering::SeqCst) {
+        return Err(Error::invalid_usage(format!(
+            "{api}: the communicator is suspended (ncclCommSuspend); call ncclCommResume first"
+        )));
+    }
     if let Some(ready) = shared.try_ready() {
         let comm = ready?;
         validate(&op, comm.rank(), comm.nranks())?;
@@ -110,6 +121,33 @@ pub(crate) fn end() -> Result<ncclResult_t> {
         )),
         Some((None, batches)) => run(batches),
     }
+}
+
+/// The queued work of one communicator: the communicator and its operations.
+pub(crate) type Batch = (Arc<Shared>, Vec<Op>);
+
+/// `ncclGroupSimulateEnd`: ends the group like `ncclGroupEnd` but hands the queued operations
+/// back instead of running them (`None` below the outermost level).
+pub(crate) fn end_without_running() -> Result<Option<Vec<Batch>>> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Error::invalid_usage(
+                "ncclGroupSimulateEnd: not inside a group (no matching ncclGroupStart)",
+            ));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(None);
+        }
+        if let Some(e) = g.error.take() {
+            g.batches.clear();
+            return Err(e.context(
+                "ncclGroupSimulateEnd: a call inside the group failed, so nothing was simulated",
+            ));
+        }
+        Ok(Some(std::mem::take(&mut g.batches)))
+    })
 }
 
 /// Runs the batches of one group; see the module docs.

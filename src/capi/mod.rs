@@ -1,5 +1,5 @@
-//! NCCL's C API (`include/nccl.h`, NCCL 2.19 plus `ncclAlltoAll`, `ncclGather` and
-//! `ncclScatter`), exported from the shared library `libnccl.so.2` that
+//! NCCL's C API (`include/nccl.h`, NCCL 2.32: every function of NVIDIA's 2.32.3 header),
+//! exported from the shared library `libnccl.so.2` that
 //! `scripts/build-capi.sh` builds (cargo feature `capi`). Programs written against NVIDIA's
 //! header compile, link and run against it on host memory.
 //!
@@ -14,6 +14,12 @@
 //! | `NCCL_*` environment variables | [`env`] |
 //! | groups (`ncclGroupStart`/`End`) | `group` |
 //! | communicator handles, non-blocking work | `comm` |
+//! | per-call `nccl*Config` collectives | `coll_config` |
+//! | scalable init, grow, shrink, revoke, suspend, per-communicator ids | `life` |
+//! | memory windows | `window` |
+//! | `ncclGroupSimulateEnd` | `simulate` |
+//! | `ncclParam*` | `param` |
+//! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
 //! - A NULL stream means host buffers; a call on a blocking communicator completes before it
@@ -32,14 +38,71 @@
 
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
+/// Defines `ncclX` and its alias `pncclX` with the same signature.
+macro_rules! nccl_api {
+    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) -> $r:ty $body:block) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments follow NCCL's contract for this call: NULL only where NCCL allows
+        /// it, otherwise pointing to memory of the size the other arguments imply, kept valid
+        /// (and, for buffers an operation writes, unused by the caller) until the operation
+        /// completes.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r $body
+
+        #[doc = concat!("`", stringify!($pname), "`: the profiling alias of [`", stringify!($name), "`].")]
+        ///
+        /// # Safety
+        #[doc = concat!("As for [`", stringify!($name), "`].")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($a: $t),*) -> $r {
+            // SAFETY: the same contract as the function it aliases, which the caller upholds.
+            unsafe { $name($($a),*) }
+        }
+    };
+    ($(#[doc = $doc:literal])* fn $name:ident / $pname:ident ( $($a:ident : $t:ty),* $(,)? ) $body:block) => {
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// Pointer arguments follow NCCL's contract for this call.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) $body
+
+        #[doc = concat!("`", stringify!($pname), "`: the profiling alias of [`", stringify!($name), "`].")]
+        ///
+        /// # Safety
+        #[doc = concat!("As for [`", stringify!($name), "`].")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $pname($($a: $t),*) {
+            // SAFETY: the same contract as the function it aliases, which the caller upholds.
+            unsafe { $name($($a),*) }
+        }
+    };
+}
+
 pub mod api;
+mod coll_config;
+mod colls;
 mod comm;
 pub mod env;
 pub mod error;
 mod group;
+mod life;
 mod ops;
+mod param;
+mod simulate;
 pub mod types;
+mod unsupported;
+mod window;
 
 pub use api::*;
+pub use coll_config::*;
+pub use colls::*;
 pub use comm::{live_count, read_config, CommOptions};
+pub use life::*;
+pub use param::*;
+pub use simulate::*;
 pub use types::*;
+pub use unsupported::*;
+pub use window::*;

@@ -14,12 +14,12 @@ use super::*;
 
 /// Setup exchange through the store: round `r`'s bytes of rank `p` under
 /// `<prefix>/setup/<round>/<p>`.
-struct StoreExchange<'a> {
-    store: &'a dyn Store,
-    prefix: &'a str,
-    rank: usize,
-    nranks: usize,
-    deadline: Instant,
+pub(super) struct StoreExchange<'a> {
+    pub store: &'a dyn Store,
+    pub prefix: &'a str,
+    pub rank: usize,
+    pub nranks: usize,
+    pub deadline: Instant,
 }
 
 impl mesh::Exchange for StoreExchange<'_> {

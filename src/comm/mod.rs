@@ -9,6 +9,7 @@ mod init;
 mod mesh;
 mod order;
 mod rendezvous;
+mod shrink;
 mod split;
 mod transports;
 mod work;

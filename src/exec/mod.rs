@@ -194,6 +194,8 @@ pub(crate) struct Engine {
     regs: RegCache,
     /// Whether any connection is one-sided (receives are posted before each step).
     one_sided: bool,
+    /// The timeline of this rank's collectives (`FERRO_TRACE_FILE`), when asked for.
+    trace: Option<Box<crate::trace::Tracer>>,
 }
 
 /// The doorbell to sleep on: one wakes this rank only when every doorbell-driven connection
@@ -256,6 +258,7 @@ impl Engine {
             states: Vec::new(),
             regs: RegCache::new(REG_CACHE_ENTRIES),
             one_sided,
+            trace: crate::trace::Tracer::from_env(rank),
         }
     }
 
@@ -333,6 +336,18 @@ impl Engine {
     }
 
     /// Closes every connection, so that peers blocked on this rank see it at once.
+    /// Registers `mem` with every connection whose transport asks for registration; the
+    /// regions keep the registrations alive (none for transports that need none).
+    pub(crate) fn register_all(&mut self, mem: MemRef) -> Result<Vec<Region>> {
+        let mut regions = Vec::new();
+        for c in self.conns.iter_mut().flatten() {
+            if let Some(r) = c.register(mem)? {
+                regions.push(r);
+            }
+        }
+        Ok(regions)
+    }
+
     pub(crate) fn shutdown_all(&mut self) {
         for c in self.conns.iter_mut().flatten() {
             c.shutdown();
@@ -505,6 +520,59 @@ impl Engine {
         mem: Memory,
         ctx: &OpContext,
     ) -> Result<()> {
+        if self.trace.is_none() {
+            return self.collective(args, dtype, op, premul, mem, ctx, None);
+        }
+        self.traced_collective(args, dtype, op, premul, mem, ctx)
+    }
+
+    /// [`Engine::run_collective`] with its steps timed per peer and written to the trace.
+    fn traced_collective(
+        &mut self,
+        args: &CollArgs,
+        dtype: DataType,
+        op: ElemOp,
+        premul: Option<f64>,
+        mem: Memory,
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let mut waits = vec![0u64; self.nranks];
+        let start = std::time::Instant::now();
+        let r = self.collective(args, dtype, op, premul, mem, ctx, Some(&mut waits));
+        let end = std::time::Instant::now();
+        let algorithm = self.algorithm_for(args, dtype.size()).to_string();
+        let links: Vec<String> = (0..self.nranks)
+            .map(|p| {
+                self.link_to(p)
+                    .map_or_else(String::new, |l| format!("{l:?}").to_lowercase())
+            })
+            .collect();
+        if let Some(t) = self.trace.as_mut() {
+            t.record(&crate::trace::Record {
+                name: ctx.name,
+                seq: ctx.seq,
+                bytes: args.count * dtype.size(),
+                algorithm,
+                start,
+                end,
+                wait_ns: &waits,
+                links: &links,
+            });
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &mut self,
+        args: &CollArgs,
+        dtype: DataType,
+        op: ElemOp,
+        premul: Option<f64>,
+        mem: Memory,
+        ctx: &OpContext,
+        waits: Option<&mut [u64]>,
+    ) -> Result<()> {
         if !self.reducer.serves(ferroccl_transport::MemSpace::Host) {
             return Err(ferroccl_transport::Error::internal(format!(
                 "{}: the {} reducer cannot reach host memory",
@@ -578,13 +646,16 @@ impl Engine {
             scratch: self.scratch.as_mut_ptr(),
         };
         let mut raw = std::mem::take(&mut self.raw.0);
-        let r = self.run_steps(&sched, &layout, &mut raw, dtype, op, ctx);
+        let r = self.run_steps(&sched, &layout, &mut raw, dtype, op, ctx, waits);
         raw.clear();
         self.raw.0 = raw;
         r
     }
 
-    /// Runs the steps of `sched` over `layout`, resolving each step's ops into `raw`.
+    /// Runs the steps of `sched` over `layout`, resolving each step's ops into `raw`. With
+    /// `waits`, each step's time is added to the peers it received from (or, for a step that
+    /// only sends, sent to).
+    #[allow(clippy::too_many_arguments)]
     fn run_steps(
         &mut self,
         sched: &Schedule,
@@ -593,6 +664,7 @@ impl Engine {
         dtype: DataType,
         op: ElemOp,
         ctx: &OpContext,
+        mut waits: Option<&mut [u64]>,
     ) -> Result<()> {
         for st in &sched.steps {
             raw.clear();
@@ -625,8 +697,20 @@ impl Engine {
                 }
                 raw.push(layout.raw_op(o, ctx)?);
             }
-            if !raw.is_empty() {
-                self.run_step(raw, dtype, op, ctx)?;
+            if raw.is_empty() {
+                continue;
+            }
+            match waits.as_deref_mut() {
+                None => self.run_step(raw, dtype, op, ctx)?,
+                Some(w) => {
+                    let t = std::time::Instant::now();
+                    self.run_step(raw, dtype, op, ctx)?;
+                    let ns = t.elapsed().as_nanos() as u64;
+                    let receives = raw.iter().any(|o| !o.is_send());
+                    for o in raw.iter().filter(|o| o.is_send() != receives) {
+                        w[o.peer()] += ns;
+                    }
+                }
             }
         }
         Ok(())

@@ -25,7 +25,29 @@ int main(void) {
   P(NCCL_CONFIG_UNDEF_INT);
   P(NCCL_SPLIT_NOCOLOR);
   OFF(size); OFF(magic); OFF(version); OFF(blocking); OFF(cgaClusterSize); OFF(minCTAs);
-  OFF(maxCTAs); OFF(netName); OFF(splitShare);
+  OFF(maxCTAs); OFF(netName); OFF(splitShare); OFF(trafficClass); OFF(commName);
+  OFF(collnetEnable); OFF(shrinkShare); OFF(nvlsHostMode);
+  P(sizeof(ncclConfig_t));
+  P(NCCL_VERSION_CODE);
+  P(sizeof(ncclCollConfig_t));
+  P(offsetof(ncclCollConfig_t, algSelection));
+  P(offsetof(ncclCollConfig_t, userProfilerTag));
+  P(offsetof(ncclCollConfig_t, launchCompletionEvent));
+  P(sizeof(ncclSimInfo_t));
+  P(offsetof(ncclSimInfo_t, estimatedTime));
+  P(sizeof(ncclConfigExt_t));
+  P(sizeof(ncclWaitSignalDesc_t));
+  P(sizeof(ncclEncryptionConfig_t));
+  P(ncclStatGpuMemTotal);
+  P(NCCL_SHRINK_ABORT);
+  P(NCCL_SUSPEND_MEM);
+  {
+    ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+    ncclSimInfo_t si = NCCL_SIM_INFO_INITIALIZER;
+    P(cc.forceAlgSelection);
+    P(cc.magic);
+    P(si.magic);
+  }
   {
     ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
     P(c.magic);
@@ -33,8 +55,6 @@ int main(void) {
     P(c.netName == NULL);
   }
 #ifdef FERROCCL_ABI_FULL
-  P(sizeof(ncclConfig_t));
-  P(NCCL_VERSION_CODE);
   P(NCCL_VERSION(2, 19, 3));
   {
     ncclConfig_t c = NCCL_CONFIG_INITIALIZER;

@@ -358,7 +358,7 @@ FERRO_NARROW_TYPE(fp8e5m2, uint8_t, ferro_e5m2_to_f32, ferro_f32_to_e5m2)
  *
  * Pointers may have any alignment. When every pointer has the same offset modulo 16 and that
  * offset is a whole number of elements, a head of single elements brings them to 16 bytes and
- * the body moves 16-byte vectors, FERRO_RC_UNROLL per thread per round; otherwise every
+ * the body moves 16-byte vectors, FERRO_RC_UNROLL(size) per thread per round; otherwise every
  * element is moved alone (byte loads where an element is not aligned to its size). Thread
  * `tid` of `nthreads` takes every nthreads-th element or vector (a grid-stride loop), so any
  * launch shape covers any count, and every element is reduced by exactly one thread.
@@ -366,7 +366,9 @@ FERRO_NARROW_TYPE(fp8e5m2, uint8_t, ferro_e5m2_to_f32, ferro_f32_to_e5m2)
 
 #define FERRO_RC_MAX_SRCS 8
 #define FERRO_RC_MAX_DSTS 8
-#define FERRO_RC_UNROLL 4
+/* 16-byte vectors per thread per round: more for wide elements, whose arithmetic is cheap,
+   fewer for narrow floats, whose conversions make the loop long already. */
+#define FERRO_RC_UNROLL(size) ((size) >= 8 ? 4 : (size) >= 2 ? 2 : 1)
 
 /* The argument block of one reduce-copy (160 bytes; mirrored by the Rust `RcArgs`). */
 struct ferro_rc_args {
@@ -463,14 +465,14 @@ FERRO_FN void ferro_store_v16(uint64_t addr, ferro_v16 v) {
         for (k = 0; k < a->ndst; k++) ferro_rc_store_##OP##_##DT(a->dst[k] + i * sizeof(T), acc); \
     }                                                                                           \
     FERRO_FN void ferro_rc_##OP##_##DT(struct ferro_rc_args a, uint64_t tid, uint64_t nthreads) { \
-        enum { EPV = 16 / sizeof(T) };                                                          \
+        enum { EPV = 16 / sizeof(T), U = FERRO_RC_UNROLL(sizeof(T)) };                         \
         typedef union {                                                                         \
             ferro_v16 v;                                                                        \
             T e[EPV];                                                                           \
         } vec_t;                                                                                \
         FT f = ferro_factor_##DT(a.factor);                                                     \
         DIVT d = ferro_divisor_##DT(a.divisor);                                                 \
-        uint64_t n = a.count, head = n, nvec = 0, i, v;                                         \
+        uint64_t n = a.count, head = n, nvec = 0, j, v;                                         \
         uint32_t s, k, u, e;                                                                    \
         uint64_t mis = a.src[0] % 16u;                                                          \
         int same = (mis % sizeof(T)) == 0u;                                                     \
@@ -482,35 +484,37 @@ FERRO_FN void ferro_store_v16(uint64_t addr, ferro_v16 v) {
             if (head > n) head = n;                                                             \
             nvec = (n - head) / EPV;                                                            \
         }                                                                                       \
-        for (i = tid; i < head; i += nthreads) ferro_rc_one_##OP##_##DT(&a, f, d, i);           \
-        for (v = tid; v < nvec; v += nthreads * FERRO_RC_UNROLL) {                              \
-            vec_t acc[FERRO_RC_UNROLL], x[FERRO_RC_UNROLL];                                     \
+        for (v = tid; v < nvec; v += nthreads * U) {                                            \
+            vec_t acc[U], x[U];                                                                 \
             uint64_t base = (head + v * EPV) * sizeof(T);                                       \
             uint64_t step = nthreads * 16u;                                                     \
-            for (u = 0; u < FERRO_RC_UNROLL; u++)                                               \
+            for (u = 0; u < U; u++)                                                             \
                 acc[u].v = v + u * nthreads < nvec ? ferro_load_v16(a.src[0] + base + u * step)     \
                                                    : ferro_zero_v16();                          \
             if (a.scale_mask & 1u)                                                              \
-                for (u = 0; u < FERRO_RC_UNROLL; u++)                                           \
+                for (u = 0; u < U; u++)                                                         \
                     for (e = 0; e < EPV; e++) acc[u].e[e] = ferro_mul_##DT(acc[u].e[e], f);     \
             for (s = 1; s < a.nsrc; s++) {                                                      \
-                for (u = 0; u < FERRO_RC_UNROLL; u++)                                           \
+                for (u = 0; u < U; u++)                                                         \
                     x[u].v = v + u * nthreads < nvec ? ferro_load_v16(a.src[s] + base + u * step) \
                                                      : ferro_zero_v16();                        \
                 if ((a.scale_mask >> s) & 1u)                                                   \
-                    for (u = 0; u < FERRO_RC_UNROLL; u++)                                       \
+                    for (u = 0; u < U; u++)                                                     \
                         for (e = 0; e < EPV; e++) x[u].e[e] = ferro_mul_##DT(x[u].e[e], f);     \
-                for (u = 0; u < FERRO_RC_UNROLL; u++)                                           \
+                for (u = 0; u < U; u++)                                                         \
                     for (e = 0; e < EPV; e++) acc[u].e[e] = OPF(acc[u].e[e], x[u].e[e]);        \
             }                                                                                   \
             if (a.post_divide)                                                                  \
-                for (u = 0; u < FERRO_RC_UNROLL; u++)                                           \
+                for (u = 0; u < U; u++)                                                         \
                     for (e = 0; e < EPV; e++) acc[u].e[e] = ferro_div_##DT(acc[u].e[e], d);     \
             for (k = 0; k < a.ndst; k++)                                                        \
-                for (u = 0; u < FERRO_RC_UNROLL; u++)                                           \
+                for (u = 0; u < U; u++)                                                         \
                     if (v + u * nthreads < nvec) ferro_store_v16(a.dst[k] + base + u * step, acc[u].v); \
         }                                                                                       \
-        for (i = head + nvec * EPV + tid; i < n; i += nthreads) ferro_rc_one_##OP##_##DT(&a, f, d, i); \
+        /* The head and the tail, one element at a time: scalar index j is element j of the     \
+           head, or element j - head of the tail. */                                            \
+        for (j = tid; j < n - nvec * EPV; j += nthreads)                                        \
+            ferro_rc_one_##OP##_##DT(&a, f, d, j < head ? j : j + nvec * EPV);                  \
     }
 
 /* Every op for one type. */

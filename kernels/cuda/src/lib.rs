@@ -38,6 +38,7 @@
 //! ```
 
 mod args;
+pub mod check;
 pub mod device;
 mod dl;
 pub mod driver;

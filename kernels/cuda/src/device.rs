@@ -1,6 +1,5 @@
 //! The reduction kernels on one CUDA device: compiled with NVRTC for the device's architecture
-//! on first use (cached per process, and on disk under `$FERROCCL_KERNEL_CACHE`, default
-//! `$XDG_CACHE_HOME/ferroccl` or `~/.cache/ferroccl`), loaded into the device's primary context
+//! on first use (cached per process, and on disk: [`cache_dir`]), loaded into the device's primary context
 //! and launched on a stream of their own.
 //!
 //! Built, not yet run on a GPU: the CPU suite checks only that every entry returns the
@@ -8,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ferroccl_kernels::{DataType, ElemOp};
@@ -21,8 +20,9 @@ use crate::nvrtc::{compile_reduce_kernels, Nvrtc};
 /// Threads per block of every reduce-copy launch.
 pub const BLOCK_THREADS: u32 = 512;
 
-/// The directory of compiled kernels on disk, if any.
-fn cache_dir() -> Option<PathBuf> {
+/// The directory of compiled kernels on disk, if any: `$FERROCCL_KERNEL_CACHE`, else
+/// `$XDG_CACHE_HOME/ferroccl` or `~/.cache/ferroccl`.
+pub fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("FERROCCL_KERNEL_CACHE") {
         return Some(PathBuf::from(d));
     }
@@ -32,23 +32,43 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("ferroccl"))
 }
 
-/// A hash of the kernel sources and options (FNV-1a), naming cached cubins.
-fn source_hash(nvrtc: &Nvrtc) -> u64 {
+/// The cached cubin of the reduction kernels for sm_`arch` in `dir`: its name holds a hash
+/// (FNV-1a) of the kernel sources and the compile options, so a changed source never finds a
+/// stale cubin.
+pub fn cache_file(dir: &Path, arch: u32) -> PathBuf {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let v = format!("{:?}{:?}", nvrtc.version(), crate::nvrtc::OPTIONS);
+    let opts = format!("{:?}", crate::nvrtc::OPTIONS);
     for b in crate::KERNEL_HEADER
         .bytes()
         .chain(crate::KERNEL_SOURCE.bytes())
-        .chain(v.bytes())
+        .chain(opts.bytes())
     {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h
+    dir.join(format!("reduce-{h:016x}-sm_{arch}.cubin"))
+}
+
+/// Compiles the reduction kernels for sm_`arch` with `nvrtc` and stores the cubin in `dir`
+/// (written whole, then renamed, so a reader never sees half a file).
+pub fn compile_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Vec<u8>> {
+    let (c, _warnings) = compile_reduce_kernels(nvrtc, arch)?;
+    let f = cache_file(dir, arch);
+    let io = |e: std::io::Error| {
+        CudaError::new(
+            CudaErrorKind::Invalid,
+            format!("kernel cache {}: {e}", f.display()),
+        )
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, &c).map_err(io)?;
+    std::fs::rename(&tmp, &f).map_err(io)?;
+    Ok(c)
 }
 
 /// The cubin of the reduction kernels for sm_`arch`: from this process's cache, the disk cache,
-/// or NVRTC (then stored in both).
+/// or NVRTC (then stored in both; a disk cache that cannot be written only costs a compile).
 pub fn reduce_cubin(arch: u32) -> Result<Arc<Vec<u8>>> {
     static CUBINS: OnceLock<Mutex<HashMap<u32, Arc<Vec<u8>>>>> = OnceLock::new();
     let cubins = CUBINS.get_or_init(Default::default);
@@ -56,37 +76,36 @@ pub fn reduce_cubin(arch: u32) -> Result<Arc<Vec<u8>>> {
     if let Some(c) = map.get(&arch) {
         return Ok(c.clone());
     }
-    let nvrtc = Nvrtc::load_default()?;
-    if !nvrtc.supports(arch) {
-        return Err(CudaError::new(
-            CudaErrorKind::Compile,
-            format!(
-                "NVRTC {}.{} ({}) cannot target sm_{arch}; use the CUDA 12 NVRTC for this GPU",
-                nvrtc.version().0,
-                nvrtc.version().1,
-                nvrtc.path()
-            ),
-        ));
-    }
-    let file = cache_dir().map(|d| {
-        d.join(format!(
-            "reduce-{:016x}-sm_{arch}.cubin",
-            source_hash(&nvrtc)
-        ))
-    });
-    let cubin = match file.as_ref().and_then(|f| std::fs::read(f).ok()) {
-        Some(c) if !c.is_empty() => c,
-        _ => {
-            let (c, _warnings) = compile_reduce_kernels(&nvrtc, arch)?;
-            if let Some(f) = &file {
-                // A cache that cannot be written only costs a compile next time.
-                let _ = f.parent().map(std::fs::create_dir_all);
-                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &c).is_ok() {
-                    let _ = std::fs::rename(&tmp, f);
-                }
+    let dir = cache_dir();
+    let cached = dir
+        .as_ref()
+        .and_then(|d| std::fs::read(cache_file(d, arch)).ok())
+        .filter(|c| c.starts_with(b"\x7fELF"));
+    let cubin = match cached {
+        Some(c) => c,
+        None => {
+            let nvrtc = Nvrtc::load_default()?;
+            if !nvrtc.supports(arch) {
+                return Err(CudaError::new(
+                    CudaErrorKind::Compile,
+                    format!(
+                        "NVRTC {}.{} ({}) cannot target sm_{arch}; use the CUDA 12 NVRTC for this GPU",
+                        nvrtc.version().0,
+                        nvrtc.version().1,
+                        nvrtc.path()
+                    ),
+                ));
             }
-            c
+            match &dir {
+                Some(d) => match compile_into_cache(&nvrtc, d, arch) {
+                    Ok(c) => c,
+                    Err(e) if e.kind() == CudaErrorKind::Invalid => {
+                        compile_reduce_kernels(&nvrtc, arch)?.0
+                    }
+                    Err(e) => return Err(e),
+                },
+                None => compile_reduce_kernels(&nvrtc, arch)?.0,
+            }
         }
     };
     let c = Arc::new(cubin);

@@ -4,16 +4,22 @@
 //!
 //! Options: `--device N` (default 0), `--bw-mib M` (buffer size of the bandwidth run, default
 //! 256; 0 skips it), `--iters N` (bandwidth repetitions, default 20).
+//!
+//! `ferro-gpu-check --build-cache DIR` runs on a machine without a GPU: it compiles the kernels
+//! with NVRTC for every checked architecture into DIR, so a GPU machine without NVRTC can run
+//! them (`FERROCCL_KERNEL_CACHE=DIR`).
 
 use std::process::ExitCode;
 
 use ferroccl_cuda::check::{cases, expected, same_element, values, Case, Rng, COUNTS};
-use ferroccl_cuda::device::DeviceKernels;
+use ferroccl_cuda::device::{cache_file, compile_into_cache, DeviceKernels};
 use ferroccl_cuda::driver::{driver, DevicePtr, Driver};
-use ferroccl_cuda::{CudaError, RcArgs};
+use ferroccl_cuda::nvrtc::Nvrtc;
+use ferroccl_cuda::{CudaError, RcArgs, CHECKED_ARCHS};
 use ferroccl_kernels::{DataType, ElemOp};
 
 struct Options {
+    build_cache: Option<String>,
     device: u32,
     bw_mib: usize,
     iters: u32,
@@ -21,6 +27,7 @@ struct Options {
 
 fn options() -> Result<Options, String> {
     let mut o = Options {
+        build_cache: None,
         device: 0,
         bw_mib: 256,
         iters: 20,
@@ -33,6 +40,9 @@ fn options() -> Result<Options, String> {
                 .ok_or(format!("{name} needs a number"))
         };
         match a.as_str() {
+            "--build-cache" => {
+                o.build_cache = Some(args.next().ok_or("--build-cache needs a directory")?)
+            }
             "--device" => o.device = value("--device")? as u32,
             "--bw-mib" => o.bw_mib = value("--bw-mib")? as usize,
             "--iters" => o.iters = value("--iters")?.max(1) as u32,
@@ -205,6 +215,33 @@ fn bandwidth(k: &DeviceKernels, mib: usize, iters: u32) -> Result<(), CudaError>
     Ok(())
 }
 
+/// Compiles the kernels for every checked architecture into `dir` (no GPU needed).
+fn build_cache(dir: &std::path::Path) -> ExitCode {
+    let nvrtc = match Nvrtc::load_default() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("ferro-gpu-check: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    for arch in CHECKED_ARCHS {
+        match compile_into_cache(&nvrtc, dir, arch) {
+            Ok(c) => println!(
+                "# compiled sm_{arch} with NVRTC {}.{}: {} ({} KiB)",
+                nvrtc.version().0,
+                nvrtc.version().1,
+                cache_file(dir, arch).display(),
+                c.len() / 1024
+            ),
+            Err(e) => {
+                eprintln!("ferro-gpu-check: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     let o = match options() {
         Ok(o) => o,
@@ -213,6 +250,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(dir) = &o.build_cache {
+        return build_cache(std::path::Path::new(dir));
+    }
     let run = || -> Result<u64, CudaError> {
         let d = driver()?;
         let dev = d.device(o.device)?;

@@ -9,7 +9,7 @@ use ferroccl_kernels::{reference, DataType, ElemOp, Fp8E4M3, Fp8E5M2};
 pub struct Rng(pub u64);
 impl Rng {
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn bits(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -82,14 +82,14 @@ pub fn values(dtype: DataType, count: usize, which: usize, rng: &mut Rng) -> Vec
     let mut out = Vec::with_capacity(count * size);
     for i in 0..count {
         let bits = if !sp.is_empty() && i < sp.len() * sp.len() {
-            let k = if which % 2 == 0 {
+            let k = if which.is_multiple_of(2) {
                 i / sp.len()
             } else {
                 i % sp.len()
             };
             sp[k]
         } else {
-            rng.next()
+            rng.bits()
         };
         out.extend_from_slice(&bits.to_ne_bytes()[..size]);
     }

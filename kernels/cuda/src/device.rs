@@ -277,4 +277,32 @@ impl DeviceKernels {
             (self.driver.stream_synchronize)(self.stream)
         })
     }
+
+    /// Milliseconds the work that `f` queues on the stream takes on the device (two events).
+    pub fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let drv = self.driver;
+        self.bind()?;
+        let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: out-pointers; flags 0 (timing events); the context is current; the stream
+        // belongs to this context.
+        unsafe {
+            drv.check("cuEventCreate", (drv.event_create)(&mut start, 0))?;
+            drv.check("cuEventCreate", (drv.event_create)(&mut end, 0))?;
+            drv.check("cuEventRecord", (drv.event_record)(start, self.stream))?;
+        }
+        f()?;
+        let mut ms = 0f32;
+        // SAFETY: both events were created above and recorded on this stream; destroyed once.
+        unsafe {
+            drv.check("cuEventRecord", (drv.event_record)(end, self.stream))?;
+            drv.check("cuEventSynchronize", (drv.event_synchronize)(end))?;
+            drv.check(
+                "cuEventElapsedTime",
+                (drv.event_elapsed)(&mut ms, start, end),
+            )?;
+            drv.check("cuEventDestroy", (drv.event_destroy)(start))?;
+            drv.check("cuEventDestroy", (drv.event_destroy)(end))?;
+        }
+        Ok(ms)
+    }
 }

@@ -88,6 +88,7 @@ driver_api! {
     event_record = "cuEventRecord": fn(Handle, Handle);
     event_synchronize = "cuEventSynchronize": fn(Handle);
     event_elapsed = "cuEventElapsedTime": fn(*mut f32, Handle, Handle);
+    event_destroy = "cuEventDestroy_v2": fn(Handle);
 }
 
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
@@ -266,28 +267,5 @@ impl Driver {
         self.check("cuMemcpyDtoH", unsafe {
             (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len())
         })
-    }
-
-    /// Milliseconds the work queued by `f` on `stream` takes on the device (two events).
-    pub fn time_on_stream(&self, stream: Handle, f: impl FnOnce() -> Result<()>) -> Result<f32> {
-        let (mut start, mut end) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: out-pointers; flags 0 (timing events); a context is current.
-        unsafe {
-            self.check("cuEventCreate", (self.event_create)(&mut start, 0))?;
-            self.check("cuEventCreate", (self.event_create)(&mut end, 0))?;
-            self.check("cuEventRecord", (self.event_record)(start, stream))?;
-        }
-        f()?;
-        let mut ms = 0f32;
-        // SAFETY: both events were created above and recorded on `stream`.
-        unsafe {
-            self.check("cuEventRecord", (self.event_record)(end, stream))?;
-            self.check("cuEventSynchronize", (self.event_synchronize)(end))?;
-            self.check(
-                "cuEventElapsedTime",
-                (self.event_elapsed)(&mut ms, start, end),
-            )?;
-        }
-        Ok(ms)
     }
 }

@@ -191,7 +191,7 @@ fn bandwidth(k: &DeviceKernels, mib: usize, iters: u32) -> Result<(), CudaError>
     };
     copy(())?; // warm-up
     k.synchronize()?;
-    let ms = d.time_on_stream(k.stream(), || copy(()))?;
+    let ms = k.time(|| copy(()))?;
     let copy_rate = gbps(2 * len, iters, ms);
     println!("# bandwidth {mib} MiB: device-to-device copy {copy_rate:.1} GB/s (read + written)");
     for dtype in [DataType::Float32, DataType::Bfloat16] {
@@ -205,7 +205,7 @@ fn bandwidth(k: &DeviceKernels, mib: usize, iters: u32) -> Result<(), CudaError>
         };
         run()?;
         k.synchronize()?;
-        let ms = d.time_on_stream(k.stream(), run)?;
+        let ms = k.time(run)?;
         let rate = gbps(3 * len, iters, ms);
         println!(
             "# bandwidth {mib} MiB: {dtype} dst = a + b {rate:.1} GB/s (read + written), {:.0} % of copy (target >= 90 %)",

@@ -370,7 +370,7 @@ FERRO_NARROW_TYPE(fp8e5m2, uint8_t, ferro_e5m2_to_f32, ferro_f32_to_e5m2)
    fewer for narrow floats, whose conversions make the loop long already. */
 #define FERRO_RC_UNROLL(size) ((size) >= 8 ? 4 : (size) >= 2 ? 2 : 1)
 
-/* The argument block of one reduce-copy (160 bytes; mirrored by the Rust `RcArgs`). */
+/* The argument block of one reduce-copy (168 bytes; mirrored by the Rust `RcArgs`). */
 struct ferro_rc_args {
     uint64_t src[FERRO_RC_MAX_SRCS]; /* addresses of the sources */
     uint64_t dst[FERRO_RC_MAX_DSTS]; /* addresses of the destinations */

@@ -112,8 +112,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn args_block_is_160_bytes() {
-        assert_eq!(std::mem::size_of::<RcArgs>(), 160);
+    fn args_block_is_168_bytes() {
+        assert_eq!(std::mem::size_of::<RcArgs>(), 168);
         assert_eq!(std::mem::align_of::<RcArgs>(), 8);
     }
 

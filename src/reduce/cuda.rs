@@ -65,6 +65,13 @@ impl CudaReducer {
     /// The device reference behind an operand, which must be on this reducer's device.
     fn device(&self, what: &str, space: MemSpace, mem: Option<MemRef>) -> Result<MemRef> {
         match mem {
+            Some(m) if m.space == MemSpace::Cuda(self.ordinal) && m.addr == 0 && m.len > 0 => {
+                Err(Error::invalid_argument(format!(
+                    "{NAME} (cuda device {}): the {what} operand is a null device pointer \
+                     ({} bytes)",
+                    self.ordinal, m.len
+                )))
+            }
             Some(m) if m.space == MemSpace::Cuda(self.ordinal) => Ok(m),
             _ => Err(Error::invalid_argument(format!(
                 "{NAME} (cuda device {}): the {what} operand is {space} memory; this reducer \
@@ -298,5 +305,13 @@ mod tests {
             .divide(DataType::Float64, PayloadMut::Device(dev(1, 0x1000, 12)), 2)
             .unwrap_err();
         assert!(e.message().contains("whole number"), "{e}");
+        let e = r
+            .divide(DataType::Float32, PayloadMut::Device(dev(1, 0, 16)), 2)
+            .unwrap_err();
+        assert!(
+            e.message()
+                .contains("buffer operand is a null device pointer"),
+            "{e}"
+        );
     }
 }

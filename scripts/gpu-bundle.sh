@@ -5,8 +5,9 @@
 #     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
 #
 # It holds stripped release binaries (bin/ferro-gpu-check, bin/all_reduce_perf), lib/libnccl.so.2,
-# the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90
-# (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh and a MANIFEST.
+# the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
+# compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
+# and a MANIFEST.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/gpu-bundle}

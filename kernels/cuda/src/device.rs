@@ -15,7 +15,7 @@ use ferroccl_kernels::{DataType, ElemOp};
 use crate::args::{kernel_name, RcArgs};
 use crate::driver::{driver, Device, DevicePtr, Driver, Handle, ATTR_SM_COUNT};
 use crate::error::{CudaError, CudaErrorKind, Result};
-use crate::nvrtc::{compile_reduce_kernels, Nvrtc};
+use crate::nvrtc::{compile_reduce_kernels, compile_reduce_kernels_ptx, Nvrtc};
 
 /// Threads per block of every reduce-copy launch.
 pub const BLOCK_THREADS: u32 = 512;
@@ -32,10 +32,9 @@ pub fn cache_dir() -> Option<PathBuf> {
     Some(base.join("ferroccl"))
 }
 
-/// The cached cubin of the reduction kernels for sm_`arch` in `dir`: its name holds a hash
-/// (FNV-1a) of the kernel sources and the compile options, so a changed source never finds a
-/// stale cubin.
-pub fn cache_file(dir: &Path, arch: u32) -> PathBuf {
+/// A hash (FNV-1a) of the kernel sources and the compile options, so that a changed source
+/// never finds a stale cached image.
+fn source_hash() -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let opts = format!("{:?}", crate::nvrtc::OPTIONS);
     for b in crate::KERNEL_HEADER
@@ -46,14 +45,21 @@ pub fn cache_file(dir: &Path, arch: u32) -> PathBuf {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    dir.join(format!("reduce-{h:016x}-sm_{arch}.cubin"))
+    h
 }
 
-/// Compiles the reduction kernels for sm_`arch` with `nvrtc` and stores the cubin in `dir`
-/// (written whole, then renamed, so a reader never sees half a file).
-pub fn compile_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Vec<u8>> {
-    let (c, _warnings) = compile_reduce_kernels(nvrtc, arch)?;
-    let f = cache_file(dir, arch);
+/// The cached cubin of the reduction kernels for sm_`arch` in `dir`.
+pub fn cache_file(dir: &Path, arch: u32) -> PathBuf {
+    dir.join(format!("reduce-{:016x}-sm_{arch}.cubin", source_hash()))
+}
+
+/// The cached PTX of the reduction kernels for compute_`arch` in `dir`.
+pub fn ptx_cache_file(dir: &Path, arch: u32) -> PathBuf {
+    dir.join(format!("reduce-{:016x}-compute_{arch}.ptx", source_hash()))
+}
+
+/// Writes `bytes` to `f` whole, then renames, so a reader never sees half a file.
+fn store(dir: &Path, f: &Path, bytes: &[u8]) -> Result<()> {
     let io = |e: std::io::Error| {
         CudaError::new(
             CudaErrorKind::Invalid,
@@ -62,41 +68,46 @@ pub fn compile_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Vec<u8
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, &c).map_err(io)?;
-    std::fs::rename(&tmp, &f).map_err(io)?;
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, f).map_err(io)
+}
+
+/// Compiles the reduction kernels for sm_`arch` with `nvrtc` and stores the cubin in `dir`.
+pub fn compile_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Vec<u8>> {
+    let (c, _warnings) = compile_reduce_kernels(nvrtc, arch)?;
+    store(dir, &cache_file(dir, arch), &c)?;
     Ok(c)
 }
 
-/// The cubin of the reduction kernels for sm_`arch`: from this process's cache, the disk cache,
-/// or NVRTC (then stored in both; a disk cache that cannot be written only costs a compile).
-pub fn reduce_cubin(arch: u32) -> Result<Arc<Vec<u8>>> {
-    static CUBINS: OnceLock<Mutex<HashMap<u32, Arc<Vec<u8>>>>> = OnceLock::new();
-    let cubins = CUBINS.get_or_init(Default::default);
-    let mut map = cubins.lock().unwrap_or_else(|e| e.into_inner());
+/// Compiles the reduction kernels into PTX for compute_`arch` and stores it in `dir`: the
+/// driver compiles it at load for GPUs newer than every cached cubin, where there is no NVRTC.
+pub fn compile_ptx_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Vec<u8>> {
+    let (p, _warnings) = compile_reduce_kernels_ptx(nvrtc, arch)?;
+    store(dir, &ptx_cache_file(dir, arch), &p)?;
+    Ok(p)
+}
+
+/// The image of the reduction kernels for a GPU of compute capability `arch`, for
+/// `cuModuleLoadData`: from this process's cache; a cached cubin for sm_`arch`; NVRTC (then
+/// cached in both; a disk cache that cannot be written only costs a compile); or, without an
+/// NVRTC that can target `arch`, cached PTX of an older virtual architecture.
+pub fn reduce_image(arch: u32) -> Result<Arc<Vec<u8>>> {
+    static IMAGES: OnceLock<Mutex<HashMap<u32, Arc<Vec<u8>>>>> = OnceLock::new();
+    let images = IMAGES.get_or_init(Default::default);
+    let mut map = images.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(c) = map.get(&arch) {
         return Ok(c.clone());
     }
     let dir = cache_dir();
-    let cached = dir
+    let read = |f: PathBuf| std::fs::read(f).ok();
+    let cubin = dir
         .as_ref()
-        .and_then(|d| std::fs::read(cache_file(d, arch)).ok())
+        .and_then(|d| read(cache_file(d, arch)))
         .filter(|c| c.starts_with(b"\x7fELF"));
-    let cubin = match cached {
+    let image = match cubin {
         Some(c) => c,
-        None => {
-            let nvrtc = Nvrtc::load_default()?;
-            if !nvrtc.supports(arch) {
-                return Err(CudaError::new(
-                    CudaErrorKind::Compile,
-                    format!(
-                        "NVRTC {}.{} ({}) cannot target sm_{arch}; use the CUDA 12 NVRTC for this GPU",
-                        nvrtc.version().0,
-                        nvrtc.version().1,
-                        nvrtc.path()
-                    ),
-                ));
-            }
-            match &dir {
+        None => match Nvrtc::load_default() {
+            Ok(nvrtc) if nvrtc.supports(arch) => match &dir {
                 Some(d) => match compile_into_cache(&nvrtc, d, arch) {
                     Ok(c) => c,
                     Err(e) if e.kind() == CudaErrorKind::Invalid => {
@@ -105,10 +116,39 @@ pub fn reduce_cubin(arch: u32) -> Result<Arc<Vec<u8>>> {
                     Err(e) => return Err(e),
                 },
                 None => compile_reduce_kernels(&nvrtc, arch)?.0,
+            },
+            found => {
+                let ptx = dir.as_ref().and_then(|d| {
+                    [90u32, 89, 86, 80, 75, 70]
+                        .into_iter()
+                        .filter(|&a| a <= arch)
+                        .find_map(|a| read(ptx_cache_file(d, a)))
+                });
+                match (ptx, found) {
+                    (Some(p), _) => p,
+                    (None, Err(e)) => {
+                        return Err(CudaError::new(
+                            e.kind(),
+                            format!("{e} (and no cached kernels for sm_{arch})"),
+                        ))
+                    }
+                    (None, Ok(nvrtc)) => {
+                        return Err(CudaError::new(
+                            CudaErrorKind::Compile,
+                            format!(
+                                "NVRTC {}.{} ({}) cannot target sm_{arch} and no kernels for it \
+                                 are cached; use the CUDA 12 NVRTC for this GPU",
+                                nvrtc.version().0,
+                                nvrtc.version().1,
+                                nvrtc.path()
+                            ),
+                        ))
+                    }
+                }
             }
-        }
+        },
     };
-    let c = Arc::new(cubin);
+    let c = Arc::new(image);
     map.insert(arch, c.clone());
     Ok(c)
 }
@@ -139,11 +179,12 @@ impl DeviceKernels {
         let device: Device = driver.device(ordinal)?;
         let arch = driver.arch(device)?;
         let ctx = driver.bind_primary_context(device)?;
-        let cubin = reduce_cubin(arch)?;
+        let image = reduce_image(arch)?;
         let mut module = std::ptr::null_mut();
-        // SAFETY: the context is current; `cubin` is a complete cubin image that outlives the call.
+        // SAFETY: the context is current; `image` is a complete cubin, or PTX text ending in NUL,
+        // that outlives the call.
         driver.check("cuModuleLoadData", unsafe {
-            (driver.module_load_data)(&mut module, cubin.as_ptr().cast())
+            (driver.module_load_data)(&mut module, image.as_ptr().cast())
         })?;
         let mut functions = HashMap::new();
         for dtype in DataType::ALL {

@@ -29,6 +29,15 @@ pub const OPTIONS: [&str; 4] = [
     "--std=c++11",
 ];
 
+/// What a compile produces.
+#[derive(Debug, Clone, Copy)]
+enum Output {
+    /// Machine code for one architecture (`sm_XX`).
+    Cubin,
+    /// PTX for a virtual architecture (`compute_XX`), compiled by the driver at load.
+    Ptx,
+}
+
 /// One NVRTC library.
 #[derive(Debug)]
 pub struct Nvrtc {
@@ -47,6 +56,8 @@ pub struct Nvrtc {
     log: unsafe extern "C" fn(Program, *mut c_char) -> Status,
     cubin_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
     cubin: unsafe extern "C" fn(Program, *mut c_char) -> Status,
+    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> Status,
+    ptx: unsafe extern "C" fn(Program, *mut c_char) -> Status,
     destroy: unsafe extern "C" fn(*mut Program) -> Status,
     error_string: unsafe extern "C" fn(Status) -> *const c_char,
 }
@@ -94,6 +105,8 @@ impl Nvrtc {
                 log: lib.function("nvrtcGetProgramLog").map_err(sym_err)?,
                 cubin_size: lib.function("nvrtcGetCUBINSize").map_err(sym_err)?,
                 cubin: lib.function("nvrtcGetCUBIN").map_err(sym_err)?,
+                ptx_size: lib.function("nvrtcGetPTXSize").map_err(sym_err)?,
+                ptx: lib.function("nvrtcGetPTX").map_err(sym_err)?,
                 destroy: lib.function("nvrtcDestroyProgram").map_err(sym_err)?,
                 error_string: lib.function("nvrtcGetErrorString").map_err(sym_err)?,
                 lib,
@@ -151,6 +164,29 @@ impl Nvrtc {
         headers: &[(&str, &str)],
         arch: u32,
     ) -> Result<(Vec<u8>, String)> {
+        self.compile_to(name, source, headers, arch, Output::Cubin)
+    }
+
+    /// Compiles like [`Nvrtc::compile`] into PTX for compute_`arch` (NUL-terminated text), which
+    /// the driver compiles for any newer GPU when it loads it.
+    pub fn compile_ptx(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: u32,
+    ) -> Result<(Vec<u8>, String)> {
+        self.compile_to(name, source, headers, arch, Output::Ptx)
+    }
+
+    fn compile_to(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        arch: u32,
+        output: Output,
+    ) -> Result<(Vec<u8>, String)> {
         let cstr = |s: &str| {
             CString::new(s).map_err(|_| {
                 CudaError::new(CudaErrorKind::Invalid, format!("{s:.40}: holds a NUL byte"))
@@ -168,7 +204,11 @@ impl Nvrtc {
             .collect::<Result<Vec<_>>>()?;
         let htext_p: Vec<*const c_char> = htext.iter().map(|c| c.as_ptr()).collect();
         let hname_p: Vec<*const c_char> = hname.iter().map(|c| c.as_ptr()).collect();
-        let mut opts = vec![cstr(&format!("--gpu-architecture=sm_{arch}"))?];
+        let target = match output {
+            Output::Cubin => format!("sm_{arch}"),
+            Output::Ptx => format!("compute_{arch}"),
+        };
+        let mut opts = vec![cstr(&format!("--gpu-architecture={target}"))?];
         for o in OPTIONS {
             opts.push(cstr(o)?);
         }
@@ -195,14 +235,14 @@ impl Nvrtc {
             Err(CudaError::new(
                 CudaErrorKind::Compile,
                 format!(
-                    "NVRTC {}.{} ({}) could not compile {name} for sm_{arch}:\n{log}",
+                    "NVRTC {}.{} ({}) could not compile {name} for {target}:\n{log}",
                     self.version.0,
                     self.version.1,
                     self.path()
                 ),
             ))
         } else {
-            self.program_cubin(prog).map(|c| (c, log))
+            self.program_output(prog, output).map(|c| (c, log))
         };
         // SAFETY: `prog` is live and destroyed once.
         unsafe { (self.destroy)(&mut prog) };
@@ -226,17 +266,17 @@ impl Nvrtc {
             .to_string()
     }
 
-    fn program_cubin(&self, prog: Program) -> Result<Vec<u8>> {
+    fn program_output(&self, prog: Program, output: Output) -> Result<Vec<u8>> {
+        let (size_fn, get_fn, what) = match output {
+            Output::Cubin => (self.cubin_size, self.cubin, "nvrtcGetCUBIN"),
+            Output::Ptx => (self.ptx_size, self.ptx, "nvrtcGetPTX"),
+        };
         let mut n = 0usize;
         // SAFETY: `prog` is live and compiled; `n` is a valid out-pointer.
-        self.status("nvrtcGetCUBINSize", unsafe {
-            (self.cubin_size)(prog, &mut n)
-        })?;
+        self.status(what, unsafe { size_fn(prog, &mut n) })?;
         let mut buf = vec![0u8; n];
-        // SAFETY: `buf` holds the `n` bytes NVRTC said the cubin needs.
-        self.status("nvrtcGetCUBIN", unsafe {
-            (self.cubin)(prog, buf.as_mut_ptr().cast())
-        })?;
+        // SAFETY: `buf` holds the `n` bytes NVRTC said the output needs (PTX: with its NUL).
+        self.status(what, unsafe { get_fn(prog, buf.as_mut_ptr().cast()) })?;
         Ok(buf)
     }
 }
@@ -244,6 +284,16 @@ impl Nvrtc {
 /// Compiles the reduction kernels (`ferro_reduce.cu` with `ferro_reduce.h`) for sm_`arch`.
 pub fn compile_reduce_kernels(nvrtc: &Nvrtc, arch: u32) -> Result<(Vec<u8>, String)> {
     nvrtc.compile(
+        "ferro_reduce.cu",
+        crate::KERNEL_SOURCE,
+        &[("ferro_reduce.h", crate::KERNEL_HEADER)],
+        arch,
+    )
+}
+
+/// Compiles the reduction kernels into PTX for compute_`arch` (see [`Nvrtc::compile_ptx`]).
+pub fn compile_reduce_kernels_ptx(nvrtc: &Nvrtc, arch: u32) -> Result<(Vec<u8>, String)> {
+    nvrtc.compile_ptx(
         "ferro_reduce.cu",
         crate::KERNEL_SOURCE,
         &[("ferro_reduce.h", crate::KERNEL_HEADER)],

@@ -7,12 +7,15 @@
 //!
 //! `ferro-gpu-check --build-cache DIR` runs on a machine without a GPU: it compiles the kernels
 //! with NVRTC for every checked architecture into DIR, so a GPU machine without NVRTC can run
-//! them (`FERROCCL_KERNEL_CACHE=DIR`).
+//! them (`FERROCCL_KERNEL_CACHE=DIR`), and PTX of the oldest architecture, which the driver
+//! compiles at load for GPUs newer than every cubin.
 
 use std::process::ExitCode;
 
 use ferroccl_cuda::check::{cases, expected, same_element, values, Case, Rng, COUNTS};
-use ferroccl_cuda::device::{cache_file, compile_into_cache, DeviceKernels};
+use ferroccl_cuda::device::{
+    cache_file, compile_into_cache, compile_ptx_into_cache, ptx_cache_file, DeviceKernels,
+};
 use ferroccl_cuda::driver::{driver, DevicePtr, Driver};
 use ferroccl_cuda::nvrtc::Nvrtc;
 use ferroccl_cuda::{CudaError, RcArgs, CHECKED_ARCHS};
@@ -237,6 +240,19 @@ fn build_cache(dir: &std::path::Path) -> ExitCode {
                 eprintln!("ferro-gpu-check: {e}");
                 return ExitCode::from(1);
             }
+        }
+    }
+    // PTX of the oldest architecture this NVRTC targets, for GPUs newer than every cubin.
+    let ptx_arch = if nvrtc.supports(70) { 70 } else { 75 };
+    match compile_ptx_into_cache(&nvrtc, dir, ptx_arch) {
+        Ok(p) => println!(
+            "# compiled compute_{ptx_arch} PTX: {} ({} KiB)",
+            ptx_cache_file(dir, ptx_arch).display(),
+            p.len() / 1024
+        ),
+        Err(e) => {
+            eprintln!("ferro-gpu-check: {e}");
+            return ExitCode::from(1);
         }
     }
     ExitCode::SUCCESS

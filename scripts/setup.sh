@@ -10,6 +10,9 @@ command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
 # A private one-node SLURM cluster for the srun test (scripts/slurm-local.sh).
 { command -v srun && PATH=$PATH:/usr/sbin command -v slurmd; } >/dev/null 2>&1 || need_pkgs+=(slurm-wlm)
 PATH=$PATH:/usr/sbin command -v munged >/dev/null 2>&1 || need_pkgs+=(munge)
+# python3 with venv: NVRTC and PyTorch come from PyPI wheels in virtual environments.
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
@@ -31,3 +34,5 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
 fi
 cargo --version
+# NVRTC (CUDA 12 and 13, PyPI wheels; no GPU needed) for the kernel compile test.
+"$(dirname "$0")/nvrtc-env.sh" >/dev/null

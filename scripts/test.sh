@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # libtorch for examples/resnet (PyPI torch in a virtual environment; installed on first use).
 eval "$(scripts/torch-env.sh)"
+# NVRTC for the CUDA kernel compile test (kernels/cuda/tests/nvrtc.rs), which must not skip here.
+eval "$(scripts/nvrtc-env.sh)"
+export FERROCCL_REQUIRE_NVRTC=1
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -D warnings"

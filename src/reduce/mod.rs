@@ -11,9 +11,12 @@
 //! Operands are typed memory ([`Payload`] / [`PayloadMut`]: host slices, or a device
 //! [`ferroccl_transport::MemRef`]), so that each implementation says which [`MemSpace`]s it
 //! serves and rejects the others with an error rather than touching memory it cannot reach.
-//! [`HostReducer`] runs the host SIMD kernels of `ferroccl-kernels`; a CUDA reducer is another
-//! file beside it. The executor and the communicator call kernels only through a reducer.
+//! [`HostReducer`] runs the host SIMD kernels of `ferroccl-kernels`; `CudaReducer` (cuda.rs)
+//! runs the NVRTC-compiled kernels of `ferroccl-cuda` on device memory. The executor and the communicator call kernels only through a reducer.
 
+// The engine takes the CUDA reducer with the device-buffer executor; until then only its tests do.
+#[allow(dead_code)]
+mod cuda;
 mod host;
 
 use std::fmt;

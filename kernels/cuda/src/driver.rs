@@ -1,0 +1,271 @@
+//! The CUDA driver API, loaded at run time from `libcuda.so.1` and checked before every use.
+//!
+//! [`driver()`] is the single entry: it loads the library once per process and returns either
+//! the function table or the error every device entry point returns on a machine without an
+//! NVIDIA driver ([`DRIVER_MISSING`]). Nothing here panics when the library is absent. Only the
+//! calls ferroccl needs are bound, all present in CUDA 12 and CUDA 13 drivers.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::OnceLock;
+
+use crate::dl::Library;
+use crate::error::{CudaError, CudaErrorKind, Result};
+
+/// The driver library's name.
+pub const DRIVER_LIB: &str = "libcuda.so.1";
+
+/// The message of every device entry point on a machine without an NVIDIA driver.
+pub const DRIVER_MISSING: &str =
+    "device buffers need an NVIDIA driver (libcuda.so.1 not found); host buffers work without one";
+
+/// Overrides the driver library searched (a path, or a name for the loader); tests set it to a
+/// missing file to check the no-driver path on a machine that has a driver.
+pub const DRIVER_LIB_ENV: &str = "FERROCCL_CUDA_DRIVER";
+
+/// `CUdevice`.
+pub type Device = c_int;
+/// `CUcontext`, `CUmodule`, `CUfunction`, `CUstream`, `CUevent`: opaque handles.
+pub type Handle = *mut c_void;
+/// `CUdeviceptr`.
+pub type DevicePtr = u64;
+type Status = c_int;
+
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
+pub const ATTR_SM_COUNT: c_int = 16;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR`.
+pub const ATTR_CC_MAJOR: c_int = 75;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`.
+pub const ATTR_CC_MINOR: c_int = 76;
+
+macro_rules! driver_api {
+    ($($field:ident = $sym:literal : fn($($arg:ty),*);)*) => {
+        /// The driver functions ferroccl calls (each returns a `CUresult`).
+        #[derive(Debug)]
+        #[allow(missing_docs)]
+        pub struct Driver {
+            lib: Library,
+            $(pub(crate) $field: unsafe extern "C" fn($($arg),*) -> Status,)*
+            error_string: unsafe extern "C" fn(Status, *mut *const c_char) -> Status,
+        }
+
+        impl Driver {
+            fn bind(lib: Library) -> std::result::Result<Driver, String> {
+                // SAFETY: each field's type is the C signature of the driver function named
+                // beside it (cuda.h; the `_v2` names are the 64-bit versions, in CUDA 12 and 13).
+                unsafe {
+                    Ok(Driver {
+                        $($field: lib.function($sym)?,)*
+                        error_string: lib.function("cuGetErrorString")?,
+                        lib,
+                    })
+                }
+            }
+        }
+    };
+}
+
+driver_api! {
+    init = "cuInit": fn(c_uint);
+    driver_version = "cuDriverGetVersion": fn(*mut c_int);
+    device_count = "cuDeviceGetCount": fn(*mut c_int);
+    device_get = "cuDeviceGet": fn(*mut Device, c_int);
+    device_attribute = "cuDeviceGetAttribute": fn(*mut c_int, c_int, Device);
+    device_name = "cuDeviceGetName": fn(*mut c_char, c_int, Device);
+    primary_ctx_retain = "cuDevicePrimaryCtxRetain": fn(*mut Handle, Device);
+    ctx_set_current = "cuCtxSetCurrent": fn(Handle);
+    module_load_data = "cuModuleLoadData": fn(*mut Handle, *const c_void);
+    module_get_function = "cuModuleGetFunction": fn(*mut Handle, Handle, *const c_char);
+    launch_kernel = "cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
+        c_uint, Handle, *mut *mut c_void, *mut *mut c_void);
+    stream_create = "cuStreamCreate": fn(*mut Handle, c_uint);
+    stream_synchronize = "cuStreamSynchronize": fn(Handle);
+    mem_alloc = "cuMemAlloc_v2": fn(*mut DevicePtr, usize);
+    mem_free = "cuMemFree_v2": fn(DevicePtr);
+    memcpy_htod = "cuMemcpyHtoD_v2": fn(DevicePtr, *const c_void, usize);
+    memcpy_dtoh = "cuMemcpyDtoH_v2": fn(*mut c_void, DevicePtr, usize);
+    memcpy_dtod_async = "cuMemcpyDtoDAsync_v2": fn(DevicePtr, DevicePtr, usize, Handle);
+    event_create = "cuEventCreate": fn(*mut Handle, c_uint);
+    event_record = "cuEventRecord": fn(Handle, Handle);
+    event_synchronize = "cuEventSynchronize": fn(Handle);
+    event_elapsed = "cuEventElapsedTime": fn(*mut f32, Handle, Handle);
+    event_destroy = "cuEventDestroy_v2": fn(Handle);
+}
+
+/// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
+/// the same answer afterwards. Without an NVIDIA driver: an error with [`DRIVER_MISSING`].
+pub fn driver() -> Result<&'static Driver> {
+    static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            let name = std::env::var(DRIVER_LIB_ENV).unwrap_or_else(|_| DRIVER_LIB.to_string());
+            Driver::load(&name)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+impl Driver {
+    /// Loads the driver from `name` and calls `cuInit`.
+    fn load(name: &str) -> Result<Driver> {
+        let lib = Library::open(&[name.to_string()]).map_err(|why| {
+            CudaError::new(
+                CudaErrorKind::DriverMissing,
+                format!(
+                    "{DRIVER_MISSING} [searched {name}: {why}; a driver outside the loader's \
+                     path needs LD_LIBRARY_PATH]"
+                ),
+            )
+        })?;
+        let d = Driver::bind(lib).map_err(|why| {
+            CudaError::new(
+                CudaErrorKind::DriverMissing,
+                format!("{DRIVER_MISSING} [{why}: the driver is older than CUDA 12?]"),
+            )
+        })?;
+        // SAFETY: cuInit takes flags 0 and may be called more than once.
+        d.check("cuInit", unsafe { (d.init)(0) })?;
+        Ok(d)
+    }
+
+    /// Where the library was loaded from.
+    pub fn path(&self) -> &str {
+        &self.lib.name
+    }
+
+    /// Turns a `CUresult` into a result naming the call and the CUDA error.
+    pub fn check(&self, call: &str, status: c_int) -> Result<()> {
+        if status == 0 {
+            return Ok(());
+        }
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorString stores a static string (or leaves NULL) for any status.
+        let msg = if unsafe { (self.error_string)(status, &mut p) } == 0 && !p.is_null() {
+            // SAFETY: non-NULL, NUL-terminated, static.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        } else {
+            "unknown CUDA error".to_string()
+        };
+        Err(CudaError::new(
+            CudaErrorKind::Driver,
+            format!("{call} failed: {msg} (CUresult {status})"),
+        ))
+    }
+
+    /// The driver's CUDA version, as `cuDriverGetVersion` reports it (12040 for 12.4).
+    pub fn version(&self) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer.
+        self.check("cuDriverGetVersion", unsafe {
+            (self.driver_version)(&mut v)
+        })?;
+        Ok(v)
+    }
+
+    /// How many CUDA devices this process sees.
+    pub fn device_count(&self) -> Result<u32> {
+        let mut n = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        self.check("cuDeviceGetCount", unsafe { (self.device_count)(&mut n) })?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// The device of ordinal `ordinal`, checked against the count.
+    pub fn device(&self, ordinal: u32) -> Result<Device> {
+        let n = self.device_count()?;
+        if ordinal >= n {
+            return Err(CudaError::new(
+                CudaErrorKind::Invalid,
+                format!("cuda device {ordinal} does not exist (this process sees {n})"),
+            ));
+        }
+        let mut d = 0;
+        // SAFETY: `d` is a valid out-pointer; the ordinal is in range.
+        self.check("cuDeviceGet", unsafe {
+            (self.device_get)(&mut d, ordinal as c_int)
+        })?;
+        Ok(d)
+    }
+
+    /// An integer attribute of `device`.
+    pub fn attribute(&self, device: Device, attr: c_int) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer; `device` came from cuDeviceGet.
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.device_attribute)(&mut v, attr, device)
+        })?;
+        Ok(v)
+    }
+
+    /// The compute capability as NVRTC's architecture number (`80` for sm_80).
+    pub fn arch(&self, device: Device) -> Result<u32> {
+        let major = self.attribute(device, ATTR_CC_MAJOR)?;
+        let minor = self.attribute(device, ATTR_CC_MINOR)?;
+        Ok((major * 10 + minor) as u32)
+    }
+
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
+    pub fn name(&self, device: Device) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffer holds 256 bytes, the length passed.
+        self.check("cuDeviceGetName", unsafe {
+            (self.device_name)(buf.as_mut_ptr(), buf.len() as c_int, device)
+        })?;
+        // SAFETY: the driver wrote a NUL-terminated name into `buf`.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// Makes `device`'s primary context current on this thread and returns it.
+    pub fn bind_primary_context(&self, device: Device) -> Result<Handle> {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; `device` came from cuDeviceGet.
+        self.check("cuDevicePrimaryCtxRetain", unsafe {
+            (self.primary_ctx_retain)(&mut ctx, device)
+        })?;
+        // SAFETY: `ctx` is the retained primary context.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })?;
+        Ok(ctx)
+    }
+
+    /// Allocates `len` bytes of device memory in the current context.
+    pub fn alloc(&self, len: usize) -> Result<DevicePtr> {
+        let mut p = 0;
+        // SAFETY: `p` is a valid out-pointer; a context is current (bind_primary_context).
+        self.check("cuMemAlloc", unsafe {
+            (self.mem_alloc)(&mut p, len.max(1))
+        })?;
+        Ok(p)
+    }
+
+    /// Frees memory from [`Driver::alloc`].
+    ///
+    /// # Safety
+    /// `p` came from [`Driver::alloc`], is freed once, and no queued work still uses it.
+    pub unsafe fn free(&self, p: DevicePtr) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuMemFree", unsafe { (self.mem_free)(p) })
+    }
+
+    /// Copies host bytes to device memory (synchronous).
+    ///
+    /// # Safety
+    /// `dst` is device memory of at least `src.len()` bytes.
+    pub unsafe fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        // SAFETY: `src` is readable for its length; the caller vouches for `dst`.
+        self.check("cuMemcpyHtoD", unsafe {
+            (self.memcpy_htod)(dst, src.as_ptr().cast(), src.len())
+        })
+    }
+
+    /// Copies device memory to host bytes (synchronous).
+    ///
+    /// # Safety
+    /// `src` is device memory of at least `dst.len()` bytes.
+    pub unsafe fn download(&self, dst: &mut [u8], src: DevicePtr) -> Result<()> {
+        // SAFETY: `dst` is writable for its length; the caller vouches for `src`.
+        self.check("cuMemcpyDtoH", unsafe {
+            (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len())
+        })
+    }
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds, on a machine without a GPU, the self-contained folder that scripts/gpu-check.sh runs
+# from on a GPU machine that may have no Rust toolchain, no NVRTC and no network:
+#
+#     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
+#
+# It holds stripped release binaries (bin/ferro-gpu-check, bin/all_reduce_perf), lib/libnccl.so.2,
+# the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
+# compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
+# and a MANIFEST.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-target/gpu-bundle}
+target=${CARGO_TARGET_DIR:-target}
+limit=$((64 << 20))
+
+eval "$(scripts/nvrtc-env.sh)"
+echo "== building release binaries" >&2
+cargo build --release --quiet -p ferroccl-cuda --bin ferro-gpu-check
+cargo build --release --quiet -p ferroccl-perf --bin all_reduce_perf
+lib=$(scripts/build-capi.sh)
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/kernels" "$out/kernel-cache"
+cp "$target/release/ferro-gpu-check" "$target/release/all_reduce_perf" "$out/bin/"
+cp "$lib" "$out/lib/libnccl.so.2"
+strip "$out"/bin/* "$out/lib/libnccl.so.2"
+cp kernels/cuda/ferro_reduce.h kernels/cuda/ferro_reduce.cu "$out/kernels/"
+cp scripts/gpu-check.sh "$out/"
+echo "== compiling the kernels for sm_70..sm_90 with NVRTC" >&2
+"$out/bin/ferro-gpu-check" --build-cache "$out/kernel-cache" >&2
+
+{
+    echo "ferroccl GPU check bundle"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m)"
+    echo
+    (cd "$out" && find . -type f ! -name MANIFEST | sort | xargs ls -l | awk '{print $5, $9}')
+} >"$out/MANIFEST"
+
+size=$(du -sb "$out" | cut -f1)
+echo "gpu-bundle: $out, $((size >> 20)) MiB ($size bytes)" >&2
+if [ "$size" -ge "$limit" ]; then
+    echo "gpu-bundle: $out is over 64 MiB" >&2
+    exit 1
+fi
+echo "$out"

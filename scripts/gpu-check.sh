@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Proves ferroccl's CUDA parts on a machine with an NVIDIA GPU. Runs from the folder that
+# scripts/gpu-bundle.sh builds (copy it over, then `./gpu-check.sh`), or from a checkout after
+# building that folder (`scripts/gpu-check.sh target/gpu-bundle`). Needs the NVIDIA driver, not
+# the CUDA toolkit, NVRTC or Rust.
+#
+# Exits 0 when every part that is built passed, 1 on any wrong element or failed part, 2 when
+# there is no usable GPU. Parts not built yet are listed as such and do not count as passed.
+#
+#     ./gpu-check.sh [--device N] [--bw-mib M] [--iters N]
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$here
+if [ $# -gt 0 ] && [ -d "$1" ]; then
+    bundle=$(cd "$1" && pwd)
+    shift
+fi
+if [ ! -x "$bundle/bin/ferro-gpu-check" ]; then
+    echo "gpu-check: no bundle at $bundle (build one with scripts/gpu-bundle.sh)" >&2
+    exit 2
+fi
+head -3 "$bundle/MANIFEST" 2>/dev/null
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,memory.total --format=csv
+export FERROCCL_KERNEL_CACHE=$bundle/kernel-cache
+export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+failed=0
+echo
+echo "== 1. reduction kernels vs the CPU reference (every dtype x op, awkward counts and offsets), bandwidth vs device copy"
+"$bundle/bin/ferro-gpu-check" "$@"
+rc=$?
+case $rc in
+    0) echo "-- kernels: PASS" ;;
+    2) echo "-- kernels: no usable GPU (see above)"; exit 2 ;;
+    *) echo "-- kernels: FAIL (exit $rc)"; failed=1 ;;
+esac
+
+echo
+echo "== not built yet (nothing to run; these do not pass by being skipped):"
+echo "   - conformance suite on device buffers, 2 and 4 ranks on one GPU, over the peer-to-peer transport and shm staging"
+echo "   - C ABI with cudaStream_t (stream-ordered collectives through libnccl.so.2)"
+echo "   - all_reduce_perf on device buffers, 8 B .. 1 GiB (bin/all_reduce_perf runs on host buffers only)"
+
+if [ "$failed" -ne 0 ]; then
+    echo "gpu-check: FAILED"
+    exit 1
+fi
+echo "gpu-check: the built parts passed"

@@ -1,0 +1,317 @@
+//! The CUDA reducer: the reduce-copy kernels of `ferroccl-cuda` on device memory of one GPU.
+//!
+//! Every step becomes one kernel launch on the reducer's stream (a copy: an async
+//! device-to-device copy), then waits for the stream: completion is synchronous until the
+//! stream-ordered device API lands. The kernels are compiled with NVRTC for the device's
+//! architecture at first use, cached per process and on disk (`ferroccl_cuda::device`).
+//!
+//! Every entry checks the driver first: without one, [`CudaReducer::new`] and every step return
+//! `device buffers need an NVIDIA driver (libcuda.so.1 not found); host buffers work without
+//! one`, never a panic. Built and checked without a GPU; not yet run on one (see docs/CUDA.md).
+
+use std::sync::OnceLock;
+
+use ferroccl_cuda::device::DeviceKernels;
+use ferroccl_cuda::{CudaError, CudaErrorKind, RcArgs};
+use ferroccl_kernels::{DataType, ElemOp};
+use ferroccl_transport::{Error, ErrorKind, MemRef, MemSpace, Payload, PayloadMut, Result};
+
+use super::Reducer;
+
+const NAME: &str = "cuda reducer";
+
+/// The CUDA layer's error as a ferroccl error: a missing driver or NVRTC is something optional
+/// that is not available here; a bad device ordinal is the caller's argument.
+fn convert(e: &CudaError) -> Error {
+    let kind = match e.kind() {
+        CudaErrorKind::DriverMissing | CudaErrorKind::NvrtcMissing => ErrorKind::Unsupported,
+        CudaErrorKind::Invalid => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Internal,
+    };
+    Error::new(kind, e.message().to_string())
+}
+
+/// Reduces device memory of one GPU with the NVRTC-compiled kernels.
+#[derive(Debug)]
+pub(crate) struct CudaReducer {
+    ordinal: u32,
+    kernels: OnceLock<std::result::Result<DeviceKernels, CudaError>>,
+}
+
+impl CudaReducer {
+    /// A reducer for CUDA device `ordinal`: checks the driver and the device now, compiles the
+    /// kernels at the first step.
+    pub(crate) fn new(ordinal: u32) -> Result<CudaReducer> {
+        let driver = ferroccl_cuda::driver::driver().map_err(|e| convert(&e))?;
+        driver.device(ordinal).map_err(|e| convert(&e))?;
+        Ok(CudaReducer::unchecked(ordinal))
+    }
+
+    /// A reducer whose driver is checked at the first step only (tests of argument checks).
+    fn unchecked(ordinal: u32) -> CudaReducer {
+        CudaReducer {
+            ordinal,
+            kernels: OnceLock::new(),
+        }
+    }
+
+    fn kernels(&self) -> Result<&DeviceKernels> {
+        self.kernels
+            .get_or_init(|| DeviceKernels::new(self.ordinal))
+            .as_ref()
+            .map_err(convert)
+    }
+
+    /// The device reference behind an operand, which must be on this reducer's device.
+    fn device(&self, what: &str, space: MemSpace, mem: Option<MemRef>) -> Result<MemRef> {
+        match mem {
+            Some(m) if m.space == MemSpace::Cuda(self.ordinal) && m.addr == 0 && m.len > 0 => {
+                Err(Error::invalid_argument(format!(
+                    "{NAME} (cuda device {}): the {what} operand is a null device pointer \
+                     ({} bytes)",
+                    self.ordinal, m.len
+                )))
+            }
+            Some(m) if m.space == MemSpace::Cuda(self.ordinal) => Ok(m),
+            _ => Err(Error::invalid_argument(format!(
+                "{NAME} (cuda device {}): the {what} operand is {space} memory; this reducer \
+                 reaches only cuda device {} memory",
+                self.ordinal, self.ordinal
+            ))),
+        }
+    }
+
+    fn read(&self, what: &str, p: Payload<'_>) -> Result<MemRef> {
+        match p {
+            Payload::Host(_) => self.device(what, MemSpace::Host, None),
+            Payload::Device(m) => self.device(what, m.space, Some(m)),
+        }
+    }
+
+    fn write(&self, what: &str, p: PayloadMut<'_>) -> Result<MemRef> {
+        match p {
+            PayloadMut::Host(_) => self.device(what, MemSpace::Host, None),
+            PayloadMut::Device(m) => self.device(what, m.space, Some(m)),
+        }
+    }
+
+    /// Checks the lengths and runs one reduce-copy of `srcs` into `dst`, waiting for it.
+    fn run(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: MemRef,
+        srcs: &[MemRef],
+        scale: Option<f64>,
+        divide: Option<u64>,
+    ) -> Result<()> {
+        if let Some(s) = srcs.iter().find(|s| s.len != dst.len) {
+            return Err(Error::internal(format!(
+                "{NAME}: operand lengths differ ({} and {} bytes)",
+                dst.len, s.len
+            )));
+        }
+        if !dst.len.is_multiple_of(dtype.size()) {
+            return Err(Error::internal(format!(
+                "{NAME}: {} bytes is not a whole number of {dtype} elements",
+                dst.len
+            )));
+        }
+        let k = self.kernels()?;
+        let addrs: Vec<u64> = srcs.iter().map(|s| s.addr as u64).collect();
+        let mut args = RcArgs::new(&addrs, &[dst.addr as u64], (dst.len / dtype.size()) as u64);
+        if let Some(f) = scale {
+            args = args.with_scale(dtype, 1, f);
+        }
+        if let Some(n) = divide {
+            args = args.with_divide(dtype, n);
+        }
+        // SAFETY: the operands are `Payload::Device` references on this reducer's device, whose
+        // makers vouch that they are live device allocations of `len` bytes (MemRef's
+        // contract); the lengths were checked equal above, and the stream is waited for before
+        // returning, so the memory outlives the kernel.
+        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
+        k.synchronize().map_err(|e| convert(&e))
+    }
+}
+
+impl Reducer for CudaReducer {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn serves(&self, space: MemSpace) -> bool {
+        space == MemSpace::Cuda(self.ordinal)
+    }
+
+    fn reduce(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Payload<'_>,
+        b: Payload<'_>,
+    ) -> Result<()> {
+        let (d, a, b) = (
+            self.write("destination", dst)?,
+            self.read("first", a)?,
+            self.read("second", b)?,
+        );
+        self.run(dtype, op, d, &[a, b], None, None)
+    }
+
+    fn reduce_inplace(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        src: Payload<'_>,
+    ) -> Result<()> {
+        let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
+        self.run(dtype, op, d, &[d, s], None, None)
+    }
+
+    fn scale_into(
+        &self,
+        dtype: DataType,
+        dst: PayloadMut<'_>,
+        src: Payload<'_>,
+        factor: f64,
+    ) -> Result<()> {
+        let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
+        self.run(dtype, ElemOp::Sum, d, &[s], Some(factor), None)
+    }
+
+    fn divide(&self, dtype: DataType, buf: PayloadMut<'_>, n: u64) -> Result<()> {
+        let b = self.write("buffer", buf)?;
+        if n == 0 {
+            return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
+        }
+        self.run(dtype, ElemOp::Sum, b, &[b], None, Some(n))
+    }
+
+    fn copy(&self, dst: PayloadMut<'_>, src: Payload<'_>) -> Result<()> {
+        let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
+        if d.len != s.len {
+            return Err(Error::internal(format!(
+                "{NAME}: copy of {} bytes into {} bytes",
+                s.len, d.len
+            )));
+        }
+        if d.addr == s.addr {
+            return Ok(());
+        }
+        let k = self.kernels()?;
+        // SAFETY: as in `run`: live device allocations of `len` bytes by MemRef's contract,
+        // waited for before returning. Distinct device references of one schedule step do not
+        // overlap (the executor's buffers are disjoint).
+        unsafe { k.copy(d.addr as u64, s.addr as u64, d.len) }.map_err(|e| convert(&e))?;
+        k.synchronize().map_err(|e| convert(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(ordinal: u32, addr: usize, len: usize) -> MemRef {
+        MemRef {
+            space: MemSpace::Cuda(ordinal),
+            addr,
+            len,
+        }
+    }
+
+    /// On a machine without a driver (this suite's machines): the reducer and every step say
+    /// so, with the message users see.
+    #[test]
+    fn without_a_driver_every_entry_returns_the_clear_error() {
+        if ferroccl_cuda::driver::driver().is_ok() {
+            return; // a machine with a driver: scripts/gpu-check.sh covers it
+        }
+        let e = CudaReducer::new(0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(
+            e.message().starts_with(ferroccl_cuda::DRIVER_MISSING),
+            "{e}"
+        );
+        let r = CudaReducer::unchecked(0);
+        let (a, b, d) = (dev(0, 0x1000, 64), dev(0, 0x2000, 64), dev(0, 0x3000, 64));
+        let f32_ = DataType::Float32;
+        let results = [
+            r.reduce(
+                f32_,
+                ElemOp::Sum,
+                PayloadMut::Device(d),
+                Payload::Device(a),
+                Payload::Device(b),
+            ),
+            r.reduce_inplace(f32_, ElemOp::Max, PayloadMut::Device(d), Payload::Device(a)),
+            r.scale_into(f32_, PayloadMut::Device(d), Payload::Device(a), 0.5),
+            r.divide(f32_, PayloadMut::Device(d), 4),
+            r.copy(PayloadMut::Device(d), Payload::Device(a)),
+        ];
+        for e in results {
+            let e = e.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            assert!(
+                e.message().starts_with(ferroccl_cuda::DRIVER_MISSING),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn operands_on_the_wrong_space_or_device_are_refused_before_any_launch() {
+        let r = CudaReducer::unchecked(1);
+        assert!(r.serves(MemSpace::Cuda(1)));
+        assert!(!r.serves(MemSpace::Cuda(0)) && !r.serves(MemSpace::Host));
+        let mut host = [0u8; 16];
+        let e = r
+            .reduce_inplace(
+                DataType::Float32,
+                ElemOp::Sum,
+                PayloadMut::Host(&mut host),
+                Payload::Device(dev(1, 0x1000, 16)),
+            )
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(
+            e.message().contains("destination operand is host memory"),
+            "{e}"
+        );
+        let e = r
+            .copy(
+                PayloadMut::Device(dev(1, 0x1000, 16)),
+                Payload::Device(dev(0, 0x2000, 16)),
+            )
+            .unwrap_err();
+        assert!(
+            e.message()
+                .contains("source operand is cuda device 0 memory"),
+            "{e}"
+        );
+        let e = r
+            .reduce(
+                DataType::Float32,
+                ElemOp::Sum,
+                PayloadMut::Device(dev(1, 0x1000, 16)),
+                Payload::Device(dev(1, 0x2000, 16)),
+                Payload::Device(dev(1, 0x3000, 12)),
+            )
+            .unwrap_err();
+        assert!(e.message().contains("lengths differ"), "{e}");
+        let e = r
+            .divide(DataType::Float64, PayloadMut::Device(dev(1, 0x1000, 12)), 2)
+            .unwrap_err();
+        assert!(e.message().contains("whole number"), "{e}");
+        let e = r
+            .divide(DataType::Float32, PayloadMut::Device(dev(1, 0, 16)), 2)
+            .unwrap_err();
+        assert!(
+            e.message()
+                .contains("buffer operand is a null device pointer"),
+            "{e}"
+        );
+    }
+}

@@ -7,6 +7,7 @@ group), so every init method of PyTorch works with no extra variable or port. Ev
 """
 
 import datetime
+import math
 
 import torch
 import torch.distributed as dist
@@ -450,7 +451,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     f"ferroccl all_to_all_single on rank {me}: {what} splits {splits} do not "
                     f"cover {rows} rows in {n} parts"
                 )
-            flat = t.view(rows, -1) if t.dim() else t.view(1, 1)
+            flat = t.view(rows, math.prod(t.shape[1:]) if t.dim() else 1)
             out, off = [], 0
             for s in splits:
                 out.append(flat[off : off + s])

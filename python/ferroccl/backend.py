@@ -106,6 +106,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         # Sends and receives wait here until someone waits on one of them or another operation
         # is issued; then they run as one group, so pairs of blocking transfers never deadlock.
         self._p2p = []
+        self._group_name = ""
+        self._group_desc = ""
 
     # ----- identity -----
 
@@ -114,6 +116,19 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     def name(self):
         return BACKEND_NAME
+
+    # torch keeps a Python process group's name and description only if it stores them itself.
+    def setGroupName(self, name):
+        self._group_name = name
+
+    def getGroupName(self):
+        return self._group_name
+
+    def setGroupDesc(self, desc):
+        self._group_desc = desc
+
+    def getGroupDesc(self):
+        return self._group_desc
 
     @property
     def comm(self):

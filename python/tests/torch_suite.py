@@ -1,7 +1,7 @@
 """Runs PyTorch's own distributed test suite (``torch/testing/_internal/distributed/
 distributed_test.py``, shipped in the torch wheel) against a backend, as PyTorch's
 ``test/distributed/test_distributed_spawn.py`` does: each test spawns WORLD_SIZE processes
-that meet through a file:// store.
+that meet through a file:// store (forked here, where PyTorch spawns).
 
     BACKEND=ferroccl WORLD_SIZE=2 python tests/torch_suite.py              # every test
     BACKEND=gloo WORLD_SIZE=3 python tests/torch_suite.py -k all_reduce    # names containing
@@ -22,6 +22,8 @@ if "TEMP_DIR" not in os.environ:
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ferroccl-suite-")
 
 import unittest  # noqa: E402
+
+import torch  # noqa: E402
 
 import ferroccl  # noqa: E402,F401  (registers the backend in every spawned rank too)
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
@@ -59,7 +61,10 @@ CI_SUBSET = (
 class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        # fork, not spawn: a child inherits the imported modules instead of importing torch and
+        # the suite again (seconds per rank per test on a loaded machine). No rank of any test
+        # has started a communicator in this parent process, so no thread is forked.
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
 
 
 class Result(unittest.TextTestResult):

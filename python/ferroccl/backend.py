@@ -282,7 +282,22 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         return self._run(Work(output_lists, keep=keep, post=post), steps)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self.allgather(output_lists, inputs, opts)
+        # output_lists[r][i] receives rank r's inputs[i].
+        if len(output_lists) != self._size:
+            raise Error(
+                f"ferroccl all_gather_coalesced on rank {self._rank}: {len(output_lists)} "
+                f"output lists, group size {self._size}"
+            )
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(inputs):
+                raise Error(
+                    f"ferroccl all_gather_coalesced on rank {self._rank}: output list {r} "
+                    f"holds {len(outs)} tensors for {len(inputs)} inputs"
+                )
+        per_input = [[outs[i] for outs in output_lists] for i in range(len(inputs))]
+        work = self.allgather(per_input, inputs, opts)
+        work._outputs = output_lists
+        return work
 
     def all_gather_single(self, output, input, opts=None):
         _check(output, "all_gather_into_tensor", self._rank, "output")

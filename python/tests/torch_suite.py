@@ -25,7 +25,17 @@ import unittest  # noqa: E402
 
 import torch  # noqa: E402
 
-import ferroccl  # noqa: E402,F401  (registers the backend in every spawned rank too)
+import ferroccl  # noqa: E402,F401  (registers the backend)
+from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
+
+# The suite's own extension point for a third-party backend: the sets of backends that have a
+# feature, read when distributed_test.py is imported. ferroccl is a plugin with CPU DDP and
+# subgroups; "gpu" gates tests that run on CPU for gloo-class backends (a test that needs CUDA
+# still skips without a GPU). It has no receive from any source.
+if os.environ["BACKEND"] == "ferroccl":
+    for feature in ("plugin", "ddp", "subgroup", "gpu"):
+        DistTestCases.backend_feature[feature].add("ferroccl")
+    DistTestCases.skip_collective["sendrecv anysource"].add("ferroccl")
 from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     DistributedTest,
     TestDistBackend,

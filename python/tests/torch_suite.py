@@ -7,6 +7,7 @@ that meet through a file:// store (forked here, where PyTorch spawns).
     BACKEND=gloo WORLD_SIZE=3 python tests/torch_suite.py -k all_reduce    # names containing
     python tests/torch_suite.py --subset ci                                 # the CI subset
     python tests/torch_suite.py --shard 1/4                                 # every 4th test
+    FERRO_SUITE_AS=gloo python tests/torch_suite.py   # gloo's gates, ferroccl underneath
 
 Prints one line per test and a summary (passed / skipped / failed, with the failures' first
 error line); exits non-zero if a test failed.
@@ -17,6 +18,11 @@ import sys
 import tempfile
 
 os.environ.setdefault("BACKEND", "ferroccl")
+# FERRO_SUITE_AS=gloo: run the suite as if for gloo (its tests gated on the name "gloo" run
+# too), with every gloo process group made on ferroccl instead.
+AS_GLOO = os.environ.get("FERRO_SUITE_AS") == "gloo"
+if AS_GLOO:
+    os.environ["BACKEND"] = "gloo"
 os.environ.setdefault("WORLD_SIZE", "2")
 if "TEMP_DIR" not in os.environ:
     os.environ["TEMP_DIR"] = tempfile.mkdtemp(prefix="ferroccl-suite-")
@@ -32,7 +38,25 @@ from torch.testing._internal.common_distributed import DistTestCases  # noqa: E4
 # feature, read when distributed_test.py is imported. ferroccl is a plugin with CPU DDP and
 # subgroups; "gpu" gates tests that run on CPU for gloo-class backends (a test that needs CUDA
 # still skips without a GPU). It has no receive from any source.
-if os.environ["BACKEND"] == "ferroccl":
+if AS_GLOO:
+    import torch.distributed as dist  # noqa: E402
+    import torch.distributed.distributed_c10d as c10d  # noqa: E402
+
+    def _swap(f):
+        def wrapped(*a, **k):
+            if k.get("backend") in ("gloo", dist.Backend.GLOO):
+                k["backend"] = "ferroccl"
+            elif a and a[0] in ("gloo", dist.Backend.GLOO) and f is c10d.init_process_group:
+                a = ("ferroccl",) + a[1:]
+            return f(*a, **k)
+
+        return wrapped
+
+    for _name in ("init_process_group", "new_group"):
+        _f = _swap(getattr(c10d, _name))
+        setattr(c10d, _name, _f)
+        setattr(dist, _name, _f)
+elif os.environ["BACKEND"] == "ferroccl":
     for feature in ("plugin", "ddp", "subgroup", "gpu"):
         DistTestCases.backend_feature[feature].add("ferroccl")
     DistTestCases.skip_collective["sendrecv anysource"].add("ferroccl")
@@ -112,6 +136,8 @@ def main():
     runner = unittest.TextTestRunner(verbosity=2, resultclass=Result, stream=sys.stdout)
     res = runner.run(suite)
     backend, world = os.environ["BACKEND"], os.environ["WORLD_SIZE"]
+    if AS_GLOO:
+        backend = "ferroccl (as gloo)"
     failed = res.failures + res.errors + [(t, "unexpected success") for t in res.unexpectedSuccesses]
     print(
         f"\nSUMMARY backend={backend} world_size={world}: {len(res.passed)} passed, "

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Builds the ferroccl wheel with maturin, installs it into the PyTorch virtual environment and
 # runs the Python tests: the operation sweep, bad input, DDP/FSDP2 against gloo, and PyTorch's
-# own distributed suite (the CI subset at world sizes 2 and 3; FERRO_TORCH_SUITE=full runs all
-# of it at world size 2).
+# own distributed suite.
 #
 #     python/tests/run.sh        # PYTHON names the interpreter (default: scripts/torch-env.sh's)
 set -euo pipefail
@@ -32,15 +31,16 @@ echo "== python: bad input"
 "$PYTHON" test_errors.py
 echo "== python: DDP and FSDP2 against gloo"
 "$PYTHON" test_train.py
-if [ "${FERRO_TORCH_SUITE:-ci}" = full ]; then
-  echo "== python: PyTorch's distributed_test.py, all of it, world size 2"
-  BACKEND=ferroccl WORLD_SIZE=2 "$PYTHON" torch_suite.py 2>&1 | grep -a -E "^(SUMMARY|FAILED)"
-else
-  mkdir -p "$root/target"
-  for w in 2 3; do
-    echo "== python: PyTorch's distributed_test.py, CI subset, world size $w"
-    BACKEND=ferroccl WORLD_SIZE=$w "$PYTHON" torch_suite.py --subset ci > "$root/target/torch-suite-$w.log" 2>&1 ||
-      { grep -a -E "^(SUMMARY|FAILED)" "$root/target/torch-suite-$w.log"; exit 1; }
-    grep -a -E "^(SUMMARY|FAILED)" "$root/target/torch-suite-$w.log"
-  done
-fi
+# PyTorch's suite: all of it at world size 2, the CI subset at 3 (FERRO_TORCH_SUITE=full: all
+# of it at both).
+mkdir -p "$root/target"
+for w in 2 3; do
+  if [ "$w" = 2 ] || [ "${FERRO_TORCH_SUITE:-ci}" = full ]; then sel=(); what="all tests"; else sel=(--subset ci); what="CI subset"; fi
+  echo "== python: PyTorch's distributed_test.py on ferroccl, world size $w, $what"
+  log="$root/target/torch-suite-$w.log"
+  if ! BACKEND=ferroccl WORLD_SIZE=$w "$PYTHON" torch_suite.py "${sel[@]}" > "$log" 2>&1; then
+    grep -a -E "^(SUMMARY|FAILED)" "$log" || tail -n 40 "$log"
+    exit 1
+  fi
+  grep -a -E "^SUMMARY" "$log"
+done

@@ -1,4 +1,5 @@
-"""Starts N ranks as processes (torch.multiprocessing, file:// rendezvous) and reports failures.
+"""Starts N ranks as processes (forked by torch.multiprocessing, file:// rendezvous) and reports
+failures. The parent process never joins a process group, so no communicator thread is forked.
 
 A test is a module-level function ``fn(rank, world, *args)``; it runs with the process group
 already initialised and fails by raising.
@@ -44,7 +45,7 @@ def spawn(fn, world, backend="ferroccl", timeout_s=60, args=()):
             args=(fn, world, backend, init_file, timeout_s, args),
             nprocs=world,
             join=True,
-            start_method="spawn",
+            start_method="fork",
         )
     finally:
         if os.path.exists(init_file):

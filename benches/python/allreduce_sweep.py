@@ -49,9 +49,14 @@ def rank_main(rank, a, init):
         timeout=datetime.timedelta(seconds=120),
     )
     groups = {"ferroccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    size = a.begin
-    rows = []
+    sizes, size = [], a.begin
     while size <= a.end:
+        sizes.append(size)
+        size *= a.factor
+    if sizes[-1] != a.end:
+        sizes.append(a.end)  # the last size is always timed, as asked
+    rows = []
+    for size in sizes:
         count = max(1, size // 4)
         t = torch.ones(count)
         res = {}
@@ -65,7 +70,6 @@ def rank_main(rank, a, init):
             want = (torch.arange(count, dtype=torch.float32) % 97) * n + n * (n - 1) / 2
             res[name] = (secs.item() / n, int((check != want).sum()))
         rows.append((size, count, res))
-        size *= a.factor
     if rank == 0:
         bus = 2 * (n - 1) / n
         print(f"# all_reduce float32 sum in place, {n} ranks, iters {a.iters}, warmup {a.warmup}")

@@ -160,7 +160,14 @@ impl Comm {
             .name(format!("ferroccl-py-{rank}"))
             .spawn(move || {
                 for (job, done) in rx {
-                    let r = job(&c);
+                    // A panic becomes the operation's error: the waiting Python thread is told.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&c)))
+                        .unwrap_or_else(|_| {
+                            Err(ferroccl::Error::new(
+                                ferroccl::ErrorKind::Internal,
+                                format!("rank {rank}: the operation panicked"),
+                            ))
+                        });
                     Python::with_gil(|py| {
                         let arg = match r {
                             Ok(()) => py.None(),

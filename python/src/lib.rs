@@ -318,3 +318,60 @@ fn _ferroccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_name_maps_to_its_ferroccl_type() {
+        let cases = [
+            ("int8", DataType::Int8),
+            ("uint8", DataType::Uint8),
+            ("bool", DataType::Uint8),
+            ("int32", DataType::Int32),
+            ("uint32", DataType::Uint32),
+            ("int64", DataType::Int64),
+            ("uint64", DataType::Uint64),
+            ("float16", DataType::Float16),
+            ("float32", DataType::Float32),
+            ("float64", DataType::Float64),
+            ("bfloat16", DataType::Bfloat16),
+            ("float8_e4m3fn", DataType::Float8E4M3),
+            ("float8_e5m2", DataType::Float8E5M2),
+        ];
+        for (name, dtype) in cases {
+            assert_eq!(dtype_of(name).unwrap(), dtype, "{name}");
+        }
+        assert!(dtype_of("complex64").is_err());
+        assert!(dtype_of("uint16").is_err());
+    }
+
+    #[test]
+    fn ops_and_kinds_map_and_unknown_names_are_refused() {
+        assert_eq!(op_of("sum", 0.0).unwrap(), ReduceOp::Sum);
+        assert_eq!(op_of("product", 0.0).unwrap(), ReduceOp::Prod);
+        assert_eq!(op_of("avg", 0.0).unwrap(), ReduceOp::Avg);
+        assert_eq!(op_of("premul_sum", 0.5).unwrap(), ReduceOp::PreMulSum(0.5));
+        assert!(op_of("band", 0.0).is_err());
+        assert_eq!(
+            kind_of("broadcast", 2).unwrap(),
+            CollKind::Broadcast { root: 2 }
+        );
+        assert_eq!(kind_of("reduce", 1).unwrap(), CollKind::Reduce { root: 1 });
+        assert_eq!(kind_of("all_to_all", 0).unwrap(), CollKind::AllToAll);
+        assert!(kind_of("gather", 0).is_err());
+    }
+
+    #[test]
+    fn empty_spans_make_empty_slices() {
+        // SAFETY: zero-length spans never touch memory.
+        let (s, m) = unsafe {
+            (
+                mem::Span::new(0, 0).slice(),
+                mem::SpanMut::new(0, 0).slice(),
+            )
+        };
+        assert!(s.is_empty() && m.is_empty());
+    }
+}

@@ -12,9 +12,10 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 bin=$(dirname "$PYTHON")
 
-echo "== python: cargo fmt --check, clippy (python/ crate)"
+echo "== python: cargo fmt --check, clippy, unit tests (python/ crate)"
 (cd "$root/python" && cargo fmt --check &&
-  PYO3_PYTHON="$PYTHON" cargo clippy --all-targets --quiet -- -D warnings)
+  PYO3_PYTHON="$PYTHON" cargo clippy --all-targets --quiet -- -D warnings &&
+  PYO3_PYTHON="$PYTHON" cargo test --quiet)
 
 echo "== python: maturin build, pip install"
 rm -rf "$root/python/target/wheels"

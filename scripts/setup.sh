@@ -7,6 +7,9 @@ need_pkgs=()
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc)
 command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
+# The Python package (python/): a venv for PyTorch, and libpython for its crate's unit tests.
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+dpkg -s libpython3-dev >/dev/null 2>&1 || need_pkgs+=(libpython3-dev)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -91,6 +91,28 @@ def wait_timeout(rank, world):
         dist.all_reduce(torch.ones(4))
 
 
+def deadline(rank, world):
+    # init_process_group(timeout=2 s) is ferroccl's deadline: rank 1 comes 4 s late.
+    if rank == 1:
+        time.sleep(4)
+    start = time.monotonic()
+    if rank == 0:
+        msg = expect(lambda: dist.all_reduce(torch.ones(4)))
+        took = time.monotonic() - start
+        assert "timeout" in msg and "no progress for 2.0 s" in msg, msg
+        assert 1.5 < took < 3.9, f"failed after {took:.1f} s"
+    else:
+        # Rank 0's half of this exchange may already wait in the shared-memory ring, so the
+        # late rank can finish it; the communicator has failed all the same.
+        try:
+            dist.all_reduce(torch.ones(4))
+        except ferroccl.Error:
+            pass
+    start = time.monotonic()
+    expect(lambda: dist.all_reduce(torch.ones(4)))
+    assert time.monotonic() - start < 3.9
+
+
 def run_dead_peer():
     # The dead rank's exit code is 0; the survivors must raise and exit 0 too.
     harness.spawn(dead_peer, 3, timeout_s=10)
@@ -104,6 +126,7 @@ def main():
     res.run("output size wrong", harness.spawn, wrong_output_size, 2, timeout_s=10)
     res.run("wait(timeout)", harness.spawn, wait_timeout, 2, timeout_s=10)
     res.run("dead peer", run_dead_peer)
+    res.run("init_process_group(timeout=...) is the deadline", harness.spawn, deadline, 2, timeout_s=2)
     res.finish("test_errors")
 
 

@@ -12,7 +12,9 @@ command -v pkg-config >/dev/null 2>&1 || need_pkgs+=(pkg-config)
 PATH=$PATH:/usr/sbin command -v munged >/dev/null 2>&1 || need_pkgs+=(munge)
 # python3 with venv: NVRTC and PyTorch come from PyPI wheels in virtual environments.
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3)
-python3 -c 'import ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_pkgs+=(python3-venv)
+# libpython for the python/ crate's unit tests.
+dpkg -s libpython3-dev >/dev/null 2>&1 || need_pkgs+=(libpython3-dev)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -23,3 +23,5 @@ cargo clippy -p ferroccl --no-deps --features capi --all-targets --quiet -- -D w
 FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" FERROCCL_REQUIRE_NVIDIA_HEADER=1 \
 FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
   cargo test -p ferroccl --features capi --lib --test capi --no-fail-fast
+echo "== Python package (python/): maturin wheel, operation sweep, errors, DDP/FSDP2, PyTorch's suite"
+python/tests/run.sh

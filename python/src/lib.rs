@@ -1,0 +1,377 @@
+//! `ferroccl._ferroccl`: the native half of the `ferroccl` Python package.
+//!
+//! | concept | item |
+//! |---|---|
+//! | a communicator driven from Python | [`Comm`] |
+//! | the rendezvous id rank 0 creates and publishes through PyTorch's store | [`create_unique_id`], [`StoreServer`] |
+//! | ferroccl's errors in Python | `ferroccl.Error` (a `RuntimeError`) |
+//!
+//! Every operation runs on the communicator's own worker thread, in issue order; the call
+//! returns at once and the worker calls the given `done(error_or_None)` with the GIL held when
+//! the operation ends. Tensors reach Rust as address, byte length, element count and dtype
+//! name; the Python layer checks them (contiguous, CPU, sizes) and keeps them alive until
+//! `done` runs. This crate does not link libtorch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use ferroccl::bootstrap::{TcpStoreServer, UniqueId};
+use ferroccl::coll::CollKind;
+use ferroccl::{Communicator, Config, DataType, ReduceOp};
+
+mod mem;
+
+create_exception!(
+    _ferroccl,
+    Error,
+    PyRuntimeError,
+    "An error from ferroccl (operation, sequence number, rank, peer in the message)."
+);
+
+fn to_py(e: ferroccl::Error) -> PyErr {
+    Error::new_err(e.to_string())
+}
+
+/// The dtype names the Python layer passes (torch's names without `torch.`).
+fn dtype_of(name: &str) -> PyResult<DataType> {
+    Ok(match name {
+        "int8" => DataType::Int8,
+        "uint8" | "bool" => DataType::Uint8,
+        "int32" => DataType::Int32,
+        "uint32" => DataType::Uint32,
+        "int64" => DataType::Int64,
+        "uint64" => DataType::Uint64,
+        "float16" => DataType::Float16,
+        "float32" => DataType::Float32,
+        "float64" => DataType::Float64,
+        "bfloat16" => DataType::Bfloat16,
+        "float8_e4m3fn" => DataType::Float8E4M3,
+        "float8_e5m2" => DataType::Float8E5M2,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "ferroccl: unsupported dtype {other}"
+            )))
+        }
+    })
+}
+
+fn op_of(name: &str, scalar: f64) -> PyResult<ReduceOp> {
+    Ok(match name {
+        "sum" => ReduceOp::Sum,
+        "product" => ReduceOp::Prod,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "avg" => ReduceOp::Avg,
+        "premul_sum" => ReduceOp::PreMulSum(scalar),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "ferroccl: unsupported reduce op {other}"
+            )))
+        }
+    })
+}
+
+fn kind_of(name: &str, root: usize) -> PyResult<CollKind> {
+    Ok(match name {
+        "all_reduce" => CollKind::AllReduce,
+        "broadcast" => CollKind::Broadcast { root },
+        "reduce" => CollKind::Reduce { root },
+        "all_gather" => CollKind::AllGather,
+        "reduce_scatter" => CollKind::ReduceScatter,
+        "all_to_all" => CollKind::AllToAll,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "ferroccl: unknown collective {other}"
+            )))
+        }
+    })
+}
+
+/// A rendezvous store server hosted by rank 0; keep it as long as the communicator.
+#[pyclass(module = "ferroccl._ferroccl")]
+#[derive(Debug)]
+pub struct StoreServer {
+    _server: TcpStoreServer,
+}
+
+/// Starts a store server on an ephemeral port of every interface and returns its 128-byte
+/// unique id with the server.
+#[pyfunction]
+pub fn create_unique_id(py: Python<'_>) -> PyResult<(Py<PyBytes>, StoreServer)> {
+    let bind = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+    let (id, server) = UniqueId::create(bind).map_err(to_py)?;
+    Ok((
+        PyBytes::new(py, id.as_bytes()).unbind(),
+        StoreServer { _server: server },
+    ))
+}
+
+/// What the worker thread runs.
+type Job = Box<dyn FnOnce(&Communicator) -> ferroccl::Result<()> + Send>;
+
+/// One communicator with its worker thread.
+#[pyclass(module = "ferroccl._ferroccl")]
+#[derive(Debug)]
+pub struct Comm {
+    comm: Arc<Communicator>,
+    tx: Option<Sender<(Job, Py<PyAny>)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    rank: usize,
+    nranks: usize,
+}
+
+#[pymethods]
+impl Comm {
+    /// Joins the communicator named by `unique_id` as `rank` of `nranks`; `timeout` (seconds)
+    /// bounds setup and every later wait in which no byte moves.
+    #[new]
+    #[pyo3(signature = (unique_id, rank, nranks, timeout))]
+    fn new(
+        py: Python<'_>,
+        unique_id: &[u8],
+        rank: usize,
+        nranks: usize,
+        timeout: f64,
+    ) -> PyResult<Comm> {
+        let bytes: [u8; 128] = unique_id.try_into().map_err(|_| {
+            PyValueError::new_err(format!(
+                "ferroccl: a unique id has 128 bytes, got {}",
+                unique_id.len()
+            ))
+        })?;
+        let id = UniqueId::from_bytes(bytes).map_err(to_py)?;
+        let mut config = Config::from_env().map_err(to_py)?;
+        if timeout.is_finite() && timeout > 0.0 {
+            config.timeout = Duration::from_secs_f64(timeout);
+        }
+        let comm = py
+            .allow_threads(|| Communicator::from_unique_id(&id, rank, nranks, config))
+            .map_err(to_py)?;
+        let comm = Arc::new(comm);
+        let (tx, rx) = crossbeam_channel::unbounded::<(Job, Py<PyAny>)>();
+        let c = Arc::clone(&comm);
+        let thread = std::thread::Builder::new()
+            .name(format!("ferroccl-py-{rank}"))
+            .spawn(move || {
+                for (job, done) in rx {
+                    // A panic becomes the operation's error: the waiting Python thread is told.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&c)))
+                        .unwrap_or_else(|_| {
+                            Err(ferroccl::Error::new(
+                                ferroccl::ErrorKind::Internal,
+                                format!("rank {rank}: the operation panicked"),
+                            ))
+                        });
+                    Python::with_gil(|py| {
+                        let arg = match r {
+                            Ok(()) => py.None(),
+                            Err(e) => to_py(e).into_value(py).into_any(),
+                        };
+                        if let Err(e) = done.call1(py, (arg,)) {
+                            e.print(py);
+                        }
+                    });
+                }
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("ferroccl: worker thread: {e}")))?;
+        Ok(Comm {
+            comm,
+            tx: Some(tx),
+            thread: Some(thread),
+            rank,
+            nranks,
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The transport to `peer` (`"shm"`, `"tcp"`), `None` for this rank.
+    fn transport(&self, peer: usize) -> Option<&'static str> {
+        self.comm.transport(peer)
+    }
+
+    /// Queues collective `kind` (`all_reduce`, `broadcast`, `reduce`, `all_gather`,
+    /// `reduce_scatter`, `all_to_all`) on buffers given by address and byte length; `send_ptr`
+    /// `None` means in place. `count` is NCCL's count for the collective.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar, done))]
+    fn collective(
+        &self,
+        kind: &str,
+        send_ptr: Option<usize>,
+        send_len: usize,
+        recv_ptr: usize,
+        recv_len: usize,
+        count: usize,
+        dtype: &str,
+        op: &str,
+        root: usize,
+        scalar: f64,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
+        let kind = kind_of(kind, root)?;
+        let dtype = dtype_of(dtype)?;
+        let op = op_of(op, scalar)?;
+        let send = send_ptr.map(|p| mem::Span::new(p, send_len));
+        let recv = mem::SpanMut::new(recv_ptr, recv_len);
+        self.submit(
+            Box::new(move |c| {
+                // SAFETY: the Python layer passes the addresses and lengths of contiguous CPU
+                // tensors it keeps alive and untouched until `done` runs.
+                let (s, r) = unsafe { (send.map(|s| s.slice()), recv.slice()) };
+                c.raw_collective(kind, s, r, count, dtype, op)
+            }),
+            done,
+        )
+    }
+
+    /// Queues a group of sends and receives that run together: `ops` holds
+    /// `(is_send, address, byte length, peer)`.
+    fn p2p(&self, ops: Vec<(bool, usize, usize, usize)>, done: Py<PyAny>) -> PyResult<()> {
+        self.submit(
+            Box::new(move |c| {
+                let mut g = c.group();
+                for &(is_send, addr, len, peer) in &ops {
+                    // SAFETY: as for `collective`; the Python layer never passes a receive
+                    // buffer that overlaps another buffer of the group.
+                    unsafe {
+                        if is_send {
+                            g.send::<u8>(mem::Span::new(addr, len).slice(), peer);
+                        } else {
+                            g.recv::<u8>(mem::SpanMut::new(addr, len).slice(), peer);
+                        }
+                    }
+                }
+                g.run()
+            }),
+            done,
+        )
+    }
+
+    /// Queues a barrier.
+    fn barrier(&self, done: Py<PyAny>) -> PyResult<()> {
+        self.submit(Box::new(|c| c.barrier()), done)
+    }
+
+    /// Fails every queued and running operation at once and closes the connections.
+    fn abort(&self) {
+        self.comm.abort();
+    }
+
+    /// The communicator's first error, if it failed.
+    fn async_error(&self) -> Option<String> {
+        self.comm.async_error().map(|e| e.to_string())
+    }
+
+    /// Lets queued operations finish, then stops the worker thread (the GIL is released
+    /// meanwhile, since finishing operations call back into Python).
+    fn close(&mut self, py: Python<'_>) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            py.allow_threads(|| {
+                let _ = t.join();
+            });
+        }
+    }
+}
+
+impl Comm {
+    fn submit(&self, job: Job, done: Py<PyAny>) -> PyResult<()> {
+        self.tx
+            .as_ref()
+            .and_then(|tx| tx.send((job, done)).ok())
+            .ok_or_else(|| Error::new_err("ferroccl: the communicator was closed"))
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            // Dropped with the GIL held: a job still running would wait for the GIL to call
+            // back, so the thread is left to finish on its own rather than joined.
+            drop(t);
+        }
+    }
+}
+
+/// The module.
+#[pymodule]
+fn _ferroccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("Error", m.py().get_type::<Error>())?;
+    m.add_class::<Comm>()?;
+    m.add_class::<StoreServer>()?;
+    m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_name_maps_to_its_ferroccl_type() {
+        let cases = [
+            ("int8", DataType::Int8),
+            ("uint8", DataType::Uint8),
+            ("bool", DataType::Uint8),
+            ("int32", DataType::Int32),
+            ("uint32", DataType::Uint32),
+            ("int64", DataType::Int64),
+            ("uint64", DataType::Uint64),
+            ("float16", DataType::Float16),
+            ("float32", DataType::Float32),
+            ("float64", DataType::Float64),
+            ("bfloat16", DataType::Bfloat16),
+            ("float8_e4m3fn", DataType::Float8E4M3),
+            ("float8_e5m2", DataType::Float8E5M2),
+        ];
+        for (name, dtype) in cases {
+            assert_eq!(dtype_of(name).unwrap(), dtype, "{name}");
+        }
+        assert!(dtype_of("complex64").is_err());
+        assert!(dtype_of("uint16").is_err());
+    }
+
+    #[test]
+    fn ops_and_kinds_map_and_unknown_names_are_refused() {
+        assert_eq!(op_of("sum", 0.0).unwrap(), ReduceOp::Sum);
+        assert_eq!(op_of("product", 0.0).unwrap(), ReduceOp::Prod);
+        assert_eq!(op_of("avg", 0.0).unwrap(), ReduceOp::Avg);
+        assert_eq!(op_of("premul_sum", 0.5).unwrap(), ReduceOp::PreMulSum(0.5));
+        assert!(op_of("band", 0.0).is_err());
+        assert_eq!(
+            kind_of("broadcast", 2).unwrap(),
+            CollKind::Broadcast { root: 2 }
+        );
+        assert_eq!(kind_of("reduce", 1).unwrap(), CollKind::Reduce { root: 1 });
+        assert_eq!(kind_of("all_to_all", 0).unwrap(), CollKind::AllToAll);
+        assert!(kind_of("gather", 0).is_err());
+    }
+
+    #[test]
+    fn empty_spans_make_empty_slices() {
+        // SAFETY: zero-length spans never touch memory.
+        let (s, m) = unsafe {
+            (
+                mem::Span::new(0, 0).slice(),
+                mem::SpanMut::new(0, 0).slice(),
+            )
+        };
+        assert!(s.is_empty() && m.is_empty());
+    }
+}

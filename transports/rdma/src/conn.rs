@@ -1,0 +1,930 @@
+//! One peer pair over RDMA: a few reliable-connected queue pairs sharing one completion queue,
+//! carrying both directions.
+//!
+//! Sending message n: the sender writes its header slot into the receiver's header ring
+//! (WRITE_WITH_IMM `Header(n)`), with the payload inline when it is small and the receiver has
+//! not advertised a destination yet. Otherwise it waits for the clear-to-send of message n in
+//! its FIFO (written by the receiver with WRITE_WITH_IMM `Cts(n)`: address, rkey, length),
+//! checks the length, and writes the payload straight into the destination, one stripe per
+//! queue pair in pieces of `chunk` bytes, each a WRITE_WITH_IMM `Data(n)`, so the receiver
+//! sees each stripe's prefix land. The receiver advertises a destination when it is posted
+//! ([`Connection::post_recv`]) or, for a receive nobody posted, once the header is read and the
+//! buffer offered. Header slots come back as credits (`Credit(k)`); FIFO slots are free once
+//! the next header arrives. Every work request is signalled and counted against its queue's
+//! depth, so neither the send queue nor the completion queue can overflow.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferroccl_transport::{
+    Connection, Doorbell, Error, Header, MemRef, MemSpace, Part, Payload, PayloadMut, PeerInfo,
+    PollFd, Progress, RegCache, Region, Result, HEADER_LEN,
+};
+
+use crate::ctrl::CtrlBuf;
+use crate::proto::{
+    cts_allowed, decode_slot_head, encode_slot_head, header_allowed, short, stripes, widen, wr_id,
+    wr_parts, Cts, Imm, WrKind, CTS_LEN, DEPTH, FLAG_CLOSE, FLAG_INLINE, SLOT_HEAD,
+};
+use crate::verbs::{MemoryRegion, QpAttrs, Verbs, VerbsError, Wc, WcOpcode, WcStatus, WriteWr};
+
+/// Settings of one connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnSettings {
+    pub nqps: usize,
+    pub chunk: usize,
+    pub eager: usize,
+    pub attrs: QpAttrs,
+    pub keepalive: Duration,
+}
+
+/// Work requests of each send queue kept free for control writes (headers, clear-to-sends,
+/// credits, probes), so a long payload never starves them.
+const CONTROL_RESERVE: usize = 4;
+
+/// Payload writes in flight per queue pair (NCCL keeps a few requests per connection in
+/// flight too): a message moves in windows, so the receiver sees stripes grow and a dead
+/// peer stops the sender after a window, not after the whole message.
+const DATA_WINDOW: usize = 4;
+
+/// What a [`Region`] of this transport holds: the memory region, deregistered with the last
+/// clone.
+pub(crate) struct MrKeep<M: MemoryRegion>(pub Arc<M>);
+
+/// A registered control buffer and its region.
+pub(crate) struct Ctrl<V: Verbs> {
+    pub buf: CtrlBuf,
+    pub mr: V::Mr,
+}
+
+impl<V: Verbs> Ctrl<V> {
+    pub(crate) fn new(dev: &V, len: usize) -> std::result::Result<Ctrl<V>, VerbsError> {
+        let buf = CtrlBuf::new(len);
+        let mr = dev.reg_mr(buf.addr(), buf.len())?;
+        Ok(Ctrl { buf, mr })
+    }
+}
+
+/// Where the peer's control buffers are.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RemoteCtrl {
+    pub hdr_addr: u64,
+    pub hdr_rkey: u32,
+    pub cts_addr: u64,
+    pub cts_rkey: u32,
+}
+
+/// The parts of a connection that setup builds before the peer is known.
+pub(crate) struct Endpoint<V: Verbs> {
+    /// Destroyed before the completion queue (declaration order).
+    pub qps: Vec<V::Qp>,
+    pub cq: V::Cq,
+    /// Header ring this side receives into: DEPTH slots of `SLOT_HEAD + eager` bytes.
+    pub hdr_ring: Ctrl<V>,
+    /// Clear-to-send FIFO this side receives into.
+    pub cts_fifo: Ctrl<V>,
+    /// Staging of this side's outgoing header slots.
+    pub hdr_tx: Ctrl<V>,
+    /// Staging of this side's outgoing clear-to-sends.
+    pub cts_tx: Ctrl<V>,
+}
+
+/// The send half's state for the message under way.
+#[derive(Debug, Default)]
+struct Tx {
+    /// Message number.
+    n: u64,
+    inline: bool,
+    cts: Option<Cts>,
+    /// The source's registration, while its writes are outstanding.
+    region: Option<Region>,
+    /// Data writes posted and not yet completed.
+    outstanding: usize,
+    /// The same, per queue pair.
+    inflight: [usize; ferroccl_transport::MAX_PARTS],
+}
+
+/// A destination posted before its header came.
+#[derive(Debug, Clone, Copy)]
+struct Post {
+    n: u64,
+    dst: MemRef,
+    rkey: u32,
+    advertised: bool,
+}
+
+/// The receive half's state for the message under way.
+#[derive(Debug, Default)]
+struct Rx {
+    n: u64,
+    inline: bool,
+    posted: Option<Post>,
+    /// Registration of an unposted destination, until the message is in.
+    region: Option<Region>,
+}
+
+/// One end of an RDMA connection (see the module docs).
+pub struct RdmaConnection<V: Verbs> {
+    dev: Arc<V>,
+    peer: PeerInfo,
+    rank: usize,
+    set: ConnSettings,
+    ep: Endpoint<V>,
+    qpns: Vec<u32>,
+    remote: RemoteCtrl,
+    sq_used: Vec<usize>,
+    /// Completions read by the last poll.
+    wcs: Vec<Wc>,
+
+    // Send half.
+    tx: Tx,
+    /// Messages begun (the next one's number).
+    tx_next: u64,
+    /// Header slots the receiver has freed.
+    credit: u64,
+    /// Per header staging slot: its write is outstanding.
+    hdr_busy: [bool; DEPTH],
+    /// Per FIFO slot: the message number whose clear-to-send arrived there.
+    cts_seen: [Option<u64>; DEPTH],
+    /// Clear-to-sends seen (for widening their numbers).
+    cts_max: u64,
+
+    // Receive half.
+    rx: Rx,
+    posts: VecDeque<Post>,
+    /// Header slots that have arrived.
+    hdr_arrived: u64,
+    /// Headers read.
+    hdr_taken: u64,
+    /// Header slots freed (messages started).
+    freed: u64,
+    /// The last freed count sent as a credit.
+    credit_sent: u64,
+    /// Per clear-to-send staging slot: its write is outstanding.
+    cts_busy: [bool; DEPTH],
+    /// Per queue pair: payload pieces landed and not yet counted, as (message, bytes).
+    landed: Vec<VecDeque<(u32, u32)>>,
+    /// The message number of the peer's close, once its slot arrived.
+    peer_closed: Option<u64>,
+
+    /// Sources and unposted destinations registered by this connection.
+    regs: RegCache,
+    failed: Option<Error>,
+    closed: bool,
+    last_activity: Instant,
+    /// Completion of the last keep-alive probe outstanding.
+    probing: bool,
+}
+
+impl<V: Verbs> fmt::Debug for RdmaConnection<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RdmaConnection")
+            .field("peer", &self.peer)
+            .field("rank", &self.rank)
+            .field("device", &self.dev.device())
+            .field("qpns", &self.qpns)
+            .finish()
+    }
+}
+
+impl<V: Verbs> RdmaConnection<V> {
+    /// A connection over `ep`, whose queue pairs are connected to the peer's.
+    pub(crate) fn new(
+        dev: Arc<V>,
+        rank: usize,
+        peer: PeerInfo,
+        set: ConnSettings,
+        ep: Endpoint<V>,
+        remote: RemoteCtrl,
+    ) -> RdmaConnection<V> {
+        let qpns = ep.qps.iter().map(|q| dev.qp_num(q)).collect();
+        let nqps = ep.qps.len();
+        RdmaConnection {
+            dev,
+            peer,
+            rank,
+            set,
+            ep,
+            qpns,
+            remote,
+            sq_used: vec![0; nqps],
+            wcs: Vec::with_capacity(64),
+            tx: Tx::default(),
+            tx_next: 0,
+            credit: 0,
+            hdr_busy: [false; DEPTH],
+            cts_seen: [None; DEPTH],
+            cts_max: 0,
+            rx: Rx::default(),
+            posts: VecDeque::new(),
+            hdr_arrived: 0,
+            hdr_taken: 0,
+            freed: 0,
+            credit_sent: 0,
+            cts_busy: [false; DEPTH],
+            landed: vec![VecDeque::new(); nqps],
+            peer_closed: None,
+            regs: RegCache::new(64),
+            failed: None,
+            closed: false,
+            last_activity: Instant::now(),
+            probing: false,
+        }
+    }
+
+    fn slot_len(&self) -> usize {
+        SLOT_HEAD + self.set.eager
+    }
+
+    /// "soft0 port 1": this side's device and port, for errors.
+    fn here(&self) -> String {
+        format!("{} port {}", self.dev.device(), self.dev.port())
+    }
+
+    /// The error for a verbs call that failed outright.
+    fn verbs_error(&self, what: &str, e: VerbsError) -> Error {
+        Error::remote(format!("{what} {} over {}: {e}", self.peer, self.here()))
+            .with_peer(self.peer.rank)
+    }
+
+    /// Records the first failure and returns it.
+    fn fail(&mut self, e: Error) -> Error {
+        if self.failed.is_none() {
+            self.failed = Some(e.clone());
+            for q in &mut self.ep.qps {
+                self.dev.set_error(q);
+            }
+        }
+        self.failed.clone().unwrap_or(e)
+    }
+
+    fn check(&self, what: &str) -> Result<()> {
+        if self.closed {
+            return Err(Error::invalid_usage(format!(
+                "{what} {}: rank {} already closed this connection",
+                self.peer, self.rank
+            ))
+            .with_peer(self.peer.rank));
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Posts one write on queue pair `q`.
+    fn post(&mut self, q: usize, wr: WriteWr) -> Result<()> {
+        if let Err(e) = self.dev.post_write(&mut self.ep.qps[q], &wr) {
+            let e = self.verbs_error("RDMA write to", e);
+            return Err(self.fail(e));
+        }
+        self.sq_used[q] += 1;
+        Ok(())
+    }
+
+    fn room(&self, q: usize, reserve: usize) -> bool {
+        self.sq_used[q] + reserve < self.set.attrs.max_send_wr as usize
+    }
+
+    /// Polls the completion queue and applies what it reports. Errors name the peer, both
+    /// ports and the verbs status in words.
+    fn progress(&mut self) -> Result<bool> {
+        let mut wcs = std::mem::take(&mut self.wcs);
+        wcs.clear();
+        let polled = self.dev.poll_cq(&mut self.ep.cq, 64, &mut wcs);
+        let r = match polled {
+            Err(e) => {
+                let e = self.verbs_error("completions from", e);
+                Err(self.fail(e))
+            }
+            Ok(_) => wcs.iter().try_for_each(|wc| self.apply(wc)),
+        };
+        let moved = !wcs.is_empty();
+        self.wcs = wcs;
+        r?;
+        if moved {
+            self.last_activity = Instant::now();
+        }
+        Ok(moved)
+    }
+
+    fn apply(&mut self, wc: &Wc) -> Result<()> {
+        if wc.status != WcStatus::Success {
+            return Err(self.wc_error(wc));
+        }
+        match wc.opcode {
+            WcOpcode::Write => {
+                let (kind, q, n) = wr_parts(wc.wr_id);
+                if let Some(u) = self.sq_used.get_mut(q) {
+                    *u = u.saturating_sub(1);
+                }
+                match kind {
+                    Some(WrKind::Header) => self.hdr_busy[n as usize % DEPTH] = false,
+                    Some(WrKind::Cts) => self.cts_busy[n as usize % DEPTH] = false,
+                    Some(WrKind::Data) => {
+                        self.tx.outstanding = self.tx.outstanding.saturating_sub(1);
+                        if let Some(f) = self.tx.inflight.get_mut(q) {
+                            *f = f.saturating_sub(1);
+                        }
+                    }
+                    Some(WrKind::Probe) => self.probing = false,
+                    _ => {}
+                }
+            }
+            WcOpcode::RecvImm => {
+                let q = self.qpns.iter().position(|&n| n == wc.qpn).unwrap_or(0);
+                if let Err(e) = self.dev.post_recv(&mut self.ep.qps[q], q as u64) {
+                    let e = self.verbs_error("receive from", e);
+                    return Err(self.fail(e));
+                }
+                match Imm::decode(wc.imm) {
+                    Imm::Credit(k) => self.credit = self.credit.max(widen(self.credit, k)),
+                    Imm::Header(_) => {
+                        let n = self.hdr_arrived;
+                        self.hdr_arrived += 1;
+                        let (_, flags, _) = self.slot_head(n);
+                        if flags & FLAG_CLOSE != 0 && self.peer_closed.is_none() {
+                            self.peer_closed = Some(n);
+                        }
+                    }
+                    Imm::Cts(k) => {
+                        let n = widen(self.cts_max.saturating_sub(DEPTH as u64), k);
+                        self.cts_max = self.cts_max.max(n);
+                        self.cts_seen[n as usize % DEPTH] = Some(n);
+                    }
+                    Imm::Data(k) => self.landed[q].push_back((k, wc.byte_len)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The error a failed completion stands for.
+    fn wc_error(&mut self, wc: &Wc) -> Error {
+        let what = match wc.opcode {
+            WcOpcode::RecvImm => "a receive".to_string(),
+            WcOpcode::Write => match wr_parts(wc.wr_id).0 {
+                Some(WrKind::Data) => "an RDMA write of payload".to_string(),
+                Some(WrKind::Header) => "an RDMA write of a header".to_string(),
+                Some(WrKind::Cts) => "an RDMA write of a clear-to-send".to_string(),
+                Some(WrKind::Probe) => "a keep-alive probe".to_string(),
+                _ => "an RDMA write".to_string(),
+            },
+        };
+        let e = Error::remote(format!(
+            "{}: {} ({what} on queue pair {:#x} of {})",
+            self.peer,
+            wc.status.words(),
+            wc.qpn,
+            self.here()
+        ))
+        .with_peer(self.peer.rank);
+        self.fail(e)
+    }
+
+    /// The head of header slot `n`.
+    fn slot_head(&self, n: u64) -> (Option<Header>, u64, u64) {
+        let mut b = [0u8; SLOT_HEAD];
+        self.ep
+            .hdr_ring
+            .buf
+            .read((n as usize % DEPTH) * self.slot_len(), &mut b);
+        decode_slot_head(&b)
+    }
+
+    /// Writes header slot `n` (with `inline` bytes after it) into the peer's ring.
+    fn post_header(&mut self, h: &Header, flags: u64, inline: &[u8], n: u64) -> Result<()> {
+        let slot = n as usize % DEPTH;
+        let off = slot * self.slot_len();
+        self.ep
+            .hdr_tx
+            .buf
+            .write(off, &encode_slot_head(h, flags, n));
+        self.ep.hdr_tx.buf.write(off + SLOT_HEAD, inline);
+        self.hdr_busy[slot] = true;
+        let wr = WriteWr {
+            wr_id: wr_id(WrKind::Header, 0, n),
+            local_addr: self.ep.hdr_tx.buf.addr() + off,
+            len: SLOT_HEAD + inline.len(),
+            lkey: self.ep.hdr_tx.mr.lkey(),
+            remote_addr: self.remote.hdr_addr + off as u64,
+            rkey: self.remote.hdr_rkey,
+            imm: Some(Imm::Header(short(n)).encode()),
+            signaled: true,
+        };
+        self.post(0, wr)
+    }
+
+    /// The registration covering `mem`, registering it now if none is cached.
+    fn region_for(&mut self, mem: MemRef, what: &str) -> Result<Region> {
+        if let Some(r) = self.regs.get(0, &mem) {
+            return Ok(r.clone());
+        }
+        let r = self.register_now(mem, what)?;
+        self.regs.insert(0, r.clone());
+        Ok(r)
+    }
+
+    fn register_now(&mut self, mem: MemRef, what: &str) -> Result<Region> {
+        if mem.space != MemSpace::Host {
+            Payload::Device(mem).host("rdma")?;
+        }
+        let mr = self.dev.reg_mr(mem.addr, mem.len.max(1)).map_err(|e| {
+            Error::new(
+                ferroccl_transport::ErrorKind::System,
+                format!(
+                    "{what} {}: registering {} bytes at {:#x} with {}: {e}",
+                    self.peer,
+                    mem.len,
+                    mem.addr,
+                    self.here()
+                ),
+            )
+            .with_peer(self.peer.rank)
+        })?;
+        let key = u64::from(mr.rkey());
+        Ok(Region::new(mem, key, MrKeep(Arc::new(mr))))
+    }
+
+    /// Sends a credit when enough header slots were freed since the last one.
+    fn maybe_credit(&mut self) -> Result<()> {
+        if self.freed - self.credit_sent < (DEPTH / 4) as u64 || !self.room(0, 0) {
+            return Ok(());
+        }
+        self.credit_sent = self.freed;
+        let wr = WriteWr {
+            wr_id: wr_id(WrKind::Credit, 0, self.freed),
+            local_addr: self.ep.hdr_tx.buf.addr(),
+            len: 0,
+            lkey: self.ep.hdr_tx.mr.lkey(),
+            remote_addr: self.remote.hdr_addr,
+            rkey: self.remote.hdr_rkey,
+            imm: Some(Imm::Credit(short(self.freed)).encode()),
+            signaled: true,
+        };
+        self.post(0, wr)
+    }
+
+    /// Writes the clear-to-send of message `n`.
+    fn post_cts(&mut self, n: u64, dst: MemRef, rkey: u32) -> Result<()> {
+        let slot = n as usize % DEPTH;
+        let c = Cts {
+            addr: dst.addr as u64,
+            rkey,
+            len: dst.len as u64,
+            stamp: n + 1,
+        };
+        self.ep.cts_tx.buf.write(slot * CTS_LEN, &c.encode());
+        self.cts_busy[slot] = true;
+        let wr = WriteWr {
+            wr_id: wr_id(WrKind::Cts, 0, n),
+            local_addr: self.ep.cts_tx.buf.addr() + slot * CTS_LEN,
+            len: CTS_LEN,
+            lkey: self.ep.cts_tx.mr.lkey(),
+            remote_addr: self.remote.cts_addr + (slot * CTS_LEN) as u64,
+            rkey: self.remote.cts_rkey,
+            imm: Some(Imm::Cts(short(n)).encode()),
+            signaled: true,
+        };
+        self.post(0, wr)
+    }
+
+    /// Advertises posted destinations the FIFO has room for.
+    fn advertise(&mut self) -> Result<()> {
+        for i in 0..self.posts.len() {
+            let p = self.posts[i];
+            if p.advertised {
+                continue;
+            }
+            if !cts_allowed(p.n, self.hdr_arrived)
+                || self.cts_busy[p.n as usize % DEPTH]
+                || !self.room(0, 0)
+            {
+                break;
+            }
+            self.post_cts(p.n, p.dst, p.rkey)?;
+            self.posts[i].advertised = true;
+        }
+        Ok(())
+    }
+
+    /// While waiting with nothing arriving, probes the peer now and then: a zero-byte write
+    /// that fails (retry count exceeded) when the peer or the link is gone.
+    fn keepalive(&mut self, moved: bool) -> Result<()> {
+        if moved || self.probing || self.last_activity.elapsed() < self.set.keepalive {
+            return Ok(());
+        }
+        if !self.room(0, 0) {
+            return Ok(());
+        }
+        self.probing = true;
+        self.last_activity = Instant::now();
+        let wr = WriteWr {
+            wr_id: wr_id(WrKind::Probe, 0, 0),
+            local_addr: self.ep.hdr_tx.buf.addr(),
+            len: 0,
+            lkey: self.ep.hdr_tx.mr.lkey(),
+            remote_addr: self.remote.hdr_addr,
+            rkey: self.remote.hdr_rkey,
+            imm: None,
+            signaled: true,
+        };
+        self.post(0, wr)
+    }
+
+    fn peer_closed_error(&self) -> Error {
+        Error::remote(format!("{} closed the connection", self.peer)).with_peer(self.peer.rank)
+    }
+
+    /// The send half: begins message `self.tx_next` (header slot, inline where it fits).
+    fn begin_send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+        let n = self.tx_next;
+        if !header_allowed(n, self.credit) || self.hdr_busy[n as usize % DEPTH] || !self.room(0, 0)
+        {
+            return Ok(false);
+        }
+        let cts_here = self.cts_seen[n as usize % DEPTH] == Some(n);
+        let inline = payload.len() <= self.set.eager && !cts_here;
+        if inline {
+            self.post_header(h, FLAG_INLINE, payload, n)?;
+        } else {
+            self.post_header(h, 0, &[], n)?;
+        }
+        self.tx = Tx {
+            n,
+            inline,
+            ..Tx::default()
+        };
+        self.tx_next += 1;
+        p.header_pos = HEADER_LEN;
+        if inline {
+            p.started = true;
+            p.nparts = 1;
+            p.parts[0] = Part {
+                start: 0,
+                pos: payload.len(),
+                end: payload.len(),
+            };
+        }
+        Ok(true)
+    }
+
+    /// The send half: writes what the queues have room for.
+    fn push_payload(&mut self, payload: &[u8], p: &mut Progress) -> Result<()> {
+        if !p.started {
+            let n = self.tx.n;
+            if self.cts_seen[n as usize % DEPTH] != Some(n) {
+                return Ok(());
+            }
+            let mut b = [0u8; CTS_LEN];
+            self.ep
+                .cts_fifo
+                .buf
+                .read((n as usize % DEPTH) * CTS_LEN, &mut b);
+            let c = Cts::decode(&b);
+            if c.stamp != n + 1 {
+                let e = Error::internal(format!(
+                    "send to {}: clear-to-send slot of message #{n} holds #{} (the FIFO is out \
+                     of step)",
+                    self.peer,
+                    c.stamp.wrapping_sub(1)
+                ));
+                return Err(self.fail(e));
+            }
+            if c.len != payload.len() as u64 {
+                return Err(Error::invalid_argument(format!(
+                    "send to {}: the receiver posted a {}-byte destination for message #{n}, \
+                     this message has {} bytes",
+                    self.peer,
+                    c.len,
+                    payload.len()
+                ))
+                .with_peer(self.peer.rank));
+            }
+            let mem = MemRef::host(payload.as_ptr(), payload.len());
+            self.tx.region = Some(self.region_for(mem, "send to")?);
+            self.tx.cts = Some(c);
+            p.nparts = stripes(payload.len(), self.ep.qps.len(), &mut p.parts);
+            p.started = true;
+        }
+        let (Some(c), Some(region)) = (self.tx.cts, self.tx.region.clone()) else {
+            return Ok(());
+        };
+        let lkey = region
+            .resources::<MrKeep<V::Mr>>()
+            .map_or(0, |m| m.0.lkey());
+        let base = payload.as_ptr() as usize;
+        for q in 0..p.nparts {
+            let reserve = if q == 0 { CONTROL_RESERVE } else { 0 };
+            while p.parts[q].pos < p.parts[q].end
+                && self.room(q, reserve)
+                && self.tx.inflight[q] < DATA_WINDOW
+            {
+                let part = p.parts[q];
+                let len = (part.end - part.pos).min(self.set.chunk);
+                let wr = WriteWr {
+                    wr_id: wr_id(WrKind::Data, q, self.tx.n),
+                    local_addr: base + part.pos,
+                    len,
+                    lkey,
+                    remote_addr: c.addr + part.pos as u64,
+                    rkey: c.rkey,
+                    imm: Some(Imm::Data(short(self.tx.n)).encode()),
+                    signaled: true,
+                };
+                self.post(q, wr)?;
+                self.tx.outstanding += 1;
+                self.tx.inflight[q] += 1;
+                p.parts[q].pos += len;
+            }
+        }
+        Ok(())
+    }
+
+    /// The receive half: counts landed pieces of the message under way into `p`.
+    fn count_landed(&mut self, p: &mut Progress) -> Result<()> {
+        let want = short(self.rx.n);
+        for q in 0..p.nparts.min(self.landed.len()) {
+            while let Some(&(k, bytes)) = self.landed[q].front() {
+                if k != want {
+                    break;
+                }
+                self.landed[q].pop_front();
+                let part = &mut p.parts[q];
+                part.pos += bytes as usize;
+                if part.pos > part.end {
+                    let e = Error::internal(format!(
+                        "recv from {}: message #{} overran stripe {q} ({} of {} bytes)",
+                        self.peer,
+                        self.rx.n,
+                        part.pos - part.start,
+                        part.end - part.start
+                    ));
+                    return Err(self.fail(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The receive half: reads the next header slot.
+    fn take_header(&mut self, header: &mut Header, p: &mut Progress) -> Result<()> {
+        let n = self.hdr_taken;
+        if self.peer_closed == Some(n) {
+            return Err(self.peer_closed_error());
+        }
+        let (h, flags, stamp) = self.slot_head(n);
+        let Some(h) = h.filter(|_| stamp == n) else {
+            let e = Error::internal(format!(
+                "garbled header slot from {} for message #{n} (the ring is out of step)",
+                self.peer
+            ));
+            return Err(self.fail(e));
+        };
+        self.hdr_taken += 1;
+        let posted = match self.posts.front() {
+            Some(post) if post.n == n => self.posts.pop_front(),
+            _ => None,
+        };
+        *header = h;
+        p.header_pos = HEADER_LEN;
+        self.rx = Rx {
+            n,
+            inline: flags & FLAG_INLINE != 0,
+            posted,
+            region: None,
+        };
+        if let Some(post) = posted.filter(|post| post.dst.len as u64 != h.len) {
+            return Err(Error::invalid_argument(format!(
+                "recv from {}: this end posted a {}-byte destination for message #{n}, the \
+                 message has {} bytes",
+                self.peer, post.dst.len, h.len
+            ))
+            .with_peer(self.peer.rank));
+        }
+        Ok(())
+    }
+
+    /// The receive half: starts the payload of a message whose header was read.
+    fn start_payload(&mut self, h: &Header, buf: &mut [u8], p: &mut Progress) -> Result<()> {
+        if h.len != buf.len() as u64 {
+            return Err(Error::internal(format!(
+                "recv from {}: header says {} bytes, buffer has {}",
+                self.peer,
+                h.len,
+                buf.len()
+            )));
+        }
+        let dst = MemRef::host(buf.as_ptr(), buf.len());
+        if let Some(post) = self.rx.posted {
+            if post.dst.addr != dst.addr && !buf.is_empty() {
+                return Err(Error::invalid_argument(format!(
+                    "recv from {}: message #{} was posted to {:#x}, the receive offers {:#x}",
+                    self.peer, self.rx.n, post.dst.addr, dst.addr
+                )));
+            }
+        }
+        if self.rx.inline {
+            let off = (self.rx.n as usize % DEPTH) * self.slot_len() + SLOT_HEAD;
+            self.ep.hdr_ring.buf.read(off, buf);
+            p.nparts = 1;
+            p.parts[0] = Part {
+                start: 0,
+                pos: buf.len(),
+                end: buf.len(),
+            };
+        } else {
+            if self.rx.posted.is_none() {
+                let region = self.region_for(dst, "recv from")?;
+                let rkey = region.key() as u32;
+                self.rx.region = Some(region);
+                self.post_cts(self.rx.n, dst, rkey)?;
+            }
+            p.nparts = stripes(buf.len(), self.ep.qps.len(), &mut p.parts);
+        }
+        p.started = true;
+        self.freed += 1;
+        self.maybe_credit()
+    }
+
+    /// Closes this end: tells the peer in a last header slot (when the ring has room), then
+    /// fails the queue pairs so that later writes from the peer are refused.
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        if self.failed.is_none() {
+            let _ = self.progress();
+            let n = self.tx_next;
+            if header_allowed(n, self.credit)
+                && !self.hdr_busy[n as usize % DEPTH]
+                && self.room(0, 0)
+            {
+                let _ = self.post_header(&Header::default(), FLAG_CLOSE, &[], n);
+                // Give the close slot a moment to leave before the queue pairs fail.
+                let start = Instant::now();
+                while self.hdr_busy[n as usize % DEPTH]
+                    && start.elapsed() < Duration::from_millis(100)
+                {
+                    if self.progress().is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        for q in &mut self.ep.qps {
+            self.dev.set_error(q);
+        }
+    }
+}
+
+impl<V: Verbs> Connection for RdmaConnection<V> {
+    fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    fn send(&mut self, header: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        let payload = payload.host("rdma")?;
+        self.check("send to")?;
+        if header.len != payload.len() as u64 {
+            return Err(Error::internal(format!(
+                "send to {}: header says {} bytes, payload has {}",
+                self.peer,
+                header.len,
+                payload.len()
+            )));
+        }
+        let moved = self.progress()?;
+        if self.peer_closed.is_some() {
+            return Err(self.peer_closed_error());
+        }
+        if !p.header_done() && !self.begin_send(header, payload, p)? {
+            self.keepalive(moved)?;
+            return Ok(false);
+        }
+        if self.tx.inline {
+            return Ok(true);
+        }
+        self.push_payload(payload, p)?;
+        if p.done() && self.tx.outstanding > 0 {
+            self.progress()?;
+        }
+        if p.done() && self.tx.outstanding == 0 {
+            self.tx.region = None;
+            return Ok(true);
+        }
+        self.keepalive(moved)?;
+        Ok(false)
+    }
+
+    fn recv(
+        &mut self,
+        header: &mut Header,
+        payload: PayloadMut<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        let buf = payload.host("rdma")?;
+        self.check("recv from")?;
+        let moved = self.progress()?;
+        self.advertise()?;
+        if !p.header_done() {
+            if self.hdr_arrived <= self.hdr_taken {
+                self.keepalive(moved)?;
+                return Ok(false);
+            }
+            self.take_header(header, p)?;
+            // The caller checks the header before the payload is asked for.
+            return Ok(false);
+        }
+        if !p.started {
+            self.start_payload(header, buf, p)?;
+        }
+        self.count_landed(p)?;
+        if p.done() {
+            self.rx.region = None;
+            self.advertise()?;
+            return Ok(true);
+        }
+        self.keepalive(moved)?;
+        Ok(false)
+    }
+
+    fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
+        self.check("post_recv from")?;
+        if dst.space != MemSpace::Host {
+            Payload::Device(dst).host("rdma")?;
+        }
+        let rkey = match region {
+            Some(r) => {
+                let mr = r.resources::<MrKeep<V::Mr>>().ok_or_else(|| {
+                    Error::invalid_argument(format!(
+                        "post_recv from {}: region {} was not registered by the rdma transport",
+                        self.peer,
+                        r.key()
+                    ))
+                })?;
+                if !r.mem().contains(&dst) {
+                    return Err(Error::invalid_argument(format!(
+                        "post_recv from {}: the {}-byte destination at {:#x} lies outside \
+                         region {:#x} ({} bytes at {:#x})",
+                        self.peer,
+                        dst.len,
+                        dst.addr,
+                        r.key(),
+                        r.mem().len,
+                        r.mem().addr
+                    )));
+                }
+                mr.0.rkey()
+            }
+            None => self.region_for(dst, "post_recv from")?.key() as u32,
+        };
+        let n = self.hdr_taken + self.posts.len() as u64;
+        self.posts.push_back(Post {
+            n,
+            dst,
+            rkey,
+            advertised: false,
+        });
+        self.progress()?;
+        self.advertise()
+    }
+
+    fn register(&mut self, mem: MemRef) -> Result<Option<Region>> {
+        self.check("register for")?;
+        self.register_now(mem, "register for").map(Some)
+    }
+
+    fn describe(&self) -> String {
+        let note = if self.dev.device().starts_with("soft") {
+            " (software verbs: test tooling)"
+        } else {
+            ""
+        };
+        format!(
+            "{}{note}, {} queue pairs, chunk {} KiB",
+            self.here(),
+            self.ep.qps.len(),
+            self.set.chunk / 1024
+        )
+    }
+
+    fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+
+    fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        self.dev.doorbell()
+    }
+
+    fn shutdown(&mut self) {
+        self.close();
+    }
+}
+
+impl<V: Verbs> Drop for RdmaConnection<V> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

@@ -292,18 +292,35 @@ impl<V: Verbs> RdmaConnection<V> {
     /// ports and the verbs status in words.
     fn progress(&mut self) -> Result<bool> {
         let mut wcs = std::mem::take(&mut self.wcs);
-        wcs.clear();
-        let polled = self.dev.poll_cq(&mut self.ep.cq, 64, &mut wcs);
-        let r = match polled {
-            Err(e) => {
+        let mut first: Option<Error> = None;
+        let mut moved = false;
+        // A failed completion may come just before the peer's close (a clear-to-send it no
+        // longer needed, written as it left): read what else arrived before judging it.
+        for round in 0..2 {
+            wcs.clear();
+            if let Err(e) = self.dev.poll_cq(&mut self.ep.cq, 64 << round, &mut wcs) {
+                self.wcs = wcs;
                 let e = self.verbs_error("completions from", e);
-                Err(self.fail(e))
+                return Err(self.fail(e));
             }
-            Ok(_) => wcs.iter().try_for_each(|wc| self.apply(wc)),
-        };
-        let moved = !wcs.is_empty();
+            moved |= !wcs.is_empty();
+            for wc in &wcs {
+                if let Err(e) = self.apply(wc) {
+                    first.get_or_insert(e);
+                }
+            }
+            if first.is_none() {
+                break;
+            }
+        }
         self.wcs = wcs;
-        r?;
+        if let Some(e) = first {
+            // Once the peer has closed, its refusals are expected; what this side still
+            // wants from it fails on the close itself (recv) or at once (send).
+            if self.peer_closed.is_none() {
+                return Err(self.fail(e));
+            }
+        }
         if moved {
             self.last_activity = Instant::now();
         }
@@ -362,7 +379,7 @@ impl<V: Verbs> RdmaConnection<V> {
     }
 
     /// The error a failed completion stands for.
-    fn wc_error(&mut self, wc: &Wc) -> Error {
+    fn wc_error(&self, wc: &Wc) -> Error {
         let what = match wc.opcode {
             WcOpcode::RecvImm => "a receive".to_string(),
             WcOpcode::Write => match wr_parts(wc.wr_id).0 {
@@ -373,15 +390,14 @@ impl<V: Verbs> RdmaConnection<V> {
                 _ => "an RDMA write".to_string(),
             },
         };
-        let e = Error::remote(format!(
+        Error::remote(format!(
             "{}: {} ({what} on queue pair {:#x} of {})",
             self.peer,
             wc.status.words(),
             wc.qpn,
             self.here()
         ))
-        .with_peer(self.peer.rank);
-        self.fail(e)
+        .with_peer(self.peer.rank)
     }
 
     /// The head of header slot `n`.

@@ -150,14 +150,20 @@ impl Cts {
     }
 }
 
+/// Stripe boundaries fall on multiples of this many bytes, so that every landed prefix holds
+/// whole elements of any data type (the receiver reduces prefixes as they land).
+pub(crate) const STRIPE_ALIGN: usize = 4096;
+
 /// Lays a `len`-byte payload out as one contiguous stripe per queue pair (`nqps` at most
-/// [`MAX_PARTS`]); stripe `q` travels on queue pair `q`, in order, so its prefix is what has
-/// landed.
+/// [`MAX_PARTS`]), each starting at a multiple of [`STRIPE_ALIGN`]; stripe `q` travels on
+/// queue pair `q`, in order, so its prefix is what has landed. Short payloads leave the last
+/// stripes empty.
 pub(crate) fn stripes(len: usize, nqps: usize, parts: &mut [Part; MAX_PARTS]) -> usize {
     let n = nqps.clamp(1, MAX_PARTS);
+    let blocks = len.div_ceil(STRIPE_ALIGN);
     for (q, part) in parts.iter_mut().enumerate().take(n) {
-        let start = len / n * q + (len % n).min(q);
-        let end = start + len / n + usize::from(q < len % n);
+        let at = |q: usize| (blocks / n * q + (blocks % n).min(q)) * STRIPE_ALIGN;
+        let (start, end) = (at(q).min(len), at(q + 1).min(len));
         *part = Part {
             start,
             pos: start,
@@ -223,13 +229,14 @@ mod tests {
     #[test]
     fn stripes_cover_the_payload_once() {
         let mut parts = [Part::default(); MAX_PARTS];
-        for len in [0usize, 1, 2, 3, 7, 4096, 1_000_003] {
+        for len in [0usize, 1, 2, 3, 7, 4096, 4097, 12_288, 1_000_003] {
             for nqps in 1..=MAX_PARTS {
                 let n = stripes(len, nqps, &mut parts);
                 assert_eq!(n, nqps);
                 let mut at = 0;
                 for p in &parts[..n] {
                     assert_eq!(p.start, at, "len {len} nqps {nqps}");
+                    assert!(p.start % STRIPE_ALIGN == 0 || p.start == len);
                     assert!(p.end >= p.start && p.pos == p.start);
                     at = p.end;
                 }

@@ -613,6 +613,8 @@ impl Verbs for SoftDevice {
         for side in st.qps.iter_mut() {
             let slot = &layout.qps[side.slot];
             let failed = QpState::load(&slot.state) == QpState::Error;
+            // Immediates that landed before the queue pair failed complete first; the
+            // receives left over are flushed.
             while n < max {
                 let tail = slot.tail.load(Ordering::Relaxed);
                 let ready = slot.head.load(Ordering::Acquire) > tail;
@@ -622,7 +624,7 @@ impl Verbs for SoftDevice {
                 let Some(wr_id) = side.posted.pop_front() else {
                     break;
                 };
-                let wc = if failed {
+                let wc = if !ready {
                     Wc {
                         wr_id,
                         status: WcStatus::Flushed,

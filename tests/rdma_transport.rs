@@ -8,10 +8,14 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::child::{self, expected_cases, ferrorun_self, field, serial, sweep_named};
+use common::child::{
+    self, expected_cases, ferrorun_self, field, free_port, self_command, serial, sweep_named,
+    Running,
+};
 use common::conformance::run_sweep;
 use ferroccl::bootstrap::{MemoryStore, Store};
 use ferroccl::{Communicator, Config, ReduceOp};
@@ -140,29 +144,46 @@ fn child_rdma_fault() {
     println!("OUTCOME rank={rank} ok");
 }
 
-/// Runs a 3-rank fault job with `faults` on rank `target`; returns every OUTCOME line.
+/// Runs a 3-rank fault job with `faults` on rank `target`, each rank started by hand (so that
+/// a rank that dies does not stop the others, as a launcher would); returns every OUTCOME line
+/// and the outputs.
 fn fault_job(target: usize, faults: &str, timeout_s: u32) -> (Vec<String>, String) {
     let _serial = serial();
-    let env = soft_env(&[
+    let store = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let extra = soft_env(&[
         ("FERRO_TEST_FAULT_RANK", target.to_string()),
         ("FERRO_TEST_FAULTS", faults.to_string()),
-        ("FERRO_TIMEOUT", timeout_s.to_string()),
     ]);
-    let out = ferrorun_self(
-        3,
-        None,
-        "child_rdma_fault",
-        "rdma_fault",
-        &env,
-        Duration::from_secs(120),
-    );
-    assert!(!out.timed_out, "{faults}: the job hung: {}", out.dump());
+    let ranks: Vec<Running> = (0..3)
+        .map(|r| {
+            let mut env = child::rank_env(r, 3, store, timeout_s);
+            env.extend(extra.iter().filter(|(k, _)| *k != "FERRO_TIMEOUT").cloned());
+            Running::spawn(self_command("child_rdma_fault", "rdma_fault", &env))
+        })
+        .collect();
+    let outs: Vec<_> = ranks
+        .into_iter()
+        .map(|p| p.finish(Duration::from_secs(u64::from(timeout_s) + 60)))
+        .collect();
+    let dump = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| format!("=== rank {i}: {}", o.dump()))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
-        !out.success(),
-        "{faults}: the job did not fail: {}",
-        out.dump()
+        outs.iter().all(|o| !o.timed_out),
+        "{faults}: a rank hung: {dump}"
     );
-    (out.tagged("OUTCOME "), out.dump())
+    assert!(
+        outs.iter().any(|o| !o.success()),
+        "{faults}: no rank failed: {dump}"
+    );
+    let lines: Vec<String> = outs.iter().flat_map(|o| o.tagged("OUTCOME ")).collect();
+    for l in &lines {
+        println!("{faults}: {l}");
+    }
+    (lines, dump)
 }
 
 #[test]

@@ -119,9 +119,9 @@ impl Default for RdmaConfig {
     }
 }
 
-fn env_num<T: std::str::FromStr>(name: &str, lo: T, hi: T, default: T) -> Result<T, String>
+fn env_num<T>(name: &str, lo: T, hi: T, default: T) -> Result<T, String>
 where
-    T: PartialOrd + std::fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy,
 {
     match std::env::var(name) {
         Err(_) => Ok(default),

@@ -13,27 +13,48 @@ use ferroccl_transport::{
 
 use crate::conn::{ConnSettings, Ctrl, Endpoint, RdmaConnection, RemoteCtrl};
 use crate::proto::{CTS_LEN, DEPTH, SLOT_HEAD};
+use crate::real::{RealDevice, RealPort};
 use crate::soft::SoftDevice;
-use crate::verbs::{PortAddr, QpEndpoint, Verbs, VerbsError};
+use crate::verbs::{MemoryRegion, PortAddr, QpEndpoint, Verbs, VerbsError};
 use crate::{Provider, RdmaConfig};
 
 const HANDLE_MAGIC: &[u8; 4] = b"rdm1";
 
+/// One provider's setup state: its port, and the endpoints and peers between `listen` and
+/// `connect`.
+struct Setup<V: Verbs> {
+    dev: Arc<V>,
+    /// Whether the provider joins only ranks of one host (the software one).
+    one_host: bool,
+    /// Path MTU of the port, bytes.
+    mtu: u32,
+    pending: BTreeMap<usize, Endpoint<V>>,
+    remotes: BTreeMap<usize, (PeerInfo, RemoteCtrl)>,
+}
+
+/// The provider in use, or why there is none.
+enum State {
+    Soft(Setup<SoftDevice>),
+    Real(Setup<RealPort>),
+    Off(String),
+}
+
 /// RDMA between ranks (see the crate docs).
 pub struct RdmaTransport {
     cfg: std::result::Result<RdmaConfig, String>,
-    /// The opened provider, or why there is none.
-    dev: std::result::Result<Arc<SoftDevice>, String>,
-    pending: BTreeMap<usize, Endpoint<SoftDevice>>,
-    remotes: BTreeMap<usize, (PeerInfo, RemoteCtrl)>,
+    state: State,
 }
 
 impl std::fmt::Debug for RdmaTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Soft(s) => format!("soft {}", s.dev.device()),
+            State::Real(s) => format!("verbs {} port {}", s.dev.device(), s.dev.port()),
+            State::Off(why) => format!("off: {why}"),
+        };
         f.debug_struct("RdmaTransport")
             .field("cfg", &self.cfg)
-            .field("dev", &self.dev)
-            .field("pending", &self.pending.keys().collect::<Vec<_>>())
+            .field("state", &state)
             .finish()
     }
 }
@@ -47,26 +68,27 @@ impl RdmaTransport {
 
     /// A transport with `cfg` (or the reason the settings are unusable).
     pub fn new(cfg: std::result::Result<RdmaConfig, String>, verbose: bool) -> RdmaTransport {
-        let dev = match &cfg {
-            Err(e) => Err(e.clone()),
+        let state = match &cfg {
+            Err(e) => State::Off(e.clone()),
             Ok(c) => open(c),
         };
         if verbose {
-            match &dev {
-                Ok(d) => crate::log(format_args!(
+            match &state {
+                State::Soft(s) => crate::log(format_args!(
                     "using the software verbs provider {} port {} (test tooling, not a network)",
-                    d.device(),
-                    d.port()
+                    s.dev.device(),
+                    s.dev.port()
                 )),
-                Err(why) => crate::log(format_args!("rdma is not offered: {why}")),
+                State::Real(s) => crate::log(format_args!(
+                    "using libibverbs: {} port {}, MTU {}",
+                    s.dev.device(),
+                    s.dev.port(),
+                    s.mtu
+                )),
+                State::Off(why) => crate::log(format_args!("rdma is not offered: {why}")),
             }
         }
-        RdmaTransport {
-            cfg,
-            dev,
-            pending: BTreeMap::new(),
-            remotes: BTreeMap::new(),
-        }
+        RdmaTransport { cfg, state }
     }
 
     fn settings(&self) -> Option<ConnSettings> {
@@ -81,28 +103,50 @@ impl RdmaTransport {
     }
 }
 
+impl<V: Verbs> Setup<V> {
+    fn new(dev: Arc<V>, one_host: bool, mtu: u32) -> Setup<V> {
+        Setup {
+            dev,
+            one_host,
+            mtu,
+            pending: BTreeMap::new(),
+            remotes: BTreeMap::new(),
+        }
+    }
+}
+
 /// Opens the provider `cfg` asks for, or says why none can run.
-fn open(cfg: &RdmaConfig) -> std::result::Result<Arc<SoftDevice>, String> {
+fn open(cfg: &RdmaConfig) -> State {
     match cfg.provider {
-        Provider::Verbs => Err(crate::real::probe().why_not()),
+        Provider::Verbs => match RealDevice::open(&cfg.hca, cfg.gid_index) {
+            Ok(d) => {
+                let port = RealPort(Arc::new(d));
+                let mtu = port.mtu_bytes();
+                State::Real(Setup::new(Arc::new(port), false, mtu))
+            }
+            Err(why) => State::Off(why),
+        },
         Provider::Soft => {
-            let d = SoftDevice::shared().map_err(|e| format!("software verbs provider: {e}"))?;
+            let d = match SoftDevice::shared() {
+                Ok(d) => d,
+                Err(e) => return State::Off(format!("software verbs provider: {e}")),
+            };
             if !cfg.hca.accepts(d.device(), d.port()) {
-                return Err(format!(
+                return State::Off(format!(
                     "FERRO_IB_HCA excludes {} port {}, the only port there is",
                     d.device(),
                     d.port()
                 ));
             }
-            Ok(d)
+            State::Soft(Setup::new(d, true, 4096))
         }
     }
 }
 
-fn build_endpoint(
-    dev: &SoftDevice,
+fn build_endpoint<V: Verbs>(
+    dev: &V,
     s: &ConnSettings,
-) -> std::result::Result<Endpoint<SoftDevice>, VerbsError> {
+) -> std::result::Result<Endpoint<V>, VerbsError> {
     let a = s.attrs;
     let depth = s.nqps * (a.max_send_wr + a.max_recv_wr) as usize + 16;
     let cq = dev.create_cq(depth)?;
@@ -159,6 +203,7 @@ struct PeerHandle {
     device: String,
     port: u8,
     addr: PortAddr,
+    mtu: u32,
     pid: u32,
     nqps: usize,
     eager: usize,
@@ -175,6 +220,7 @@ fn decode_handle(h: &[u8], me: usize) -> Option<std::result::Result<PeerHandle, 
     let nqps = r.u8()? as usize;
     let eager = r.u32()? as usize;
     let port = r.u8()?;
+    let mtu = r.u32()?;
     let lid = r.u16()?;
     let mut gid = [0u8; 16];
     gid.copy_from_slice(r.take(16)?);
@@ -197,6 +243,7 @@ fn decode_handle(h: &[u8], me: usize) -> Option<std::result::Result<PeerHandle, 
                 device,
                 port,
                 addr: PortAddr { lid, gid },
+                mtu,
                 pid,
                 nqps,
                 eager,
@@ -229,8 +276,12 @@ impl Transport for RdmaTransport {
     }
 
     fn can_connect(&self, ctx: &SetupCtx, peer: usize) -> std::result::Result<(), Decline> {
-        self.dev.as_ref().map_err(Clone::clone)?;
-        if !ctx.same_host(peer) {
+        let one_host = match &self.state {
+            State::Off(why) => return Err(why.clone()),
+            State::Soft(s) => s.one_host,
+            State::Real(s) => s.one_host,
+        };
+        if one_host && !ctx.same_host(peer) {
             return Err(format!(
                 "rank {peer} runs on another host (the software verbs provider joins ranks of \
                  one host)"
@@ -240,21 +291,57 @@ impl Transport for RdmaTransport {
     }
 
     fn listen(&mut self, ctx: &SetupCtx, peers: &[usize]) -> Result<Vec<u8>> {
-        self.pending.clear();
-        self.remotes.clear();
-        let dev = self
-            .dev
-            .clone()
-            .map_err(|why| Error::new(ferroccl_transport::ErrorKind::Unsupported, why))?;
         let s = self
             .settings()
             .ok_or_else(|| Error::internal("rdma settings missing"))?;
+        match &mut self.state {
+            State::Off(why) => Err(Error::new(
+                ferroccl_transport::ErrorKind::Unsupported,
+                why.clone(),
+            )),
+            State::Soft(st) => st.listen(ctx, peers, &s),
+            State::Real(st) => st.listen(ctx, peers, &s),
+        }
+    }
+
+    fn attach(
+        &mut self,
+        ctx: &SetupCtx,
+        peer: usize,
+        handle: &[u8],
+    ) -> std::result::Result<(), Decline> {
+        let s = self.settings().ok_or("rdma settings missing")?;
+        match &mut self.state {
+            State::Off(why) => Err(why.clone()),
+            State::Soft(st) => st.attach(ctx, peer, handle, &s),
+            State::Real(st) => st.attach(ctx, peer, handle, &s),
+        }
+    }
+
+    fn connect(&mut self, ctx: &SetupCtx, peers: &[usize]) -> Result<Vec<Box<dyn Connection>>> {
+        let Some(s) = self.settings() else {
+            return Ok(Vec::new());
+        };
+        match &mut self.state {
+            State::Off(_) => Ok(Vec::new()),
+            State::Soft(st) => st.connect(ctx, peers, &s),
+            State::Real(st) => st.connect(ctx, peers, &s),
+        }
+    }
+}
+
+impl<V: Verbs> Setup<V> {
+    fn listen(&mut self, ctx: &SetupCtx, peers: &[usize], s: &ConnSettings) -> Result<Vec<u8>> {
+        self.pending.clear();
+        self.remotes.clear();
+        let dev = Arc::clone(&self.dev);
         let addr = dev.port_addr();
         let mut h = Vec::new();
         h.extend_from_slice(HANDLE_MAGIC);
         h.push(s.nqps as u8);
         h.extend_from_slice(&(s.eager as u32).to_le_bytes());
         h.push(dev.port());
+        h.extend_from_slice(&self.mtu.to_le_bytes());
         h.extend_from_slice(&addr.lid.to_le_bytes());
         h.extend_from_slice(&addr.gid);
         h.extend_from_slice(&std::process::id().to_le_bytes());
@@ -263,7 +350,7 @@ impl Transport for RdmaTransport {
         h.extend_from_slice(name);
         h.extend_from_slice(&(peers.len() as u32).to_le_bytes());
         for &p in peers {
-            let ep = build_endpoint(&dev, &s).map_err(|e| {
+            let ep = build_endpoint(&*dev, s).map_err(|e| {
                 Error::new(
                     ferroccl_transport::ErrorKind::System,
                     format!(
@@ -280,9 +367,9 @@ impl Transport for RdmaTransport {
                 h.extend_from_slice(&dev.qp_num(q).to_le_bytes());
             }
             h.extend_from_slice(&(ep.hdr_ring.buf.addr() as u64).to_le_bytes());
-            h.extend_from_slice(&crate::verbs::MemoryRegion::rkey(&ep.hdr_ring.mr).to_le_bytes());
+            h.extend_from_slice(&ep.hdr_ring.mr.rkey().to_le_bytes());
             h.extend_from_slice(&(ep.cts_fifo.buf.addr() as u64).to_le_bytes());
-            h.extend_from_slice(&crate::verbs::MemoryRegion::rkey(&ep.cts_fifo.mr).to_le_bytes());
+            h.extend_from_slice(&ep.cts_fifo.mr.rkey().to_le_bytes());
             self.pending.insert(p, ep);
         }
         Ok(h)
@@ -293,16 +380,15 @@ impl Transport for RdmaTransport {
         ctx: &SetupCtx,
         peer: usize,
         handle: &[u8],
+        s: &ConnSettings,
     ) -> std::result::Result<(), Decline> {
-        let dev = self.dev.clone()?;
-        let s = self.settings().ok_or("rdma settings missing")?;
         let ph = decode_handle(handle, ctx.rank)
             .ok_or_else(|| format!("rank {peer} offers a bad rdma handle"))?
             .map_err(|e| format!("rank {peer}: {e}"))?;
         if ph.nqps != s.nqps || ph.eager != s.eager {
             return Err(format!(
                 "rank {peer} uses {} queue pairs per connection and {}-byte inline messages, \
-                 this rank {} and {} (FERRO_IB_QPS_PER_CONN must agree)",
+                 this rank {} and {} (FERRO_IB_QPS_PER_CONN and FERRO_IB_EAGER must agree)",
                 ph.nqps, ph.eager, s.nqps, s.eager
             ));
         }
@@ -310,15 +396,15 @@ impl Transport for RdmaTransport {
             .pending
             .get_mut(&peer)
             .ok_or_else(|| format!("this rank made no queue pairs for rank {peer}"))?;
-        let attrs = s.attrs;
         for (q, qp) in ep.qps.iter_mut().enumerate() {
             let remote = QpEndpoint {
                 port: ph.addr,
                 qpn: ph.qpns[q],
                 psn: ph.psn,
-                mtu: 4096,
+                mtu: ph.mtu,
             };
-            dev.connect_qp(qp, &remote, psn(ctx.rank, peer), &attrs)
+            self.dev
+                .connect_qp(qp, &remote, psn(ctx.rank, peer), &s.attrs)
                 .map_err(|e| {
                     format!(
                         "cannot connect to rank {peer} ({} port {}): {e}",
@@ -326,42 +412,60 @@ impl Transport for RdmaTransport {
                     )
                 })?;
         }
+        let whence = if self.one_host {
+            format!("pid {}", ph.pid)
+        } else if ph.addr.lid != 0 {
+            format!("lid {}", ph.addr.lid)
+        } else {
+            format!("gid {}", gid_text(&ph.addr.gid))
+        };
         let info = PeerInfo {
             rank: peer,
-            addr: format!("{} port {}, pid {}", ph.device, ph.port, ph.pid),
+            addr: format!("{} port {}, {whence}", ph.device, ph.port),
         };
         self.remotes.insert(peer, (info, ph.remote));
         Ok(())
     }
 
-    fn connect(&mut self, ctx: &SetupCtx, peers: &[usize]) -> Result<Vec<Box<dyn Connection>>> {
+    fn connect(
+        &mut self,
+        ctx: &SetupCtx,
+        peers: &[usize],
+        s: &ConnSettings,
+    ) -> Result<Vec<Box<dyn Connection>>> {
         let mut out: Vec<Box<dyn Connection>> = Vec::with_capacity(peers.len());
-        if let (Ok(dev), Some(s)) = (self.dev.clone(), self.settings()) {
-            for &p in peers {
-                let (ep, (info, remote)) = self
-                    .pending
-                    .remove(&p)
-                    .zip(self.remotes.remove(&p))
-                    .ok_or_else(|| {
-                        Error::internal(format!(
-                            "rdma setup on rank {}: rank {p} was not attached",
-                            ctx.rank
-                        ))
-                    })?;
-                out.push(Box::new(RdmaConnection::new(
-                    Arc::clone(&dev),
-                    ctx.rank,
-                    info,
-                    s,
-                    ep,
-                    remote,
-                )));
-            }
+        for &p in peers {
+            let (ep, (info, remote)) = self
+                .pending
+                .remove(&p)
+                .zip(self.remotes.remove(&p))
+                .ok_or_else(|| {
+                    Error::internal(format!(
+                        "rdma setup on rank {}: rank {p} was not attached",
+                        ctx.rank
+                    ))
+                })?;
+            out.push(Box::new(RdmaConnection::new(
+                Arc::clone(&self.dev),
+                ctx.rank,
+                info,
+                *s,
+                ep,
+                remote,
+            )));
         }
         self.pending.clear();
         self.remotes.clear();
         Ok(out)
     }
+}
+
+/// A GID as eight groups of hex digits (IPv6 style).
+fn gid_text(g: &[u8; 16]) -> String {
+    g.chunks(2)
+        .map(|c| format!("{:x}", u16::from_be_bytes([c[0], c[1]])))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The initial packet sequence number of rank `a`'s queue pairs towards `b` (24 bits).
@@ -397,8 +501,8 @@ pub fn soft_pair_on(
         attrs: cfg.qp_attrs(),
         keepalive: Duration::from_millis(cfg.keepalive_ms),
     };
-    let mut ea = build_endpoint(&dev, &s)?;
-    let mut eb = build_endpoint(&dev, &s)?;
+    let mut ea = build_endpoint(&*dev, &s)?;
+    let mut eb = build_endpoint(&*dev, &s)?;
     let addr = dev.port_addr();
     let ends = |e: &Endpoint<SoftDevice>| -> Vec<QpEndpoint> {
         e.qps
@@ -420,9 +524,9 @@ pub fn soft_pair_on(
     }
     let ctrl = |e: &Endpoint<SoftDevice>| RemoteCtrl {
         hdr_addr: e.hdr_ring.buf.addr() as u64,
-        hdr_rkey: crate::verbs::MemoryRegion::rkey(&e.hdr_ring.mr),
+        hdr_rkey: e.hdr_ring.mr.rkey(),
         cts_addr: e.cts_fifo.buf.addr() as u64,
-        cts_rkey: crate::verbs::MemoryRegion::rkey(&e.cts_fifo.mr),
+        cts_rkey: e.cts_fifo.mr.rkey(),
     };
     let (ra, rb) = (ctrl(&ea), ctrl(&eb));
     let pid = std::process::id();

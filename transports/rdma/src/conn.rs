@@ -38,6 +38,12 @@ pub(crate) struct ConnSettings {
     pub eager: usize,
     pub attrs: QpAttrs,
     pub keepalive: Duration,
+    /// Whether registrations this connection makes itself (sources, unposted destinations)
+    /// are cached by address. Only where a registration cannot go stale: a real HCA pins the
+    /// pages a region had when registered, so a buffer freed and reallocated at the same
+    /// address would be read from its old pages; the software provider copies from the
+    /// address as it is now.
+    pub cache_regs: bool,
 }
 
 /// Work requests of each send queue kept free for control writes (headers, clear-to-sends,
@@ -107,12 +113,14 @@ struct Tx {
 }
 
 /// A destination posted before its header came.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Post {
     n: u64,
     dst: MemRef,
     rkey: u32,
     advertised: bool,
+    /// The registration this connection made for it (none when the caller passed one).
+    _keep: Option<Region>,
 }
 
 /// The receive half's state for the message under way.
@@ -435,6 +443,9 @@ impl<V: Verbs> RdmaConnection<V> {
 
     /// The registration covering `mem`, registering it now if none is cached.
     fn region_for(&mut self, mem: MemRef, what: &str) -> Result<Region> {
+        if !self.set.cache_regs {
+            return self.register_now(mem, what);
+        }
         if let Some(r) = self.regs.get(0, &mem) {
             return Ok(r.clone());
         }
@@ -510,17 +521,18 @@ impl<V: Verbs> RdmaConnection<V> {
     /// Advertises posted destinations the FIFO has room for.
     fn advertise(&mut self) -> Result<()> {
         for i in 0..self.posts.len() {
-            let p = self.posts[i];
+            let p = &self.posts[i];
+            let (n, dst, rkey) = (p.n, p.dst, p.rkey);
             if p.advertised {
                 continue;
             }
-            if !cts_allowed(p.n, self.hdr_arrived)
-                || self.cts_busy[p.n as usize % DEPTH]
+            if !cts_allowed(n, self.hdr_arrived)
+                || self.cts_busy[n as usize % DEPTH]
                 || !self.room(0, 0)
             {
                 break;
             }
-            self.post_cts(p.n, p.dst, p.rkey)?;
+            self.post_cts(n, dst, rkey)?;
             self.posts[i].advertised = true;
         }
         Ok(())
@@ -712,7 +724,12 @@ impl<V: Verbs> RdmaConnection<V> {
             posted,
             region: None,
         };
-        if let Some(post) = posted.filter(|post| post.dst.len as u64 != h.len) {
+        if let Some(post) = self
+            .rx
+            .posted
+            .as_ref()
+            .filter(|post| post.dst.len as u64 != h.len)
+        {
             return Err(Error::invalid_argument(format!(
                 "recv from {}: this end posted a {}-byte destination for message #{n}, the \
                  message has {} bytes",
@@ -734,7 +751,7 @@ impl<V: Verbs> RdmaConnection<V> {
             )));
         }
         let dst = MemRef::host(buf.as_ptr(), buf.len());
-        if let Some(post) = self.rx.posted {
+        if let Some(post) = &self.rx.posted {
             if post.dst.addr != dst.addr && !buf.is_empty() {
                 return Err(Error::invalid_argument(format!(
                     "recv from {}: message #{} was posted to {:#x}, the receive offers {:#x}",
@@ -873,6 +890,7 @@ impl<V: Verbs> Connection for RdmaConnection<V> {
         if dst.space != MemSpace::Host {
             Payload::Device(dst).host("rdma")?;
         }
+        let mut keep = None;
         let rkey = match region {
             Some(r) => {
                 let mr = r.resources::<MrKeep<V::Mr>>().ok_or_else(|| {
@@ -896,7 +914,11 @@ impl<V: Verbs> Connection for RdmaConnection<V> {
                 }
                 mr.0.rkey()
             }
-            None => self.region_for(dst, "post_recv from")?.key() as u32,
+            None => {
+                let r = self.region_for(dst, "post_recv from")?;
+                keep = Some(r.clone());
+                r.key() as u32
+            }
         };
         let n = self.hdr_taken + self.posts.len() as u64;
         self.posts.push_back(Post {
@@ -904,6 +926,7 @@ impl<V: Verbs> Connection for RdmaConnection<V> {
             dst,
             rkey,
             advertised: false,
+            _keep: keep,
         });
         self.progress()?;
         self.advertise()

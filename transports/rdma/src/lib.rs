@@ -6,7 +6,7 @@
 //! | [`RdmaConnection`] | one peer pair: headers, clear-to-send FIFO, striped RDMA writes with immediates |
 //! | [`Verbs`] | the few verbs calls the protocol makes; two providers |
 //! | [`SoftDevice`] | the software provider: **test tooling**, in-process and across processes of one host |
-//! | [`real`] | the libibverbs provider, loaded at run time (probe only in this version) |
+//! | [`real`] | the libibverbs provider, loaded at run time (not yet run on hardware) |
 //! | [`RdmaConfig`] | `FERRO_IB_*` settings; [`HcaFilter`] parses `FERRO_IB_HCA` |
 //!
 //! The protocol is in [`RdmaConnection`]'s module docs and `docs/RDMA.md`. The software

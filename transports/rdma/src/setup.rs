@@ -99,6 +99,7 @@ impl RdmaTransport {
             eager: c.eager,
             attrs: c.qp_attrs(),
             keepalive: Duration::from_millis(c.keepalive_ms),
+            cache_regs: matches!(self.state, State::Soft(_)),
         })
     }
 }
@@ -494,12 +495,25 @@ pub fn soft_pair_on(
     b: usize,
     cfg: &RdmaConfig,
 ) -> std::result::Result<(RdmaConnection<SoftDevice>, RdmaConnection<SoftDevice>), VerbsError> {
+    soft_pair_with(dev, a, b, cfg, true)
+}
+
+/// [`soft_pair_on`], choosing whether the connections cache their own registrations (the real
+/// provider does not; tests run that path over the software one).
+pub(crate) fn soft_pair_with(
+    dev: Arc<SoftDevice>,
+    a: usize,
+    b: usize,
+    cfg: &RdmaConfig,
+    cache_regs: bool,
+) -> std::result::Result<(RdmaConnection<SoftDevice>, RdmaConnection<SoftDevice>), VerbsError> {
     let s = ConnSettings {
         nqps: cfg.qps_per_conn,
         chunk: cfg.chunk,
         eager: cfg.eager,
         attrs: cfg.qp_attrs(),
         keepalive: Duration::from_millis(cfg.keepalive_ms),
+        cache_regs,
     };
     let mut ea = build_endpoint(&*dev, &s)?;
     let mut eb = build_endpoint(&*dev, &s)?;

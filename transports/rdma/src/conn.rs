@@ -131,6 +131,8 @@ struct Rx {
     posted: Option<Post>,
     /// Registration of an unposted destination, until the message is in.
     region: Option<Region>,
+    /// The clear-to-send of an unposted destination, until the queue has room for it.
+    cts_due: Option<(MemRef, u32)>,
 }
 
 /// One end of an RDMA connection (see the module docs).
@@ -518,12 +520,31 @@ impl<V: Verbs> RdmaConnection<V> {
         self.post(0, wr)
     }
 
+    /// Writes the clear-to-send of the unposted message under way, once its staging slot and
+    /// the send queue have room.
+    fn send_due_cts(&mut self) -> Result<()> {
+        let Some((dst, rkey)) = self.rx.cts_due else {
+            return Ok(());
+        };
+        let n = self.rx.n;
+        if self.cts_busy[n as usize % DEPTH] || !self.room(0, 0) {
+            return Ok(());
+        }
+        self.rx.cts_due = None;
+        self.post_cts(n, dst, rkey)
+    }
+
     /// Advertises posted destinations the FIFO has room for.
     fn advertise(&mut self) -> Result<()> {
         for i in 0..self.posts.len() {
             let p = &self.posts[i];
             let (n, dst, rkey) = (p.n, p.dst, p.rkey);
             if p.advertised {
+                continue;
+            }
+            if n < self.hdr_arrived && self.slot_head(n).1 & FLAG_INLINE != 0 {
+                // The message came inline before its destination was advertised.
+                self.posts[i].advertised = true;
                 continue;
             }
             if !cts_allowed(n, self.hdr_arrived)
@@ -723,6 +744,7 @@ impl<V: Verbs> RdmaConnection<V> {
             inline: flags & FLAG_INLINE != 0,
             posted,
             region: None,
+            cts_due: None,
         };
         if let Some(post) = self
             .rx
@@ -773,7 +795,8 @@ impl<V: Verbs> RdmaConnection<V> {
                 let region = self.region_for(dst, "recv from")?;
                 let rkey = region.key() as u32;
                 self.rx.region = Some(region);
-                self.post_cts(self.rx.n, dst, rkey)?;
+                self.rx.cts_due = Some((dst, rkey));
+                self.send_due_cts()?;
             }
             p.nparts = stripes(buf.len(), self.ep.qps.len(), &mut p.parts);
         }
@@ -874,6 +897,8 @@ impl<V: Verbs> Connection for RdmaConnection<V> {
         }
         if !p.started {
             self.start_payload(header, buf, p)?;
+        } else {
+            self.send_due_cts()?;
         }
         self.count_landed(p)?;
         if p.done() {

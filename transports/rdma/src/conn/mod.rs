@@ -19,14 +19,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Doorbell, Error, Header, MemRef, MemSpace, Part, Payload, PayloadMut, PeerInfo,
-    PollFd, Progress, RegCache, Region, Result, HEADER_LEN,
+    Connection, Doorbell, Error, Header, MemRef, MemSpace, Payload, PayloadMut, PeerInfo, PollFd,
+    Progress, RegCache, Region, Result,
 };
 
 use crate::ctrl::CtrlBuf;
+
+mod rx;
+mod tx;
 use crate::proto::{
-    cts_allowed, decode_slot_head, encode_slot_head, header_allowed, short, stripes, widen, wr_id,
-    wr_parts, Cts, Imm, WrKind, CTS_LEN, DEPTH, FLAG_CLOSE, FLAG_INLINE, SLOT_HEAD,
+    header_allowed, widen, wr_id, wr_parts, Cts, Imm, WrKind, DEPTH, FLAG_CLOSE, SLOT_HEAD,
 };
 use crate::verbs::{MemoryRegion, QpAttrs, Verbs, VerbsError, Wc, WcOpcode, WcStatus, WriteWr};
 
@@ -410,39 +412,6 @@ impl<V: Verbs> RdmaConnection<V> {
         .with_peer(self.peer.rank)
     }
 
-    /// The head of header slot `n`.
-    fn slot_head(&self, n: u64) -> (Option<Header>, u64, u64) {
-        let mut b = [0u8; SLOT_HEAD];
-        self.ep
-            .hdr_ring
-            .buf
-            .read((n as usize % DEPTH) * self.slot_len(), &mut b);
-        decode_slot_head(&b)
-    }
-
-    /// Writes header slot `n` (with `inline` bytes after it) into the peer's ring.
-    fn post_header(&mut self, h: &Header, flags: u64, inline: &[u8], n: u64) -> Result<()> {
-        let slot = n as usize % DEPTH;
-        let off = slot * self.slot_len();
-        self.ep
-            .hdr_tx
-            .buf
-            .write(off, &encode_slot_head(h, flags, n));
-        self.ep.hdr_tx.buf.write(off + SLOT_HEAD, inline);
-        self.hdr_busy[slot] = true;
-        let wr = WriteWr {
-            wr_id: wr_id(WrKind::Header, 0, n),
-            local_addr: self.ep.hdr_tx.buf.addr() + off,
-            len: SLOT_HEAD + inline.len(),
-            lkey: self.ep.hdr_tx.mr.lkey(),
-            remote_addr: self.remote.hdr_addr + off as u64,
-            rkey: self.remote.hdr_rkey,
-            imm: Some(Imm::Header(short(n)).encode()),
-            signaled: true,
-        };
-        self.post(0, wr)
-    }
-
     /// The registration covering `mem`, registering it now if none is cached.
     fn region_for(&mut self, mem: MemRef, what: &str) -> Result<Region> {
         if !self.set.cache_regs {
@@ -477,88 +446,6 @@ impl<V: Verbs> RdmaConnection<V> {
         Ok(Region::new(mem, key, MrKeep(Arc::new(mr))))
     }
 
-    /// Sends a credit when enough header slots were freed since the last one.
-    fn maybe_credit(&mut self) -> Result<()> {
-        if self.freed - self.credit_sent < (DEPTH / 4) as u64 || !self.room(0, 0) {
-            return Ok(());
-        }
-        self.credit_sent = self.freed;
-        let wr = WriteWr {
-            wr_id: wr_id(WrKind::Credit, 0, self.freed),
-            local_addr: self.ep.hdr_tx.buf.addr(),
-            len: 0,
-            lkey: self.ep.hdr_tx.mr.lkey(),
-            remote_addr: self.remote.hdr_addr,
-            rkey: self.remote.hdr_rkey,
-            imm: Some(Imm::Credit(short(self.freed)).encode()),
-            signaled: true,
-        };
-        self.post(0, wr)
-    }
-
-    /// Writes the clear-to-send of message `n`.
-    fn post_cts(&mut self, n: u64, dst: MemRef, rkey: u32) -> Result<()> {
-        let slot = n as usize % DEPTH;
-        let c = Cts {
-            addr: dst.addr as u64,
-            rkey,
-            len: dst.len as u64,
-            stamp: n + 1,
-        };
-        self.ep.cts_tx.buf.write(slot * CTS_LEN, &c.encode());
-        self.cts_busy[slot] = true;
-        let wr = WriteWr {
-            wr_id: wr_id(WrKind::Cts, 0, n),
-            local_addr: self.ep.cts_tx.buf.addr() + slot * CTS_LEN,
-            len: CTS_LEN,
-            lkey: self.ep.cts_tx.mr.lkey(),
-            remote_addr: self.remote.cts_addr + (slot * CTS_LEN) as u64,
-            rkey: self.remote.cts_rkey,
-            imm: Some(Imm::Cts(short(n)).encode()),
-            signaled: true,
-        };
-        self.post(0, wr)
-    }
-
-    /// Writes the clear-to-send of the unposted message under way, once its staging slot and
-    /// the send queue have room.
-    fn send_due_cts(&mut self) -> Result<()> {
-        let Some((dst, rkey)) = self.rx.cts_due else {
-            return Ok(());
-        };
-        let n = self.rx.n;
-        if self.cts_busy[n as usize % DEPTH] || !self.room(0, 0) {
-            return Ok(());
-        }
-        self.rx.cts_due = None;
-        self.post_cts(n, dst, rkey)
-    }
-
-    /// Advertises posted destinations the FIFO has room for.
-    fn advertise(&mut self) -> Result<()> {
-        for i in 0..self.posts.len() {
-            let p = &self.posts[i];
-            let (n, dst, rkey) = (p.n, p.dst, p.rkey);
-            if p.advertised {
-                continue;
-            }
-            if n < self.hdr_arrived && self.slot_head(n).1 & FLAG_INLINE != 0 {
-                // The message came inline before its destination was advertised.
-                self.posts[i].advertised = true;
-                continue;
-            }
-            if !cts_allowed(n, self.hdr_arrived)
-                || self.cts_busy[n as usize % DEPTH]
-                || !self.room(0, 0)
-            {
-                break;
-            }
-            self.post_cts(n, dst, rkey)?;
-            self.posts[i].advertised = true;
-        }
-        Ok(())
-    }
-
     /// While waiting with nothing arriving, probes the peer now and then: a zero-byte write
     /// that fails (retry count exceeded) when the peer or the link is gone.
     fn keepalive(&mut self, moved: bool) -> Result<()> {
@@ -585,224 +472,6 @@ impl<V: Verbs> RdmaConnection<V> {
 
     fn peer_closed_error(&self) -> Error {
         Error::remote(format!("{} closed the connection", self.peer)).with_peer(self.peer.rank)
-    }
-
-    /// The send half: begins message `self.tx_next` (header slot, inline where it fits).
-    fn begin_send(&mut self, h: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
-        let n = self.tx_next;
-        if !header_allowed(n, self.credit) || self.hdr_busy[n as usize % DEPTH] || !self.room(0, 0)
-        {
-            return Ok(false);
-        }
-        let cts_here = self.cts_seen[n as usize % DEPTH] == Some(n);
-        let inline = payload.len() <= self.set.eager && !cts_here;
-        if inline {
-            self.post_header(h, FLAG_INLINE, payload, n)?;
-        } else {
-            self.post_header(h, 0, &[], n)?;
-        }
-        self.tx = Tx {
-            n,
-            inline,
-            ..Tx::default()
-        };
-        self.tx_next += 1;
-        p.header_pos = HEADER_LEN;
-        if inline {
-            p.started = true;
-            p.nparts = 1;
-            p.parts[0] = Part {
-                start: 0,
-                pos: payload.len(),
-                end: payload.len(),
-            };
-        }
-        Ok(true)
-    }
-
-    /// The send half: writes what the queues have room for.
-    fn push_payload(&mut self, payload: &[u8], p: &mut Progress) -> Result<()> {
-        if !p.started {
-            let n = self.tx.n;
-            if self.cts_seen[n as usize % DEPTH] != Some(n) {
-                return Ok(());
-            }
-            let mut b = [0u8; CTS_LEN];
-            self.ep
-                .cts_fifo
-                .buf
-                .read((n as usize % DEPTH) * CTS_LEN, &mut b);
-            let c = Cts::decode(&b);
-            if c.stamp != n + 1 {
-                let e = Error::internal(format!(
-                    "send to {}: clear-to-send slot of message #{n} holds #{} (the FIFO is out \
-                     of step)",
-                    self.peer,
-                    c.stamp.wrapping_sub(1)
-                ));
-                return Err(self.fail(e));
-            }
-            if c.len != payload.len() as u64 {
-                return Err(Error::invalid_argument(format!(
-                    "send to {}: the receiver posted a {}-byte destination for message #{n}, \
-                     this message has {} bytes",
-                    self.peer,
-                    c.len,
-                    payload.len()
-                ))
-                .with_peer(self.peer.rank));
-            }
-            let mem = MemRef::host(payload.as_ptr(), payload.len());
-            self.tx.region = Some(self.region_for(mem, "send to")?);
-            self.tx.cts = Some(c);
-            p.nparts = stripes(payload.len(), self.ep.qps.len(), &mut p.parts);
-            p.started = true;
-        }
-        let (Some(c), Some(region)) = (self.tx.cts, self.tx.region.clone()) else {
-            return Ok(());
-        };
-        let lkey = region
-            .resources::<MrKeep<V::Mr>>()
-            .map_or(0, |m| m.0.lkey());
-        let base = payload.as_ptr() as usize;
-        for q in 0..p.nparts {
-            let reserve = if q == 0 { CONTROL_RESERVE } else { 0 };
-            while p.parts[q].pos < p.parts[q].end
-                && self.room(q, reserve)
-                && self.tx.inflight[q] < DATA_WINDOW
-            {
-                let part = p.parts[q];
-                let len = (part.end - part.pos).min(self.set.chunk);
-                let wr = WriteWr {
-                    wr_id: wr_id(WrKind::Data, q, self.tx.n),
-                    local_addr: base + part.pos,
-                    len,
-                    lkey,
-                    remote_addr: c.addr + part.pos as u64,
-                    rkey: c.rkey,
-                    imm: Some(Imm::Data(short(self.tx.n)).encode()),
-                    signaled: true,
-                };
-                self.post(q, wr)?;
-                self.tx.outstanding += 1;
-                self.tx.inflight[q] += 1;
-                p.parts[q].pos += len;
-            }
-        }
-        Ok(())
-    }
-
-    /// The receive half: counts landed pieces of the message under way into `p`.
-    fn count_landed(&mut self, p: &mut Progress) -> Result<()> {
-        let want = short(self.rx.n);
-        for q in 0..p.nparts.min(self.landed.len()) {
-            while let Some(&(k, bytes)) = self.landed[q].front() {
-                if k != want {
-                    break;
-                }
-                self.landed[q].pop_front();
-                let part = &mut p.parts[q];
-                part.pos += bytes as usize;
-                if part.pos > part.end {
-                    let e = Error::internal(format!(
-                        "recv from {}: message #{} overran stripe {q} ({} of {} bytes)",
-                        self.peer,
-                        self.rx.n,
-                        part.pos - part.start,
-                        part.end - part.start
-                    ));
-                    return Err(self.fail(e));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The receive half: reads the next header slot.
-    fn take_header(&mut self, header: &mut Header, p: &mut Progress) -> Result<()> {
-        let n = self.hdr_taken;
-        if self.peer_closed == Some(n) {
-            return Err(self.peer_closed_error());
-        }
-        let (h, flags, stamp) = self.slot_head(n);
-        let Some(h) = h.filter(|_| stamp == n) else {
-            let e = Error::internal(format!(
-                "garbled header slot from {} for message #{n} (the ring is out of step)",
-                self.peer
-            ));
-            return Err(self.fail(e));
-        };
-        self.hdr_taken += 1;
-        let posted = match self.posts.front() {
-            Some(post) if post.n == n => self.posts.pop_front(),
-            _ => None,
-        };
-        *header = h;
-        p.header_pos = HEADER_LEN;
-        self.rx = Rx {
-            n,
-            inline: flags & FLAG_INLINE != 0,
-            posted,
-            region: None,
-            cts_due: None,
-        };
-        if let Some(post) = self
-            .rx
-            .posted
-            .as_ref()
-            .filter(|post| post.dst.len as u64 != h.len)
-        {
-            return Err(Error::invalid_argument(format!(
-                "recv from {}: this end posted a {}-byte destination for message #{n}, the \
-                 message has {} bytes",
-                self.peer, post.dst.len, h.len
-            ))
-            .with_peer(self.peer.rank));
-        }
-        Ok(())
-    }
-
-    /// The receive half: starts the payload of a message whose header was read.
-    fn start_payload(&mut self, h: &Header, buf: &mut [u8], p: &mut Progress) -> Result<()> {
-        if h.len != buf.len() as u64 {
-            return Err(Error::internal(format!(
-                "recv from {}: header says {} bytes, buffer has {}",
-                self.peer,
-                h.len,
-                buf.len()
-            )));
-        }
-        let dst = MemRef::host(buf.as_ptr(), buf.len());
-        if let Some(post) = &self.rx.posted {
-            if post.dst.addr != dst.addr && !buf.is_empty() {
-                return Err(Error::invalid_argument(format!(
-                    "recv from {}: message #{} was posted to {:#x}, the receive offers {:#x}",
-                    self.peer, self.rx.n, post.dst.addr, dst.addr
-                )));
-            }
-        }
-        if self.rx.inline {
-            let off = (self.rx.n as usize % DEPTH) * self.slot_len() + SLOT_HEAD;
-            self.ep.hdr_ring.buf.read(off, buf);
-            p.nparts = 1;
-            p.parts[0] = Part {
-                start: 0,
-                pos: buf.len(),
-                end: buf.len(),
-            };
-        } else {
-            if self.rx.posted.is_none() {
-                let region = self.region_for(dst, "recv from")?;
-                let rkey = region.key() as u32;
-                self.rx.region = Some(region);
-                self.rx.cts_due = Some((dst, rkey));
-                self.send_due_cts()?;
-            }
-            p.nparts = stripes(buf.len(), self.ep.qps.len(), &mut p.parts);
-        }
-        p.started = true;
-        self.freed += 1;
-        self.maybe_credit()
     }
 
     /// Closes this end: tells the peer in a last header slot (when the ring has room), then

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use ferroccl_transport::Transport;
 use ferroccl_transport_mem::MemTransport;
+use ferroccl_transport_rdma::RdmaTransport;
 use ferroccl_transport_shm::{ShmConfig, ShmTransport};
 use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
 
@@ -53,6 +54,11 @@ const REGISTRY: &[Entry] = &[
     }),
     ("tcp", true, |s| Box::new(TcpTransport::new(s.tcp(), s.ip))),
     ("mem", false, |_| Box::new(MemTransport::new())),
+    // Not tried by default: no provider in this version drives real hardware, and the
+    // software provider (FERRO_IB_PROVIDER=soft) is test tooling, only used when named.
+    ("rdma", false, |s| {
+        Box::new(RdmaTransport::from_env(s.verbose()))
+    }),
 ];
 
 /// Other names `FERRO_TRANSPORTS` accepts.

@@ -6,17 +6,18 @@
 //! | the rendezvous id rank 0 creates and publishes through PyTorch's store | [`create_unique_id`], [`StoreServer`] |
 //! | ferroccl's errors in Python | `ferroccl.Error` (a `RuntimeError`) |
 //!
-//! Operations run in issue order, each either queued on the communicator's own worker thread
-//! (the call returns at once; the worker calls the given `done(error_or_None)` with the GIL
-//! held when the operation ends) or, through the `*_now` methods the Python layer uses for
-//! small messages, on the calling thread with the GIL released, but only when nothing is queued
-//! or running (otherwise they do nothing and say so). Running on the calling thread spares the two thread hand-offs (each a context switch when
-//! every core is busy) that dominate a small operation. Tensors reach Rust as address, byte length, element count and dtype
-//! name; the Python layer checks them (contiguous, CPU, sizes) and keeps them alive until
-//! `done` runs. This crate does not link libtorch.
+//! Operations run in issue order, each either queued on the communicator's own worker thread (the
+//! call returns at once; the worker calls the given `done(error_or_None)` with the GIL held when
+//! the operation ends) or, through the `*_now` methods the Python layer uses for small messages, on
+//! the calling thread with the GIL released, but only when nothing is queued or running (otherwise
+//! they do nothing and say so). Running on the calling thread spares the two thread hand-offs (each
+//! a context switch when every core is busy) that dominate a small operation. Tensors reach Rust as
+//! address, byte length, element count and dtype name; the Python layer checks them (contiguous,
+//! CPU, sizes) and keeps them alive until `done` runs (or the `*_now` call returns). This crate
+//! does not link libtorch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -125,8 +126,12 @@ type Job = Box<dyn FnOnce(&Communicator) -> ferroccl::Result<()> + Send>;
 pub struct Comm {
     comm: Arc<Communicator>,
     tx: Option<Sender<(Job, Py<PyAny>)>>,
-    /// Jobs queued or running on the worker; it counts down after each `done` returns.
+    /// Jobs queued or running on the worker (it counts down after each `done` returns) plus
+    /// the one running on a calling thread, if any.
     pending: Arc<AtomicUsize>,
+    /// Held while an operation runs, by the worker or a calling thread: an operation queued by
+    /// another Python thread while one runs on a calling thread waits for it.
+    running: Arc<Mutex<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     rank: usize,
     nranks: usize,
@@ -164,11 +169,16 @@ impl Comm {
         let c = Arc::clone(&comm);
         let pending = Arc::new(AtomicUsize::new(0));
         let left = Arc::clone(&pending);
+        let running = Arc::new(Mutex::new(()));
+        let busy = Arc::clone(&running);
         let thread = std::thread::Builder::new()
             .name(format!("ferroccl-py-{rank}"))
             .spawn(move || {
                 for (job, done) in rx {
-                    let r = run_job(job, &c, rank);
+                    let r = {
+                        let _turn = busy.lock().unwrap_or_else(|e| e.into_inner());
+                        run_job(job, &c, rank)
+                    };
                     Python::with_gil(|py| call_done(py, &done, r));
                     left.fetch_sub(1, Ordering::Release);
                 }
@@ -178,6 +188,7 @@ impl Comm {
             comm,
             tx: Some(tx),
             pending,
+            running,
             thread: Some(thread),
             rank,
             nranks,
@@ -333,14 +344,19 @@ impl Comm {
     /// Runs `job` on this thread with the GIL released. Callers check `idle()` first: only
     /// threads holding the GIL submit, and the worker counts down only after its last `done`
     /// returned, so idle means every earlier operation has completed and issue order holds.
+    /// While it runs it counts as pending and holds `running` (taken before the GIL is
+    /// released), so operations other Python threads issue meanwhile queue behind it.
     fn run_now(&self, py: Python<'_>, job: Job) -> PyResult<bool> {
         if self.tx.is_none() {
             return Err(Error::new_err("ferroccl: the communicator was closed"));
         }
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let turn = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let (comm, rank) = (&self.comm, self.rank);
-        py.allow_threads(|| run_job(job, comm, rank))
-            .map(|()| true)
-            .map_err(to_py)
+        let r = py.allow_threads(|| run_job(job, comm, rank));
+        drop(turn);
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        r.map(|()| true).map_err(to_py)
     }
 }
 

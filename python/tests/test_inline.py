@@ -87,6 +87,22 @@ def interleave(rank, world):
     assert any(small) and not all(small), small
 
 
+def broadcast_interleave(rank, world):
+    # A root's large broadcast queued, then a small one: the small one must not overtake it on
+    # any rank (it waits behind the large one, never runs on the calling thread meanwhile).
+    for i in range(30):
+        root = i % world
+        big = torch.full((BIG,), float(rank + i), dtype=torch.float64)
+        small = torch.full((20,), rank + i, dtype=torch.int64)
+        w1 = dist.broadcast(big, root, async_op=True)
+        w2 = dist.broadcast(small, root, async_op=True)
+        assert not (w2.is_completed() and not w1.is_completed()), f"step {i}: out of order"
+        w1.wait()
+        w2.wait()
+        assert torch.equal(big, torch.full((BIG,), float(root + i), dtype=torch.float64)), i
+        assert torch.equal(small, torch.full((20,), root + i, dtype=torch.int64)), i
+
+
 def inline_error(rank, world):
     # Sizes that differ across ranks fail the small operation while it runs on this thread:
     # the call returns a completed work holding the error, as a queued operation would.
@@ -112,6 +128,7 @@ def main():
     for world in (2, 3):
         res.run(f"inline work, future, then [{world}]", harness.spawn, inline_future, world)
         res.run(f"small and large interleaved, issue order [{world}]", harness.spawn, interleave, world)
+        res.run(f"large then small broadcast, issue order [{world}]", harness.spawn, broadcast_interleave, world)
     res.run("inline error in the work and its future [3]", harness.spawn, inline_error, 3, timeout_s=10)
     res.finish("test_inline")
 

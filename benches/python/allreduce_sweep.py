@@ -11,6 +11,10 @@ nccl-tests). After timing, one call per backend is checked element by element.
 
 Rank 0 prints rows: size, count, then time (us) and busbw (GB/s) per backend, the time ratio
 and #wrong. Needs torch and the ferroccl package (`pip install ./python`).
+
+Ranks on several hosts (network namespaces, see docs/PYTORCH.md): start one process per rank
+with `--rank R --init tcp://HOST:PORT` (and GLOO_SOCKET_IFNAME / FERRO_SOCKET_IFNAME naming
+the interface between the hosts).
 """
 
 import argparse
@@ -72,7 +76,9 @@ def rank_main(rank, a, init):
         rows.append((size, count, res))
     if rank == 0:
         bus = 2 * (n - 1) / n
-        print(f"# all_reduce float32 sum in place, {n} ranks, iters {a.iters}, warmup {a.warmup}")
+        links = dist.group.WORLD.comm.transport(1) if n > 1 else None
+        print(f"# all_reduce float32 sum in place, {n} ranks, iters {a.iters}, warmup {a.warmup}, "
+              f"ferroccl rank 0 -> 1: {links}")
         print(f"# {'size':>10} {'count':>10} {'ferro_us':>10} {'ferro_busbw':>11} "
               f"{'gloo_us':>10} {'gloo_busbw':>10} {'gloo/ferro':>10} {'#wrong':>6}")
         for size, count, res in rows:
@@ -93,7 +99,14 @@ def main():
     p.add_argument("-f", "--factor", type=int, default=4)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rank", type=int, default=None, help="run only this rank (with --init)")
+    p.add_argument("--init", default=None, help="init method for --rank, e.g. tcp://host:port")
     a = p.parse_args()
+    if a.rank is not None:
+        if not a.init:
+            p.error("--rank needs --init")
+        rank_main(a.rank, a, a.init)
+        return
     fd, path = tempfile.mkstemp(prefix="ferroccl-bench-")
     os.close(fd)
     os.unlink(path)

@@ -8,15 +8,21 @@ group), so every init method of PyTorch works with no extra variable or port. Ev
 
 import datetime
 import math
+import os
 
 import torch
 import torch.distributed as dist
 
 from . import _ferroccl
 from ._ferroccl import Error
-from .work import Work
+from .work import DoneWork, Work
 
 BACKEND_NAME = "ferroccl"
+
+# Collectives whose buffers are at most this many bytes run on the calling thread (GIL
+# released) when nothing is queued or running; larger ones go to the worker thread, so that
+# asynchronous calls (DDP's gradient buckets) overlap with computation.
+INLINE_MAX_BYTES = int(os.environ.get("FERRO_PY_INLINE_BYTES", 256 << 10))
 
 _DTYPES = {
     torch.int8: "int8",
@@ -103,6 +109,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         else:
             uid = store.get(key)
         self._comm = _ferroccl.Comm(bytes(uid), rank, size, secs)
+        self._inline_max = INLINE_MAX_BYTES
         # Sends and receives wait here until someone waits on one of them or another operation
         # is issued; then they run as one group, so pairs of blocking transfers never deadlock.
         self._p2p = []
@@ -141,8 +148,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     # ----- plumbing -----
 
     def _coll(self, work, kind, send, recv, count, dtype, op="sum", root=0):
-        """Queues one native collective as a step of ``work``."""
-        self._comm.collective(
+        """Runs (small, nothing queued) or queues one native collective as a step of ``work``."""
+        args = (
             kind,
             None if send is None else send.data_ptr(),
             0 if send is None else _nbytes(send),
@@ -153,8 +160,17 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             op,
             root,
             1.0,
-            work._done,
         )
+        if max(args[2], args[4]) <= self._inline_max:
+            try:
+                ran = self._comm.collective_now(*args)
+            except Error as e:
+                work._done(e)
+                return
+            if ran:
+                work._done(None)
+                return
+        self._comm.collective(*args, work._done)
 
     def _run(self, work, steps):
         """Starts ``work`` as the list of native ``steps`` (callables taking the work)."""
@@ -201,6 +217,23 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         return self._run(Work(tensors, keep=tensors), [step(t) for t in tensors])
 
     def allreduce(self, tensors, opts=None):
+        if len(tensors) == 1:
+            # The common call (DDP's buckets, dist.all_reduce): checked and, when small and
+            # nothing is queued, run here and returned as a completed work.
+            t = tensors[0]
+            _check(t, "all_reduce", self._rank)
+            nbytes = t.nbytes
+            if nbytes <= self._inline_max and not self._p2p:
+                op = _reduce_op(opts, t.dtype, "all_reduce", self._rank)
+                try:
+                    ran = self._comm.collective_now(
+                        "all_reduce", None, 0, t.data_ptr(), nbytes, t.numel(), _DTYPES[t.dtype],
+                        op, 0, 1.0,
+                    )
+                except Error as e:
+                    return DoneWork(tensors, e)
+                if ran:
+                    return DoneWork(tensors)
         steps = []
         for t in tensors:
             _check(t, "all_reduce", self._rank)
@@ -522,6 +555,11 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         self._flush()
+        try:
+            if self._comm.barrier_now():
+                return DoneWork([])
+        except Error as e:
+            return DoneWork([], e)
         work = Work([])
         work._expect(1)
         self._comm.barrier(work._done)

@@ -28,8 +28,10 @@ class Work(dist.Work):
         self._flush = flush
         self._steps = 0
         self._error = None
+        self._completed = False
         self._event = threading.Event()
-        self._future = torch.futures.Future()
+        # Made on the first get_future(): most works are only waited on.
+        self._future = None
         self._lock = threading.Lock()
 
     def _expect(self, steps):
@@ -56,11 +58,12 @@ class Work(dist.Work):
                 self._error = Error(f"ferroccl: copying out the result failed: {e}")
         self._keep = ()
         self._post = None
+        with self._lock:
+            self._completed = True
+            fut = self._future
         self._event.set()
-        if self._error is None:
-            self._future.set_result(self._outputs)
-        else:
-            self._future.set_exception(self._error)
+        if fut is not None:
+            _complete(fut, self._outputs, self._error)
 
     def _fail(self, err):
         self._error = err
@@ -99,7 +102,58 @@ class Work(dist.Work):
 
     def get_future(self):
         self._start()
-        return self._future
+        with self._lock:
+            fut, now = self._future, False
+            if fut is None:
+                fut = self._future = torch.futures.Future()
+                now = self._completed
+        if now:
+            _complete(fut, self._outputs, self._error)
+        return fut
+
+    def synchronize(self):
+        pass
+
+
+def _complete(fut, outputs, error):
+    if error is None:
+        fut.set_result(outputs)
+    else:
+        fut.set_exception(error)
+
+
+class DoneWork(dist.Work):
+    """An operation that completed before its call returned (small messages run on the calling
+    thread when nothing else is queued): the same interface as :class:`Work`, with no event,
+    lock or callback; ``error`` is the operation's :class:`ferroccl.Error`, or ``None``.
+    """
+
+    def __init__(self, outputs, error=None):
+        super().__init__()
+        self._outputs = outputs
+        self._error = error
+
+    def wait(self, timeout=datetime.timedelta(0)):
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return self._error is None
+
+    def exception(self):
+        return self._error
+
+    def result(self):
+        return self._outputs
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        _complete(fut, self._outputs, self._error)
+        return fut
 
     def synchronize(self):
         pass

@@ -6,13 +6,18 @@
 //! | the rendezvous id rank 0 creates and publishes through PyTorch's store | [`create_unique_id`], [`StoreServer`] |
 //! | ferroccl's errors in Python | `ferroccl.Error` (a `RuntimeError`) |
 //!
-//! Every operation runs on the communicator's own worker thread, in issue order; the call
-//! returns at once and the worker calls the given `done(error_or_None)` with the GIL held when
-//! the operation ends. Tensors reach Rust as address, byte length, element count and dtype
-//! name; the Python layer checks them (contiguous, CPU, sizes) and keeps them alive until
-//! `done` runs. This crate does not link libtorch.
+//! Operations run in issue order, each either queued on the communicator's own worker thread (the
+//! call returns at once; the worker calls the given `done(error_or_None)` with the GIL held when
+//! the operation ends) or, through the `*_now` methods the Python layer uses for small messages, on
+//! the calling thread with the GIL released, but only when nothing is queued or running (otherwise
+//! they do nothing and say so). Running on the calling thread spares the two thread hand-offs (each
+//! a context switch when every core is busy) that dominate a small operation. Tensors reach Rust as
+//! address, byte length, element count and dtype name; the Python layer checks them (contiguous,
+//! CPU, sizes) and keeps them alive until `done` runs (or the `*_now` call returns). This crate
+//! does not link libtorch.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -121,6 +126,12 @@ type Job = Box<dyn FnOnce(&Communicator) -> ferroccl::Result<()> + Send>;
 pub struct Comm {
     comm: Arc<Communicator>,
     tx: Option<Sender<(Job, Py<PyAny>)>>,
+    /// Jobs queued or running on the worker (it counts down after each `done` returns) plus
+    /// the one running on a calling thread, if any.
+    pending: Arc<AtomicUsize>,
+    /// Held while an operation runs, by the worker or a calling thread: an operation queued by
+    /// another Python thread while one runs on a calling thread waits for it.
+    running: Arc<Mutex<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     rank: usize,
     nranks: usize,
@@ -156,33 +167,28 @@ impl Comm {
         let comm = Arc::new(comm);
         let (tx, rx) = crossbeam_channel::unbounded::<(Job, Py<PyAny>)>();
         let c = Arc::clone(&comm);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let left = Arc::clone(&pending);
+        let running = Arc::new(Mutex::new(()));
+        let busy = Arc::clone(&running);
         let thread = std::thread::Builder::new()
             .name(format!("ferroccl-py-{rank}"))
             .spawn(move || {
                 for (job, done) in rx {
-                    // A panic becomes the operation's error: the waiting Python thread is told.
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&c)))
-                        .unwrap_or_else(|_| {
-                            Err(ferroccl::Error::new(
-                                ferroccl::ErrorKind::Internal,
-                                format!("rank {rank}: the operation panicked"),
-                            ))
-                        });
-                    Python::with_gil(|py| {
-                        let arg = match r {
-                            Ok(()) => py.None(),
-                            Err(e) => to_py(e).into_value(py).into_any(),
-                        };
-                        if let Err(e) = done.call1(py, (arg,)) {
-                            e.print(py);
-                        }
-                    });
+                    let r = {
+                        let _turn = busy.lock().unwrap_or_else(|e| e.into_inner());
+                        run_job(job, &c, rank)
+                    };
+                    Python::with_gil(|py| call_done(py, &done, r));
+                    left.fetch_sub(1, Ordering::Release);
                 }
             })
             .map_err(|e| PyRuntimeError::new_err(format!("ferroccl: worker thread: {e}")))?;
         Ok(Comm {
             comm,
             tx: Some(tx),
+            pending,
+            running,
             thread: Some(thread),
             rank,
             nranks,
@@ -223,20 +229,39 @@ impl Comm {
         scalar: f64,
         done: Py<PyAny>,
     ) -> PyResult<()> {
-        let kind = kind_of(kind, root)?;
-        let dtype = dtype_of(dtype)?;
-        let op = op_of(op, scalar)?;
-        let send = send_ptr.map(|p| mem::Span::new(p, send_len));
-        let recv = mem::SpanMut::new(recv_ptr, recv_len);
-        self.submit(
-            Box::new(move |c| {
-                // SAFETY: the Python layer passes the addresses and lengths of contiguous CPU
-                // tensors it keeps alive and untouched until `done` runs.
-                let (s, r) = unsafe { (send.map(|s| s.slice()), recv.slice()) };
-                c.raw_collective(kind, s, r, count, dtype, op)
-            }),
-            done,
-        )
+        let job = coll_job(
+            kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar,
+        )?;
+        self.submit(job, done)
+    }
+
+    /// Runs collective `kind` (arguments as for `collective`) on this thread with the GIL
+    /// released if nothing is queued or running: returns `True` when it ran and succeeded,
+    /// raises `ferroccl.Error` when it ran and failed, and returns `False`, doing nothing,
+    /// when earlier operations are still queued or running.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar))]
+    fn collective_now(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        send_ptr: Option<usize>,
+        send_len: usize,
+        recv_ptr: usize,
+        recv_len: usize,
+        count: usize,
+        dtype: &str,
+        op: &str,
+        root: usize,
+        scalar: f64,
+    ) -> PyResult<bool> {
+        if !self.idle() {
+            return Ok(false);
+        }
+        let job = coll_job(
+            kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar,
+        )?;
+        self.run_now(py, job)
     }
 
     /// Queues a group of sends and receives that run together: `ops` holds
@@ -267,6 +292,20 @@ impl Comm {
         self.submit(Box::new(|c| c.barrier()), done)
     }
 
+    /// A barrier on this thread if nothing is queued or running (as `collective_now`).
+    fn barrier_now(&self, py: Python<'_>) -> PyResult<bool> {
+        if !self.idle() {
+            return Ok(false);
+        }
+        self.run_now(py, Box::new(|c| c.barrier()))
+    }
+
+    /// Whether nothing is queued or running on the worker.
+    #[getter]
+    fn idle(&self) -> bool {
+        self.pending.load(Ordering::Acquire) == 0
+    }
+
     /// Fails every queued and running operation at once and closes the connections.
     fn abort(&self) {
         self.comm.abort();
@@ -291,10 +330,81 @@ impl Comm {
 
 impl Comm {
     fn submit(&self, job: Job, done: Py<PyAny>) -> PyResult<()> {
-        self.tx
-            .as_ref()
-            .and_then(|tx| tx.send((job, done)).ok())
-            .ok_or_else(|| Error::new_err("ferroccl: the communicator was closed"))
+        let Some(tx) = self.tx.as_ref() else {
+            return Err(Error::new_err("ferroccl: the communicator was closed"));
+        };
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        if tx.send((job, done)).is_err() {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new_err("ferroccl: the communicator was closed"));
+        }
+        Ok(())
+    }
+
+    /// Runs `job` on this thread with the GIL released. Callers check `idle()` first: only
+    /// threads holding the GIL submit, and the worker counts down only after its last `done`
+    /// returned, so idle means every earlier operation has completed and issue order holds.
+    /// While it runs it counts as pending and holds `running` (taken before the GIL is
+    /// released), so operations other Python threads issue meanwhile queue behind it.
+    fn run_now(&self, py: Python<'_>, job: Job) -> PyResult<bool> {
+        if self.tx.is_none() {
+            return Err(Error::new_err("ferroccl: the communicator was closed"));
+        }
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let turn = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let (comm, rank) = (&self.comm, self.rank);
+        let r = py.allow_threads(|| run_job(job, comm, rank));
+        drop(turn);
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        r.map(|()| true).map_err(to_py)
+    }
+}
+
+/// The job of one collective (arguments as for `Comm::collective`).
+#[allow(clippy::too_many_arguments)]
+fn coll_job(
+    kind: &str,
+    send_ptr: Option<usize>,
+    send_len: usize,
+    recv_ptr: usize,
+    recv_len: usize,
+    count: usize,
+    dtype: &str,
+    op: &str,
+    root: usize,
+    scalar: f64,
+) -> PyResult<Job> {
+    let kind = kind_of(kind, root)?;
+    let dtype = dtype_of(dtype)?;
+    let op = op_of(op, scalar)?;
+    let send = send_ptr.map(|p| mem::Span::new(p, send_len));
+    let recv = mem::SpanMut::new(recv_ptr, recv_len);
+    Ok(Box::new(move |c| {
+        // SAFETY: the Python layer passes the addresses and lengths of contiguous CPU tensors
+        // it keeps alive and untouched until `done` runs (or, run now, until the call returns).
+        let (s, r) = unsafe { (send.map(|s| s.slice()), recv.slice()) };
+        c.raw_collective(kind, s, r, count, dtype, op)
+    }))
+}
+
+/// Runs one job; a panic becomes the operation's error, so the waiting Python thread is told.
+fn run_job(job: Job, comm: &Communicator, rank: usize) -> ferroccl::Result<()> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(comm))).unwrap_or_else(|_| {
+        Err(ferroccl::Error::new(
+            ferroccl::ErrorKind::Internal,
+            format!("rank {rank}: the operation panicked"),
+        ))
+    })
+}
+
+/// Calls `done(None)` or `done(ferroccl.Error(...))`; an exception it raises is printed.
+fn call_done(py: Python<'_>, done: &Py<PyAny>, r: ferroccl::Result<()>) {
+    let arg = match r {
+        Ok(()) => py.None(),
+        Err(e) => to_py(e).into_value(py).into_any(),
+    };
+    if let Err(e) = done.call1(py, (arg,)) {
+        e.print(py);
     }
 }
 

@@ -80,15 +80,17 @@ def dead_peer(rank, world):
 
 
 def wait_timeout(rank, world):
+    # Large enough to run on the worker thread (a small one completes before the call returns).
+    n = (ferroccl.backend.INLINE_MAX_BYTES // 4) + 1
     if rank == 0:
-        w = dist.all_reduce(torch.ones(4), async_op=True)
+        w = dist.all_reduce(torch.ones(n), async_op=True)
         # Rank 1 joins late: a short wait() times out with an exception, a long one succeeds.
         expect(lambda: w.wait(datetime.timedelta(milliseconds=50)), "did not complete")
         time.sleep(0.5)
         w.wait()
     else:
         time.sleep(0.5)
-        dist.all_reduce(torch.ones(4))
+        dist.all_reduce(torch.ones(n))
 
 
 def deadline(rank, world):

@@ -338,11 +338,17 @@ fn drive<W: Waiter>(
     loop {
         // Before checking the connections: a change made after this point wakes the waiter.
         waiter.arm();
-        match advance(pass, st, waiter)? {
+        let moved = advance(pass, st, waiter)?;
+        if moved != Moved::Nothing {
+            if let Some(idle) = idle_since.take() {
+                let now = waiter.now();
+                waiter.resumed(now.duration_since(idle));
+            }
+        }
+        match moved {
             Moved::AllDone => return Ok(()),
             Moved::Some => {
                 last_progress = waiter.now();
-                idle_since = None;
                 continue;
             }
             Moved::Nothing => {}

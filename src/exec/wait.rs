@@ -183,6 +183,7 @@ impl SpinPolicy {
     }
 
     /// Whether the peers seem to share this rank's core (waits yield at once, but probes).
+    #[cfg(test)]
     pub(crate) fn shared(&self) -> bool {
         self.shared
     }

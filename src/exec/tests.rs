@@ -129,6 +129,8 @@ struct SimWaiter {
     policy: SpinPolicy,
     /// Pauses that yielded.
     yields: usize,
+    /// How long a yield takes (from 1 µs: another task, the peer, ran meanwhile).
+    yield_takes: Duration,
     /// Something another rank does once the clock reaches the given time.
     at: Option<(Duration, Box<dyn FnOnce()>)>,
 }
@@ -151,6 +153,7 @@ impl SimWaiter {
             resumed: Vec::new(),
             policy: SpinPolicy::default(),
             yields: 0,
+            yield_takes: Duration::from_micros(2),
             at: None,
         }
     }
@@ -175,6 +178,7 @@ impl Waiter for SimWaiter {
     fn pause(&mut self, idle_for: Duration) {
         if !self.policy.spins(idle_for) {
             self.yields += 1;
+            self.policy.yielded(self.yield_takes);
         }
         self.elapsed += Duration::from_micros(1);
         self.tick();

@@ -178,7 +178,7 @@ pub(crate) struct SpinPolicy {
 impl SpinPolicy {
     /// Pure spin of the current wait.
     fn budget(&self) -> Duration {
-        if self.shared && self.since_probe % PROBE_EVERY != 0 {
+        if self.shared && !self.since_probe.is_multiple_of(PROBE_EVERY) {
             Duration::ZERO
         } else {
             PURE_SPIN

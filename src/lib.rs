@@ -47,6 +47,7 @@ pub mod coll;
 pub mod comm;
 mod exec;
 pub mod plan;
+pub mod profile;
 mod reduce;
 pub mod sim;
 pub mod topo;

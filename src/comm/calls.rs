@@ -107,6 +107,25 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        crate::profile::begin();
+        let r = self.run_blocking_inner(name, hkind, kind, send, recv, count, dtype, op);
+        crate::profile::end();
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn run_blocking_inner(
+        &self,
+        name: &'static str,
+        hkind: u8,
+        kind: CollKind,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let inner = &self.inner;
         let call = Call::check(
             inner,

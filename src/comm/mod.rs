@@ -87,6 +87,9 @@ struct Order {
     next_ticket: u64,
     serving: u64,
     next_seq: u64,
+    /// Threads waiting on `Inner::turn` for their ticket: with none, finishing a call wakes
+    /// nobody (a condition variable's notify is a system call even without waiters).
+    waiting: usize,
 }
 
 #[derive(Debug)]

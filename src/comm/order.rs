@@ -71,13 +71,17 @@ impl Inner {
             fn drop(&mut self) {
                 let mut o = lock(&self.0.order);
                 o.serving = self.1 + 1;
-                self.0.turn.notify_all();
+                if o.waiting > 0 {
+                    self.0.turn.notify_all();
+                }
             }
         }
         {
             let mut o = lock(&self.order);
             while o.serving != ticket {
+                o.waiting += 1;
                 o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());
+                o.waiting -= 1;
             }
         }
         let _turn = Turn(self, ticket);

@@ -627,7 +627,9 @@ impl Engine {
                 mem.output_len -= out_bytes;
             }
         }
+        crate::profile::phase(crate::profile::Phase::Plan);
         let sched = self.plan(&args, es);
+        crate::profile::phase(crate::profile::Phase::Drive);
         let need = sched.scratch * es;
         if self.scratch.len() < need {
             self.scratch.resize(need, 0);
@@ -647,6 +649,7 @@ impl Engine {
         };
         let mut raw = std::mem::take(&mut self.raw.0);
         let r = self.run_steps(&sched, &layout, &mut raw, dtype, op, ctx, waits);
+        crate::profile::phase(crate::profile::Phase::Leave);
         raw.clear();
         self.raw.0 = raw;
         r

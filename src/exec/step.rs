@@ -16,6 +16,7 @@ use ferroccl_transport::{
 
 use super::wait::{Waiter, Waiting};
 use super::{Conn, WaitPolicy};
+use crate::profile::{self, Phase};
 use crate::reduce::Reducer;
 use crate::wire::{kind, op as op_code};
 
@@ -338,11 +339,18 @@ fn drive<W: Waiter>(
     loop {
         // Before checking the connections: a change made after this point wakes the waiter.
         waiter.arm();
-        match advance(pass, st, waiter)? {
+        let moved = advance(pass, st, waiter)?;
+        if moved != Moved::Nothing {
+            if let Some(idle) = idle_since.take() {
+                profile::wait_end();
+                let now = waiter.now();
+                waiter.resumed(now.duration_since(idle));
+            }
+        }
+        match moved {
             Moved::AllDone => return Ok(()),
             Moved::Some => {
                 last_progress = waiter.now();
-                idle_since = None;
                 continue;
             }
             Moved::Nothing => {}
@@ -354,7 +362,10 @@ fn drive<W: Waiter>(
             ));
         }
         let now = waiter.now();
-        let idle = *idle_since.get_or_insert(now);
+        let idle = *idle_since.get_or_insert_with(|| {
+            profile::wait_begin();
+            now
+        });
         let idle_for = now.duration_since(idle);
         if idle_for < wait.spin {
             waiter.pause(idle_for);
@@ -409,7 +420,10 @@ fn advance<W: Waiter>(
                 // SAFETY: the communicator checked that `ptr..ptr+len` is readable for the
                 // whole call, and no op of this step writes it (schedules are checked for that).
                 let payload = unsafe { std::slice::from_raw_parts(ptr, len) };
-                conn.send(&header, Payload::Host(payload), &mut s.progress)
+                profile::phase(Phase::Send);
+                let r = conn.send(&header, Payload::Host(payload), &mut s.progress);
+                profile::phase(Phase::Drive);
+                r
             }
             RawOp::Recv {
                 ptr, len, header, ..
@@ -417,7 +431,9 @@ fn advance<W: Waiter>(
                 // SAFETY: the communicator checked that `ptr..ptr+len` is writable for the
                 // whole call, and no other op of this step touches it.
                 let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                profile::phase(Phase::Recv);
                 let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
+                profile::phase(Phase::Drive);
                 if r.is_ok() && s.progress.header_done() && !s.progress.started {
                     if s.header.kind == kind::NOTICE {
                         return Err(read_notice(conn, s, o.peer(), ctx, waiter));
@@ -434,11 +450,13 @@ fn advance<W: Waiter>(
                 ..
             } => {
                 let stage = &mut pass.staging[s.stage][..len];
+                profile::phase(Phase::Recv);
                 let r = conn.recv(
                     &mut s.header,
                     PayloadMut::Host(&mut *stage),
                     &mut s.progress,
                 );
+                profile::phase(Phase::Drive);
                 if r.is_ok() && s.progress.header_done() && !s.progress.started {
                     if s.header.kind == kind::NOTICE {
                         return Err(read_notice(conn, s, o.peer(), ctx, waiter));
@@ -537,6 +555,23 @@ pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(100);
 /// Reduces `incoming`, bytes `from..from + incoming.len()` of a receive-reduce's message, with
 /// the same bytes of `src` into `dst`.
 fn reduce_range(
+    reducer: &dyn Reducer,
+    dtype: DataType,
+    op: ElemOp,
+    src: *const u8,
+    dst: *mut u8,
+    incoming: &[u8],
+    from: usize,
+) -> Result<()> {
+    profile::phase(Phase::Reduce);
+    let r = reduce_bytes(reducer, dtype, op, src, dst, incoming, from);
+    profile::phase(Phase::Drive);
+    r
+}
+
+/// [`reduce_range`]'s work, outside the profile's reduce phase markers.
+#[inline(always)]
+fn reduce_bytes(
     reducer: &dyn Reducer,
     dtype: DataType,
     op: ElemOp,

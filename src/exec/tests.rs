@@ -12,7 +12,7 @@ use ferroccl_transport::{
 };
 
 use super::step::{self, OpContext, OpState, RawOp, StepEnv};
-use super::wait::{Waiter, Waiting};
+use super::wait::{SpinPolicy, Waiter, Waiting};
 use super::{Conn, WaitPolicy};
 use crate::reduce::HostReducer;
 use crate::wire::{kind, op};
@@ -117,13 +117,30 @@ fn conn(c: MemConn) -> Conn {
 
 /// A clock that moves only when the driver waits: a pause costs a microsecond, a sleep its
 /// whole limit.
-#[derive(Debug)]
 struct SimWaiter {
     start: Instant,
     elapsed: Duration,
     sleeps: usize,
     /// Peers the driver waited on in its sleeps.
     awaited: Vec<usize>,
+    /// How long each wait that ended in progress lasted, as the driver reported it.
+    resumed: Vec<Duration>,
+    /// The spin-or-yield state machine, fed as the real waiter feeds it.
+    policy: SpinPolicy,
+    /// Pauses that yielded.
+    yields: usize,
+    /// How long a yield takes (from 1 µs: another task, the peer, ran meanwhile).
+    yield_takes: Duration,
+    /// Something another rank does once the clock reaches the given time.
+    at: Option<(Duration, Box<dyn FnOnce()>)>,
+}
+
+impl std::fmt::Debug for SimWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimWaiter")
+            .field("elapsed", &self.elapsed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SimWaiter {
@@ -133,6 +150,20 @@ impl SimWaiter {
             elapsed: Duration::ZERO,
             sleeps: 0,
             awaited: Vec::new(),
+            resumed: Vec::new(),
+            policy: SpinPolicy::default(),
+            yields: 0,
+            yield_takes: Duration::from_micros(2),
+            at: None,
+        }
+    }
+
+    /// Runs what is due at the current time.
+    fn tick(&mut self) {
+        if self.at.as_ref().is_some_and(|(t, _)| self.elapsed >= *t) {
+            if let Some((_, f)) = self.at.take() {
+                f();
+            }
         }
     }
 }
@@ -144,8 +175,18 @@ impl Waiter for SimWaiter {
 
     fn arm(&mut self) {}
 
-    fn pause(&mut self, _idle_for: Duration) {
+    fn pause(&mut self, idle_for: Duration) {
+        if !self.policy.spins(idle_for) {
+            self.yields += 1;
+            self.policy.yielded(self.yield_takes);
+        }
         self.elapsed += Duration::from_micros(1);
+        self.tick();
+    }
+
+    fn resumed(&mut self, idle_for: Duration) {
+        self.resumed.push(idle_for);
+        self.policy.resumed(idle_for);
     }
 
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {
@@ -154,6 +195,7 @@ impl Waiter for SimWaiter {
             self.awaited.push(c.peer().rank);
         }
         self.elapsed += limit;
+        self.tick();
     }
 }
 
@@ -420,4 +462,63 @@ fn a_one_sided_transport_gets_posted_and_registered_destinations() {
     r1.step(&mut SimWaiter::new(), &[recv], &c1).unwrap();
     assert_eq!(small, data);
     assert_eq!(r1.regs.len(), 2);
+}
+
+/// Receives one message that rank 0 sends `after` into the wait; returns the waiter.
+fn wait_for_a_message(after: Duration, policy: SpinPolicy) -> SimWaiter {
+    let (mut r0, mut r1) = two_ranks(64, Duration::from_secs(1));
+    let c1 = ctx(1, 1);
+    let mut buf = [0u8; 8];
+    let recv = RawOp::Recv {
+        peer: 0,
+        ptr: buf.as_mut_ptr(),
+        len: 8,
+        header: c1.header(8),
+    };
+    let mut w = SimWaiter::new();
+    w.policy = policy;
+    w.at = Some((
+        after,
+        Box::new(move || {
+            let data = [7u8; 8];
+            let c0 = ctx(0, 1);
+            let send = RawOp::Send {
+                peer: 1,
+                ptr: data.as_ptr(),
+                len: 8,
+                header: c0.header(8),
+            };
+            r0.step(&mut SimWaiter::new(), &[send], &c0).unwrap();
+        }),
+    ));
+    r1.step(&mut w, &[recv], &c1).unwrap();
+    assert_eq!(buf, [7u8; 8]);
+    w
+}
+
+#[test]
+fn a_wait_that_needed_a_yield_makes_the_next_wait_yield_at_once() {
+    // The peer answers only after this rank stopped spinning: it shares the core.
+    let w = wait_for_a_message(Duration::from_micros(15), SpinPolicy::default());
+    assert_eq!(
+        w.resumed,
+        [Duration::from_micros(15)],
+        "one wait, its length"
+    );
+    assert!(w.policy.shared(), "{:?}", w.policy);
+    // The next wait yields from its first pause; an answer within the spin would not tell.
+    let w = wait_for_a_message(Duration::from_micros(3), w.policy);
+    assert_eq!(w.yields, 3, "every pause yielded");
+    assert!(w.policy.shared());
+}
+
+#[test]
+fn a_wait_answered_while_spinning_keeps_spinning() {
+    let w = wait_for_a_message(Duration::from_micros(3), SpinPolicy::default());
+    assert_eq!(w.resumed, [Duration::from_micros(3)]);
+    assert_eq!(w.yields, 0);
+    assert!(!w.policy.shared());
+    // A wait that outlasted spinning and yielding (a slow peer, not a shared core) says nothing.
+    let w = wait_for_a_message(Duration::from_millis(5), SpinPolicy::default());
+    assert!(w.sleeps > 0 && !w.policy.shared(), "{:?}", w.policy);
 }

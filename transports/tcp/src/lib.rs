@@ -645,6 +645,10 @@ fn no_ack(
     Error::remote(msg)
 }
 
+/// Bytes a header read may take from stream 0 in one call: the header and what follows it
+/// (a small message's payload, perhaps the next message's header).
+const STASH: usize = 4096;
+
 /// One peer pair over TCP: `nstreams` sockets, used without blocking.
 #[derive(Debug)]
 pub struct TcpConnection {
@@ -657,6 +661,12 @@ pub struct TcpConnection {
     tx_pending: u32,
     /// Streams with incoming bytes still to read in the current message.
     rx_pending: u32,
+    /// Bytes of stream 0 read ahead of the message being received: a header is read with
+    /// room for what follows it, so that a small message costs one `recv` call, not two.
+    /// `stash[stash_pos..stash_end]` is unread; the next message starts there.
+    stash: Box<[u8]>,
+    stash_pos: usize,
+    stash_end: usize,
     closed: bool,
 }
 
@@ -669,8 +679,31 @@ impl TcpConnection {
             rx_header: [0; HEADER_LEN],
             tx_pending: 0,
             rx_pending: 0,
+            stash: vec![0; STASH].into_boxed_slice(),
+            stash_pos: 0,
+            stash_end: 0,
             closed: false,
         }
+    }
+
+    /// Moves read-ahead bytes of stream 0 into `out`; returns how many.
+    fn take_stash(&mut self, out: &mut [u8]) -> usize {
+        let n = out.len().min(self.stash_end - self.stash_pos);
+        out[..n].copy_from_slice(&self.stash[self.stash_pos..self.stash_pos + n]);
+        self.stash_pos += n;
+        n
+    }
+
+    /// With no read-ahead bytes left, reads what stream 0 has (up to the stash's size).
+    fn fill_stash(&mut self) -> Result<Io> {
+        debug_assert_eq!(self.stash_pos, self.stash_end);
+        let fd = self.streams[0].as_raw_fd();
+        let r = recv_some(fd, &mut self.stash).map_err(|e| self.io_error("receiving from", e))?;
+        if let Io::Moved(n) = r {
+            self.stash_pos = 0;
+            self.stash_end = n;
+        }
+        Ok(r)
     }
 
     /// Sockets in use.
@@ -847,15 +880,17 @@ impl Connection for TcpConnection {
             return Err(self.closed_error());
         }
         if !p.header_done() {
-            let fd = self.streams[0].as_raw_fd();
-            let pos = p.header_pos;
-            match recv_some(fd, &mut self.rx_header[pos..])
-                .map_err(|e| self.io_error("receiving from", e))?
-            {
-                Io::Moved(n) => p.header_pos += n,
-                Io::WouldBlock => {}
-                Io::Closed => return Err(self.closed_error()),
+            if self.stash_pos == self.stash_end {
+                // One call reads the header and, for a small message, its payload too.
+                match self.fill_stash()? {
+                    Io::Moved(_) | Io::WouldBlock => {}
+                    Io::Closed => return Err(self.closed_error()),
+                }
             }
+            let pos = p.header_pos;
+            let mut head = self.rx_header;
+            p.header_pos += self.take_stash(&mut head[pos..]);
+            self.rx_header = head;
             self.rx_pending = 1;
             if !p.header_done() {
                 return Ok(false);
@@ -883,6 +918,14 @@ impl Connection for TcpConnection {
         let max_io = self.cfg.max_io.max(4096);
         self.rx_pending = 0;
         for i in 0..p.nparts {
+            let part = p.parts[i];
+            if part.pos == part.end {
+                continue;
+            }
+            if i == 0 && self.stash_pos < self.stash_end {
+                // Read ahead with the header: no system call.
+                p.parts[0].pos += self.take_stash(&mut payload[part.pos..part.end]);
+            }
             let part = p.parts[i];
             if part.pos == part.end {
                 continue;

@@ -431,3 +431,49 @@ fn connect_says_whether_the_peer_kept_silent_or_closed() {
     );
     assert!(err.message().contains("0x0000000000000001"), "{err}");
 }
+
+#[test]
+fn a_small_message_is_read_with_its_header_and_the_read_ahead_is_kept_in_order() {
+    use ferroccl_transport_testkit::drive::{header, send_all};
+    let cfg = TcpConfig {
+        nstreams: 1,
+        ..TcpConfig::default()
+    };
+    let (mut a, mut b) = pair(cfg, 7);
+    // Queued before any receive, so that header reads take several messages at once; the
+    // second one ends 20 bytes into the next header, across the read-ahead's end.
+    let sizes = [8usize, STASH - 2 * HEADER_LEN - 8 - 20, 0, 5, 100_003, 4, 1];
+    let msgs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7 + i / 253) as u8).collect())
+        .collect();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (k, m) in msgs.iter().enumerate() {
+                send_all(&mut a, m, k as u64);
+            }
+        });
+        // Let everything reach the socket buffer.
+        std::thread::sleep(Duration::from_millis(50));
+        for (k, m) in msgs.iter().enumerate() {
+            let mut h = Header::default();
+            let mut p = Progress::default();
+            let mut buf = vec![0u8; m.len()];
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !b.recv(&mut h, PayloadMut::Host(&mut buf), &mut p).unwrap() {
+                if k == 0 && p.header_done() && !p.started {
+                    // The header read brought the 8-byte payload with it.
+                    assert!(
+                        b.stash_end - b.stash_pos >= 8,
+                        "read ahead: {}",
+                        b.stash_end
+                    );
+                }
+                assert!(Instant::now() < deadline, "message #{k} did not arrive");
+            }
+            assert_eq!(h, header(m.len(), k as u64), "header of message #{k}");
+            assert_eq!(&buf, m, "payload of message #{k}");
+        }
+    });
+}

@@ -118,6 +118,21 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
     # ----- identity -----
 
+    # torch >= 2.15's batch_isend_irecv asks every ProcessGroup for its per-device backend; a
+    # process group written in Python has none registered, so torch's lookup raises. The group
+    # is its own backend for CPU: it does not coalesce in torch's NCCL style (sends and
+    # receives are grouped here) and it cannot be split by torch.
+    supports_coalescing = False
+    supports_splitting = False
+
+    def _get_backend(self, device):
+        try:
+            return super()._get_backend(device)
+        except RuntimeError:
+            if torch.device(device).type == "cpu":
+                return self
+            raise
+
     def getBackendName(self):
         return BACKEND_NAME
 

@@ -54,8 +54,9 @@ const REGISTRY: &[Entry] = &[
     }),
     ("tcp", true, |s| Box::new(TcpTransport::new(s.tcp(), s.ip))),
     ("mem", false, |_| Box::new(MemTransport::new())),
-    // Not tried by default: no provider in this version drives real hardware, and the
-    // software provider (FERRO_IB_PROVIDER=soft) is test tooling, only used when named.
+    // Not tried by default until the libibverbs provider has passed scripts/rdma-check.sh on
+    // hardware (`FERRO_TRANSPORTS=shm,rdma,tcp` opts in); the software provider
+    // (FERRO_IB_PROVIDER=soft) is test tooling, only used when named.
     ("rdma", false, |s| {
         Box::new(RdmaTransport::from_env(s.verbose()))
     }),

@@ -131,13 +131,7 @@ fn kill_job() -> Vec<Survivor> {
         .into_iter()
         .map(|p| p.finish(Duration::from_secs(120)))
         .collect();
-    let all = || {
-        outs.iter()
-            .enumerate()
-            .map(|(r, o)| format!("=== rank {r}: {}", o.dump()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let all = || common::child::dump_all("rank", &outs);
 
     let killed = outs[2].tagged("KILLING ");
     assert_eq!(killed.len(), 1, "{}", all());
@@ -605,13 +599,7 @@ fn killed_rank_over_shared_memory_fails_survivors_and_leaves_no_segments() {
         .into_iter()
         .map(|p| p.finish(Duration::from_secs(120)))
         .collect();
-    let all = || {
-        outs.iter()
-            .enumerate()
-            .map(|(r, o)| format!("=== rank {r}: {}", o.dump()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let all = || common::child::dump_all("rank", &outs);
     let killed = outs[2].tagged("KILLING ");
     assert_eq!(killed.len(), 1, "{}", all());
     let died_at: u128 = field(&killed[0], "at_ms");

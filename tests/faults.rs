@@ -27,11 +27,7 @@ fn rank_env(
 }
 
 fn dump_all(outs: &[Finished]) -> String {
-    outs.iter()
-        .enumerate()
-        .map(|(i, o)| format!("=== process {i}: {}", o.dump()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    child::dump_all("process", outs)
 }
 
 // ---------------------------------------------------------------------------------------------

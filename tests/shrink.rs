@@ -169,13 +169,7 @@ fn shrink_job_on(
         .into_iter()
         .map(|p| p.finish(Duration::from_secs(150)))
         .collect();
-    let all = || {
-        outs.iter()
-            .enumerate()
-            .map(|(r, o)| format!("=== rank {r}: {}", o.dump()))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    let all = || common::child::dump_all("rank", &outs);
     assert_eq!(outs[victim].tagged("LEAVING ").len(), 1, "{}", all());
     for (r, out) in outs.iter().enumerate().filter(|(r, _)| *r != victim) {
         assert!(out.success(), "survivor {r}: {}", all());

@@ -335,7 +335,6 @@ impl Engine {
         self.conns.get(peer)?.as_ref().map(|c| c.props.link)
     }
 
-    /// Closes every connection, so that peers blocked on this rank see it at once.
     /// Registers `mem` with every connection whose transport asks for registration; the
     /// regions keep the registrations alive (none for transports that need none).
     pub(crate) fn register_all(&mut self, mem: MemRef) -> Result<Vec<Region>> {
@@ -348,6 +347,7 @@ impl Engine {
         Ok(regions)
     }
 
+    /// Closes every connection, so that peers blocked on this rank see it at once.
     pub(crate) fn shutdown_all(&mut self) {
         for c in self.conns.iter_mut().flatten() {
             c.shutdown();

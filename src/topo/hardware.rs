@@ -278,6 +278,7 @@ pub(crate) fn at_init(
         })?,
         None => Hardware::detect(Path::new("/"))?,
     };
+    let found = hw.search();
     // A dump that cannot be written is worth a warning, not a failed communicator.
     if let (Some(out), 0) = (&config.topo_dump_file, rank) {
         if let Err(e) = hw.dump(out) {
@@ -285,7 +286,7 @@ pub(crate) fn at_init(
         }
     }
     if let (Some(out), 0) = (&config.graph_dump_file, rank) {
-        if let Err(e) = std::fs::write(out, hw.graph_xml(&hw.search()).to_xml()) {
+        if let Err(e) = std::fs::write(out, hw.graph_xml(&found).to_xml()) {
             ferroccl_transport::log_line!(
                 "ferroccl rank {rank} WARN FERRO_GRAPH_DUMP_FILE: writing {}: {e}",
                 out.display()
@@ -300,7 +301,6 @@ pub(crate) fn at_init(
         .filter(|&r| Some(descs[r].host) == host)
         .collect();
     let me = local.iter().position(|&r| r == rank).unwrap_or(0);
-    let found = hw.search();
     let s = if !found.gpus.is_empty() && found.gpus.len() == local.len() {
         found
     } else {

@@ -17,36 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int g_rank = -1;
-
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    ncclResult_t r_ = (call);                                                             \
-    if (r_ != ncclSuccess) {                                                              \
-      fprintf(stderr, "rank %d: %s:%d: %s returned %d (%s): %s\n", g_rank, __FILE__,      \
-              __LINE__, #call, (int)r_, ncclGetErrorString(r_), ncclGetLastError(NULL));  \
-      exit(2);                                                                            \
-    }                                                                                     \
-  } while (0)
-
-#define EXPECT(cond, ...)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      fprintf(stderr, "rank %d: %s:%d: expected %s: ", g_rank, __FILE__, __LINE__, \
-              #cond);                                                              \
-      fprintf(stderr, __VA_ARGS__);                                                \
-      fprintf(stderr, "\n");                                                       \
-      exit(3);                                                                     \
-    }                                                                              \
-  } while (0)
-
-#define EXPECT_ERR(call, code, word)                                                       \
-  do {                                                                                     \
-    ncclResult_t r_ = (call);                                                              \
-    const char *m_ = ncclGetLastError(NULL);                                               \
-    EXPECT(r_ == (code), "%s returned %d, wanted %d (%s)", #call, (int)r_, (int)(code), m_); \
-    EXPECT(strstr(m_, (word)) != NULL, "last error \"%s\" names \"%s\"", m_, (word));      \
-  } while (0)
+#include "check.h"
 
 /* Every collective, on one communicator. */
 static void collectives(ncclComm_t comm) {

@@ -203,6 +203,16 @@ pub struct Finished {
     pub stderr: String,
 }
 
+/// Everything each child printed, one after another, for assertion messages; `label` names
+/// what the children are (`rank`, `process`).
+pub fn dump_all(label: &str, outs: &[Finished]) -> String {
+    outs.iter()
+        .enumerate()
+        .map(|(i, o)| format!("=== {label} {i}: {}", o.dump()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 impl Finished {
     /// True when it exited with status 0 in time.
     pub fn success(&self) -> bool {

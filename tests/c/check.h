@@ -1,0 +1,42 @@
+/* Checks shared by the C programs of the C ABI tests: CHECK fails the process on any result
+ * other than ncclSuccess, EXPECT on a false condition, EXPECT_ERR unless a call returns the
+ * given code with a last error naming the given word. Messages carry the rank (g_rank). */
+#ifndef FERROCCL_TEST_CHECK_H
+#define FERROCCL_TEST_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_rank = -1;
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    ncclResult_t r_ = (call);                                                            \
+    if (r_ != ncclSuccess) {                                                             \
+      fprintf(stderr, "rank %d: %s:%d: %s returned %d (%s): %s\n", g_rank, __FILE__,     \
+              __LINE__, #call, (int)r_, ncclGetErrorString(r_), ncclGetLastError(NULL)); \
+      exit(2);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+#define EXPECT(cond, ...)                                                          \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      fprintf(stderr, "rank %d: %s:%d: expected %s: ", g_rank, __FILE__, __LINE__, \
+              #cond);                                                              \
+      fprintf(stderr, __VA_ARGS__);                                                \
+      fprintf(stderr, "\n");                                                       \
+      exit(3);                                                                     \
+    }                                                                              \
+  } while (0)
+
+#define EXPECT_ERR(call, code, word)                                                         \
+  do {                                                                                       \
+    ncclResult_t r_ = (call);                                                                \
+    const char *m_ = ncclGetLastError(NULL);                                                 \
+    EXPECT(r_ == (code), "%s returned %d, wanted %d (%s)", #call, (int)r_, (int)(code), m_); \
+    EXPECT(strstr(m_, (word)) != NULL, "last error \"%s\" names \"%s\"", m_, (word));        \
+  } while (0)
+
+#endif

@@ -186,11 +186,29 @@ impl Drop for Segment {
     }
 }
 
-/// Whether process `pid` exists.
+/// Whether process `pid` exists and has not exited. A process that has exited but not yet been
+/// reaped by its parent (a zombie) still answers `kill(pid, 0)`; it counts as gone, as its
+/// queue pairs can never answer again.
 pub(crate) fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 sends nothing; it only checks that the process exists.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    !exited(pid)
+}
+
+/// Whether `/proc` shows process `pid` as exited (zombie or dead). Where `/proc` cannot be
+/// read, nothing is known and the answer is no.
+fn exited(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may itself hold any
+    // character: take the text after the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| matches!(state, "Z" | "X" | "x"))
 }
 
 /// Why a copy into a peer failed.
@@ -275,5 +293,31 @@ pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE only uses the word's address as a key.
     unsafe {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_alive;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_exited_child_not_yet_reaped_is_not_alive() {
+        assert!(pid_alive(std::process::id()));
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        let start = Instant::now();
+        while pid_alive(pid) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "pid {pid} still counts as alive after it exited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Not reaped until here: the answer above came from its zombie state.
+        assert!(child.try_wait().expect("wait").is_some());
+        assert!(!pid_alive(pid));
     }
 }

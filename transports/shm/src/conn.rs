@@ -13,6 +13,12 @@
 //! untouched until then. If the kernel refuses the read, the receiver sets `CMA_DENIED` and the
 //! sender streams the rest through the ring instead.
 //!
+//! A small inline message (payload of at most [`SMALL_PAYLOAD`] bytes) is written with its
+//! frame in one ring write: one publication of `head` and one doorbell ring. The receiver reads
+//! what the ring holds, up to [`READ_AHEAD`] bytes, into a per-connection read-ahead buffer in one
+//! read (one `tail` publication, one ring), and takes frames and small payloads from there; the
+//! bytes in the ring are the same either way.
+//!
 //! Flags in each ring's control block (all Release stores / Acquire loads):
 //! `PRODUCER_CLOSED` / `CONSUMER_CLOSED` — that side shut the connection down;
 //! `CMA_OK` — set by the consumer at setup when it can read the producer's memory;
@@ -44,6 +50,11 @@ const FRAME_LEN: usize = 64;
 const FRAME_MAGIC: u32 = 0x4d53_5246; // "FRSM"
 const MODE_INLINE: u32 = 1;
 const MODE_CMA: u32 = 2;
+
+/// The largest payload written together with its frame in one ring write.
+const SMALL_PAYLOAD: usize = 448;
+/// Bytes the receiver takes from the ring at once while it looks for a frame.
+const READ_AHEAD: usize = 1024;
 
 /// How often an idle side checks whether the peer process still exists.
 const LIVENESS_EVERY: Duration = Duration::from_millis(5);
@@ -110,6 +121,10 @@ pub struct ShmConnection {
     rx_addr: u64,
     rx_len: u64,
     rx_cma_warned: bool,
+    /// Bytes taken from the rx ring and not yet delivered: `ahead[ahead_pos..ahead_end]`.
+    ahead: Box<[u8; READ_AHEAD]>,
+    ahead_pos: usize,
+    ahead_end: usize,
     closed: bool,
     watch: Option<Arc<PeerWatch>>,
 }
@@ -184,6 +199,9 @@ impl ShmConnection {
             rx_addr: 0,
             rx_len: 0,
             rx_cma_warned: false,
+            ahead: Box::new([0u8; READ_AHEAD]),
+            ahead_pos: 0,
+            ahead_end: 0,
             closed: false,
             watch: None,
             tx,
@@ -278,6 +296,57 @@ impl ShmConnection {
         };
     }
 
+    /// Sends a small inline message, frame and payload in one ring write, once the ring has
+    /// room for both (false until then).
+    fn send_small(&mut self, header: &Header, payload: &[u8], p: &mut Progress) -> Result<bool> {
+        let total = FRAME_LEN + payload.len();
+        if self.producer().free() < total {
+            self.check_peer()?;
+            return Ok(false);
+        }
+        let mut msg = [0u8; FRAME_LEN + SMALL_PAYLOAD];
+        msg[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+        msg[4..8].copy_from_slice(&MODE_INLINE.to_le_bytes());
+        msg[8..48].copy_from_slice(&header.encode());
+        msg[FRAME_LEN..total].copy_from_slice(payload);
+        let n = self.producer().write(&msg[..total]);
+        if n != total {
+            return Err(Error::internal(format!(
+                "send to {}: wrote {n} of {total} message bytes into a ring with room",
+                self.peer
+            )));
+        }
+        self.tx_mode = MODE_INLINE;
+        Self::start(p, payload.len());
+        p.parts[0].pos = payload.len();
+        self.peer_bell.ring();
+        Ok(true)
+    }
+
+    /// Bytes in the read-ahead buffer.
+    fn ahead_len(&self) -> usize {
+        self.ahead_end - self.ahead_pos
+    }
+
+    /// Moves what the rx ring holds into the read-ahead buffer (as much as fits); the bytes
+    /// moved.
+    fn read_ahead(&mut self) -> usize {
+        if self.ahead_pos > 0 {
+            self.ahead.copy_within(self.ahead_pos..self.ahead_end, 0);
+            self.ahead_end -= self.ahead_pos;
+            self.ahead_pos = 0;
+        }
+        let end = self.ahead_end;
+        // SAFETY: as in `consumer`: this connection is the only consumer of its rx ring.
+        let consumer = unsafe { Consumer::new(self.rx.ctl(), &self.rx.data) };
+        let n = consumer.read(&mut self.ahead[end..]);
+        if n > 0 {
+            self.ahead_end += n;
+            self.peer_bell.ring();
+        }
+        n
+    }
+
     fn send_inline(&mut self, payload: &[u8], p: &mut Progress) -> Result<()> {
         let pos = p.parts[0].pos;
         let end = payload.len().min(pos + self.cfg.max_io.max(4096));
@@ -329,6 +398,9 @@ impl Connection for ShmConnection {
                 return Ok(false);
             }
             let cma = payload.len() >= self.cfg.cma_min.max(1) && self.cma_enabled();
+            if !cma && payload.len() <= SMALL_PAYLOAD {
+                return self.send_small(header, payload, p);
+            }
             let mut frame = [0u8; FRAME_LEN];
             frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
             let mode = if cma { MODE_CMA } else { MODE_INLINE };
@@ -390,12 +462,16 @@ impl Connection for ShmConnection {
             return Err(self.closed_error());
         }
         if !p.header_done() {
-            if self.consumer().available() < FRAME_LEN {
+            if self.ahead_len() < FRAME_LEN {
+                self.read_ahead();
+            }
+            if self.ahead_len() < FRAME_LEN {
                 if let Err(e) = self.check_peer() {
                     // A sender that wrote its last frame and then closed, after the count
                     // above was read, is no error: the close flag's Acquire makes the frame
                     // visible now.
-                    if self.consumer().available() < FRAME_LEN {
+                    self.read_ahead();
+                    if self.ahead_len() < FRAME_LEN {
                         return Err(e);
                     }
                 } else {
@@ -403,8 +479,8 @@ impl Connection for ShmConnection {
                 }
             }
             let mut frame = [0u8; FRAME_LEN];
-            self.consumer().read(&mut frame);
-            self.peer_bell.ring();
+            frame.copy_from_slice(&self.ahead[self.ahead_pos..self.ahead_pos + FRAME_LEN]);
+            self.ahead_pos += FRAME_LEN;
             let mut hb = [0u8; HEADER_LEN];
             hb.copy_from_slice(&frame[8..48]);
             let mode = u32_at(&frame, 4);
@@ -500,6 +576,14 @@ impl Connection for ShmConnection {
                     .with_peer(self.peer.rank));
                 }
             }
+            return Ok(p.done());
+        }
+        let taken = self.ahead_len().min(end - pos);
+        if taken > 0 {
+            let from = self.ahead_pos;
+            payload[pos..pos + taken].copy_from_slice(&self.ahead[from..from + taken]);
+            self.ahead_pos += taken;
+            p.parts[0].pos += taken;
             return Ok(p.done());
         }
         let mut n = self.consumer().read(&mut payload[pos..end]);

@@ -150,7 +150,7 @@ impl<'a, S: Storage> Consumer<'a, S> {
     }
 
     /// Bytes ready to read now.
-    #[cfg_attr(loom, allow(dead_code))]
+    #[cfg(all(test, not(loom)))]
     pub fn available(&self) -> usize {
         // Acquire: pairs with the producer's Release store of `head`.
         let head = self.ctl.head.0.load(Ordering::Acquire);

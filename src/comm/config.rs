@@ -47,6 +47,13 @@ pub struct Config {
     pub shm_cma_min: usize,
     /// `FERRO_SHM_DIR`: where shared-memory segments are created. Default `/dev/shm`.
     pub shm_dir: PathBuf,
+    /// `FERRO_SMALL_LANE_BYTES` (`0` disables): an allreduce of at most this many bytes on a
+    /// communicator whose ranks all reach each other over shared memory runs as one exchange
+    /// through the connections' small-message lanes (each rank writes its input straight into
+    /// a box of every peer's segment and reduces the boxes in rank order), instead of an
+    /// algorithm's steps. The ranks use the smallest value any of them sets, and never more
+    /// than a lane holds (96 bytes). Default 96.
+    pub small_lane_bytes: usize,
     /// `FERRO_CHECK_ROOT` (`0` disables): before a rooted collective (broadcast, reduce,
     /// gather, scatter) moves data, the ranks check that they name the same root, with one small
     /// allreduce, so that a mismatch fails every rank at once instead of hanging or returning
@@ -102,6 +109,7 @@ impl Default for Config {
             shm_cma: true,
             shm_cma_min: 256 << 10,
             shm_dir: PathBuf::from("/dev/shm"),
+            small_lane_bytes: 96,
             check_root: true,
             host_id: None,
             tune_measure: false,
@@ -147,6 +155,9 @@ impl Config {
                 return Err(bad("FERRO_SLICE_BYTES", &v, "at least 64 bytes"));
             }
             c.slice_bytes = n;
+        }
+        if let Some(v) = var("FERRO_SMALL_LANE_BYTES") {
+            c.small_lane_bytes = parse(&v, "FERRO_SMALL_LANE_BYTES")?;
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);

@@ -52,6 +52,7 @@ pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
     mesh::MeshOptions {
         debug: config.debug,
         link_delay: config.link_delay,
+        small_lane_bytes: config.small_lane_bytes,
     }
 }
 
@@ -202,7 +203,8 @@ impl Communicator {
         server: Option<bootstrap::TcpStoreServer>,
     ) -> Communicator {
         let aborted = Arc::new(AtomicBool::new(false));
-        let engine = Engine::new(
+        let lane_bytes = mesh.lane_bytes;
+        let mut engine = Engine::new(
             rank,
             nranks,
             mesh.conns,
@@ -214,6 +216,7 @@ impl Communicator {
             config.slice_bytes,
             tuning(&config, &descs, listen_ip),
         );
+        engine.set_lane_bytes(lane_bytes);
         Communicator {
             inner: Arc::new(Inner {
                 rank,

@@ -28,9 +28,9 @@ pub(crate) trait Exchange {
     fn allgather(&mut self, round: &str, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
 }
 
-/// Exchanges [`connect_mesh`] runs, so that ranks not joining a new communicator (a split's
-/// non-members) can take part in the same number.
-pub(crate) const ROUNDS: usize = 2;
+/// Exchanges [`connect_mesh`] runs (cards, attachments, lanes), so that ranks not joining a
+/// new communicator (a split's non-members) can take part in the same number.
+pub(crate) const ROUNDS: usize = 3;
 
 /// What connecting needs besides the transports.
 #[derive(Debug)]
@@ -38,6 +38,8 @@ pub(crate) struct MeshOptions {
     pub debug: DebugLevel,
     /// One-way delay added to connections across hosts (`FERRO_LINK_DELAY_US`).
     pub link_delay: Duration,
+    /// The largest allreduce this rank lets run through the small-message lanes.
+    pub small_lane_bytes: usize,
 }
 
 /// The connections of one rank and the transport chosen for each peer.
@@ -47,6 +49,9 @@ pub(crate) struct Mesh {
     pub transports: Vec<Option<&'static str>>,
     /// This rank's connect handle per transport that listened (for logs).
     pub handles: Vec<(&'static str, Vec<u8>)>,
+    /// The largest allreduce that runs through the small-message lanes, agreed by every rank
+    /// (0: none does).
+    pub lane_bytes: usize,
 }
 
 /// One rank's card of round 1: for each transport, in order of preference, its name and
@@ -275,7 +280,9 @@ pub(crate) fn connect_mesh(
         .zip(handles)
         .filter_map(|(tr, h)| Some((tr.name(), h?)))
         .collect();
+    let lane_bytes = agree_on_lanes(ex, &mut conns, opts.small_lane_bytes)?;
     Ok(Mesh {
+        lane_bytes,
         handles,
         transports: choice
             .iter()
@@ -283,6 +290,28 @@ pub(crate) fn connect_mesh(
             .collect(),
         conns,
     })
+}
+
+/// The largest allreduce every rank can run through small-message lanes: each rank offers the
+/// least of its limit and its connections' lane capacities (0 where a connection has no lane),
+/// and all take the least offer, so that every rank makes the same choice for every call.
+fn agree_on_lanes(
+    ex: &mut dyn Exchange,
+    conns: &mut [Option<Conn>],
+    limit: usize,
+) -> Result<usize> {
+    let mine = conns
+        .iter_mut()
+        .flatten()
+        .map(Conn::lane_capacity)
+        .fold(limit, usize::min);
+    let mine = u32::try_from(mine).unwrap_or(u32::MAX);
+    let all = ex.allgather("lanes", &mine.to_le_bytes())?;
+    let least = all
+        .iter()
+        .map(|b| b.get(..4).map_or(0, |w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+        .fold(mine, u32::min);
+    Ok(least as usize)
 }
 
 /// Wraps a connection across hosts in the link delay of `FERRO_LINK_DELAY_US` (test and

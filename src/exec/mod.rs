@@ -14,6 +14,7 @@
 //! time and waiting come from a `wait::Waiter`, and every element-wise step (reductions,
 //! pre-multiplied scaling, copies) from the engine's [`Reducer`].
 
+mod lane;
 mod step;
 #[cfg(test)]
 mod tests;
@@ -50,6 +51,16 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(conn: Box<dyn Connection>, props: Properties) -> Conn {
         Conn { conn, props }
+    }
+
+    /// Payload bytes a message of the connection's small-message lane holds (0: no lane).
+    pub(crate) fn lane_capacity(&mut self) -> usize {
+        self.conn.small_lane().map_or(0, |l| l.capacity())
+    }
+
+    /// The connection's small-message lane, if it has one.
+    pub(crate) fn lane(&mut self) -> Option<&mut dyn ferroccl_transport::SmallLane> {
+        self.conn.small_lane()
     }
 
     /// Whether waiting for this connection means waiting on the doorbell, not on descriptors.
@@ -196,6 +207,8 @@ pub(crate) struct Engine {
     one_sided: bool,
     /// The timeline of this rank's collectives (`FERRO_TRACE_FILE`), when asked for.
     trace: Option<Box<crate::trace::Tracer>>,
+    /// Tiny allreduces through the connections' small-message lanes.
+    lanes: lane::Lanes,
 }
 
 /// The doorbell to sleep on: one wakes this rank only when every doorbell-driven connection
@@ -259,7 +272,14 @@ impl Engine {
             regs: RegCache::new(REG_CACHE_ENTRIES),
             one_sided,
             trace: crate::trace::Tracer::from_env(rank),
+            lanes: lane::Lanes::default(),
         }
+    }
+
+    /// Lets allreduces of at most `bytes` run through the small-message lanes (a limit every
+    /// rank agreed on at setup; 0: none).
+    pub(crate) fn set_lane_bytes(&mut self, bytes: usize) {
+        self.lanes.bytes = bytes;
     }
 
     /// The engine's empty op list, to fill with one step's ops (send/recv groups); hand it
@@ -581,6 +601,12 @@ impl Engine {
             )));
         }
         let es = dtype.size();
+        if waits.is_none() && self.lane_fits(args, es, premul.is_some()) {
+            crate::profile::phase(crate::profile::Phase::Drive);
+            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx);
+            crate::profile::phase(crate::profile::Phase::Leave);
+            return r;
+        }
         let (in_len, _) = args.kind.buffer_lens(args.count, self.nranks);
         let mut mem = mem;
         let mut args = *args;

@@ -19,12 +19,14 @@
 
 mod error;
 mod hash;
+pub mod lane;
 pub mod log;
 pub mod memory;
 pub mod setup;
 
 pub use error::{Error, ErrorKind, Result};
 pub use hash::{fnv1a64, hash64};
+pub use lane::{LaneTake, SmallLane};
 pub use memory::{MemRef, MemSpace, Payload, PayloadMut, RegCache, Region, Spaces};
 pub use setup::{Decline, Link, Properties, RankDesc, SetupCtx, Transport, WaitKind};
 
@@ -264,6 +266,12 @@ pub trait Connection: Send + fmt::Debug {
         None
     }
 
+    /// The connection's lane for tiny messages, where it has one (see [`lane`]). `None` (the
+    /// default): every message travels through `send` and `recv`.
+    fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
+        None
+    }
+
     /// Closes the connection so that the peer sees it closed at once. Idempotent.
     fn shutdown(&mut self);
 }
@@ -292,6 +300,9 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
     }
     fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
         (**self).doorbell()
+    }
+    fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
+        (**self).small_lane()
     }
     fn shutdown(&mut self) {
         (**self).shutdown()

@@ -30,12 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Doorbell, Error, Header, Part, Payload, PayloadMut, PeerInfo, PollFd, Progress,
-    Result, HEADER_LEN,
+    Connection, Doorbell, Error, Header, LaneTake, Part, Payload, PayloadMut, PeerInfo, PollFd,
+    Progress, Result, SmallLane, HEADER_LEN,
 };
 
 use crate::bell::Bell;
 use crate::cma::{self, CmaError};
+use crate::lane::{LaneBox, LANE_BYTES};
 use crate::ring::{Consumer, Producer, RawStorage, RingCtl};
 use crate::segment::{Mapping, OwnSegment, PeerSegment};
 use crate::sync::Ordering;
@@ -65,12 +66,16 @@ struct RingEnd {
     /// Keeps the ring's memory mapped.
     _map: Arc<Mapping>,
     ctl: *const RingCtl,
+    /// The small-message lane's boxes of this direction.
+    lane: *const [LaneBox; 2],
     data: RawStorage,
 }
 
 impl RingEnd {
     fn new(map: &Arc<Mapping>, slot: usize, ring_bytes: usize) -> RingEnd {
-        let ctl: *const RingCtl = &map.slot_ctl(slot, ring_bytes).ring;
+        let slot_ctl = map.slot_ctl(slot, ring_bytes);
+        let ctl: *const RingCtl = &slot_ctl.ring;
+        let lane: *const [LaneBox; 2] = &slot_ctl.lane;
         let data_off = map.slot_data(slot, ring_bytes);
         // SAFETY: `slot_ctl` checked that the slot's data lies inside the mapping, which `map`
         // keeps alive as long as this value; `ring_bytes` is a power of two (checked at
@@ -79,6 +84,7 @@ impl RingEnd {
         RingEnd {
             _map: Arc::clone(map),
             ctl,
+            lane,
             data,
         }
     }
@@ -86,6 +92,11 @@ impl RingEnd {
     fn ctl(&self) -> &RingCtl {
         // SAFETY: points into `self._map`, alive and aligned; RingCtl is all atomics.
         unsafe { &*self.ctl }
+    }
+
+    fn lane_box(&self, n: u64) -> &LaneBox {
+        // SAFETY: points into `self._map`, alive and aligned; LaneBox is all atomics.
+        unsafe { &(*self.lane)[(n % 2) as usize] }
     }
 
     fn flag(&self, i: usize) -> bool {
@@ -617,6 +628,10 @@ impl Connection for ShmConnection {
         Some(Arc::clone(&self.my_bell) as Arc<dyn Doorbell>)
     }
 
+    fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
+        Some(self)
+    }
+
     fn shutdown(&mut self) {
         if !self.closed {
             self.closed = true;
@@ -624,6 +639,55 @@ impl Connection for ShmConnection {
             self.rx.set_flag(CONSUMER_CLOSED);
             self.peer_bell.ring();
         }
+    }
+}
+
+impl SmallLane for ShmConnection {
+    fn capacity(&self) -> usize {
+        LANE_BYTES
+    }
+
+    fn put(&mut self, n: u64, tag: [u64; 3], data: &[u8]) -> Result<()> {
+        if data.len() > LANE_BYTES {
+            return Err(Error::internal(format!(
+                "lane message to {}: {} bytes, at most {LANE_BYTES} fit",
+                self.peer,
+                data.len()
+            )));
+        }
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        self.tx.lane_box(n).put(n, tag, data);
+        self.peer_bell.ring();
+        Ok(())
+    }
+
+    fn take(&mut self, n: u64, out: &mut [u8]) -> Result<LaneTake> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        if let Some(tag) = self.rx.lane_box(n).take(n, out) {
+            return Ok(LaneTake::Arrived(tag));
+        }
+        if self.ahead_len() > 0 || self.consumer().has_data() {
+            // The peer wrote lane messages before the stream bytes that follow them (Release,
+            // then Release), and the Acquire that saw those bytes makes such a message visible
+            // now: look once more before calling it a stray.
+            if let Some(tag) = self.rx.lane_box(n).take(n, out) {
+                return Ok(LaneTake::Arrived(tag));
+            }
+            return Ok(LaneTake::Stream);
+        }
+        if let Err(e) = self.check_peer() {
+            // A message written just before the close counts (the close flag's Acquire makes
+            // it visible).
+            if let Some(tag) = self.rx.lane_box(n).take(n, out) {
+                return Ok(LaneTake::Arrived(tag));
+            }
+            return Err(e);
+        }
+        Ok(LaneTake::Empty)
     }
 }
 

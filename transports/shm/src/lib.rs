@@ -34,6 +34,8 @@ mod conn;
 #[cfg(not(loom))]
 mod host;
 #[cfg(not(loom))]
+mod lane;
+#[cfg(not(loom))]
 mod segment;
 #[cfg(not(loom))]
 mod setup;
@@ -46,6 +48,8 @@ pub use bell::Bell;
 pub use conn::{PeerWatch, ShmConnection};
 #[cfg(not(loom))]
 pub use host::namespace_inode;
+#[cfg(not(loom))]
+pub use lane::LANE_BYTES;
 #[cfg(not(loom))]
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
 #[cfg(not(loom))]

@@ -149,6 +149,16 @@ impl<'a, S: Storage> Consumer<'a, S> {
         Consumer { ctl, data }
     }
 
+    /// Whether any byte is ready to read now.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub fn has_data(&self) -> bool {
+        // Acquire: pairs with the producer's Release store of `head`, so that what the
+        // producer wrote before it is visible to the caller.
+        let head = self.ctl.head.0.load(Ordering::Acquire);
+        // Relaxed: only this side writes `tail`.
+        head != self.ctl.tail.0.load(Ordering::Relaxed)
+    }
+
     /// Bytes ready to read now.
     #[cfg(all(test, not(loom)))]
     pub fn available(&self) -> usize {

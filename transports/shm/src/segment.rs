@@ -28,10 +28,11 @@ use ferroccl_transport::{Error, ErrorKind, Result};
 use memmap2::{MmapMut, MmapOptions};
 
 use crate::bell::Bell;
+use crate::lane::LaneBox;
 use crate::ring::RingCtl;
 
 const SEG_MAGIC: u64 = 0x4d48_5353_4c43_5246; // "FRCLSSHM"
-const SEG_VERSION: u32 = 1;
+const SEG_VERSION: u32 = 2;
 /// Bytes before the first slot.
 pub(crate) const HDR_BYTES: usize = 4096;
 /// Bytes of a slot's control page.
@@ -65,7 +66,11 @@ pub(crate) struct SlotCtl {
     pub ring: RingCtl,
     /// The producer's rank plus one (0: unused slot).
     pub producer: u64,
+    /// The small-message lane's boxes, written by the producer (see `lane.rs`).
+    pub lane: [LaneBox; 2],
 }
+
+const _: () = assert!(std::mem::size_of::<SlotCtl>() <= CTL_BYTES);
 
 /// A shared mapping of a segment, kept alive by every ring, bell and connection that points into it.
 #[derive(Debug)]

@@ -1,0 +1,307 @@
+//! Tiny allreduces through the connections' small-message lanes.
+//!
+//! Where every rank reaches every other over a transport with a lane (shared memory), and
+//! the ranks agreed at setup on the largest size ([`crate::Config::small_lane_bytes`]), an
+//! allreduce of that size or less is one exchange: each rank writes its input, with the
+//! operation's header fields, into a box of every peer, waits for every peer's box, checks
+//! each header against its own, and reduces the inputs in rank order (the same order on every
+//! rank, so every rank gets the same bits). No schedule is planned and nothing goes through
+//! the ordered streams: one cache-line hand-off per peer instead of several.
+//!
+//! A peer that is not in the same exchange shows in one of two ways: its box holds another
+//! operation's header (a clear mismatch error, as from the stream), or its stream holds a
+//! message (another operation, or a failure notice): the executor then reads that message's
+//! header the usual way, which produces the same errors as any step would. Waiting follows the
+//! step driver: spin, yield, the doorbell; the deadline, abort and dead-peer detection.
+
+use std::sync::atomic::Ordering;
+
+use ferroccl_kernels::DataType;
+use ferroccl_kernels::ElemOp;
+use ferroccl_transport::{Error, ErrorKind, Header, LaneTake, Payload, PayloadMut, Result};
+
+use super::step::{check_header, OpState, RawOp, MAX_SLEEP};
+use super::wait::{SysWaiter, Waiter, Waiting};
+use super::{Engine, Memory, OpContext};
+use crate::coll::{CollArgs, CollKind};
+
+/// Most ranks an exchange serves: each rank writes and reads `nranks - 1` boxes.
+pub(crate) const LANE_MAX_RANKS: usize = 8;
+
+/// Room for one lane message (at least any lane's capacity).
+const ROOM: usize = 128;
+
+/// An aligned buffer for one rank's input, so reductions see aligned elements.
+#[repr(C, align(16))]
+#[derive(Clone, Copy)]
+struct Slot([u8; ROOM]);
+
+/// The engine's lane state: the agreed size limit and the next message number.
+#[derive(Debug, Default)]
+pub(crate) struct Lanes {
+    /// Largest allreduce (bytes) that runs through the lanes; 0: none.
+    pub bytes: usize,
+    /// Number of the next lane message (the same on every rank: one per lane exchange).
+    next: u64,
+}
+
+/// The check words a lane message carries: the header fields of the operation.
+fn tag_of(h: &Header) -> [u64; 3] {
+    [
+        u64::from(h.kind)
+            | u64::from(h.dtype) << 8
+            | u64::from(h.op) << 16
+            | (h.len & 0xff) << 24
+            | u64::from(h.root) << 32,
+        h.seq,
+        h.count,
+    ]
+}
+
+/// The header a lane message's check words describe.
+fn header_of(tag: [u64; 3]) -> Header {
+    Header {
+        kind: tag[0] as u8,
+        dtype: (tag[0] >> 8) as u8,
+        op: (tag[0] >> 16) as u8,
+        len: (tag[0] >> 24) & 0xff,
+        root: (tag[0] >> 32) as u32,
+        seq: tag[1],
+        count: tag[2],
+    }
+}
+
+impl Engine {
+    /// Whether the allreduce `args` of `esize`-byte elements runs through the lanes.
+    pub(super) fn lane_fits(&self, args: &CollArgs, esize: usize, premul: bool) -> bool {
+        let bytes = args.count * esize;
+        matches!(args.kind, CollKind::AllReduce)
+            && !premul
+            && bytes > 0
+            && bytes <= self.lanes.bytes.min(ROOM)
+            && (2..=LANE_MAX_RANKS).contains(&self.nranks)
+            && self.tuning.probe.is_none()
+            && self.tuning.overrides == crate::plan::Overrides::default()
+    }
+
+    /// Runs an allreduce that [`Engine::lane_fits`] as one lane exchange.
+    pub(super) fn lane_all_reduce(
+        &mut self,
+        args: &CollArgs,
+        dtype: DataType,
+        op: ElemOp,
+        mem: &Memory,
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let bytes = args.count * dtype.size();
+        let (src, src_len) = if mem.in_place {
+            (mem.output as *const u8, mem.output_len)
+        } else {
+            (mem.input, mem.input_len)
+        };
+        if src_len < bytes || mem.output_len < bytes {
+            return Err(Error::internal(format!(
+                "{}: buffers of {src_len} and {} bytes for {bytes} bytes",
+                ctx.label(),
+                mem.output_len
+            )));
+        }
+        let mut slots = [Slot([0; ROOM]); LANE_MAX_RANKS];
+        // SAFETY: `src` holds at least `bytes` readable bytes (checked above against the
+        // length the caller vouched for), and nothing writes it during the call.
+        let input = unsafe { std::slice::from_raw_parts(src, bytes) };
+        slots[self.rank].0[..bytes].copy_from_slice(input);
+        let want = ctx.header(bytes);
+        let tag = tag_of(&want);
+        let n = self.lanes.next;
+        let me = self.rank;
+        for p in (0..self.nranks).filter(|&p| p != me) {
+            self.lane_of(p, ctx)?.put(n, tag, input)?;
+        }
+        self.lane_wait(n, &want, &mut slots, ctx)?;
+        self.lanes.next += 1;
+        // Every rank reduces in rank order, so every rank gets the same bits.
+        let (first, rest) = slots[..self.nranks].split_at_mut(1);
+        let acc = &mut first[0].0[..bytes];
+        for s in rest.iter() {
+            self.reducer.reduce_inplace(
+                dtype,
+                op,
+                PayloadMut::Host(acc),
+                Payload::Host(&s.0[..bytes]),
+            )?;
+        }
+        // SAFETY: `output` holds at least `bytes` writable bytes (checked above); the input
+        // was copied out before, so an in-place call may overwrite it.
+        let out = unsafe { std::slice::from_raw_parts_mut(mem.output, bytes) };
+        out.copy_from_slice(acc);
+        Ok(())
+    }
+
+    fn lane_of(
+        &mut self,
+        peer: usize,
+        ctx: &OpContext,
+    ) -> Result<&mut dyn ferroccl_transport::SmallLane> {
+        self.conns
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .and_then(|c| c.lane())
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "{}: no small-message lane to rank {peer}",
+                    ctx.label()
+                ))
+            })
+    }
+
+    /// Waits for message `n` from every peer into `slots`, checking each one's header.
+    fn lane_wait(
+        &mut self,
+        n: u64,
+        want: &Header,
+        slots: &mut [Slot; LANE_MAX_RANKS],
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let bytes = want.len as usize;
+        let mut pending: u32 = (0..self.nranks)
+            .filter(|&p| p != self.rank)
+            .fold(0, |m, p| m | 1 << p);
+        let mut waiter = SysWaiter::new(self.bell.as_deref(), &mut self.waits);
+        let mut last_progress = waiter.now();
+        let mut idle_since = None;
+        loop {
+            waiter.arm();
+            let before = pending;
+            for p in 0..self.nranks {
+                if pending & (1 << p) == 0 {
+                    continue;
+                }
+                let lane = self
+                    .conns
+                    .get_mut(p)
+                    .and_then(Option::as_mut)
+                    .and_then(|c| c.lane())
+                    .ok_or_else(|| {
+                        Error::internal(format!("{}: no small-message lane to rank {p}", ctx.label()))
+                    })?;
+                match lane.take(n, &mut slots[p].0[..bytes])? {
+                    LaneTake::Arrived(tag) => {
+                        check_header(ctx, p, &header_of(tag), want)?;
+                        pending &= !(1 << p);
+                    }
+                    LaneTake::Empty => {}
+                    LaneTake::Stream => {
+                        drop(waiter);
+                        return Err(self.lane_stray(p, want, ctx));
+                    }
+                }
+            }
+            if pending != before {
+                if let Some(idle) = idle_since.take() {
+                    let now = waiter.now();
+                    waiter.resumed(now.duration_since(idle));
+                }
+                if pending == 0 {
+                    return Ok(());
+                }
+                last_progress = waiter.now();
+                continue;
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(Error::new(
+                    ErrorKind::Aborted,
+                    format!("{}: the communicator was aborted", ctx.label()),
+                ));
+            }
+            let now = waiter.now();
+            let idle = *idle_since.get_or_insert(now);
+            let idle_for = now.duration_since(idle);
+            if idle_for < self.wait.spin {
+                waiter.pause(idle_for);
+                continue;
+            }
+            let quiet = now.duration_since(last_progress);
+            if quiet >= self.wait.timeout {
+                let who: Vec<String> = (0..self.nranks)
+                    .filter(|&p| pending & (1 << p) != 0)
+                    .map(|p| {
+                        self.conns[p]
+                            .as_ref()
+                            .map_or_else(|| format!("rank {p}"), |c| c.peer().to_string())
+                    })
+                    .collect();
+                return Err(Error::timeout(format!(
+                    "{}: no progress for {:.1} s while waiting for the small-message lane of {} \
+                     (FERRO_TIMEOUT sets the limit)",
+                    ctx.label(),
+                    self.wait.timeout.as_secs_f64(),
+                    who.join(", ")
+                )));
+            }
+            let ops: Vec<RawOp> = (0..self.nranks)
+                .filter(|&p| pending & (1 << p) != 0)
+                .map(|peer| RawOp::Recv {
+                    peer,
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                    header: *want,
+                })
+                .collect();
+            let st: Vec<OpState> = ops.iter().map(|_| OpState::default()).collect();
+            let waiting = Waiting {
+                conns: &self.conns,
+                ops: &ops,
+                st: &st,
+            };
+            waiter.sleep(
+                &waiting,
+                self.wait.timeout.saturating_sub(quiet).min(MAX_SLEEP),
+            );
+        }
+    }
+
+    /// The error for a peer whose stream holds a message while this rank waits in the lane:
+    /// the message's header is read as any step reads one, which names a failure notice, or
+    /// the operation the peer is in, the way every other mismatch is named.
+    fn lane_stray(&mut self, peer: usize, want: &Header, ctx: &OpContext) -> Error {
+        let mut sink = [0u8; ROOM];
+        let len = (want.len as usize).min(ROOM);
+        let op = RawOp::Recv {
+            peer,
+            ptr: sink.as_mut_ptr(),
+            len,
+            header: *want,
+        };
+        match self.run_step(&[op], DataType::Uint8, ElemOp::Sum, ctx) {
+            Err(e) => e,
+            Ok(()) => Error::internal(format!(
+                "{}: rank {peer} sent this operation through its stream, not the small-message \
+                 lane the ranks agreed on",
+                ctx.label()
+            ))
+            .with_peer(peer),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_words_carry_every_header_field() {
+        let h = Header {
+            kind: 3,
+            dtype: 9,
+            op: 4,
+            seq: 1 << 40 | 17,
+            count: 1 << 50 | 5,
+            root: u32::MAX,
+            len: 96,
+        };
+        assert_eq!(header_of(tag_of(&h)), h);
+        let other = Header { root: 7, ..h };
+        assert_ne!(tag_of(&other), tag_of(&h));
+    }
+}

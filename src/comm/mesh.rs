@@ -309,7 +309,10 @@ fn agree_on_lanes(
     let all = ex.allgather("lanes", &mine.to_le_bytes())?;
     let least = all
         .iter()
-        .map(|b| b.get(..4).map_or(0, |w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+        .map(|b| {
+            b.get(..4)
+                .map_or(0, |w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        })
         .fold(mine, u32::min);
     Ok(least as usize)
 }

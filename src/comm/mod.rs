@@ -183,6 +183,15 @@ impl Communicator {
         self.inner.transports.get(peer).copied().flatten()
     }
 
+    /// The largest allreduce (in bytes) that runs as one exchange through the connections'
+    /// small-message lanes, as every rank agreed at init (`FERRO_SMALL_LANE_BYTES`); 0 where
+    /// some pair of ranks has no lane (not every pair is on shared memory) or a rank disabled
+    /// them.
+    pub fn small_lane_bytes(&self) -> usize {
+        let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.lane_bytes()
+    }
+
     /// The cost model this rank's tuner uses, when `FERRO_TUNE=measure` calibrated it at init
     /// (every rank holds the same figures); `None` while it runs on the documented defaults.
     pub fn calibrated_model(&self) -> Option<crate::plan::CostModel> {

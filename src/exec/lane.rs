@@ -116,7 +116,9 @@ impl Engine {
         let n = self.lanes.next;
         let me = self.rank;
         for p in (0..self.nranks).filter(|&p| p != me) {
-            self.lane_of(p, ctx)?.put(n, tag, input)?;
+            self.lane_of(p, ctx)?
+                .put(n, tag, input)
+                .map_err(|e| e.context(ctx.label()))?;
         }
         self.lane_wait(n, &want, &mut slots, ctx)?;
         self.lanes.next += 1;
@@ -183,9 +185,15 @@ impl Engine {
                     .and_then(Option::as_mut)
                     .and_then(|c| c.lane())
                     .ok_or_else(|| {
-                        Error::internal(format!("{}: no small-message lane to rank {p}", ctx.label()))
+                        Error::internal(format!(
+                            "{}: no small-message lane to rank {p}",
+                            ctx.label()
+                        ))
                     })?;
-                match lane.take(n, &mut slots[p].0[..bytes])? {
+                match lane
+                    .take(n, &mut slots[p].0[..bytes])
+                    .map_err(|e| e.context(ctx.label()))?
+                {
                     LaneTake::Arrived(tag) => {
                         check_header(ctx, p, &header_of(tag), want)?;
                         pending &= !(1 << p);

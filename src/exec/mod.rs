@@ -282,6 +282,11 @@ impl Engine {
         self.lanes.bytes = bytes;
     }
 
+    /// The largest allreduce that runs through the small-message lanes (0: none).
+    pub(crate) fn lane_bytes(&self) -> usize {
+        self.lanes.bytes
+    }
+
     /// The engine's empty op list, to fill with one step's ops (send/recv groups); hand it
     /// back with [`Engine::return_ops`] so that its storage serves the next call.
     pub(crate) fn take_ops(&mut self) -> Vec<RawOp> {

@@ -136,7 +136,12 @@ fn dtype_name(code: u8) -> String {
 }
 
 /// Compares a received header with the one this rank expects.
-pub(super) fn check_header(ctx: &OpContext, peer: usize, got: &Header, want: &Header) -> Result<()> {
+pub(super) fn check_header(
+    ctx: &OpContext,
+    peer: usize,
+    got: &Header,
+    want: &Header,
+) -> Result<()> {
     if got == want {
         return Ok(());
     }

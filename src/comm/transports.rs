@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use ferroccl_transport::Transport;
 use ferroccl_transport_mem::MemTransport;
+use ferroccl_transport_p2p::P2pTransport;
 use ferroccl_transport_rdma::RdmaTransport;
 use ferroccl_transport_shm::{ShmConfig, ShmTransport};
 use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
@@ -49,6 +50,12 @@ type Entry = (&'static str, bool, fn(&Settings) -> Box<dyn Transport>);
 
 /// The transports, in the default order of preference.
 const REGISTRY: &[Entry] = &[
+    // GPU peer-to-peer (CUDA IPC), first in preference once a default; opt-in
+    // (`FERRO_TRANSPORTS=p2p,shm,tcp`) until the executor carries device buffers and the cuda
+    // provider has passed scripts/gpu-check.sh. `FERRO_P2P_PROVIDER=host` is test tooling.
+    ("p2p", false, |s| {
+        Box::new(P2pTransport::from_env(s.verbose()))
+    }),
     ("shm", true, |s| {
         Box::new(ShmTransport::new(s.shm(), s.verbose()))
     }),

@@ -299,9 +299,11 @@ const NOT_READY: c_int = 600;
 
 impl Driver {
     /// Makes `ctx` (from [`Driver::bind_primary_context`]) current on this thread.
-    pub fn set_current(&self, ctx: Handle) -> Result<()> {
-        // SAFETY: `ctx` is a retained primary context (the caller's word); the call reads no
-        // memory of ours.
+    ///
+    /// # Safety
+    /// `ctx` is a context the driver handed out and still holds (a retained primary context).
+    pub unsafe fn set_current(&self, ctx: Handle) -> Result<()> {
+        // SAFETY: per the caller; the call reads no memory of ours.
         self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
     }
 
@@ -403,8 +405,11 @@ impl Driver {
     }
 
     /// Waits until everything queued on `s` is done.
-    pub fn stream_sync(&self, s: Handle) -> Result<()> {
-        // SAFETY: the driver checks the handle.
+    ///
+    /// # Safety
+    /// `s` is a live stream from [`Driver::stream_new`].
+    pub unsafe fn stream_sync(&self, s: Handle) -> Result<()> {
+        // SAFETY: per the caller.
         self.check("cuStreamSynchronize", unsafe {
             (self.stream_synchronize)(s)
         })
@@ -431,14 +436,20 @@ impl Driver {
     }
 
     /// Records `e` on `s`: it completes when the work queued on `s` before it has.
-    pub fn event_record_on(&self, e: Handle, s: Handle) -> Result<()> {
-        // SAFETY: the driver checks both handles.
+    ///
+    /// # Safety
+    /// `e` and `s` are live, from [`Driver::event_new`] and [`Driver::stream_new`].
+    pub unsafe fn event_record_on(&self, e: Handle, s: Handle) -> Result<()> {
+        // SAFETY: per the caller.
         self.check("cuEventRecord", unsafe { (self.event_record)(e, s) })
     }
 
     /// Whether the work before `e`'s last record is done (`cuEventQuery`, which never blocks).
-    pub fn event_done(&self, e: Handle) -> Result<bool> {
-        // SAFETY: the driver checks the handle.
+    ///
+    /// # Safety
+    /// `e` is a live event from [`Driver::event_new`].
+    pub unsafe fn event_done(&self, e: Handle) -> Result<bool> {
+        // SAFETY: per the caller.
         let status = unsafe { (self.event_query)(e) };
         if status == NOT_READY {
             return Ok(false);

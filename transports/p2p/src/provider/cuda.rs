@@ -65,9 +65,8 @@ impl CudaDev {
     }
 
     fn bind(&self) -> Result<()> {
-        self.drv
-            .set_current(self.ctx)
-            .map_err(|e| cuda_err("binding the context", e))
+        // SAFETY: `ctx` is the primary context retained in `open`, never released.
+        unsafe { self.drv.set_current(self.ctx) }.map_err(|e| cuda_err("binding the context", e))
     }
 
     /// Whether this GPU can reach the GPU with PCI bus id `peer` (the same GPU, or peer
@@ -311,9 +310,8 @@ impl DevCopier {
         // synchronises the stream first); the ring protocol gives this side the slot.
         unsafe { self.dev.drv.copy_async(dst, src, n, self.stream) }
             .map_err(|e| cuda_err("queueing a copy", e))?;
-        self.dev
-            .drv
-            .event_record_on(self.events[slot], self.stream)
+        // SAFETY: the event and the stream were created in `new` and live until `Drop`.
+        unsafe { self.dev.drv.event_record_on(self.events[slot], self.stream) }
             .map_err(|e| cuda_err("recording an event", e))?;
         self.busy[slot] = true;
         Ok(())
@@ -353,10 +351,8 @@ impl DevCopier {
             return Ok(true);
         }
         self.dev.bind()?;
-        let d = self
-            .dev
-            .drv
-            .event_done(self.events[slot])
+        // SAFETY: the event was created in `new` and lives until `Drop`.
+        let d = unsafe { self.dev.drv.event_done(self.events[slot]) }
             .map_err(|e| cuda_err("polling a copy", e))?;
         if d {
             self.busy[slot] = false;
@@ -384,7 +380,8 @@ impl Drop for DevCopier {
             return;
         }
         // Queued copies finish before the slots and buffers they touch can go.
-        let _ = self.dev.drv.stream_sync(self.stream);
+        // SAFETY: the stream was created in `new` and is destroyed below, after this.
+        let _ = unsafe { self.dev.drv.stream_sync(self.stream) };
         for &e in &self.events {
             // SAFETY: created by `new`, destroyed once, its work synchronised above.
             let _ = unsafe { self.dev.drv.event_free(e) };

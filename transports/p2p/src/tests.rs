@@ -187,3 +187,176 @@ fn the_cuda_provider_without_a_driver_is_not_offered() {
     let e = host_pair(&P2pConfig::default()).unwrap_err();
     assert!(e.message().contains("libcuda.so.1"), "{e}");
 }
+
+/// Set by `scripts/gpu-check.sh`: the tests below run the cuda provider (and fail without a
+/// usable GPU) instead of the host one or skipping.
+const GPU_CHECK: &str = "FERRO_P2P_GPU_CHECK";
+
+fn gpu_check() -> bool {
+    std::env::var_os(GPU_CHECK).is_some()
+}
+
+/// The conformance suite with the cuda provider (device slots, host buffers, ranks as threads
+/// of one process): only under `FERRO_P2P_GPU_CHECK` (scripts/gpu-check.sh).
+#[test]
+fn conformance_cuda_provider_on_a_gpu() {
+    if !gpu_check() {
+        eprintln!("skipped: set {GPU_CHECK}=1 on a machine with a GPU");
+        return;
+    }
+    let opts = Options {
+        threads: true,
+        ..Options::new("p2p(cuda)")
+    };
+    conformance::run(&opts, || {
+        // Both ranks on device 0: several ranks on one GPU, which every GPU machine has.
+        let cfg = P2pConfig {
+            device: Some(0),
+            ..P2pConfig::default()
+        };
+        host_pair(&cfg).unwrap_or_else(|e| panic!("cuda pair: {e}"))
+    });
+}
+
+const ROLE: &str = "FERRO_P2P_TEST_ROLE";
+const DIR: &str = "FERRO_P2P_TEST_DIR";
+
+/// Waits (bounded) for `dir/name` and returns its bytes.
+fn await_file(dir: &std::path::Path, name: &str) -> Vec<u8> {
+    let start = Instant::now();
+    loop {
+        if let Ok(b) = std::fs::read(dir.join(name)) {
+            return b;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "waited 30 s for {name} in {}",
+            dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Writes `dir/name` whole (a rename, so the reader never sees half of it).
+fn put_file(dir: &std::path::Path, name: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+}
+
+/// One rank of a two-process job: setup through files in `dir` (handles, then "attached"),
+/// then rank 0 sends messages of awkward sizes and rank 1 echoes each back.
+fn process_rank(rank: usize, dir: &std::path::Path, cfg: &P2pConfig, pids: [u32; 2]) -> usize {
+    let ranks = [
+        RankDesc {
+            host: 1,
+            pid: pids[0],
+        },
+        RankDesc {
+            host: 1,
+            pid: pids[1],
+        },
+    ];
+    let ctx = SetupCtx {
+        rank,
+        nranks: 2,
+        comm_id: 0x5032_5031,
+        ranks: &ranks,
+        deadline: Instant::now() + Duration::from_secs(30),
+    };
+    let peer = 1 - rank;
+    let mut t = P2pTransport::new(Ok(cfg.clone()), true);
+    t.can_connect(&ctx, peer).unwrap();
+    put_file(dir, &format!("h{rank}"), &t.listen(&ctx, &[peer]).unwrap());
+    let h = await_file(dir, &format!("h{peer}"));
+    t.attach(&ctx, peer, &h)
+        .unwrap_or_else(|why| panic!("rank {rank}: {why}"));
+    put_file(dir, &format!("a{rank}"), b"ok");
+    await_file(dir, &format!("a{peer}"));
+    let mut c = t.connect(&ctx, &[peer]).unwrap().pop().unwrap();
+    let sizes = [0, 1, 4095, 4096, 4097, 100_003, 3 << 20, 7];
+    let msgs = patterns(&sizes);
+    for (k, m) in msgs.iter().enumerate() {
+        if rank == 0 {
+            ferroccl_transport_testkit::drive::send_all(&mut *c, m, k as u64);
+            let back = ferroccl_transport_testkit::drive::recv_all(&mut *c, m.len(), k as u64);
+            assert_same(format_args!("echo of message {k}"), &back, m);
+        } else {
+            let got = ferroccl_transport_testkit::drive::recv_all(&mut *c, m.len(), k as u64);
+            assert_same(format_args!("message {k}"), &got, m);
+            ferroccl_transport_testkit::drive::send_all(&mut *c, &got, k as u64);
+        }
+    }
+    c.shutdown();
+    msgs.len()
+}
+
+/// The child of [`two_processes_exchange_through_the_provider`].
+#[test]
+fn child_process_rank() {
+    let Ok(rank) = std::env::var(ROLE) else {
+        return;
+    };
+    let dir = PathBuf::from(std::env::var(DIR).unwrap());
+    let pid0: u32 = std::str::from_utf8(&await_file(&dir, "pid0"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let cfg = P2pConfig {
+        dir: dir.clone(),
+        ..P2pConfig::from_env().unwrap()
+    };
+    let n = process_rank(
+        rank.parse().unwrap(),
+        &dir,
+        &cfg,
+        [pid0, std::process::id()],
+    );
+    println!("CHILD DONE messages={n}");
+}
+
+/// Two processes connected by the transport's own setup (handles exchanged through files)
+/// echo messages of awkward sizes: the host provider here; the cuda provider (CUDA IPC across
+/// processes, both on device 0) under `FERRO_P2P_GPU_CHECK`.
+#[test]
+fn two_processes_exchange_through_the_provider() {
+    if std::env::var_os(ROLE).is_some() {
+        return;
+    }
+    let dir = tmp_dir("procs");
+    let provider = if gpu_check() { "cuda" } else { "host" };
+    let cfg = P2pConfig {
+        nslots: 4,
+        slot_bytes: 64 << 10,
+        dir: dir.clone(),
+        ..if gpu_check() {
+            P2pConfig {
+                device: Some(0),
+                ..P2pConfig::default()
+            }
+        } else {
+            P2pConfig::host()
+        }
+    };
+    put_file(&dir, "pid0", std::process::id().to_string().as_bytes());
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tests::child_process_rank", "--nocapture"])
+        .env(ROLE, "1")
+        .env(DIR, &dir)
+        .env("FERRO_P2P_PROVIDER", provider)
+        .env("FERRO_P2P_SLOTS", "4")
+        .env("FERRO_P2P_SLOT_BYTES", "64K")
+        .env("FERRO_P2P_DEVICE", "0")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child_pid = child.id();
+    let run =
+        std::panic::catch_unwind(|| process_rank(0, &dir, &cfg, [std::process::id(), child_pid]));
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+    let n = run.unwrap_or_else(|_| panic!("rank 0 failed; child: {text}"));
+    assert!(out.status.success(), "child failed: {text}");
+    assert!(text.contains(&format!("CHILD DONE messages={n}")), "{text}");
+}

@@ -25,3 +25,16 @@ pub(crate) fn exited(fd: &OwnedFd) -> bool {
     let rc = unsafe { libc::poll(&mut p, 1, 0) };
     rc > 0 && p.revents != 0
 }
+
+/// Whether no process `pid` exists (`kill(pid, 0)` fails with `ESRCH`; `EPERM` means alive).
+pub(crate) fn is_gone(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; no memory is involved.
+    let rc = unsafe { libc::kill(p, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}

@@ -38,6 +38,7 @@ const H_RANK: usize = 3;
 const H_PID: usize = 4;
 const H_BLOCKS: usize = 5;
 const H_SLOTS: usize = 6;
+const H_PID_NS: usize = 7;
 
 /// Block word: the sending peer's rank plus one.
 const B_PRODUCER: usize = 0;
@@ -199,6 +200,7 @@ impl OwnCtl {
         put(H_PID, u64::from(std::process::id()));
         put(H_BLOCKS, senders.len() as u64);
         put(H_SLOTS, nslots as u64);
+        put(H_PID_NS, ferroccl_transport_shm::namespace_inode("pid"));
         let own = OwnCtl {
             shared,
             path,
@@ -316,5 +318,97 @@ impl PeerCtl {
             shared,
             block,
         })
+    }
+}
+
+/// Removes the control segments in `dir` (and the host provider's slot files beside them) of
+/// ranks whose process is gone: a rank killed between `listen` and `connect` leaves both.
+/// Only complete headers count (magic written, the owner's pid namespace this process's, its
+/// pid gone); anything else stays. Returns how many segments it removed. Best effort.
+pub(crate) fn sweep(dir: &Path) -> usize {
+    use std::os::unix::fs::FileExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let my_ns = ferroccl_transport_shm::namespace_inode("pid");
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(stem) = name
+            .to_str()
+            .filter(|n| n.starts_with(crate::FILE_PREFIX))
+            .and_then(|n| n.strip_suffix("-ctl"))
+        else {
+            continue;
+        };
+        let Ok(file) = File::open(entry.path()) else {
+            continue;
+        };
+        let mut h = [0u8; 64];
+        if my_ns == 0 || file.read_exact_at(&mut h, 0).is_err() {
+            continue;
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&h[i * 8..i * 8 + 8]);
+            u64::from_ne_bytes(w)
+        };
+        let pid = word(H_PID);
+        if word(H_MAGIC) != MAGIC
+            || word(H_PID_NS) != my_ns
+            || pid == u64::from(std::process::id())
+            || !u32::try_from(pid).is_ok_and(crate::alive::is_gone)
+        {
+            continue;
+        }
+        if std::fs::remove_file(entry.path()).is_ok() {
+            let _ = std::fs::remove_file(dir.join(format!("{stem}-slots")));
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_removes_the_files_of_dead_owners_only() {
+        let dir = std::env::temp_dir().join(crate::file_name(0, 0, "sweep"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A pid that is surely gone: a child that ran and was reaped.
+        let dead = std::process::Command::new("true")
+            .spawn()
+            .and_then(|mut c| c.wait().map(|_| c.id()))
+            .unwrap();
+        let mut made = Vec::new();
+        for (rank, owner) in [(0, dead), (1, std::process::id())] {
+            let name = crate::file_name(5, rank, "ctl");
+            let mut own = OwnCtl::create(&dir, &name, 5, rank, &[1 - rank], 2).unwrap();
+            own.shared
+                .word(H_PID * 8)
+                .store(u64::from(owner), Ordering::Relaxed);
+            let slots = name.replace("-ctl", "-slots");
+            std::fs::write(dir.join(&slots), b"x").unwrap();
+            // Keep the files: forget the owner's unlink.
+            own.unlinked = true;
+            made.push((name, slots));
+        }
+        assert_eq!(sweep(&dir), 1);
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !left.contains(&made[0].0) && !left.contains(&made[0].1),
+            "{left:?}"
+        );
+        assert!(
+            left.contains(&made[1].0) && left.contains(&made[1].1),
+            "{left:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

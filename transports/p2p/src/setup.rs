@@ -234,6 +234,14 @@ impl Transport for P2pTransport {
             .map_err(|why| Error::new(ErrorKind::Unsupported, why))?;
         let layout = cfg.layout();
         let ring = layout.nslots * layout.slot_bytes;
+        let swept = segment::sweep(&cfg.dir);
+        if swept > 0 && self.verbose {
+            crate::log(format_args!(
+                "rank {}: removed {swept} segment(s) of processes that are gone from {}",
+                ctx.rank,
+                cfg.dir.display()
+            ));
+        }
         let ctl_name = file_name(ctx.comm_id, ctx.rank, "ctl");
         let area_name = file_name(ctx.comm_id, ctx.rank, "slots");
         let ctl = OwnCtl::create(
@@ -291,6 +299,12 @@ impl Transport for P2pTransport {
         provider
             .can_reach(&ph.device)
             .map_err(|why| format!("rank {peer}: {why}"))?;
+        if ph.ctl_name.is_empty() || ph.ctl_name.contains('/') {
+            return Err(format!(
+                "rank {peer} offers a bad control segment name {:?}",
+                ph.ctl_name
+            ));
+        }
         let ring = ph.layout.nslots * ph.layout.slot_bytes;
         let ctl = PeerCtl::open(
             &cfg.dir,

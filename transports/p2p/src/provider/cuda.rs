@@ -167,8 +167,8 @@ pub(crate) enum DevPeer {
 }
 
 impl DevPeer {
-    /// Maps what [`DevAlloc::export`] wrote.
-    pub fn open(dev: &Arc<CudaDev>, export: &[u8]) -> Result<DevPeer> {
+    /// Maps what [`DevAlloc::export`] wrote, which must cover `need` bytes.
+    pub fn open(dev: &Arc<CudaDev>, export: &[u8], need: usize) -> Result<DevPeer> {
         if export.len() != 84 {
             return Err(Error::remote(format!(
                 "a cuda memory handle of {} bytes (expected 84)",
@@ -182,6 +182,11 @@ impl DevPeer {
         };
         let pid = u32::from_le_bytes([export[0], export[1], export[2], export[3]]);
         let (ptr, len) = (u64_at(4), u64_at(12) as usize);
+        if len < need {
+            return Err(Error::remote(format!(
+                "the peer's receive slots hold {len} bytes, its ring needs {need}"
+            )));
+        }
         if pid == std::process::id() {
             let local = LOCAL.lock().unwrap_or_else(|p| p.into_inner());
             let a = local

@@ -127,7 +127,7 @@ impl Provider {
                 Ok(PeerArea::Host(Arc::new(HostMap::open(dir, name, len)?)))
             }
             Provider::Cuda(d) => {
-                let p = DevPeer::open(d, export)?;
+                let p = DevPeer::open(d, export, len)?;
                 Ok(PeerArea::Cuda(Arc::clone(d), p))
             }
         }

@@ -7,6 +7,8 @@
 //! peer; a side that cannot move checks those flags and whether the peer's process still exists
 //! (a pidfd, every few milliseconds, or at once when the rank's watch thread saw an exit).
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

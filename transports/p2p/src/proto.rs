@@ -16,6 +16,8 @@
 //! [`Flags`] and [`Mover`] are the two things the protocol touches, so the unit tests drive it
 //! over plain memory with copies that finish late.
 
+#![forbid(unsafe_code)]
+
 use ferroccl_transport::{Error, Header, Part, Progress, Result, HEADER_LEN};
 
 /// Words of one flag line: the flag, five of header, one of size and first-of-message.

@@ -9,6 +9,8 @@
 //! or pid + address + length + `CUipcMemHandle`), then per peer its rank (u32) and the offset
 //! of its ring (u64).
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 

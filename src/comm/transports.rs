@@ -50,12 +50,6 @@ type Entry = (&'static str, bool, fn(&Settings) -> Box<dyn Transport>);
 
 /// The transports, in the default order of preference.
 const REGISTRY: &[Entry] = &[
-    // GPU peer-to-peer (CUDA IPC), first in preference once a default; opt-in
-    // (`FERRO_TRANSPORTS=p2p,shm,tcp`) until the executor carries device buffers and the cuda
-    // provider has passed scripts/gpu-check.sh. `FERRO_P2P_PROVIDER=host` is test tooling.
-    ("p2p", false, |s| {
-        Box::new(P2pTransport::from_env(s.verbose()))
-    }),
     ("shm", true, |s| {
         Box::new(ShmTransport::new(s.shm(), s.verbose()))
     }),
@@ -66,6 +60,12 @@ const REGISTRY: &[Entry] = &[
     // (FERRO_IB_PROVIDER=soft) is test tooling, only used when named.
     ("rdma", false, |s| {
         Box::new(RdmaTransport::from_env(s.verbose()))
+    }),
+    // GPU peer-to-peer (CUDA IPC): opt-in (`FERRO_TRANSPORTS=p2p,shm,tcp` puts it first) until
+    // the executor carries device buffers and the cuda provider has passed scripts/gpu-check.sh;
+    // then a default, first. `FERRO_P2P_PROVIDER=host` is test tooling, only used when named.
+    ("p2p", false, |s| {
+        Box::new(P2pTransport::from_env(s.verbose()))
     }),
 ];
 

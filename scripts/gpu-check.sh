@@ -37,8 +37,20 @@ case $rc in
 esac
 
 echo
+echo "== 2. peer-to-peer transport, cuda provider on device 0: conformance suite (two ranks as threads), two processes over CUDA IPC"
+if [ -x "$bundle/bin/p2p-tests" ]; then
+    FERRO_P2P_GPU_CHECK=1 "$bundle/bin/p2p-tests" --test-threads 1 \
+        conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
+    rc=$?
+    if [ "$rc" -eq 0 ]; then echo "-- p2p: PASS"; else echo "-- p2p: FAIL (exit $rc)"; failed=1; fi
+else
+    echo "-- p2p: bin/p2p-tests is not in this bundle: FAIL"
+    failed=1
+fi
+
+echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - conformance suite on device buffers, 2 and 4 ranks on one GPU, over the peer-to-peer transport and shm staging"
+echo "   - conformance suite on device buffers through the executor, 2 and 4 ranks on one GPU, over the peer-to-peer transport and shm staging"
 echo "   - C ABI with cudaStream_t (stream-ordered collectives through libnccl.so.2)"
 echo "   - all_reduce_perf on device buffers, 8 B .. 1 GiB (bin/all_reduce_perf runs on host buffers only)"
 

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use ferroccl_transport::Transport;
 use ferroccl_transport_mem::MemTransport;
+use ferroccl_transport_p2p::P2pTransport;
 use ferroccl_transport_rdma::RdmaTransport;
 use ferroccl_transport_shm::{ShmConfig, ShmTransport};
 use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
@@ -59,6 +60,12 @@ const REGISTRY: &[Entry] = &[
     // (FERRO_IB_PROVIDER=soft) is test tooling, only used when named.
     ("rdma", false, |s| {
         Box::new(RdmaTransport::from_env(s.verbose()))
+    }),
+    // GPU peer-to-peer (CUDA IPC): opt-in (`FERRO_TRANSPORTS=p2p,shm,tcp` puts it first) until
+    // the executor carries device buffers and the cuda provider has passed scripts/gpu-check.sh;
+    // then a default, first. `FERRO_P2P_PROVIDER=host` is test tooling, only used when named.
+    ("p2p", false, |s| {
+        Box::new(P2pTransport::from_env(s.verbose()))
     }),
 ];
 

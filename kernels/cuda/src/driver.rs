@@ -89,6 +89,16 @@ driver_api! {
     event_synchronize = "cuEventSynchronize": fn(Handle);
     event_elapsed = "cuEventElapsedTime": fn(*mut f32, Handle, Handle);
     event_destroy = "cuEventDestroy_v2": fn(Handle);
+    // The peer-to-peer transport (transports/p2p): peer access, IPC handles, async copies.
+    can_access_peer = "cuDeviceCanAccessPeer": fn(*mut c_int, Device, Device);
+    device_pci_bus_id = "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, Device);
+    device_by_pci_bus_id = "cuDeviceGetByPCIBusId": fn(*mut Device, *const c_char);
+    ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut IpcMemHandle, DevicePtr);
+    ipc_open_mem_handle = "cuIpcOpenMemHandle_v2": fn(*mut DevicePtr, IpcMemHandle, c_uint);
+    ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
+    memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
+    event_query = "cuEventQuery": fn(Handle);
+    stream_destroy = "cuStreamDestroy_v2": fn(Handle);
 }
 
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
@@ -266,6 +276,204 @@ impl Driver {
         // SAFETY: `dst` is writable for its length; the caller vouches for `src`.
         self.check("cuMemcpyDtoH", unsafe {
             (self.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len())
+        })
+    }
+}
+
+// ---- The peer-to-peer transport's calls (transports/p2p): peer access, CUDA IPC handles of
+// plain `cuMemAlloc` memory, copies on a stream of its own and events to poll them.
+
+/// `CUipcMemHandle`: 64 opaque bytes naming an allocation to another process.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcMemHandle(pub [u8; 64]);
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
+pub const IPC_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CUDA_ERROR_NOT_READY`: `cuEventQuery` on work still queued.
+const NOT_READY: c_int = 600;
+
+impl Driver {
+    /// Makes `ctx` (from [`Driver::bind_primary_context`]) current on this thread.
+    ///
+    /// # Safety
+    /// `ctx` is a context the driver handed out and still holds (a retained primary context).
+    pub unsafe fn set_current(&self, ctx: Handle) -> Result<()> {
+        // SAFETY: per the caller; the call reads no memory of ours.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+    }
+
+    /// Whether `device` can map memory of `peer` (`cuDeviceCanAccessPeer`); a device can
+    /// always reach its own memory.
+    pub fn can_access_peer(&self, device: Device, peer: Device) -> Result<bool> {
+        if device == peer {
+            return Ok(true);
+        }
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer; both devices came from the driver.
+        self.check("cuDeviceCanAccessPeer", unsafe {
+            (self.can_access_peer)(&mut v, device, peer)
+        })?;
+        Ok(v != 0)
+    }
+
+    /// The device's PCI bus id (`0000:3b:00.0`): the same GPU has the same id in every process,
+    /// whatever its ordinal there.
+    pub fn pci_bus_id(&self, device: Device) -> Result<String> {
+        let mut buf = [0 as c_char; 32];
+        // SAFETY: the buffer holds 32 bytes, the length passed.
+        self.check("cuDeviceGetPCIBusId", unsafe {
+            (self.device_pci_bus_id)(buf.as_mut_ptr(), buf.len() as c_int, device)
+        })?;
+        // SAFETY: the driver wrote a NUL-terminated id into `buf`.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// The device with PCI bus id `id` as this process numbers it; an error when this process
+    /// does not see it (`CUDA_VISIBLE_DEVICES`).
+    pub fn device_by_pci_bus_id(&self, id: &str) -> Result<Device> {
+        let c = std::ffi::CString::new(id).map_err(|_| {
+            CudaError::new(
+                CudaErrorKind::Invalid,
+                format!("PCI bus id {id:?} holds a NUL byte"),
+            )
+        })?;
+        let mut d = 0;
+        // SAFETY: `d` is a valid out-pointer, `c` a NUL-terminated string alive for the call.
+        self.check("cuDeviceGetByPCIBusId", unsafe {
+            (self.device_by_pci_bus_id)(&mut d, c.as_ptr())
+        })?;
+        Ok(d)
+    }
+
+    /// The IPC handle of an allocation from [`Driver::alloc`] (not stream-ordered pool memory,
+    /// which IPC cannot export), for another process to open.
+    pub fn ipc_handle(&self, p: DevicePtr) -> Result<IpcMemHandle> {
+        let mut h = IpcMemHandle([0; 64]);
+        // SAFETY: `h` is a valid out-pointer of the handle's size; the driver checks `p`.
+        self.check("cuIpcGetMemHandle", unsafe {
+            (self.ipc_get_mem_handle)(&mut h, p)
+        })?;
+        Ok(h)
+    }
+
+    /// Maps another process's allocation into the current context
+    /// (`CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`); close it with [`Driver::ipc_close`].
+    pub fn ipc_open(&self, h: &IpcMemHandle) -> Result<DevicePtr> {
+        let mut p = 0;
+        // SAFETY: `p` is a valid out-pointer; the handle is passed by value as cuda.h declares.
+        self.check("cuIpcOpenMemHandle", unsafe {
+            (self.ipc_open_mem_handle)(&mut p, *h, IPC_LAZY_ENABLE_PEER_ACCESS)
+        })?;
+        Ok(p)
+    }
+
+    /// Unmaps memory from [`Driver::ipc_open`].
+    ///
+    /// # Safety
+    /// `p` came from [`Driver::ipc_open`], is closed once, and no queued work still uses it.
+    pub unsafe fn ipc_close(&self, p: DevicePtr) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuIpcCloseMemHandle", unsafe {
+            (self.ipc_close_mem_handle)(p)
+        })
+    }
+
+    /// A non-blocking stream of the current context; destroy it with [`Driver::stream_destroy`].
+    pub fn stream_new(&self) -> Result<Handle> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: `s` is a valid out-pointer.
+        self.check("cuStreamCreate", unsafe {
+            (self.stream_create)(&mut s, STREAM_NON_BLOCKING)
+        })?;
+        Ok(s)
+    }
+
+    /// Destroys a stream from [`Driver::stream_new`] once its work is done.
+    ///
+    /// # Safety
+    /// `s` came from [`Driver::stream_new`] and is destroyed once.
+    pub unsafe fn stream_destroy(&self, s: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuStreamDestroy", unsafe { (self.stream_destroy)(s) })
+    }
+
+    /// Waits until everything queued on `s` is done.
+    ///
+    /// # Safety
+    /// `s` is a live stream from [`Driver::stream_new`].
+    pub unsafe fn stream_sync(&self, s: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuStreamSynchronize", unsafe {
+            (self.stream_synchronize)(s)
+        })
+    }
+
+    /// An event without timing, for polling queued work; destroy it with
+    /// [`Driver::event_free`].
+    pub fn event_new(&self) -> Result<Handle> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer.
+        self.check("cuEventCreate", unsafe {
+            (self.event_create)(&mut e, EVENT_DISABLE_TIMING)
+        })?;
+        Ok(e)
+    }
+
+    /// Destroys an event from [`Driver::event_new`].
+    ///
+    /// # Safety
+    /// `e` came from [`Driver::event_new`] and is destroyed once.
+    pub unsafe fn event_free(&self, e: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventDestroy", unsafe { (self.event_destroy)(e) })
+    }
+
+    /// Records `e` on `s`: it completes when the work queued on `s` before it has.
+    ///
+    /// # Safety
+    /// `e` and `s` are live, from [`Driver::event_new`] and [`Driver::stream_new`].
+    pub unsafe fn event_record_on(&self, e: Handle, s: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventRecord", unsafe { (self.event_record)(e, s) })
+    }
+
+    /// Whether the work before `e`'s last record is done (`cuEventQuery`, which never blocks).
+    ///
+    /// # Safety
+    /// `e` is a live event from [`Driver::event_new`].
+    pub unsafe fn event_done(&self, e: Handle) -> Result<bool> {
+        // SAFETY: per the caller.
+        let status = unsafe { (self.event_query)(e) };
+        if status == NOT_READY {
+            return Ok(false);
+        }
+        self.check("cuEventQuery", status)?;
+        Ok(true)
+    }
+
+    /// Queues a copy of `len` bytes from `src` to `dst` on `s`; either may be device memory of
+    /// any context or host memory (unified addressing).
+    ///
+    /// # Safety
+    /// Both ranges are valid for `len` bytes until the copy is done (an event recorded after it
+    /// completes), and nothing else writes `dst` meanwhile.
+    pub unsafe fn copy_async(
+        &self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        len: usize,
+        s: Handle,
+    ) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuMemcpyAsync", unsafe {
+            (self.memcpy_async)(dst, src, len, s)
         })
     }
 }

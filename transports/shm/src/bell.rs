@@ -8,6 +8,7 @@
 //! word, read sleepers": at least one side sees the other, so a wake-up is never lost (checked
 //! under loom in `ring.rs`), and a rank nobody waits for costs its peers no system call.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,11 +18,16 @@ use crate::segment::Mapping;
 use crate::sync::{fence, AtomicU32, Ordering};
 
 /// A doorbell in a shared mapping: a pointer to its two words and the mapping that holds them.
-#[derive(Debug)]
 pub struct Bell {
     word: *const AtomicU32,
     sleepers: *const AtomicU32,
-    _map: Arc<Mapping>,
+    _map: Arc<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Bell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bell").field("word", &self.word).finish()
+    }
 }
 
 // SAFETY: the pointers are into `_map`, which lives as long as the bell; the words are atomics.
@@ -37,6 +43,24 @@ impl Bell {
             word: map.at(word).cast(),
             sleepers: map.at(sleepers).cast(),
             _map: map,
+        }
+    }
+
+    /// A bell over two words of another shared mapping (another transport's segment), kept
+    /// mapped by `keep`.
+    ///
+    /// # Safety
+    /// `word` and `sleepers` point to 4-aligned words that stay mapped, shared and writable
+    /// while `keep` lives, and are only ever accessed atomically.
+    pub unsafe fn from_raw(
+        word: *const AtomicU32,
+        sleepers: *const AtomicU32,
+        keep: Arc<dyn Any + Send + Sync>,
+    ) -> Bell {
+        Bell {
+            word,
+            sleepers,
+            _map: keep,
         }
     }
 

@@ -708,6 +708,11 @@ pub struct PeerWatch {
 }
 
 impl PeerWatch {
+    /// Whether a watched process has exited (set before the bell rings).
+    pub fn exited(&self) -> bool {
+        self.exited.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Watches the processes `pids` (other than this one) for rank `rank`, ringing `bell`.
     /// `None` where no peer is in another process or the watch cannot be set up (the timed
     /// checks still detect exits then).

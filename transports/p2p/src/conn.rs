@@ -1,0 +1,314 @@
+//! One peer pair over the p2p transport: the ring this rank writes into (the peer's slots, its
+//! flags in the peer's control segment) and the ring it reads from (its own), driven by the
+//! sans-IO sides of `proto.rs`.
+//!
+//! Closing and dead peers as in the shared-memory transport: `shutdown` sets `SENDER_CLOSED`
+//! in the block this rank writes and `RECEIVER_CLOSED` in the block it reads, then rings the
+//! peer; a side that cannot move checks those flags and whether the peer's process still exists
+//! (a pidfd, every few milliseconds, or at once when the rank's watch thread saw an exit).
+
+#![forbid(unsafe_code)]
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferroccl_transport::{
+    Connection, Doorbell, Error, Header, Payload, PayloadMut, PeerInfo, PollFd, Progress, Result,
+    HEADER_LEN,
+};
+use ferroccl_transport_shm::{Bell, PeerWatch};
+
+use crate::proto::{Flags, Layout, Mover, RecvSide, SendSide, LINE_WORDS};
+use crate::provider::Copier;
+use crate::segment::{Block, RECEIVER_CLOSED, SENDER_CLOSED};
+
+/// How often an idle side checks whether the peer process still exists.
+const LIVENESS_EVERY: Duration = Duration::from_millis(5);
+
+impl Flags for Block {
+    fn flag(&self, slot: usize) -> u64 {
+        // Acquire: pairs with the sender's Release store of the flag; its line and the slot's
+        // bytes (copied before the flag was written) are visible.
+        self.line(slot, 0).load(Ordering::Acquire)
+    }
+
+    fn line(&self, slot: usize) -> [u64; LINE_WORDS - 1] {
+        // Relaxed: read after the Acquire load of the flag, which ordered the writes.
+        std::array::from_fn(|i| Block::line(self, slot, i + 1).load(Ordering::Relaxed))
+    }
+
+    fn publish(&self, slot: usize, line: [u64; LINE_WORDS - 1], flag: u64) {
+        for (i, w) in line.iter().enumerate() {
+            // Relaxed: published by the Release store of the flag below.
+            Block::line(self, slot, i + 1).store(*w, Ordering::Relaxed);
+        }
+        // Release: the line and the slot's bytes before it are visible to the receiver.
+        Block::line(self, slot, 0).store(flag, Ordering::Release);
+    }
+
+    fn tail(&self) -> u64 {
+        // Acquire: the receiver's copies out of the slots it handed back are finished.
+        Block::tail(self).load(Ordering::Acquire)
+    }
+
+    fn set_tail(&self, tail: u64) {
+        // Release: this side's copies out of the slots happen before the sender reuses them.
+        Block::tail(self).store(tail, Ordering::Release);
+    }
+}
+
+struct TxMover<'a> {
+    c: &'a mut Copier,
+    payload: Payload<'a>,
+    slot_bytes: usize,
+}
+
+impl Mover for TxMover<'_> {
+    fn start(&mut self, slot: usize, off: usize, n: usize) -> Result<()> {
+        self.c
+            .put(slot, slot * self.slot_bytes, &self.payload, off, n)
+    }
+    fn done(&mut self, slot: usize) -> Result<bool> {
+        self.c.done(slot)
+    }
+}
+
+struct RxMover<'a, 'b> {
+    c: &'a mut Copier,
+    payload: &'a mut PayloadMut<'b>,
+    slot_bytes: usize,
+}
+
+impl Mover for RxMover<'_, '_> {
+    fn start(&mut self, slot: usize, off: usize, n: usize) -> Result<()> {
+        self.c
+            .get(slot, slot * self.slot_bytes, self.payload, off, n)
+    }
+    fn done(&mut self, slot: usize) -> Result<bool> {
+        self.c.done(slot)
+    }
+}
+
+/// What setup hands a connection.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub peer: PeerInfo,
+    pub layout: Layout,
+    /// The block this rank writes (in the peer's segment) and the one it reads (its own).
+    pub tx: Block,
+    pub rx: Block,
+    pub tx_copier: Copier,
+    pub rx_copier: Copier,
+    pub my_bell: Arc<Bell>,
+    pub peer_bell: Arc<Bell>,
+    pub peer_pid: u32,
+    pub same_process: bool,
+    pub describe: String,
+}
+
+/// One peer pair over the p2p transport.
+#[derive(Debug)]
+pub struct P2pConnection {
+    p: Parts,
+    send: SendSide,
+    recv: RecvSide,
+    pidfd: Option<OwnedFd>,
+    last_liveness: Instant,
+    watch: Option<Arc<PeerWatch>>,
+    closed: bool,
+}
+
+impl P2pConnection {
+    pub(crate) fn new(p: Parts) -> P2pConnection {
+        let pidfd = if p.same_process {
+            None
+        } else {
+            crate::alive::pidfd(p.peer_pid)
+        };
+        P2pConnection {
+            p,
+            send: SendSide::default(),
+            recv: RecvSide::default(),
+            pidfd,
+            last_liveness: Instant::now(),
+            watch: None,
+            closed: false,
+        }
+    }
+
+    /// The peer's process id.
+    pub fn peer_pid(&self) -> u32 {
+        self.p.peer_pid
+    }
+
+    pub(crate) fn set_watch(&mut self, w: Arc<PeerWatch>) {
+        self.watch = Some(w);
+    }
+
+    fn closed_error(&self) -> Error {
+        Error::remote(format!("{} closed the connection", self.p.peer)).with_peer(self.p.peer.rank)
+    }
+
+    /// With nothing to move: fails if the peer closed or its process is gone.
+    fn check_peer(&mut self) -> Result<()> {
+        if self.p.tx.flag(RECEIVER_CLOSED) || self.p.rx.flag(SENDER_CLOSED) {
+            return Err(self.closed_error());
+        }
+        if let Some(fd) = &self.pidfd {
+            let now = Instant::now();
+            let told = self.watch.as_ref().is_some_and(|w| w.exited());
+            if told || now.duration_since(self.last_liveness) >= LIVENESS_EVERY {
+                self.last_liveness = now;
+                if crate::alive::exited(fd) {
+                    return Err(Error::remote(format!(
+                        "{} exited (process {} is gone) without closing the connection",
+                        self.p.peer, self.p.peer_pid
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tx_progress(
+        &mut self,
+        header: &Header,
+        payload: Payload<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        let mut m = TxMover {
+            c: &mut self.p.tx_copier,
+            payload,
+            slot_bytes: self.p.layout.slot_bytes,
+        };
+        self.send
+            .progress(&self.p.layout, &self.p.tx, &mut m, header, p)
+    }
+
+    fn rx_progress(&mut self, payload: &mut PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
+        let len = payload.len();
+        let mut m = RxMover {
+            c: &mut self.p.rx_copier,
+            payload,
+            slot_bytes: self.p.layout.slot_bytes,
+        };
+        self.recv
+            .progress(&self.p.layout, &self.p.rx, &mut m, len, p)
+    }
+}
+
+impl Connection for P2pConnection {
+    fn peer(&self) -> &PeerInfo {
+        &self.p.peer
+    }
+
+    fn send(&mut self, header: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        if header.len != payload.len() as u64 {
+            return Err(Error::internal(format!(
+                "send to {}: header says {} bytes, payload has {}",
+                self.p.peer,
+                header.len,
+                payload.len()
+            )));
+        }
+        let moved = self
+            .tx_progress(header, payload, p)
+            .map_err(|e| e.context(format_args!("send to {}", self.p.peer)))?;
+        if moved {
+            self.p.peer_bell.ring();
+        } else if !self.send.complete() {
+            self.check_peer()?;
+        }
+        Ok(self.send.complete())
+    }
+
+    fn recv(
+        &mut self,
+        header: &mut Header,
+        mut payload: PayloadMut<'_>,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        let peer = self.p.peer.clone();
+        let ctx = |e: Error| {
+            e.context(format_args!("recv from {peer}"))
+                .with_peer(peer.rank)
+        };
+        if !p.header_done() {
+            let mut h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
+            if h.is_none() {
+                if let Err(e) = self.check_peer() {
+                    // A sender that published its last message and then closed is no error:
+                    // the close flag's Acquire makes the message's flag visible now.
+                    h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
+                    if h.is_none() {
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(h) = h {
+                *header = h;
+                p.header_pos = HEADER_LEN;
+            }
+            // The caller checks the header before the payload moves.
+            return Ok(false);
+        }
+        if !p.started {
+            if header.len != payload.len() as u64 {
+                return Err(Error::internal(format!(
+                    "recv from {}: header says {} bytes, buffer has {}",
+                    self.p.peer,
+                    header.len,
+                    payload.len()
+                )));
+            }
+            self.recv.start(p, payload.len());
+        }
+        let mut moved = self.rx_progress(&mut payload, p).map_err(ctx)?;
+        if !moved && !self.recv.complete() {
+            if let Err(e) = self.check_peer() {
+                // As for the header: slots published just before the close still count.
+                moved = self.rx_progress(&mut payload, p).map_err(ctx)?;
+                if !moved {
+                    return Err(e);
+                }
+            }
+        }
+        if moved {
+            self.p.peer_bell.ring();
+        }
+        Ok(self.recv.complete())
+    }
+
+    fn describe(&self) -> String {
+        self.p.describe.clone()
+    }
+
+    fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+
+    fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
+        Some(Arc::clone(&self.p.my_bell) as Arc<dyn Doorbell>)
+    }
+
+    fn shutdown(&mut self) {
+        if !self.closed {
+            self.closed = true;
+            self.p.tx.set_flag(SENDER_CLOSED);
+            self.p.rx.set_flag(RECEIVER_CLOSED);
+            self.p.peer_bell.ring();
+        }
+    }
+}
+
+impl Drop for P2pConnection {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

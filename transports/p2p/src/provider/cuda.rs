@@ -1,0 +1,397 @@
+//! The cuda provider: receive slots in device memory from the plain allocator (`cuMemAlloc`:
+//! CUDA IPC cannot export stream-ordered pool memory), exported with `cuIpcGetMemHandle` and
+//! mapped by the peer with `cuIpcOpenMemHandle` (lazy peer access). Copies run on a stream of
+//! each connection's own (`cuMemcpyAsync`, unified addressing: device or host sources), one
+//! event per slot polled with `cuEventQuery`. A peer in this same process (ranks as threads)
+//! uses the allocation's pointer directly, since a process cannot open its own IPC handle.
+//!
+//! Built, not yet run on a GPU (see docs/P2P.md).
+
+use std::sync::{Arc, Mutex, Weak};
+
+use ferroccl_cuda::driver::{driver, Device, DevicePtr, Driver, Handle, IpcMemHandle};
+use ferroccl_transport::{Error, ErrorKind, MemSpace, Payload, PayloadMut, Result};
+
+fn cuda_err(what: &str, e: ferroccl_cuda::CudaError) -> Error {
+    Error::new(ErrorKind::System, format!("p2p {what}: {e}"))
+}
+
+/// This rank's GPU: the driver, the device and its primary context.
+#[derive(Debug)]
+pub(crate) struct CudaDev {
+    drv: &'static Driver,
+    device: Device,
+    /// The ordinal in this process.
+    pub ordinal: u32,
+    ctx: Handle,
+    /// PCI bus id: names the GPU the same way in every process.
+    pub bus_id: String,
+}
+
+// SAFETY: the context handle is a retained primary context, valid on any thread once made
+// current there (`bind`); the driver is thread-safe.
+unsafe impl Send for CudaDev {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDev {}
+
+impl CudaDev {
+    /// Opens device `ordinal`; without a driver the error is [`ferroccl_cuda::DRIVER_MISSING`]'s
+    /// (it names libcuda.so.1).
+    /// `ordinal` `None`: device `local_rank` modulo the devices this process sees.
+    pub fn open(ordinal: Option<u32>, local_rank: u32) -> std::result::Result<CudaDev, String> {
+        let drv = driver().map_err(|e| e.to_string())?;
+        let ordinal = match ordinal {
+            Some(o) => o,
+            None => {
+                let n = drv.device_count().map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("this process sees no CUDA device".to_string());
+                }
+                local_rank % n
+            }
+        };
+        let device = drv.device(ordinal).map_err(|e| e.to_string())?;
+        let ctx = drv
+            .bind_primary_context(device)
+            .map_err(|e| e.to_string())?;
+        let bus_id = drv.pci_bus_id(device).map_err(|e| e.to_string())?;
+        Ok(CudaDev {
+            drv,
+            device,
+            ordinal,
+            ctx,
+            bus_id,
+        })
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is the primary context retained in `open`, never released.
+        unsafe { self.drv.set_current(self.ctx) }.map_err(|e| cuda_err("binding the context", e))
+    }
+
+    /// Whether this GPU can reach the GPU with PCI bus id `peer` (the same GPU, or peer
+    /// access); `Err` says why not.
+    pub fn can_reach(&self, peer: &str) -> std::result::Result<(), String> {
+        if peer == self.bus_id {
+            return Ok(());
+        }
+        let d = self.drv.device_by_pci_bus_id(peer).map_err(|e| {
+            format!("GPU {peer} is not visible to this process (CUDA_VISIBLE_DEVICES?): {e}")
+        })?;
+        match self.drv.can_access_peer(self.device, d) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "GPU {} cannot access GPU {peer} (no NVLink or PCIe peer access)",
+                self.bus_id
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Allocations of this process by address, so that a peer thread of the same process finds
+/// them (a process cannot open its own IPC handles).
+static LOCAL: Mutex<Vec<(DevicePtr, Weak<DevAlloc>)>> = Mutex::new(Vec::new());
+
+/// Device memory this rank owns (its receive slots).
+#[derive(Debug)]
+pub(crate) struct DevAlloc {
+    dev: Arc<CudaDev>,
+    /// Device address.
+    pub ptr: DevicePtr,
+    /// Bytes.
+    pub len: usize,
+    handle: IpcMemHandle,
+}
+
+impl DevAlloc {
+    /// Allocates `len` bytes with `cuMemAlloc` and gets its IPC handle.
+    pub fn new(dev: &Arc<CudaDev>, len: usize) -> Result<Arc<DevAlloc>> {
+        dev.bind()?;
+        let ptr = dev
+            .drv
+            .alloc(len)
+            .map_err(|e| cuda_err("allocating receive slots", e))?;
+        let handle = match dev.drv.ipc_handle(ptr) {
+            Ok(h) => h,
+            Err(e) => {
+                // SAFETY: `ptr` is the fresh allocation above, used by nothing yet.
+                let _ = unsafe { dev.drv.free(ptr) };
+                return Err(cuda_err("exporting receive slots", e));
+            }
+        };
+        let a = Arc::new(DevAlloc {
+            dev: Arc::clone(dev),
+            ptr,
+            len,
+            handle,
+        });
+        let mut local = LOCAL.lock().unwrap_or_else(|p| p.into_inner());
+        local.retain(|(_, w)| w.strong_count() > 0);
+        local.push((ptr, Arc::downgrade(&a)));
+        Ok(a)
+    }
+
+    /// What a peer needs to map it: pid, address, length, IPC handle.
+    pub fn export(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(84);
+        v.extend_from_slice(&std::process::id().to_le_bytes());
+        v.extend_from_slice(&self.ptr.to_le_bytes());
+        v.extend_from_slice(&(self.len as u64).to_le_bytes());
+        v.extend_from_slice(&self.handle.0);
+        v
+    }
+}
+
+impl Drop for DevAlloc {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: the allocation is freed once, here; every connection that copied into or
+            // out of it synchronised its stream before releasing its reference.
+            let _ = unsafe { self.dev.drv.free(self.ptr) };
+        }
+    }
+}
+
+/// A peer's receive slots, mapped here.
+#[derive(Debug)]
+pub(crate) enum DevPeer {
+    /// Opened from an IPC handle; closed when dropped.
+    Ipc {
+        dev: Arc<CudaDev>,
+        ptr: DevicePtr,
+        len: usize,
+    },
+    /// An allocation of this same process.
+    Local(Arc<DevAlloc>),
+}
+
+impl DevPeer {
+    /// Maps what [`DevAlloc::export`] wrote, which must cover `need` bytes.
+    pub fn open(dev: &Arc<CudaDev>, export: &[u8], need: usize) -> Result<DevPeer> {
+        if export.len() != 84 {
+            return Err(Error::remote(format!(
+                "a cuda memory handle of {} bytes (expected 84)",
+                export.len()
+            )));
+        }
+        let u64_at = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&export[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let pid = u32::from_le_bytes([export[0], export[1], export[2], export[3]]);
+        let (ptr, len) = (u64_at(4), u64_at(12) as usize);
+        if len < need {
+            return Err(Error::remote(format!(
+                "the peer's receive slots hold {len} bytes, its ring needs {need}"
+            )));
+        }
+        if pid == std::process::id() {
+            let local = LOCAL.lock().unwrap_or_else(|p| p.into_inner());
+            let a = local
+                .iter()
+                .find(|(p, _)| *p == ptr)
+                .and_then(|(_, w)| w.upgrade())
+                .ok_or_else(|| {
+                    Error::remote(format!(
+                        "device allocation {ptr:#x} of this process is gone"
+                    ))
+                })?;
+            return Ok(DevPeer::Local(a));
+        }
+        let mut h = IpcMemHandle([0; 64]);
+        h.0.copy_from_slice(&export[20..84]);
+        dev.bind()?;
+        let ptr = dev
+            .drv
+            .ipc_open(&h)
+            .map_err(|e| cuda_err("opening the peer's receive slots", e))?;
+        Ok(DevPeer::Ipc {
+            dev: Arc::clone(dev),
+            ptr,
+            len,
+        })
+    }
+
+    fn base(&self) -> (DevicePtr, usize) {
+        match self {
+            DevPeer::Ipc { ptr, len, .. } => (*ptr, *len),
+            DevPeer::Local(a) => (a.ptr, a.len),
+        }
+    }
+}
+
+impl Drop for DevPeer {
+    fn drop(&mut self) {
+        if let DevPeer::Ipc { dev, ptr, .. } = self {
+            if dev.bind().is_ok() {
+                // SAFETY: opened once by `open`, closed once here; the connection that copied
+                // into it synchronised its stream first.
+                let _ = unsafe { dev.drv.ipc_close(*ptr) };
+            }
+        }
+    }
+}
+
+/// Slots a copier reaches: this rank's (receiving) or a peer's (sending).
+#[derive(Debug)]
+pub(crate) enum DevSlots {
+    /// This rank's.
+    Own(Arc<DevAlloc>),
+    /// A peer's.
+    Peer(DevPeer),
+}
+
+impl DevSlots {
+    fn base(&self) -> (DevicePtr, usize) {
+        match self {
+            DevSlots::Own(a) => (a.ptr, a.len),
+            DevSlots::Peer(p) => p.base(),
+        }
+    }
+}
+
+/// One direction's copies: a stream and an event per slot.
+#[derive(Debug)]
+pub(crate) struct DevCopier {
+    dev: Arc<CudaDev>,
+    slots: DevSlots,
+    stream: Handle,
+    events: Vec<Handle>,
+    busy: Vec<bool>,
+}
+
+// SAFETY: the stream and events belong to this copier alone and are used by one thread at a
+// time (the connection's); the driver is thread-safe.
+unsafe impl Send for DevCopier {}
+
+impl DevCopier {
+    /// A copier over `slots` with one event per slot.
+    pub fn new(dev: &Arc<CudaDev>, slots: DevSlots, nslots: usize) -> Result<DevCopier> {
+        dev.bind()?;
+        let stream = dev
+            .drv
+            .stream_new()
+            .map_err(|e| cuda_err("creating a stream", e))?;
+        let mut c = DevCopier {
+            dev: Arc::clone(dev),
+            slots,
+            stream,
+            events: Vec::with_capacity(nslots),
+            busy: vec![false; nslots],
+        };
+        for _ in 0..nslots {
+            let e = c
+                .dev
+                .drv
+                .event_new()
+                .map_err(|e| cuda_err("creating an event", e))?;
+            c.events.push(e);
+        }
+        Ok(c)
+    }
+
+    fn slot_addr(&self, at: usize, n: usize) -> Result<DevicePtr> {
+        let (base, len) = self.slots.base();
+        if at.checked_add(n).is_none_or(|e| e > len) {
+            return Err(Error::internal(format!(
+                "p2p cuda provider: bytes {at}..{} past {len} bytes of slots",
+                at.saturating_add(n)
+            )));
+        }
+        Ok(base + at as u64)
+    }
+
+    fn copy(&mut self, slot: usize, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
+        if n == 0 {
+            self.busy[slot] = false;
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: both ranges were checked against their buffers (slots: the allocation or
+        // mapping this copier holds; payload: the caller's slice or device reference, which
+        // the connection contract keeps alive until the message completes, and `Drop`
+        // synchronises the stream first); the ring protocol gives this side the slot.
+        unsafe { self.dev.drv.copy_async(dst, src, n, self.stream) }
+            .map_err(|e| cuda_err("queueing a copy", e))?;
+        // SAFETY: the event and the stream were created in `new` and live until `Drop`.
+        unsafe { self.dev.drv.event_record_on(self.events[slot], self.stream) }
+            .map_err(|e| cuda_err("recording an event", e))?;
+        self.busy[slot] = true;
+        Ok(())
+    }
+
+    /// Queues `src[off..off + n]` into byte `at` of the slots.
+    pub fn put(
+        &mut self,
+        slot: usize,
+        at: usize,
+        src: &Payload<'_>,
+        off: usize,
+        n: usize,
+    ) -> Result<()> {
+        let from = payload_addr(src.mem(), off, n)?;
+        let to = self.slot_addr(at, n)?;
+        self.copy(slot, to, from, n)
+    }
+
+    /// Queues `n` bytes at byte `at` of the slots into `dst[off..off + n]`.
+    pub fn get(
+        &mut self,
+        slot: usize,
+        at: usize,
+        dst: &mut PayloadMut<'_>,
+        off: usize,
+        n: usize,
+    ) -> Result<()> {
+        let to = payload_addr(dst.mem(), off, n)?;
+        let from = self.slot_addr(at, n)?;
+        self.copy(slot, to, from, n)
+    }
+
+    /// Whether the copy last queued for `slot` is done.
+    pub fn done(&mut self, slot: usize) -> Result<bool> {
+        if !self.busy[slot] {
+            return Ok(true);
+        }
+        self.dev.bind()?;
+        // SAFETY: the event was created in `new` and lives until `Drop`.
+        let d = unsafe { self.dev.drv.event_done(self.events[slot]) }
+            .map_err(|e| cuda_err("polling a copy", e))?;
+        if d {
+            self.busy[slot] = false;
+        }
+        Ok(d)
+    }
+}
+
+fn payload_addr(m: ferroccl_transport::MemRef, off: usize, n: usize) -> Result<DevicePtr> {
+    if off.checked_add(n).is_none_or(|e| e > m.len) {
+        return Err(Error::internal(format!(
+            "p2p cuda provider: bytes {off}..{} past a {}-byte buffer",
+            off.saturating_add(n),
+            m.len
+        )));
+    }
+    match m.space {
+        MemSpace::Host | MemSpace::Cuda(_) => Ok((m.addr + off) as DevicePtr),
+    }
+}
+
+impl Drop for DevCopier {
+    fn drop(&mut self) {
+        if self.dev.bind().is_err() {
+            return;
+        }
+        // Queued copies finish before the slots and buffers they touch can go.
+        // SAFETY: the stream was created in `new` and is destroyed below, after this.
+        let _ = unsafe { self.dev.drv.stream_sync(self.stream) };
+        for &e in &self.events {
+            // SAFETY: created by `new`, destroyed once, its work synchronised above.
+            let _ = unsafe { self.dev.drv.event_free(e) };
+        }
+        // SAFETY: created by `new`, destroyed once, its work synchronised above.
+        let _ = unsafe { self.dev.drv.stream_destroy(self.stream) };
+    }
+}

@@ -182,7 +182,7 @@ impl Communicator {
             mesh,
             descs,
             Some(store),
-            server,
+            server.map(Arc::new),
         );
         if measure {
             comm.calibrate()?;
@@ -200,7 +200,7 @@ impl Communicator {
         mesh: mesh::Mesh,
         descs: Vec<ferroccl_transport::RankDesc>,
         store: Option<Arc<dyn Store>>,
-        server: Option<bootstrap::TcpStoreServer>,
+        server: Option<Arc<bootstrap::TcpStoreServer>>,
     ) -> Communicator {
         let aborted = Arc::new(AtomicBool::new(false));
         let lane_bytes = mesh.lane_bytes;
@@ -232,7 +232,7 @@ impl Communicator {
                 splits: AtomicU64::new(0),
                 groups: AtomicU64::new(0),
                 store,
-                _store_server: server,
+                store_server: server,
                 hosts: descs.iter().map(|d| d.host).collect(),
                 descs,
                 transports: mesh.transports,

@@ -108,8 +108,10 @@ struct Inner {
     groups: AtomicU64,
     /// The rendezvous store, kept to tell peers why this rank failed (and to learn why they did).
     store: Option<Arc<dyn Store>>,
-    /// Keeps a rendezvous store this rank hosts alive as long as the communicator.
-    _store_server: Option<bootstrap::TcpStoreServer>,
+    /// Keeps a rendezvous store this rank hosts alive as long as the communicator and the
+    /// communicators shrunk from it (survivors meet through it, perhaps after this rank
+    /// dropped the parent).
+    store_server: Option<Arc<bootstrap::TcpStoreServer>>,
     /// Host id of every rank (equal ids: one host).
     hosts: Vec<u64>,
     /// Every rank's description (host, process).

@@ -110,7 +110,7 @@ impl Communicator {
             mesh,
             descs,
             Some(store),
-            None,
+            inner.store_server.clone(),
         );
         // Measured link costs still hold; an engine busy with a stuck call is not waited for.
         if let Ok(parent) = inner.engine.try_lock() {

@@ -44,6 +44,7 @@ pub mod bootstrap;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod coll;
+pub mod device;
 pub mod comm;
 mod exec;
 pub mod plan;

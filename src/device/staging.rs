@@ -1,0 +1,287 @@
+//! Pinned host staging: how device data crosses the host-only transports (shm, TCP).
+//!
+//! A communicator keeps one [`Staging`] per bound device: a stream and two page-locked host
+//! buffers (input and output), grown to the largest call seen and reused afterwards, so calls
+//! after the first of their size allocate nothing. A device collective copies its device input
+//! into the input buffer (device to host, on the stream), waits, runs the host schedule on the
+//! staging buffers, then copies the output buffer back (host to device) and waits.
+//!
+//! Whole buffers are staged; copies are not yet pipelined in slices with the transfer, and
+//! completion is synchronous (each call waits for its stream before returning).
+
+use ferroccl_kernels::Element;
+
+use super::{cuda, host, Device, DeviceBuffer, Provider};
+use crate::{Error, Result};
+
+/// Page-locked host memory (plain heap memory with the host stand-in), zeroed at allocation,
+/// freed on drop.
+#[derive(Debug)]
+struct Pinned {
+    device: Device,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by this value alone; it is host memory any thread may touch.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    fn new(device: Device, len: usize) -> Result<Pinned> {
+        let ptr = match device.provider {
+            Provider::Cuda => cuda::alloc_pinned(device.ordinal, len)?,
+            Provider::Host => host::alloc_pinned(len)?,
+        };
+        // SAFETY: just allocated with at least `len` writable bytes; zeroed so that the slices
+        // below never expose uninitialised memory.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(Pinned { device, ptr, len })
+    }
+
+    /// The first `n` (`<= len`) bytes as elements of `T`.
+    fn typed<T: Element>(&mut self, n: usize) -> &mut [T] {
+        assert!(n * T::DTYPE.size() <= self.len, "staging checked by reserve");
+        // SAFETY: `ptr` holds `len` initialised bytes owned by `self` (borrowed mutably), is
+        // aligned to at least 256 bytes (every element type's alignment divides it), and every
+        // bit pattern is a valid `T` (plain numeric element types).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), n) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`; freed once, here; every copy queued on it completed
+        // before the call that queued it returned.
+        let r = match self.device.provider {
+            Provider::Cuda => unsafe { cuda::free_pinned(self.device.ordinal, self.ptr) },
+            Provider::Host => {
+                // SAFETY: as above, with the length it was allocated with.
+                unsafe { host::free_pinned(self.ptr, self.len) };
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            ferroccl_transport::log_line!("ferroccl WARN DEVICE: freeing staging memory: {e}");
+        }
+    }
+}
+
+/// A stream of the provider.
+#[derive(Debug)]
+enum Stream {
+    Cuda(cuda::Stream),
+    Host(host::Queue),
+}
+
+impl Stream {
+    fn new(device: Device) -> Result<Stream> {
+        Ok(match device.provider {
+            Provider::Cuda => Stream::Cuda(cuda::Stream::new(device.ordinal)?),
+            Provider::Host => Stream::Host(host::Queue::default()),
+        })
+    }
+
+    /// # Safety
+    /// `src` device memory of the stream's device, `dst` host memory, both live for `len`
+    /// bytes until [`Stream::synchronize`] returns.
+    unsafe fn download(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        match self {
+            // SAFETY: per the caller.
+            Stream::Cuda(s) => unsafe { s.download(dst, src, len) },
+            Stream::Host(q) => {
+                // SAFETY: per the caller.
+                unsafe { q.copy(dst, src as *const u8, len) };
+                Ok(())
+            }
+        }
+    }
+
+    /// # Safety
+    /// `src` host memory, `dst` device memory of the stream's device, both live for `len`
+    /// bytes until [`Stream::synchronize`] returns.
+    unsafe fn upload(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        match self {
+            // SAFETY: per the caller.
+            Stream::Cuda(s) => unsafe { s.upload(dst, src, len) },
+            Stream::Host(q) => {
+                // SAFETY: per the caller.
+                unsafe { q.copy(dst as *mut u8, src, len) };
+                Ok(())
+            }
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.synchronize(),
+            Stream::Host(q) => {
+                q.synchronize();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Which staging buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The collective's input (a device send buffer, staged in).
+    Input,
+    /// The collective's output (a device receive buffer, staged out; in place: both).
+    Output,
+}
+
+/// A communicator's staging for one device: a stream and two pinned buffers, cached.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    // Declared first: dropped (synchronized and destroyed) before the buffers it copies.
+    stream: Stream,
+    device: Device,
+    input: Option<Pinned>,
+    output: Option<Pinned>,
+    /// Pinned allocations made so far (for the no-per-call-allocation test).
+    allocations: u64,
+}
+
+impl Staging {
+    /// Staging for `device`: its stream now, buffers at the first call.
+    pub(crate) fn new(device: Device) -> Result<Staging> {
+        Ok(Staging {
+            stream: Stream::new(device)?,
+            device,
+            input: None,
+            output: None,
+            allocations: 0,
+        })
+    }
+
+    /// The device it serves.
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Pinned allocations made so far.
+    pub(crate) fn allocations(&self) -> u64 {
+        self.allocations
+    }
+
+    fn slot(&mut self, s: Slot) -> &mut Option<Pinned> {
+        match s {
+            Slot::Input => &mut self.input,
+            Slot::Output => &mut self.output,
+        }
+    }
+
+    /// Makes the buffers hold at least `input` and `output` bytes (kept if large enough,
+    /// else replaced by one of the next power of two). Call before staging anything in.
+    pub(crate) fn reserve(&mut self, input: usize, output: usize) -> Result<()> {
+        for (s, need) in [(Slot::Input, input), (Slot::Output, output)] {
+            let device = self.device;
+            let cur = self.slot(s).as_ref().map_or(0, |p| p.len);
+            if need > cur {
+                *self.slot(s) = None;
+                let p = Pinned::new(device, need.next_power_of_two())?;
+                *self.slot(s) = Some(p);
+                self.allocations += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn checked(&mut self, s: Slot, bytes: usize) -> Result<*mut u8> {
+        match self.slot(s) {
+            Some(p) if p.len >= bytes => Ok(p.ptr),
+            _ if bytes == 0 => Ok(std::ptr::NonNull::<u8>::dangling().as_ptr()),
+            _ => Err(Error::internal(format!(
+                "device staging: {s:?} buffer not reserved for {bytes} bytes"
+            ))),
+        }
+    }
+
+    /// Copies `src` (device) into the start of staging buffer `s` and waits for the copy.
+    pub(crate) fn stage_in<T: Element>(&mut self, s: Slot, src: &DeviceBuffer<T>) -> Result<()> {
+        self.same_device(src.device)?;
+        let dst = self.checked(s, src.bytes())?;
+        // SAFETY: `dst` holds at least `src.bytes()` bytes (reserved) owned by `self`, and
+        // `src` owns that many bytes of device memory of this stream's device; both stay
+        // borrowed until the synchronize below returns.
+        unsafe { self.stream.download(dst, src.addr, src.bytes())? };
+        self.stream.synchronize()
+    }
+
+    /// Copies the start of staging buffer `s` into `dst` (device) and waits for the copy.
+    pub(crate) fn stage_out<T: Element>(
+        &mut self,
+        s: Slot,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.same_device(dst.device)?;
+        let src = self.checked(s, dst.bytes())?;
+        // SAFETY: as in `stage_in`, with the direction reversed; `dst` is borrowed mutably.
+        unsafe { self.stream.upload(dst.addr, src, dst.bytes())? };
+        self.stream.synchronize()
+    }
+
+    /// The staging buffers as `input` and `output` elements of `T` (both reserved).
+    pub(crate) fn buffers<T: Element>(
+        &mut self,
+        input: usize,
+        output: usize,
+    ) -> Result<(&mut [T], &mut [T])> {
+        let es = T::DTYPE.size();
+        self.checked(Slot::Input, input * es)?;
+        self.checked(Slot::Output, output * es)?;
+        let i = match &mut self.input {
+            Some(p) => p.typed(input),
+            None => &mut [],
+        };
+        let o = match &mut self.output {
+            Some(p) => p.typed(output),
+            None => &mut [],
+        };
+        Ok((i, o))
+    }
+
+    fn same_device(&self, d: Device) -> Result<()> {
+        if d != self.device {
+            return Err(Error::internal(format!(
+                "device staging for {} given a buffer on {d}",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_in_and_out_and_reuses_buffers() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u16, 2, 3]).unwrap();
+        let mut dst = DeviceBuffer::<u16>::new(dev, 3).unwrap();
+        st.reserve(6, 6).unwrap();
+        assert_eq!(st.allocations(), 2);
+        st.stage_in(Slot::Input, &src).unwrap();
+        {
+            let (i, o) = st.buffers::<u16>(3, 3).unwrap();
+            assert_eq!(i, [1, 2, 3], "the copy completed before stage_in returned");
+            for (o, i) in o.iter_mut().zip(i.iter()) {
+                *o = *i * 10;
+            }
+        }
+        st.stage_out(Slot::Output, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), [10, 20, 30]);
+        st.reserve(4, 8).unwrap();
+        assert_eq!(st.allocations(), 2, "large enough: kept");
+        st.reserve(9, 0).unwrap();
+        assert_eq!(st.allocations(), 3, "grown once");
+        let e = st.buffers::<u16>(3, 100).unwrap_err();
+        assert!(e.to_string().contains("not reserved"), "{e}");
+        let other = DeviceBuffer::<u16>::new(Device::new(Provider::Host, 1).unwrap(), 3).unwrap();
+        assert!(st.stage_in(Slot::Input, &other).is_err());
+    }
+}

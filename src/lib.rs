@@ -55,7 +55,7 @@ pub mod topo;
 pub mod trace;
 mod wire;
 
-pub use comm::{Communicator, Config, Group, ReduceOp, Work};
+pub use comm::{BufMut, BufRef, Communicator, Config, Group, ReduceOp, Work};
 
 // The README's Rust examples compile as doctests (`cargo test --doc`).
 #[cfg(doctest)]

@@ -235,6 +235,7 @@ impl Communicator {
                 transports: mesh.transports,
             }),
             worker: Mutex::new(None),
+            device: Mutex::default(),
         }
     }
 

@@ -34,7 +34,7 @@
 
 mod cuda;
 mod host;
-mod staging;
+pub(crate) mod staging;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -46,6 +46,9 @@ use ferroccl_transport::{MemRef, MemSpace};
 use crate::{Error, Result};
 
 pub(crate) use staging::Staging;
+
+/// What every `cuda` provider entry returns on a machine without an NVIDIA driver.
+pub use ferroccl_cuda::DRIVER_MISSING;
 
 /// The environment variable choosing the [`Provider`]: `cuda` (default) or `host`.
 pub const PROVIDER_ENV: &str = "FERRO_DEVICE_PROVIDER";

@@ -261,13 +261,13 @@ mod tests {
     fn stages_in_and_out_and_reuses_buffers() {
         let dev = Device::new(Provider::Host, 0).unwrap();
         let mut st = Staging::new(dev).unwrap();
-        let src = DeviceBuffer::from_host(dev, &[1u16, 2, 3]).unwrap();
-        let mut dst = DeviceBuffer::<u16>::new(dev, 3).unwrap();
-        st.reserve(6, 6).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u32, 2, 3]).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, 3).unwrap();
+        st.reserve(12, 12).unwrap();
         assert_eq!(st.allocations(), 2);
         st.stage_in(Slot::Input, &src).unwrap();
         {
-            let (i, o) = st.buffers::<u16>(3, 3).unwrap();
+            let (i, o) = st.buffers::<u32>(3, 3).unwrap();
             assert_eq!(i, [1, 2, 3], "the copy completed before stage_in returned");
             for (o, i) in o.iter_mut().zip(i.iter()) {
                 *o = *i * 10;
@@ -275,13 +275,13 @@ mod tests {
         }
         st.stage_out(Slot::Output, &mut dst).unwrap();
         assert_eq!(dst.to_vec().unwrap(), [10, 20, 30]);
-        st.reserve(4, 8).unwrap();
+        st.reserve(4, 16).unwrap();
         assert_eq!(st.allocations(), 2, "large enough: kept");
-        st.reserve(9, 0).unwrap();
+        st.reserve(17, 0).unwrap();
         assert_eq!(st.allocations(), 3, "grown once");
-        let e = st.buffers::<u16>(3, 100).unwrap_err();
+        let e = st.buffers::<u32>(3, 100).unwrap_err();
         assert!(e.to_string().contains("not reserved"), "{e}");
-        let other = DeviceBuffer::<u16>::new(Device::new(Provider::Host, 1).unwrap(), 3).unwrap();
+        let other = DeviceBuffer::<u32>::new(Device::new(Provider::Host, 1).unwrap(), 3).unwrap();
         assert!(st.stage_in(Slot::Input, &other).is_err());
     }
 }

@@ -44,8 +44,8 @@ pub mod bootstrap;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod coll;
-pub mod device;
 pub mod comm;
+pub mod device;
 mod exec;
 pub mod plan;
 pub mod profile;

@@ -128,21 +128,25 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let (name, rank, n) = (kind.name(), self.inner.rank, self.inner.nranks);
-        let count = count_of(kind, send.as_ref().map(BufRef::len), recv.len(), n).ok_or_else(
-            || {
+        let count =
+            count_of(kind, send.as_ref().map(BufRef::len), recv.len(), n).ok_or_else(|| {
                 Error::invalid_argument(format!(
                     "{name} on rank {rank}: buffer of {} elements is not a multiple of nranks {n}",
                     send.as_ref().map_or(recv.len(), BufRef::len)
                 ))
-            },
-        )?;
+            })?;
         match (send, recv) {
             (None, BufMut::Host(r)) => {
                 self.raw_collective(kind, None, as_bytes_mut(r), count, T::DTYPE, op)
             }
-            (Some(BufRef::Host(s)), BufMut::Host(r)) => {
-                self.raw_collective(kind, Some(as_bytes(s)), as_bytes_mut(r), count, T::DTYPE, op)
-            }
+            (Some(BufRef::Host(s)), BufMut::Host(r)) => self.raw_collective(
+                kind,
+                Some(as_bytes(s)),
+                as_bytes_mut(r),
+                count,
+                T::DTYPE,
+                op,
+            ),
             (None, BufMut::Device(r)) => self.run_device(kind, None, r, count, op),
             (Some(BufRef::Device(s)), BufMut::Device(r)) => {
                 self.run_device(kind, Some(s), r, count, op)
@@ -263,9 +267,19 @@ impl Communicator {
     }
 
     /// [`Communicator::broadcast`] on a device buffer.
-    pub fn broadcast_device<T: Element>(&self, buf: &mut DeviceBuffer<T>, root: usize) -> Result<()> {
+    pub fn broadcast_device<T: Element>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<()> {
         let count = buf.len();
-        self.run_device(CollKind::Broadcast { root }, None, buf, count, ReduceOp::Sum)
+        self.run_device(
+            CollKind::Broadcast { root },
+            None,
+            buf,
+            count,
+            ReduceOp::Sum,
+        )
     }
 
     /// [`Communicator::reduce`] on device buffers (`recv` is ignored, and may be empty, off
@@ -354,7 +368,13 @@ mod tests {
         assert_eq!(count_of(CollKind::ReduceScatter, Some(6), 2, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(6), 6, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(7), 7, 3), None);
-        assert_eq!(count_of(CollKind::Broadcast { root: 0 }, None, 5, 3), Some(5));
-        assert_eq!(count_of(CollKind::Reduce { root: 1 }, Some(5), 0, 3), Some(5));
+        assert_eq!(
+            count_of(CollKind::Broadcast { root: 0 }, None, 5, 3),
+            Some(5)
+        );
+        assert_eq!(
+            count_of(CollKind::Reduce { root: 1 }, Some(5), 0, 3),
+            Some(5)
+        );
     }
 }

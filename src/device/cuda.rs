@@ -146,18 +146,21 @@ impl Stream {
 
     /// Waits for every queued copy.
     pub(crate) fn synchronize(&mut self) -> Result<()> {
-        bound(self.ordinal)?
-            .sync_stream(self.handle)
-            .map_err(|e| convert(&e))
+        let d = bound(self.ordinal)?;
+        // SAFETY: the stream was created in `new` and is destroyed only on drop.
+        unsafe { d.sync_stream(self.handle) }.map_err(|e| convert(&e))
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
         if let Ok(d) = bound(self.ordinal) {
-            let _ = d.sync_stream(self.handle);
-            // SAFETY: created in `new`, destroyed once, here; nothing is queued after the sync.
-            let _ = unsafe { d.destroy_stream(self.handle) };
+            // SAFETY: created in `new`, synchronized then destroyed once, here; nothing is
+            // queued after the sync.
+            unsafe {
+                let _ = d.sync_stream(self.handle);
+                let _ = d.destroy_stream(self.handle);
+            }
         }
     }
 }

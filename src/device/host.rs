@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(locate(a, 100), Some(2));
         assert_eq!(locate(a + 10, 90), Some(2));
         assert_eq!(locate(a + 10, 91), None, "runs past the end");
-        let v = vec![0u8; 100];
+        let v: Vec<u8> = (0..100).collect();
         assert_eq!(locate(v.as_ptr() as u64, 100), None, "a Vec is host memory");
         // SAFETY: nothing is queued on it.
         unsafe { free(a).unwrap() };

@@ -289,7 +289,11 @@ impl<T: Element> DeviceBuffer<T> {
                 // SAFETY: the allocation at `addr` holds `dst.len()` bytes and is owned by
                 // `self`; `dst` is a distinct, exclusively borrowed host slice.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(self.addr as *const u8, dst.as_mut_ptr(), dst.len())
+                    std::ptr::copy_nonoverlapping(
+                        self.addr as *const u8,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
                 };
                 Ok(())
             }
@@ -306,7 +310,9 @@ impl<T: Element> DeviceBuffer<T> {
     /// Checks that the buffer is still live device memory of its device (the provider's
     /// registry or the driver's pointer query), for `name` on `rank`.
     pub(crate) fn check_live(&self, name: &str, rank: usize, what: &str) -> Result<()> {
-        if self.bytes() == 0 || self.device.provider.locate(self.addr, self.bytes()) == Some(self.device.ordinal) {
+        if self.bytes() == 0
+            || self.device.provider.locate(self.addr, self.bytes()) == Some(self.device.ordinal)
+        {
             return Ok(());
         }
         Err(Error::invalid_argument(format!(
@@ -359,8 +365,14 @@ mod tests {
     #[test]
     fn devices_are_checked() {
         let e = Device::new(Provider::Host, 4).unwrap_err();
-        assert!(e.to_string().contains("host device 4 does not exist"), "{e}");
-        assert_eq!(Device::new(Provider::Host, 3).unwrap().to_string(), "host stand-in device 3");
+        assert!(
+            e.to_string().contains("host device 4 does not exist"),
+            "{e}"
+        );
+        assert_eq!(
+            Device::new(Provider::Host, 3).unwrap().to_string(),
+            "host stand-in device 3"
+        );
     }
 
     #[test]

@@ -40,7 +40,10 @@ impl Pinned {
 
     /// The first `n` (`<= len`) bytes as elements of `T`.
     fn typed<T: Element>(&mut self, n: usize) -> &mut [T] {
-        assert!(n * T::DTYPE.size() <= self.len, "staging checked by reserve");
+        assert!(
+            n * T::DTYPE.size() <= self.len,
+            "staging checked by reserve"
+        );
         // SAFETY: `ptr` holds `len` initialised bytes owned by `self` (borrowed mutably), is
         // aligned to at least 256 bytes (every element type's alignment divides it), and every
         // bit pattern is a valid `T` (plain numeric element types).
@@ -50,9 +53,9 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new`; freed once, here; every copy queued on it completed
-        // before the call that queued it returned.
         let r = match self.device.provider {
+            // SAFETY: allocated in `new`; freed once, here; every copy queued on it completed
+            // before the call that queued it returned.
             Provider::Cuda => unsafe { cuda::free_pinned(self.device.ordinal, self.ptr) },
             Provider::Host => {
                 // SAFETY: as above, with the length it was allocated with.

@@ -451,9 +451,27 @@ pub fn run_case_on(
             let mut out = vec![sentinel; count * n * es];
             let res = if in_place {
                 out[r * count * es..(r + 1) * count * es].copy_from_slice(&input);
-                raw(comm, mem, CollKind::AllGather, None, &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllGather,
+                    None,
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             } else {
-                raw(comm, mem, CollKind::AllGather, Some(&input), &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllGather,
+                    Some(&input),
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             if out != want {
@@ -465,12 +483,23 @@ pub fn run_case_on(
             let want = fill_reduced(d, op, case, n, r * count..(r + 1) * count);
             let got = if in_place {
                 let mut buf = input.clone();
-                raw(comm, mem, CollKind::ReduceScatter, None, &mut buf, count, d, myop)
-                    .map_err(|e| format!("{label}: {e}"))?;
+                raw(
+                    comm,
+                    mem,
+                    CollKind::ReduceScatter,
+                    None,
+                    &mut buf,
+                    count,
+                    d,
+                    myop,
+                )
+                .map_err(|e| format!("{label}: {e}"))?;
                 buf[r * count * es..(r + 1) * count * es].to_vec()
             } else {
                 let mut out = vec![sentinel; count * es];
-                raw(comm, mem, 
+                raw(
+                    comm,
+                    mem,
                     CollKind::ReduceScatter,
                     Some(&input),
                     &mut out,
@@ -494,10 +523,28 @@ pub fn run_case_on(
             let mut out;
             let res = if in_place {
                 out = input.clone();
-                raw(comm, mem, CollKind::AllToAll, None, &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllToAll,
+                    None,
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             } else {
                 out = vec![sentinel; count * n * es];
-                raw(comm, mem, CollKind::AllToAll, Some(&input), &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllToAll,
+                    Some(&input),
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             if out != want {

@@ -327,8 +327,11 @@ impl Driver {
     }
 
     /// Waits until everything queued on `stream` has run.
-    pub fn sync_stream(&self, stream: Handle) -> Result<()> {
-        // SAFETY: a stream handle is only read by the driver; an invalid one is an error code.
+    ///
+    /// # Safety
+    /// `stream` is a live stream from [`Driver::create_stream`] (not destroyed).
+    pub unsafe fn sync_stream(&self, stream: Handle) -> Result<()> {
+        // SAFETY: per the caller.
         self.check("cuStreamSynchronize", unsafe {
             (self.stream_synchronize)(stream)
         })
@@ -345,8 +348,11 @@ impl Driver {
 
     /// Makes work queued on `stream` after this call wait for `event` (recorded on another
     /// stream) to complete, without blocking the host.
-    pub fn stream_wait(&self, stream: Handle, event: Handle) -> Result<()> {
-        // SAFETY: both handles are only read by the driver; flags must be 0.
+    ///
+    /// # Safety
+    /// `stream` and `event` are live handles of the current context; flags are 0.
+    pub unsafe fn stream_wait(&self, stream: Handle, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
         self.check("cuStreamWaitEvent", unsafe {
             (self.stream_wait_event)(stream, event, 0)
         })

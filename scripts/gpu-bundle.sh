@@ -4,7 +4,8 @@
 #
 #     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
 #
-# It holds stripped release binaries (bin/ferro-gpu-check, bin/all_reduce_perf), lib/libnccl.so.2,
+# It holds stripped release binaries (bin/ferro-gpu-check, bin/ferroccl-device-check,
+# bin/all_reduce_perf), lib/libnccl.so.2,
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
 # compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
 # and a MANIFEST.
@@ -17,12 +18,14 @@ limit=$((64 << 20))
 eval "$(scripts/nvrtc-env.sh)"
 echo "== building release binaries" >&2
 cargo build --release --quiet -p ferroccl-cuda --bin ferro-gpu-check
+cargo build --release --quiet -p ferroccl --bin ferroccl-device-check
 cargo build --release --quiet -p ferroccl-perf --bin all_reduce_perf
 lib=$(scripts/build-capi.sh)
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/kernels" "$out/kernel-cache"
-cp "$target/release/ferro-gpu-check" "$target/release/all_reduce_perf" "$out/bin/"
+cp "$target/release/ferro-gpu-check" "$target/release/ferroccl-device-check" \
+    "$target/release/all_reduce_perf" "$out/bin/"
 cp "$lib" "$out/lib/libnccl.so.2"
 strip "$out"/bin/* "$out/lib/libnccl.so.2"
 cp kernels/cuda/ferro_reduce.h kernels/cuda/ferro_reduce.cu "$out/kernels/"

@@ -36,9 +36,29 @@ case $rc in
     *) echo "-- kernels: FAIL (exit $rc)"; failed=1 ;;
 esac
 
+device_args=()
+while [ $# -gt 0 ]; do
+    if [ "$1" = "--device" ] && [ $# -gt 1 ]; then device_args=(--device "$2"); shift; fi
+    shift
+done
+echo
+echo "== 2. collectives on device buffers (pinned host staging; 1, 2 and 4 ranks as threads on one GPU) vs the same calls on host buffers"
+if [ -x "$bundle/bin/ferroccl-device-check" ]; then
+    FERRO_DEVICE_PROVIDER=cuda "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
+    rc=$?
+    case $rc in
+        0) echo "-- device buffers: PASS" ;;
+        2) echo "-- device buffers: no usable GPU (see above)"; failed=1 ;;
+        *) echo "-- device buffers: FAIL (exit $rc)"; failed=1 ;;
+    esac
+else
+    echo "-- device buffers: FAIL (bin/ferroccl-device-check missing from the bundle)"
+    failed=1
+fi
+
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - conformance suite on device buffers, 2 and 4 ranks on one GPU, over the peer-to-peer transport and shm staging"
+echo "   - device buffers over the peer-to-peer transport; reductions on the GPU (CudaReducer) inside collectives; staging pipelined in slices"
 echo "   - C ABI with cudaStream_t (stream-ordered collectives through libnccl.so.2)"
 echo "   - all_reduce_perf on device buffers, 8 B .. 1 GiB (bin/all_reduce_perf runs on host buffers only)"
 

@@ -368,3 +368,27 @@ fn without_a_driver_allocating_returns_the_clear_error() {
     assert!(out.success(), "{}", out.dump());
     assert_eq!(out.tagged("NO-DRIVER ok").len(), 1, "{}", out.dump());
 }
+
+// ----- the GPU check bundle's device tool, on the stand-in -----
+
+const DEVICE_CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-device-check");
+
+#[test]
+fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_device() {
+    let mut cmd = std::process::Command::new(DEVICE_CHECK);
+    cmd.args(["--ranks", "1,3", "--max-count", "65537"])
+        .env(PROVIDER_ENV, "host");
+    let out = Running::spawn(cmd).finish(Duration::from_secs(120));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("cases per rank matched the host results");
+    assert_eq!(lines.len(), 2, "{}", out.dump());
+
+    let mut cmd = std::process::Command::new(DEVICE_CHECK);
+    cmd.env_remove(PROVIDER_ENV).env(
+        "FERROCCL_CUDA_DRIVER",
+        "/nonexistent/ferroccl-test/libcuda.so.1",
+    );
+    let out = Running::spawn(cmd).finish(Duration::from_secs(60));
+    assert_eq!(out.status.and_then(|s| s.code()), Some(2), "{}", out.dump());
+    assert!(out.stderr.contains(DRIVER_MISSING), "{}", out.dump());
+}

@@ -22,7 +22,11 @@ fn host_device(ordinal: u32) -> Device {
 
 /// Runs `sweep` on device buffers over `n` thread ranks, each bound to stand-in device 0.
 fn sweep_threads(n: usize, sweep: &Sweep) {
-    let comms = Communicator::local_group(n, Config::default()).expect("local_group");
+    sweep_threads_with(n, sweep, Config::default());
+}
+
+fn sweep_threads_with(n: usize, sweep: &Sweep, config: Config) {
+    let comms = Communicator::local_group(n, config).expect("local_group");
     let dev = host_device(0);
     std::thread::scope(|s| {
         for c in &comms {
@@ -73,6 +77,25 @@ fn all_reduce_every_dtype_and_op_on_1_2_3_5_thread_ranks() {
 fn broadcast_all_gather_reduce_scatter_on_1_2_3_5_thread_ranks() {
     for n in [1, 2, 3, 5] {
         sweep_threads(n, &other_sweep());
+    }
+}
+
+/// Small device slices: all_reduce, broadcast and reduce run as many pipelined slices (1021
+/// f32 in 256-byte slices: 16; 65537: 1025), the blocked collectives whole.
+#[test]
+fn pipelined_slices_on_2_and_3_thread_ranks() {
+    let config = Config {
+        device_slice_bytes: 256,
+        ..Config::default()
+    };
+    let sweep = Sweep {
+        dtypes: vec![DataType::Float32, DataType::Float64, DataType::Int8],
+        ops: vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)],
+        counts: vec![0, 1, 63, 64, 65, 1021, 65537],
+        colls: vec!["all_reduce", "broadcast", "reduce", "all_gather"],
+    };
+    for n in [2, 3] {
+        sweep_threads_with(n, &sweep, config.clone());
     }
 }
 
@@ -306,6 +329,8 @@ fn device_job(n: usize, transport: &str) {
     let env = [
         (PROVIDER_ENV, "host".to_string()),
         ("FERRO_TRANSPORTS", transport.to_string()),
+        // 65537 elements run as 5 (f32) or 3 (f16, u8) pipelined slices.
+        ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
         ("FERRO_TIMEOUT", "60".to_string()),
     ];
     let out = ferrorun_self(n, None, "child_device", "device", &env, JOB_LIMIT);

@@ -24,6 +24,10 @@ pub struct Config {
     /// tuner picks each call's slice up to this, smaller where pipelining pays (tree, chain).
     /// Default 4 MiB.
     pub slice_bytes: usize,
+    /// `FERRO_DEVICE_SLICE_BYTES`: how device buffers of element-wise collectives (all_reduce,
+    /// broadcast, reduce) are cut for pipelined staging: one collective per slice, the copies
+    /// of the other slices overlapping it. Must be equal on every rank. Default 4 MiB.
+    pub device_slice_bytes: usize,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins before sleeping in `poll`. Default 50.
     pub spin: Duration,
     /// `FERRO_DEBUG`: `WARN` (default), `INFO` or `DEBUG`: what ferroccl prints to stderr.
@@ -94,6 +98,7 @@ impl Default for Config {
             nstreams: 2,
             socket_ifname: None,
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
+            device_slice_bytes: 4 << 20,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: super::transports::defaults(),
@@ -147,6 +152,14 @@ impl Config {
                 return Err(bad("FERRO_SLICE_BYTES", &v, "at least 64 bytes"));
             }
             c.slice_bytes = n;
+        }
+        if let Some(v) = var("FERRO_DEVICE_SLICE_BYTES") {
+            let n = parse_size(&v)
+                .ok_or_else(|| bad("FERRO_DEVICE_SLICE_BYTES", &v, "a size like 4M"))?;
+            if n < 64 {
+                return Err(bad("FERRO_DEVICE_SLICE_BYTES", &v, "at least 64 bytes"));
+            }
+            c.device_slice_bytes = n;
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);

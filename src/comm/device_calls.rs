@@ -204,7 +204,6 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        use crate::device::staging::Slot;
         let (name, rank) = (kind.name(), self.inner.rank);
         let es = T::DTYPE.size();
         let dev = self.device_for(name, "receive", recv)?;
@@ -226,21 +225,34 @@ impl Communicator {
         let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
         let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
         let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
+        // Element-wise collectives run slice by slice, each slice's copies overlapping the
+        // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
+        // staged whole.
+        let elementwise = matches!(
+            kind,
+            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+        );
+        let slices = if elementwise {
+            let per = (self.inner.config.device_slice_bytes / es).max(1);
+            count.div_ceil(per).max(1)
+        } else {
+            1
+        };
         let mut st = lock(&self.device);
         let staging = Self::staging(&mut st, dev)?;
         staging.reserve(in_len * es, recv.bytes())?;
-        match send {
-            None => staging.stage_in(Slot::Output, recv)?,
-            Some(s) if send_read => staging.stage_in(Slot::Input, s)?,
-            Some(_) => {}
-        }
-        let (input, output) = staging.buffers::<T>(in_len, recv.len())?;
-        let input = send.map(|_| as_bytes(&*input));
-        self.raw_collective(kind, input, as_bytes_mut(output), count, T::DTYPE, op)?;
-        if recv_written {
-            staging.stage_out(Slot::Output, recv)?;
-        }
-        Ok(())
+        staging.pipeline(
+            send,
+            recv,
+            send_read,
+            recv_written,
+            count,
+            slices,
+            |count, input, output| {
+                let input = input.map(|i| as_bytes(i));
+                self.raw_collective(kind, input, as_bytes_mut(output), count, T::DTYPE, op)
+            },
+        )
     }
 
     // ----- typed entries on device buffers -----

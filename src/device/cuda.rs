@@ -99,11 +99,14 @@ pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<
     unsafe { d.download(dst, src) }.map_err(|e| convert(&e))
 }
 
-/// A non-blocking stream of one device, destroyed on drop.
+/// A non-blocking stream of one device with a pool of events (marks), destroyed on drop.
 #[derive(Debug)]
 pub(crate) struct Stream {
     ordinal: u32,
     handle: Handle,
+    /// Events created so far, reused by [`Stream::mark`]: none is created per call once the
+    /// pool holds as many as a call's slices.
+    events: Vec<Handle>,
 }
 
 // SAFETY: a CUstream may be used from any thread with its context current (every method binds
@@ -113,7 +116,33 @@ unsafe impl Send for Stream {}
 impl Stream {
     pub(crate) fn new(ordinal: u32) -> Result<Stream> {
         let handle = bound(ordinal)?.create_stream().map_err(|e| convert(&e))?;
-        Ok(Stream { ordinal, handle })
+        Ok(Stream {
+            ordinal,
+            handle,
+            events: Vec::new(),
+        })
+    }
+
+    /// Records mark `k` at the current end of the stream (event `k` of the pool).
+    pub(crate) fn mark(&mut self, k: usize) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        while self.events.len() <= k {
+            self.events.push(d.create_event().map_err(|e| convert(&e))?);
+        }
+        // SAFETY: both handles are live and belong to this device's primary context.
+        unsafe { d.record_event(self.events[k], self.handle) }.map_err(|e| convert(&e))
+    }
+
+    /// Waits until the work queued before mark `k` has run.
+    pub(crate) fn wait_mark(&mut self, k: usize) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        let Some(&e) = self.events.get(k) else {
+            return Err(Error::internal(format!(
+                "cuda stream: mark {k} was never recorded"
+            )));
+        };
+        // SAFETY: a live event of the pool.
+        unsafe { d.sync_event(e) }.map_err(|e| convert(&e))
     }
 
     /// Queues a host-to-device copy.
@@ -155,10 +184,13 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         if let Ok(d) = bound(self.ordinal) {
-            // SAFETY: created in `new`, synchronized then destroyed once, here; nothing is
-            // queued after the sync.
+            // SAFETY: the stream and the events were created by this value, are synchronized
+            // and then destroyed once, here; nothing is queued after the sync.
             unsafe {
                 let _ = d.sync_stream(self.handle);
+                for &e in &self.events {
+                    let _ = d.destroy_event(e);
+                }
                 let _ = d.destroy_stream(self.handle);
             }
         }

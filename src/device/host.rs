@@ -118,10 +118,15 @@ struct Copy {
     len: usize,
 }
 
-/// A stream's stand-in: copies queued in order, run at [`Queue::synchronize`].
+/// A stream's stand-in: copies queued in order, run at [`Queue::synchronize`] or when a mark
+/// recorded after them is waited for ([`Queue::wait_mark`]), as a CUDA event would.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     copies: Vec<Copy>,
+    /// Copies of `copies` already run (a prefix).
+    done: usize,
+    /// Mark `k`: how many copies were queued when it was recorded.
+    marks: Vec<usize>,
 }
 
 impl Queue {
@@ -140,18 +145,48 @@ impl Queue {
         }
     }
 
+    /// Runs the queued copies up to (not including) index `upto`, in order.
+    fn run_to(&mut self, upto: usize) {
+        while self.done < upto.min(self.copies.len()) {
+            let c = self.copies[self.done];
+            // SAFETY: `copy`'s caller guaranteed both ranges until the queue is synchronized
+            // (waiting for a later mark is part of that).
+            unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) }
+            self.done += 1;
+        }
+    }
+
     /// Runs every queued copy, in order.
     pub(crate) fn synchronize(&mut self) {
-        for c in self.copies.drain(..) {
-            // SAFETY: `copy`'s caller guaranteed both ranges until this synchronize.
-            unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) }
+        self.run_to(self.copies.len());
+        self.copies.clear();
+        self.marks.clear();
+        self.done = 0;
+    }
+
+    /// Records mark `k` after the copies queued so far.
+    pub(crate) fn mark(&mut self, k: usize) {
+        if self.marks.len() <= k {
+            self.marks.resize(k + 1, 0);
         }
+        self.marks[k] = self.copies.len();
+    }
+
+    /// Runs the copies queued before mark `k` (an unrecorded mark is an error).
+    pub(crate) fn wait_mark(&mut self, k: usize) -> Result<()> {
+        let Some(&upto) = self.marks.get(k) else {
+            return Err(Error::internal(format!(
+                "host stand-in stream: mark {k} was never recorded"
+            )));
+        };
+        self.run_to(upto);
+        Ok(())
     }
 
     /// Copies still waiting.
     #[cfg(test)]
     pub(crate) fn pending(&self) -> usize {
-        self.copies.len()
+        self.copies.len() - self.done
     }
 }
 
@@ -190,6 +225,28 @@ mod tests {
         assert_eq!(dst, [0; 4], "nothing runs before synchronize");
         q.synchronize();
         assert_eq!(dst, [1, 9, 9, 4], "in issue order");
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[test]
+    fn waiting_for_a_mark_runs_only_the_copies_before_it() {
+        let src = [1u8, 2, 3, 4];
+        let mut dst = [0u8; 4];
+        let mut q = Queue::default();
+        // SAFETY: both arrays outlive the synchronize below.
+        unsafe {
+            q.copy(dst.as_mut_ptr(), src.as_ptr(), 2);
+            q.mark(0);
+            q.copy(dst.as_mut_ptr().add(2), src.as_ptr().add(2), 2);
+            q.mark(1);
+        }
+        q.wait_mark(0).unwrap();
+        assert_eq!(dst, [1, 2, 0, 0]);
+        assert_eq!(q.pending(), 1);
+        assert!(q.wait_mark(5).is_err());
+        q.wait_mark(1).unwrap();
+        assert_eq!(dst, [1, 2, 3, 4]);
+        q.synchronize();
         assert_eq!(q.pending(), 0);
     }
 }

@@ -114,6 +114,23 @@ impl Stream {
         }
     }
 
+    fn mark(&mut self, k: usize) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.mark(k),
+            Stream::Host(q) => {
+                q.mark(k);
+                Ok(())
+            }
+        }
+    }
+
+    fn wait_mark(&mut self, k: usize) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.wait_mark(k),
+            Stream::Host(q) => q.wait_mark(k),
+        }
+    }
+
     fn synchronize(&mut self) -> Result<()> {
         match self {
             Stream::Cuda(s) => s.synchronize(),
@@ -194,7 +211,8 @@ impl Staging {
     fn checked(&mut self, s: Slot, bytes: usize) -> Result<*mut u8> {
         match self.slot(s) {
             Some(p) if p.len >= bytes => Ok(p.ptr),
-            _ if bytes == 0 => Ok(std::ptr::NonNull::<u8>::dangling().as_ptr()),
+            // Aligned for every element type (at most 8 bytes); never dereferenced.
+            _ if bytes == 0 => Ok(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
             _ => Err(Error::internal(format!(
                 "device staging: {s:?} buffer not reserved for {bytes} bytes"
             ))),
@@ -245,6 +263,127 @@ impl Staging {
         Ok((i, o))
     }
 
+    /// Runs one collective through the staging buffers, in `slices` pieces whose copies
+    /// overlap the work on the others: every slice's device-to-host copy is queued at once,
+    /// each followed by a mark; slice `k` waits only for its own mark, runs `run(count_k,
+    /// input, output)` on the host, and queues its host-to-device copy, so the copies in and
+    /// out of the other slices proceed while `run` moves slice `k` over the transports.
+    ///
+    /// `src: None` is in place: `dst` is read into the output buffer. Otherwise `src` is read
+    /// into the input buffer when `read`. `dst` is written back when `write`. With one slice,
+    /// whole buffers are staged and `count_k` is `count`. With more (element-wise collectives
+    /// only), slice `k` is elements `k * per .. (k + 1) * per` of `count` (`per = count /
+    /// slices` rounded up) of each buffer, clipped to its length. `run` gets `None` as input
+    /// in place. Buffers must be reserved first. Returns after every queued copy has
+    /// completed, also when `run` fails (or panics).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pipeline<T: Element>(
+        &mut self,
+        src: Option<&DeviceBuffer<T>>,
+        dst: &mut DeviceBuffer<T>,
+        read: bool,
+        write: bool,
+        count: usize,
+        slices: usize,
+        mut run: impl FnMut(usize, Option<&[T]>, &mut [T]) -> Result<()>,
+    ) -> Result<()> {
+        let es = T::DTYPE.size();
+        let slices = slices.max(1);
+        if let Some(s) = src {
+            self.same_device(s.device)?;
+        }
+        self.same_device(dst.device)?;
+        let in_place = src.is_none();
+        let in_len = if in_place {
+            0
+        } else {
+            src.filter(|_| read).map_or(0, DeviceBuffer::len)
+        };
+        let out_len = dst.len();
+        if slices > 1 && in_len != 0 && in_len != count {
+            return Err(Error::internal(format!(
+                "device staging: {slices} slices of an input of {in_len} elements, count {count}"
+            )));
+        }
+        let in_ptr = self.checked(Slot::Input, in_len * es)?;
+        let out_ptr = self.checked(Slot::Output, out_len * es)?;
+        // Element range of slice `k` of a buffer of `len` elements.
+        let per = count.div_ceil(slices).max(1);
+        let range = |len: usize, k: usize| {
+            if slices == 1 {
+                0..len
+            } else {
+                (k * per).min(len)..((k + 1) * per).min(len)
+            }
+        };
+        let (read_ptr, read_addr, read_len) = match src {
+            None => (out_ptr, dst.addr, out_len),
+            Some(s) if read => (in_ptr, s.addr, in_len),
+            Some(_) => (in_ptr, 0, 0),
+        };
+        let dst_addr = dst.addr;
+        let stream = &mut self.stream;
+        let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
+            for k in 0..slices {
+                let r = range(read_len, k);
+                // SAFETY: `read_ptr` holds `read_len` elements (reserved, checked above) and
+                // the device buffer as many (it is `src` or `dst`, borrowed for this call);
+                // every queued copy completes before this function returns (synchronize
+                // below, on every path).
+                unsafe {
+                    stream.download(
+                        read_ptr.add(r.start * es),
+                        read_addr + (r.start * es) as u64,
+                        r.len() * es,
+                    )?
+                };
+                stream.mark(k)?;
+            }
+            for k in 0..slices {
+                stream.wait_mark(k)?;
+                let (ri, ro) = (range(in_len, k), range(out_len, k));
+                let input: Option<&[T]> = match (in_place, ri.is_empty()) {
+                    (true, _) => None,
+                    (false, true) => Some(&[]),
+                    // SAFETY: the ranges lie in the reserved buffers; slice `k`'s download has
+                    // completed (its mark was waited for), no other queued copy touches these
+                    // ranges (other slices' copies cover disjoint ranges), and its upload is
+                    // queued only after `run` returns and the slices are dropped.
+                    (false, false) => Some(unsafe {
+                        std::slice::from_raw_parts(in_ptr.cast::<T>().add(ri.start), ri.len())
+                    }),
+                };
+                let output: &mut [T] = if ro.is_empty() {
+                    &mut []
+                } else {
+                    // SAFETY: as above.
+                    unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.cast::<T>().add(ro.start), ro.len())
+                    }
+                };
+                run(range(count, k).len(), input, output)?;
+                if write {
+                    // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
+                    // call; the staging range stays untouched until the synchronize below.
+                    unsafe {
+                        stream.upload(
+                            dst_addr + (ro.start * es) as u64,
+                            out_ptr.add(ro.start * es),
+                            ro.len() * es,
+                        )?
+                    };
+                }
+            }
+            Ok(())
+        });
+        let r = std::panic::catch_unwind(body);
+        let synced = self.stream.synchronize();
+        match r {
+            Ok(r) => r.and(synced),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
     fn same_device(&self, d: Device) -> Result<()> {
         if d != self.device {
             return Err(Error::internal(format!(
@@ -286,5 +425,81 @@ mod tests {
         assert!(e.to_string().contains("not reserved"), "{e}");
         let other = DeviceBuffer::<u32>::new(Device::new(Provider::Host, 1).unwrap(), 3).unwrap();
         assert!(st.stage_in(Slot::Input, &other).is_err());
+    }
+
+    #[test]
+    fn pipeline_runs_each_slice_after_its_copy_and_writes_every_slice_back() {
+        let dev = Device::new(Provider::Host, 2).unwrap();
+        let data: Vec<u32> = (0..10).collect();
+        let src = DeviceBuffer::from_host(dev, &data).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, 10).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve(40, 40).unwrap();
+        let mut seen = Vec::new();
+        st.pipeline(
+            Some(&src),
+            &mut dst,
+            true,
+            true,
+            10,
+            3,
+            |count, input, output| {
+                let input = input.expect("out of place");
+                seen.push((count, input.to_vec()));
+                for (o, i) in output.iter_mut().zip(input) {
+                    *o = i + 100;
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            seen,
+            [
+                (4, vec![0, 1, 2, 3]),
+                (4, vec![4, 5, 6, 7]),
+                (2, vec![8, 9])
+            ]
+        );
+        assert_eq!(dst.to_vec().unwrap(), (100..110).collect::<Vec<u32>>());
+
+        // In place, one slice failing: the error comes back after the queue drained, and the
+        // slices before it were written back.
+        let mut k = 0;
+        let e = st
+            .pipeline(None, &mut dst, true, true, 10, 2, |_, input, output| {
+                assert!(input.is_none());
+                k += 1;
+                if k == 2 {
+                    return Err(Error::internal("slice 2 failed"));
+                }
+                output.iter_mut().for_each(|x| *x *= 2);
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("slice 2 failed"));
+        assert_eq!(
+            dst.to_vec().unwrap(),
+            [200, 202, 204, 206, 208, 105, 106, 107, 108, 109]
+        );
+        assert_eq!(st.allocations(), 2, "no allocation per call");
+
+        // Not read, not written (a broadcast's or reduce's non-root buffers).
+        let before = dst.to_vec().unwrap();
+        st.pipeline(
+            Some(&src),
+            &mut dst,
+            false,
+            false,
+            10,
+            2,
+            |_, input, output| {
+                assert_eq!(input.map(<[u32]>::len), Some(0));
+                output.iter_mut().for_each(|x| *x = 0);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(dst.to_vec().unwrap(), before);
     }
 }

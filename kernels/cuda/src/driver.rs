@@ -358,6 +358,46 @@ impl Driver {
         })
     }
 
+    /// Creates an event without timing (`CU_EVENT_DISABLE_TIMING`) in the current context: a
+    /// mark in a stream that the host or another stream can wait for.
+    pub fn create_event(&self) -> Result<Handle> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer; flag 2 is CU_EVENT_DISABLE_TIMING.
+        self.check("cuEventCreate", unsafe { (self.event_create)(&mut e, 2) })?;
+        Ok(e)
+    }
+
+    /// Records `event` at the current end of `stream`.
+    ///
+    /// # Safety
+    /// `event` and `stream` are live handles of the current context.
+    pub unsafe fn record_event(&self, event: Handle, stream: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventRecord", unsafe {
+            (self.event_record)(event, stream)
+        })
+    }
+
+    /// Waits until the work before `event`'s last record has run.
+    ///
+    /// # Safety
+    /// `event` is a live event.
+    pub unsafe fn sync_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventSynchronize", unsafe {
+            (self.event_synchronize)(event)
+        })
+    }
+
+    /// Destroys an event from [`Driver::create_event`].
+    ///
+    /// # Safety
+    /// `event` is destroyed once and not used afterwards.
+    pub unsafe fn destroy_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventDestroy", unsafe { (self.event_destroy)(event) })
+    }
+
     /// The device ordinal that owns `ptr` if it is device memory the driver knows (any
     /// context); `None` for host memory and for addresses the driver never allocated. Tells a
     /// host pointer passed where a device pointer is expected (and the reverse) before any copy.

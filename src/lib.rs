@@ -61,5 +61,10 @@ pub use comm::{BufMut, BufRef, Communicator, Config, Group, ReduceOp, Work};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+// So are docs/CUDA.md's (device buffers).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/CUDA.md")]
+pub struct CudaDocDoctests;
 pub use ferroccl_kernels::{DataType, ElemOp, Element};
 pub use ferroccl_transport::{Error, ErrorKind, Result};

@@ -318,6 +318,18 @@ mod tests {
     }
 
     #[test]
+    fn device_slice_bytes() {
+        assert_eq!(with(&[]).unwrap().device_slice_bytes, 4 << 20);
+        let c = with(&[("FERRO_DEVICE_SLICE_BYTES", "64K")]).unwrap();
+        assert_eq!(c.device_slice_bytes, 64 << 10);
+        let e = with(&[("FERRO_DEVICE_SLICE_BYTES", "8")]).unwrap_err();
+        assert!(
+            e.message().contains("FERRO_DEVICE_SLICE_BYTES=\"8\""),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn tuning_and_delay_settings() {
         let c = with(&[("FERRO_TUNE", "measure"), ("FERRO_LINK_DELAY_US", "200")]).unwrap();
         assert!(c.tune_measure);

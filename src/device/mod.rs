@@ -68,15 +68,18 @@ pub enum Provider {
 impl Provider {
     /// The provider `FERRO_DEVICE_PROVIDER` names (`cuda` when unset).
     pub fn from_env() -> Result<Provider> {
-        match std::env::var(PROVIDER_ENV) {
-            Err(_) => Ok(Provider::Cuda),
-            Ok(v) => match v.to_ascii_lowercase().as_str() {
-                "" | "cuda" => Ok(Provider::Cuda),
-                "host" => Ok(Provider::Host),
-                _ => Err(Error::invalid_argument(format!(
-                    "{PROVIDER_ENV}={v:?}: expected cuda or host"
-                ))),
-            },
+        Provider::parse(std::env::var(PROVIDER_ENV).ok().as_deref())
+    }
+
+    /// The provider a `FERRO_DEVICE_PROVIDER` value names (`None`: unset).
+    fn parse(v: Option<&str>) -> Result<Provider> {
+        match v.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("" | "cuda") => Ok(Provider::Cuda),
+            Some("host") => Ok(Provider::Host),
+            Some(_) => Err(Error::invalid_argument(format!(
+                "{PROVIDER_ENV}={:?}: expected cuda or host",
+                v.unwrap_or_default()
+            ))),
         }
     }
 
@@ -134,7 +137,7 @@ impl Device {
             static SAID: Once = Once::new();
             SAID.call_once(|| {
                 ferroccl_transport::log_line!(
-                    "ferroccl INFO DEVICE: {PROVIDER_ENV}=host: device buffers are host heap \
+                    "ferroccl WARN DEVICE: {PROVIDER_ENV}=host: device buffers are host heap \
                      memory (a test stand-in; no GPU is used)"
                 )
             });
@@ -360,6 +363,19 @@ mod tests {
         let addr = b.addr();
         drop(b);
         assert_eq!(Provider::Host.locate(addr, 20), None, "freed on drop");
+    }
+
+    #[test]
+    fn provider_names() {
+        assert_eq!(Provider::parse(None).unwrap(), Provider::Cuda);
+        assert_eq!(Provider::parse(Some("CUDA")).unwrap(), Provider::Cuda);
+        assert_eq!(Provider::parse(Some("host")).unwrap(), Provider::Host);
+        let e = Provider::parse(Some("gpu")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("FERRO_DEVICE_PROVIDER=\"gpu\": expected cuda or host"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! | errors naming operation, rank and peer | [`Error`], [`ErrorKind`] |
 //! | an operation running in the background | [`Work`] |
 //! | sends and receives that run together | [`Group`] |
+//! | buffers on a GPU (or the host stand-in) for every collective | [`device`] ([`device::DeviceBuffer`], [`BufRef`], [`BufMut`]) |
 //!
 //! Ranks are usually processes started by a launcher (`ferrorun`, torchrun, srun, mpirun), each
 //! calling [`Communicator::from_env`]. Here they are threads of one process:

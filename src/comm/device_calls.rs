@@ -6,6 +6,8 @@
 //! memory of it (the provider's pointer query) are checked before anything is copied or sent.
 //! The reduction runs on the host staging buffers with the host reducer: the CUDA reducer on
 //! the device is the target design, for when transports move device memory themselves.
+//! all_reduce, broadcast and reduce run in slices of `FERRO_DEVICE_SLICE_BYTES`, one host
+//! collective per slice, while the copies of the other slices proceed on the stream.
 //!
 //! Completion is synchronous: a call returns when its result is in the device buffer. The
 //! entries take no stream yet; a stream-ordered variant (`*_on_stream`, the caller's stream

@@ -3,11 +3,12 @@
 //! A communicator keeps one [`Staging`] per bound device: a stream and two page-locked host
 //! buffers (input and output), grown to the largest call seen and reused afterwards, so calls
 //! after the first of their size allocate nothing. A device collective copies its device input
-//! into the input buffer (device to host, on the stream), waits, runs the host schedule on the
-//! staging buffers, then copies the output buffer back (host to device) and waits.
-//!
-//! Whole buffers are staged; copies are not yet pipelined in slices with the transfer, and
-//! completion is synchronous (each call waits for its stream before returning).
+//! into the input buffer (device to host, on the stream), runs the host schedule on the
+//! staging buffers, then copies the output buffer back (host to device): [`Staging::pipeline`]
+//! does so in slices whose copies overlap the other slices' transfers (element-wise
+//! collectives), or in one piece (the others). Send and receive stage whole buffers
+//! ([`Staging::stage_in`], [`Staging::stage_out`]). Completion is synchronous: every call
+//! waits for its copies before returning.
 
 use ferroccl_kernels::Element;
 

@@ -137,8 +137,8 @@ impl Device {
             static SAID: Once = Once::new();
             SAID.call_once(|| {
                 ferroccl_transport::log_line!(
-                    "ferroccl WARN DEVICE: {PROVIDER_ENV}=host: device buffers are host heap \
-                     memory (a test stand-in; no GPU is used)"
+                    "ferroccl WARN DEVICE: device buffers on the host stand-in provider \
+                     ({PROVIDER_ENV}=host) are host heap memory: a test stand-in, no GPU is used"
                 )
             });
         }

@@ -36,8 +36,28 @@ case $rc in
     *) echo "-- kernels: FAIL (exit $rc)"; failed=1 ;;
 esac
 
+device_args=()
+while [ $# -gt 0 ]; do
+    if [ "$1" = "--device" ] && [ $# -gt 1 ]; then device_args=(--device "$2"); shift; fi
+    shift
+done
 echo
-echo "== 2. peer-to-peer transport, cuda provider on device 0: conformance suite (two ranks as threads), two processes over CUDA IPC"
+echo "== 2. collectives on device buffers (pinned host staging; 1, 2 and 4 ranks as threads on one GPU) vs the same calls on host buffers"
+if [ -x "$bundle/bin/ferroccl-device-check" ]; then
+    FERRO_DEVICE_PROVIDER=cuda "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
+    rc=$?
+    case $rc in
+        0) echo "-- device buffers: PASS" ;;
+        2) echo "-- device buffers: no usable GPU (see above)"; failed=1 ;;
+        *) echo "-- device buffers: FAIL (exit $rc)"; failed=1 ;;
+    esac
+else
+    echo "-- device buffers: FAIL (bin/ferroccl-device-check missing from the bundle)"
+    failed=1
+fi
+
+echo
+echo "== 3. peer-to-peer transport, cuda provider on device 0: conformance suite (two ranks as threads), two processes over CUDA IPC"
 if [ -x "$bundle/bin/p2p-tests" ]; then
     FERRO_P2P_GPU_CHECK=1 "$bundle/bin/p2p-tests" --test-threads 1 \
         conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
@@ -50,7 +70,7 @@ fi
 
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - conformance suite on device buffers through the executor, 2 and 4 ranks on one GPU, over the peer-to-peer transport and shm staging"
+echo "   - device buffers handed to the peer-to-peer transport directly (they are staged through host memory); reductions on the GPU (CudaReducer) inside collectives"
 echo "   - C ABI with cudaStream_t (stream-ordered collectives through libnccl.so.2)"
 echo "   - all_reduce_perf on device buffers, 8 B .. 1 GiB (bin/all_reduce_perf runs on host buffers only)"
 

@@ -10,6 +10,7 @@
 //! | errors naming operation, rank and peer | [`Error`], [`ErrorKind`] |
 //! | an operation running in the background | [`Work`] |
 //! | sends and receives that run together | [`Group`] |
+//! | buffers on a GPU (or the host stand-in) for every collective | [`device`] ([`device::DeviceBuffer`], [`BufRef`], [`BufMut`]) |
 //!
 //! Ranks are usually processes started by a launcher (`ferrorun`, torchrun, srun, mpirun), each
 //! calling [`Communicator::from_env`]. Here they are threads of one process:
@@ -45,6 +46,7 @@ pub mod bootstrap;
 pub mod capi;
 pub mod coll;
 pub mod comm;
+pub mod device;
 mod exec;
 pub mod plan;
 pub mod profile;
@@ -54,11 +56,16 @@ pub mod topo;
 pub mod trace;
 mod wire;
 
-pub use comm::{Communicator, Config, Group, ReduceOp, Work};
+pub use comm::{BufMut, BufRef, Communicator, Config, Group, ReduceOp, Work};
 
 // The README's Rust examples compile as doctests (`cargo test --doc`).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+// So are docs/CUDA.md's (device buffers).
+#[cfg(doctest)]
+#[doc = include_str!("../docs/CUDA.md")]
+pub struct CudaDocDoctests;
 pub use ferroccl_kernels::{DataType, ElemOp, Element};
 pub use ferroccl_transport::{Error, ErrorKind, Result};

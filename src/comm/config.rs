@@ -24,6 +24,10 @@ pub struct Config {
     /// tuner picks each call's slice up to this, smaller where pipelining pays (tree, chain).
     /// Default 4 MiB.
     pub slice_bytes: usize,
+    /// `FERRO_DEVICE_SLICE_BYTES`: how device buffers of element-wise collectives (all_reduce,
+    /// broadcast, reduce) are cut for pipelined staging: one collective per slice, the copies
+    /// of the other slices overlapping it. Must be equal on every rank. Default 4 MiB.
+    pub device_slice_bytes: usize,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins before sleeping in `poll`. Default 50.
     pub spin: Duration,
     /// `FERRO_DEBUG`: `WARN` (default), `INFO` or `DEBUG`: what ferroccl prints to stderr.
@@ -101,6 +105,7 @@ impl Default for Config {
             nstreams: 2,
             socket_ifname: None,
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
+            device_slice_bytes: 4 << 20,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: super::transports::defaults(),
@@ -158,6 +163,14 @@ impl Config {
         }
         if let Some(v) = var("FERRO_SMALL_LANE_BYTES") {
             c.small_lane_bytes = parse(&v, "FERRO_SMALL_LANE_BYTES")?;
+        }
+        if let Some(v) = var("FERRO_DEVICE_SLICE_BYTES") {
+            let n = parse_size(&v)
+                .ok_or_else(|| bad("FERRO_DEVICE_SLICE_BYTES", &v, "a size like 4M"))?;
+            if n < 64 {
+                return Err(bad("FERRO_DEVICE_SLICE_BYTES", &v, "at least 64 bytes"));
+            }
+            c.device_slice_bytes = n;
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);
@@ -313,6 +326,18 @@ mod tests {
         assert_eq!(c.nstreams, 4);
         assert_eq!(c.slice_bytes, 1 << 20);
         assert_eq!(c.debug, DebugLevel::Info);
+    }
+
+    #[test]
+    fn device_slice_bytes() {
+        assert_eq!(with(&[]).unwrap().device_slice_bytes, 4 << 20);
+        let c = with(&[("FERRO_DEVICE_SLICE_BYTES", "64K")]).unwrap();
+        assert_eq!(c.device_slice_bytes, 64 << 10);
+        let e = with(&[("FERRO_DEVICE_SLICE_BYTES", "8")]).unwrap_err();
+        assert!(
+            e.message().contains("FERRO_DEVICE_SLICE_BYTES=\"8\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -238,6 +238,7 @@ impl Communicator {
                 transports: mesh.transports,
             }),
             worker: Mutex::new(None),
+            device: Mutex::default(),
         }
     }
 

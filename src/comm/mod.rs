@@ -4,6 +4,7 @@ mod calibrate;
 mod call;
 mod calls;
 mod config;
+mod device_calls;
 mod group;
 mod init;
 mod mesh;
@@ -27,6 +28,7 @@ use crate::exec::Engine;
 use crate::{Error, ErrorKind, Result};
 
 pub use config::{parse_size, Config, DebugLevel};
+pub use device_calls::{BufMut, BufRef};
 pub use group::Group;
 pub use work::Work;
 
@@ -129,6 +131,8 @@ struct Inner {
 pub struct Communicator {
     inner: Arc<Inner>,
     worker: Mutex<Option<Worker>>,
+    /// The device bound for device buffers, and its cached pinned staging.
+    device: Mutex<device_calls::DeviceState>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -5,8 +5,9 @@
 #![allow(dead_code)]
 
 use ferroccl::coll::CollKind;
-use ferroccl::{Communicator, DataType, ReduceOp};
-use ferroccl_kernels::{as_bytes, Element, Fp8E4M3, Fp8E5M2};
+use ferroccl::device::{Device, DeviceBuffer};
+use ferroccl::{BufMut, BufRef, Communicator, DataType, ReduceOp};
+use ferroccl_kernels::{as_bytes, as_bytes_mut, Element, Fp8E4M3, Fp8E5M2};
 use half::{bf16, f16};
 
 /// What to sweep.
@@ -287,9 +288,96 @@ fn first_diff(got: &[u8], want: &[u8], es: usize) -> String {
     )
 }
 
+/// Where a case's buffers live.
+#[derive(Debug, Clone, Copy)]
+pub enum Mem {
+    /// Host slices (`raw_collective`).
+    Host,
+    /// Device buffers on this device (the generic `collective` on `DeviceBuffer`s), filled
+    /// from and read back into the host bytes of the case.
+    Device(Device),
+}
+
+/// `raw_collective` on host bytes, or the same call on device buffers holding them.
+#[allow(clippy::too_many_arguments)]
+fn raw(
+    comm: &Communicator,
+    mem: Mem,
+    kind: CollKind,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    count: usize,
+    d: DataType,
+    op: ReduceOp,
+) -> ferroccl::Result<()> {
+    let dev = match mem {
+        Mem::Host => return comm.raw_collective(kind, send, recv, count, d, op),
+        Mem::Device(dev) => dev,
+    };
+    match d {
+        DataType::Int8 => on_device::<i8>(comm, dev, kind, send, recv, op),
+        DataType::Uint8 => on_device::<u8>(comm, dev, kind, send, recv, op),
+        DataType::Int32 => on_device::<i32>(comm, dev, kind, send, recv, op),
+        DataType::Uint32 => on_device::<u32>(comm, dev, kind, send, recv, op),
+        DataType::Int64 => on_device::<i64>(comm, dev, kind, send, recv, op),
+        DataType::Uint64 => on_device::<u64>(comm, dev, kind, send, recv, op),
+        DataType::Float16 => on_device::<f16>(comm, dev, kind, send, recv, op),
+        DataType::Bfloat16 => on_device::<bf16>(comm, dev, kind, send, recv, op),
+        DataType::Float32 => on_device::<f32>(comm, dev, kind, send, recv, op),
+        DataType::Float64 => on_device::<f64>(comm, dev, kind, send, recv, op),
+        DataType::Float8E4M3 => on_device::<Fp8E4M3>(comm, dev, kind, send, recv, op),
+        DataType::Float8E5M2 => on_device::<Fp8E5M2>(comm, dev, kind, send, recv, op),
+    }
+}
+
+fn typed<T: Element>(b: &[u8]) -> Vec<T> {
+    let mut v = vec![T::from_f64(0.0); b.len() / T::DTYPE.size()];
+    as_bytes_mut(&mut v).copy_from_slice(b);
+    v
+}
+
+fn on_device<T: Element>(
+    comm: &Communicator,
+    dev: Device,
+    kind: CollKind,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    op: ReduceOp,
+) -> ferroccl::Result<()> {
+    let s = send
+        .map(|b| DeviceBuffer::from_host(dev, &typed::<T>(b)))
+        .transpose()?;
+    let mut host = typed::<T>(recv);
+    let mut r = DeviceBuffer::from_host(dev, &host)?;
+    comm.collective(
+        kind,
+        s.as_ref().map(BufRef::Device),
+        BufMut::Device(&mut r),
+        op,
+    )?;
+    r.copy_to_host(&mut host)?;
+    recv.copy_from_slice(as_bytes(&host));
+    Ok(())
+}
+
 /// Runs one case on this rank; every rank must call it with the same arguments.
 pub fn run_case(
     comm: &Communicator,
+    coll: &str,
+    d: DataType,
+    op: ReduceOp,
+    count: usize,
+    in_place: bool,
+    case: u64,
+) -> Result<(), String> {
+    run_case_on(comm, Mem::Host, coll, d, op, count, in_place, case)
+}
+
+/// [`run_case`] with the buffers in `mem`.
+#[allow(clippy::too_many_arguments)]
+pub fn run_case_on(
+    comm: &Communicator,
+    mem: Mem,
     coll: &str,
     d: DataType,
     op: ReduceOp,
@@ -319,10 +407,10 @@ pub fn run_case(
             let mut out;
             let res = if in_place {
                 out = input.clone();
-                comm.raw_collective(kind, None, &mut out, count, d, myop)
+                raw(comm, mem, kind, None, &mut out, count, d, myop)
             } else {
                 out = vec![sentinel; count * es];
-                comm.raw_collective(kind, Some(&input), &mut out, count, d, myop)
+                raw(comm, mem, kind, Some(&input), &mut out, count, d, myop)
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             let expect = if coll == "reduce" && r != root {
@@ -345,10 +433,10 @@ pub fn run_case(
             let kind = CollKind::Broadcast { root };
             let res = if in_place {
                 out = input.clone();
-                comm.raw_collective(kind, None, &mut out, count, d, myop)
+                raw(comm, mem, kind, None, &mut out, count, d, myop)
             } else {
                 out = vec![sentinel; count * es];
-                comm.raw_collective(kind, Some(&input), &mut out, count, d, myop)
+                raw(comm, mem, kind, Some(&input), &mut out, count, d, myop)
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             if out != want {
@@ -363,9 +451,27 @@ pub fn run_case(
             let mut out = vec![sentinel; count * n * es];
             let res = if in_place {
                 out[r * count * es..(r + 1) * count * es].copy_from_slice(&input);
-                comm.raw_collective(CollKind::AllGather, None, &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllGather,
+                    None,
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             } else {
-                comm.raw_collective(CollKind::AllGather, Some(&input), &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllGather,
+                    Some(&input),
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             if out != want {
@@ -377,12 +483,23 @@ pub fn run_case(
             let want = fill_reduced(d, op, case, n, r * count..(r + 1) * count);
             let got = if in_place {
                 let mut buf = input.clone();
-                comm.raw_collective(CollKind::ReduceScatter, None, &mut buf, count, d, myop)
-                    .map_err(|e| format!("{label}: {e}"))?;
+                raw(
+                    comm,
+                    mem,
+                    CollKind::ReduceScatter,
+                    None,
+                    &mut buf,
+                    count,
+                    d,
+                    myop,
+                )
+                .map_err(|e| format!("{label}: {e}"))?;
                 buf[r * count * es..(r + 1) * count * es].to_vec()
             } else {
                 let mut out = vec![sentinel; count * es];
-                comm.raw_collective(
+                raw(
+                    comm,
+                    mem,
                     CollKind::ReduceScatter,
                     Some(&input),
                     &mut out,
@@ -406,10 +523,28 @@ pub fn run_case(
             let mut out;
             let res = if in_place {
                 out = input.clone();
-                comm.raw_collective(CollKind::AllToAll, None, &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllToAll,
+                    None,
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             } else {
                 out = vec![sentinel; count * n * es];
-                comm.raw_collective(CollKind::AllToAll, Some(&input), &mut out, count, d, myop)
+                raw(
+                    comm,
+                    mem,
+                    CollKind::AllToAll,
+                    Some(&input),
+                    &mut out,
+                    count,
+                    d,
+                    myop,
+                )
             };
             res.map_err(|e| format!("{label}: {e}"))?;
             if out != want {
@@ -439,6 +574,16 @@ pub fn run_case(
 
 /// Runs the whole sweep; returns the number of cases run on this rank.
 pub fn run_sweep(comm: &Communicator, sweep: &Sweep, seed: u64) -> Result<usize, String> {
+    run_sweep_on(comm, Mem::Host, sweep, seed)
+}
+
+/// [`run_sweep`] with the buffers in `mem` (`send_recv` runs on host memory only).
+pub fn run_sweep_on(
+    comm: &Communicator,
+    mem: Mem,
+    sweep: &Sweep,
+    seed: u64,
+) -> Result<usize, String> {
     let mut cases = 0;
     let mut case = seed;
     for &coll in &sweep.colls {
@@ -456,7 +601,7 @@ pub fn run_sweep(comm: &Communicator, sweep: &Sweep, seed: u64) -> Result<usize,
                             continue;
                         }
                         case += 1;
-                        run_case(comm, coll, d, op, count, in_place, case)?;
+                        run_case_on(comm, mem, coll, d, op, count, in_place, case)?;
                         cases += 1;
                     }
                 }

@@ -36,6 +36,12 @@ pub const ATTR_SM_COUNT: c_int = 16;
 pub const ATTR_CC_MAJOR: c_int = 75;
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR`.
 pub const ATTR_CC_MINOR: c_int = 76;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (answers a `CUmemorytype`).
+pub const POINTER_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (answers an `int`).
+pub const POINTER_DEVICE_ORDINAL: c_int = 9;
+/// `CU_MEMORYTYPE_DEVICE`.
+pub const MEMORYTYPE_DEVICE: c_uint = 2;
 
 macro_rules! driver_api {
     ($($field:ident = $sym:literal : fn($($arg:ty),*);)*) => {
@@ -84,6 +90,15 @@ driver_api! {
     memcpy_htod = "cuMemcpyHtoD_v2": fn(DevicePtr, *const c_void, usize);
     memcpy_dtoh = "cuMemcpyDtoH_v2": fn(*mut c_void, DevicePtr, usize);
     memcpy_dtod_async = "cuMemcpyDtoDAsync_v2": fn(DevicePtr, DevicePtr, usize, Handle);
+    // Device buffers through host staging (ferroccl's `device` module): pinned host memory,
+    // stream-ordered copies both ways, stream teardown, and telling device from host pointers.
+    mem_alloc_host = "cuMemAllocHost_v2": fn(*mut *mut c_void, usize);
+    mem_free_host = "cuMemFreeHost": fn(*mut c_void);
+    memcpy_htod_async = "cuMemcpyHtoDAsync_v2": fn(DevicePtr, *const c_void, usize, Handle);
+    memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2": fn(*mut c_void, DevicePtr, usize, Handle);
+    stream_destroy = "cuStreamDestroy_v2": fn(Handle);
+    stream_wait_event = "cuStreamWaitEvent": fn(Handle, Handle, c_uint);
+    pointer_attribute = "cuPointerGetAttribute": fn(*mut c_void, c_int, DevicePtr);
     event_create = "cuEventCreate": fn(*mut Handle, c_uint);
     event_record = "cuEventRecord": fn(Handle, Handle);
     event_synchronize = "cuEventSynchronize": fn(Handle);
@@ -255,6 +270,167 @@ impl Driver {
     pub unsafe fn free(&self, p: DevicePtr) -> Result<()> {
         // SAFETY: per the caller.
         self.check("cuMemFree", unsafe { (self.mem_free)(p) })
+    }
+
+    /// Allocates `len` bytes of page-locked host memory in the current context (the staging
+    /// buffers of device data crossing host-only transports).
+    pub fn alloc_pinned(&self, len: usize) -> Result<*mut u8> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: `p` is a valid out-pointer; a context is current (bind_primary_context).
+        self.check("cuMemAllocHost", unsafe {
+            (self.mem_alloc_host)(&mut p, len.max(1))
+        })?;
+        Ok(p.cast())
+    }
+
+    /// Frees memory from [`Driver::alloc_pinned`].
+    ///
+    /// # Safety
+    /// `p` came from [`Driver::alloc_pinned`], is freed once, and no queued copy still uses it.
+    pub unsafe fn free_pinned(&self, p: *mut u8) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuMemFreeHost", unsafe { (self.mem_free_host)(p.cast()) })
+    }
+
+    /// Queues a copy of `len` host bytes at `src` to device memory `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` device memory writable for `len` bytes until the stream has
+    /// run the copy; `stream` belongs to the current context.
+    pub unsafe fn upload_async(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        len: usize,
+        stream: Handle,
+    ) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuMemcpyHtoDAsync", unsafe {
+            (self.memcpy_htod_async)(dst, src.cast(), len, stream)
+        })
+    }
+
+    /// Queues a copy of `len` bytes of device memory `src` to host memory `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `src` is device memory readable and `dst` host memory writable for `len` bytes until
+    /// the stream has run the copy; `stream` belongs to the current context.
+    pub unsafe fn download_async(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        len: usize,
+        stream: Handle,
+    ) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuMemcpyDtoHAsync", unsafe {
+            (self.memcpy_dtoh_async)(dst.cast(), src, len, stream)
+        })
+    }
+
+    /// Creates a non-blocking stream in the current context.
+    pub fn create_stream(&self) -> Result<Handle> {
+        let mut s = std::ptr::null_mut();
+        // SAFETY: `s` is a valid out-pointer; flag 1 is CU_STREAM_NON_BLOCKING.
+        self.check("cuStreamCreate", unsafe { (self.stream_create)(&mut s, 1) })?;
+        Ok(s)
+    }
+
+    /// Waits until everything queued on `stream` has run.
+    ///
+    /// # Safety
+    /// `stream` is a live stream from [`Driver::create_stream`] (not destroyed).
+    pub unsafe fn sync_stream(&self, stream: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuStreamSynchronize", unsafe {
+            (self.stream_synchronize)(stream)
+        })
+    }
+
+    /// Destroys a stream from [`Driver::create_stream`].
+    ///
+    /// # Safety
+    /// `stream` is destroyed once and not used afterwards.
+    pub unsafe fn destroy_stream(&self, stream: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuStreamDestroy", unsafe { (self.stream_destroy)(stream) })
+    }
+
+    /// Makes work queued on `stream` after this call wait for `event` (recorded on another
+    /// stream) to complete, without blocking the host.
+    ///
+    /// # Safety
+    /// `stream` and `event` are live handles of the current context; flags are 0.
+    pub unsafe fn stream_wait(&self, stream: Handle, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuStreamWaitEvent", unsafe {
+            (self.stream_wait_event)(stream, event, 0)
+        })
+    }
+
+    /// Creates an event without timing (`CU_EVENT_DISABLE_TIMING`) in the current context: a
+    /// mark in a stream that the host or another stream can wait for.
+    pub fn create_event(&self) -> Result<Handle> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer; flag 2 is CU_EVENT_DISABLE_TIMING.
+        self.check("cuEventCreate", unsafe { (self.event_create)(&mut e, 2) })?;
+        Ok(e)
+    }
+
+    /// Records `event` at the current end of `stream`.
+    ///
+    /// # Safety
+    /// `event` and `stream` are live handles of the current context.
+    pub unsafe fn record_event(&self, event: Handle, stream: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventRecord", unsafe {
+            (self.event_record)(event, stream)
+        })
+    }
+
+    /// Waits until the work before `event`'s last record has run.
+    ///
+    /// # Safety
+    /// `event` is a live event.
+    pub unsafe fn sync_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventSynchronize", unsafe {
+            (self.event_synchronize)(event)
+        })
+    }
+
+    /// Destroys an event from [`Driver::create_event`].
+    ///
+    /// # Safety
+    /// `event` is destroyed once and not used afterwards.
+    pub unsafe fn destroy_event(&self, event: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuEventDestroy", unsafe { (self.event_destroy)(event) })
+    }
+
+    /// The device ordinal that owns `ptr` if it is device memory the driver knows (any
+    /// context); `None` for host memory and for addresses the driver never allocated. Tells a
+    /// host pointer passed where a device pointer is expected (and the reverse) before any copy.
+    pub fn device_of_pointer(&self, ptr: DevicePtr) -> Option<u32> {
+        let mut kind: c_uint = 0;
+        // SAFETY: `kind` is a valid out-pointer of the attribute's type (CUmemorytype, 32 bits);
+        // the driver only looks the address up, it never dereferences it.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut kind as *mut c_uint).cast(), POINTER_MEMORY_TYPE, ptr)
+        };
+        if s != 0 || kind != MEMORYTYPE_DEVICE {
+            return None;
+        }
+        let mut ordinal: c_int = -1;
+        // SAFETY: as above; the attribute's type is int.
+        let s = unsafe {
+            (self.pointer_attribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                POINTER_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        (s == 0 && ordinal >= 0).then_some(ordinal as u32)
     }
 
     /// Copies host bytes to device memory (synchronous).

@@ -1,0 +1,241 @@
+//! ferroccl-device-check: collectives on device buffers against the same collectives on host
+//! buffers, ranks as threads of this process, all on one device. Part of the GPU check bundle
+//! (`scripts/gpu-check.sh`); with `FERRO_DEVICE_PROVIDER=host` it runs anywhere.
+//!
+//!   ferroccl-device-check [--device N] [--ranks N,N,..] [--max-count N]
+//!
+//! Exit status: 0 every case matched, 1 a wrong element or a failed call, 2 no usable device.
+
+use std::process::ExitCode;
+
+use ferroccl::coll::CollKind;
+use ferroccl::device::{Device, DeviceBuffer, Provider};
+use ferroccl::{BufMut, BufRef, Communicator, Config, DataType, Element, ReduceOp};
+use ferroccl_kernels::{Fp8E4M3, Fp8E5M2};
+use half::{bf16, f16};
+
+const USAGE: &str = "\
+usage: ferroccl-device-check [--device N] [--ranks N,N,..] [--max-count N]
+
+Runs all_reduce (every dtype and op), broadcast, all_gather, reduce_scatter, reduce and
+all_to_all on device buffers of device N (default 0) of the provider FERRO_DEVICE_PROVIDER
+names (cuda, the default, or host), ranks as threads (default 1,2,4), counts 0, 1, 7, 1021,
+65537 and 2^20 (those up to --max-count), and compares every byte with the same call on host
+buffers. Exit 0: all matched; 1: a mismatch or error; 2: no device.";
+
+const COUNTS: [usize; 6] = [0, 1, 7, 1021, 65537, 1 << 20];
+const OPS: [ReduceOp; 6] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Avg,
+    ReduceOp::PreMulSum(2.0),
+];
+
+/// A distinct small value per (rank, element), exact in every dtype's range after wrapping.
+fn input<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_f64((((i * 7 + rank * 13 + salt) % 29) as f64) - 14.0))
+        .collect()
+}
+
+/// One case: `kind` on device buffers and on host buffers; Err describes a mismatch.
+fn case<T: Element>(
+    c: &Communicator,
+    dev: Device,
+    kind: CollKind,
+    count: usize,
+    op: ReduceOp,
+) -> Result<(), String> {
+    let n = c.nranks();
+    let (in_len, out_len) = kind.buffer_lens(count, n);
+    let send: Vec<T> = input(c.rank(), in_len, count);
+    let mut want: Vec<T> = input(c.rank() + 100, out_len, count);
+    let label = format!(
+        "{} {} {} count {count} nranks {n} rank {}",
+        kind.name(),
+        T::DTYPE,
+        op.name(),
+        c.rank()
+    );
+    let err = |e: ferroccl::Error| format!("{label}: {e}");
+    let d_send = DeviceBuffer::from_host(dev, &send).map_err(err)?;
+    let mut d_recv = DeviceBuffer::from_host(dev, &want).map_err(err)?;
+    c.collective(kind, Some(BufRef::Host(&send)), BufMut::Host(&mut want), op)
+        .map_err(err)?;
+    c.collective(
+        kind,
+        Some(BufRef::Device(&d_send)),
+        BufMut::Device(&mut d_recv),
+        op,
+    )
+    .map_err(err)?;
+    let got = d_recv.to_vec().map_err(err)?;
+    let (g, w) = (
+        ferroccl_kernels::as_bytes(&got),
+        ferroccl_kernels::as_bytes(&want),
+    );
+    if g != w {
+        let es = T::DTYPE.size();
+        let k = (0..got.len()).find(|&k| g[k * es..(k + 1) * es] != w[k * es..(k + 1) * es]);
+        return Err(format!(
+            "{label}: element {k:?} differs from the host result"
+        ));
+    }
+    Ok(())
+}
+
+fn kinds(count: usize, n: usize) -> Vec<(CollKind, usize)> {
+    let root = count % n;
+    vec![
+        (CollKind::AllReduce, count),
+        (CollKind::Broadcast { root }, count),
+        (CollKind::Reduce { root }, count),
+        (CollKind::AllGather, count),
+        (CollKind::ReduceScatter, count),
+        (CollKind::AllToAll, count),
+    ]
+}
+
+/// Every case of dtype `T` on this rank; returns how many ran.
+fn rank_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result<usize, String> {
+    let mut cases = 0;
+    for count in COUNTS.into_iter().filter(|&k| k <= max) {
+        for (kind, count) in kinds(count, c.nranks()) {
+            let ops: &[ReduceOp] = if matches!(kind, CollKind::AllReduce) {
+                &OPS
+            } else if kind.reduces() {
+                &OPS[..1]
+            } else {
+                &[ReduceOp::Sum]
+            };
+            for &op in ops {
+                case::<T>(c, dev, kind, count, op)?;
+                cases += 1;
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn rank_all(c: &Communicator, dev: Device, max: usize) -> Result<usize, String> {
+    c.set_device(dev).map_err(|e| e.to_string())?;
+    let mut cases = 0;
+    for d in DataType::ALL {
+        cases += match d {
+            DataType::Int8 => rank_cases::<i8>(c, dev, max)?,
+            DataType::Uint8 => rank_cases::<u8>(c, dev, max)?,
+            DataType::Int32 => rank_cases::<i32>(c, dev, max)?,
+            DataType::Uint32 => rank_cases::<u32>(c, dev, max)?,
+            DataType::Int64 => rank_cases::<i64>(c, dev, max)?,
+            DataType::Uint64 => rank_cases::<u64>(c, dev, max)?,
+            DataType::Float16 => rank_cases::<f16>(c, dev, max)?,
+            DataType::Bfloat16 => rank_cases::<bf16>(c, dev, max)?,
+            DataType::Float32 => rank_cases::<f32>(c, dev, max)?,
+            DataType::Float64 => rank_cases::<f64>(c, dev, max)?,
+            DataType::Float8E4M3 => rank_cases::<Fp8E4M3>(c, dev, max)?,
+            DataType::Float8E5M2 => rank_cases::<Fp8E5M2>(c, dev, max)?,
+        };
+    }
+    Ok(cases)
+}
+
+fn run(args: &[String]) -> Result<ExitCode, String> {
+    let mut ordinal = 0u32;
+    let mut ranks = vec![1usize, 2, 4];
+    let mut max = usize::MAX;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().cloned().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            "--device" => {
+                let v = value("--device")?;
+                ordinal = v
+                    .parse()
+                    .map_err(|_| format!("--device {v:?}: not a number"))?;
+            }
+            "--ranks" => {
+                let v = value("--ranks")?;
+                ranks = v
+                    .split(',')
+                    .map(|r| r.parse().ok().filter(|&r: &usize| r >= 1))
+                    .collect::<Option<_>>()
+                    .ok_or(format!(
+                        "--ranks {v:?}: expected numbers >= 1, comma separated"
+                    ))?;
+            }
+            "--max-count" => {
+                let v = value("--max-count")?;
+                max = v
+                    .parse()
+                    .map_err(|_| format!("--max-count {v:?}: not a number"))?;
+            }
+            other => return Err(format!("unknown argument {other:?}\n\n{USAGE}")),
+        }
+    }
+    let provider = Provider::from_env().map_err(|e| e.to_string())?;
+    let dev = match Device::new(provider, ordinal) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("ferroccl-device-check: no usable device: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    println!("ferroccl-device-check: {dev}");
+    let mut failed = false;
+    for n in ranks {
+        let comms = Communicator::local_group(n, Config::default()).map_err(|e| e.to_string())?;
+        let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let r = rank_all(c, dev, max);
+                        if r.is_err() {
+                            // The other ranks fail promptly instead of waiting for this one.
+                            c.abort();
+                        }
+                        r
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("rank panicked".to_string()))
+                })
+                .collect()
+        });
+        match results.iter().find_map(|r| r.as_ref().err()) {
+            None => println!(
+                "  {n} ranks: {} cases per rank matched the host results",
+                results[0].as_ref().map_or(0, |c| *c)
+            ),
+            Some(e) => {
+                println!("  {n} ranks: FAIL {e}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ferroccl-device-check: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

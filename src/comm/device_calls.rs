@@ -1,0 +1,394 @@
+//! Collectives on device buffers: checked, staged through pinned host memory, run by the host
+//! executor over the same schedules and transports, staged back.
+//!
+//! A communicator uses one device ([`Communicator::set_device`]); every device buffer it is
+//! given must live there. Lengths, dtypes (by type), the device and the buffer being live
+//! memory of it (the provider's pointer query) are checked before anything is copied or sent.
+//! The reduction runs on the host staging buffers with the host reducer: the CUDA reducer on
+//! the device is the target design, for when transports move device memory themselves.
+//! all_reduce, broadcast and reduce run in slices of `FERRO_DEVICE_SLICE_BYTES`, one host
+//! collective per slice, while the copies of the other slices proceed on the stream.
+//!
+//! Completion is synchronous: a call returns when its result is in the device buffer. The
+//! entries take no stream yet; a stream-ordered variant (`*_on_stream`, the caller's stream
+//! waiting on an event recorded after the last copy) is the planned extension, and the staging
+//! already runs its copies on a stream of its own.
+
+use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
+
+use crate::coll::CollKind;
+use crate::device::{Device, DeviceBuffer, Staging};
+use crate::{Error, Result};
+
+use super::*;
+
+/// A communicator's device binding and its cached staging.
+#[derive(Debug, Default)]
+pub(super) struct DeviceState {
+    device: Option<Device>,
+    staging: Option<Staging>,
+}
+
+/// A buffer a collective reads: host memory or a device buffer.
+#[derive(Debug, Clone, Copy)]
+pub enum BufRef<'a, T: Element> {
+    /// Host memory.
+    Host(&'a [T]),
+    /// Device memory.
+    Device(&'a DeviceBuffer<T>),
+}
+
+/// A buffer a collective writes: host memory or a device buffer.
+#[derive(Debug)]
+pub enum BufMut<'a, T: Element> {
+    /// Host memory.
+    Host(&'a mut [T]),
+    /// Device memory.
+    Device(&'a mut DeviceBuffer<T>),
+}
+
+impl<T: Element> BufRef<'_, T> {
+    fn len(&self) -> usize {
+        match self {
+            BufRef::Host(s) => s.len(),
+            BufRef::Device(b) => b.len(),
+        }
+    }
+
+    fn space(&self) -> String {
+        match self {
+            BufRef::Host(_) => "host memory".to_string(),
+            BufRef::Device(b) => b.device().to_string(),
+        }
+    }
+}
+
+impl<T: Element> BufMut<'_, T> {
+    fn len(&self) -> usize {
+        match self {
+            BufMut::Host(s) => s.len(),
+            BufMut::Device(b) => b.len(),
+        }
+    }
+
+    fn space(&self) -> String {
+        match self {
+            BufMut::Host(_) => "host memory".to_string(),
+            BufMut::Device(b) => b.device().to_string(),
+        }
+    }
+}
+
+/// The count NCCL's convention gives a `kind` call with these buffer lengths (as the typed
+/// host entries compute it); `None` when a length that must split into `n` blocks does not.
+fn count_of(kind: CollKind, send: Option<usize>, recv: usize, n: usize) -> Option<usize> {
+    let blocks = |len: usize| len.is_multiple_of(n).then_some(len / n);
+    match (kind, send) {
+        (CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::AllGather, Some(s)) => Some(s),
+        (CollKind::Broadcast { .. } | CollKind::ReduceScatter, Some(_)) => Some(recv),
+        (CollKind::AllToAll, Some(s)) => blocks(s),
+        (CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll, None) => blocks(recv),
+        (_, None) => Some(recv),
+    }
+}
+
+impl Communicator {
+    /// Binds this communicator to `device`: device buffers passed to its collectives must live
+    /// there. Binding another device drops the cached staging of the previous one.
+    pub fn set_device(&self, device: Device) -> Result<()> {
+        let mut st = lock(&self.device);
+        if st.device != Some(device) {
+            st.staging = None;
+            st.device = Some(device);
+        }
+        Ok(())
+    }
+
+    /// The device bound with [`Communicator::set_device`], if any.
+    pub fn device(&self) -> Option<Device> {
+        lock(&self.device).device
+    }
+
+    /// Pinned staging allocations this communicator has made (they are cached: a repeated
+    /// call of the same size makes none).
+    pub fn staging_allocations(&self) -> u64 {
+        lock(&self.device)
+            .staging
+            .as_ref()
+            .map_or(0, Staging::allocations)
+    }
+
+    /// Runs collective `kind` on host or device buffers (both in the same space; `send: None`
+    /// means in place, laid out as the typed in-place calls lay it out). The count follows
+    /// from the lengths as in the typed calls (`all_reduce`: `send.len()`; `all_gather`:
+    /// `send.len()`; `reduce_scatter`: `recv.len()`; `all_to_all`: `send.len() / nranks`).
+    pub fn collective<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<BufRef<'_, T>>,
+        recv: BufMut<'_, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (name, rank, n) = (kind.name(), self.inner.rank, self.inner.nranks);
+        let count =
+            count_of(kind, send.as_ref().map(BufRef::len), recv.len(), n).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{name} on rank {rank}: buffer of {} elements is not a multiple of nranks {n}",
+                    send.as_ref().map_or(recv.len(), BufRef::len)
+                ))
+            })?;
+        match (send, recv) {
+            (None, BufMut::Host(r)) => {
+                self.raw_collective(kind, None, as_bytes_mut(r), count, T::DTYPE, op)
+            }
+            (Some(BufRef::Host(s)), BufMut::Host(r)) => self.raw_collective(
+                kind,
+                Some(as_bytes(s)),
+                as_bytes_mut(r),
+                count,
+                T::DTYPE,
+                op,
+            ),
+            (None, BufMut::Device(r)) => self.run_device(kind, None, r, count, op),
+            (Some(BufRef::Device(s)), BufMut::Device(r)) => {
+                self.run_device(kind, Some(s), r, count, op)
+            }
+            (Some(s), r) => Err(Error::invalid_argument(format!(
+                "{name} on rank {rank}: the send buffer is {} but the receive buffer is {}; \
+                 both must be in one memory space",
+                s.space(),
+                r.space()
+            ))),
+        }
+    }
+
+    /// The bound device, checked against a buffer's (`what`: send, receive).
+    fn device_for<T: Element>(
+        &self,
+        name: &str,
+        what: &str,
+        buf: &DeviceBuffer<T>,
+    ) -> Result<Device> {
+        let rank = self.inner.rank;
+        let Some(dev) = self.device() else {
+            return Err(Error::invalid_usage(format!(
+                "{name} on rank {rank}: the {what} buffer is on {}, but no device is bound to \
+                 this communicator (call Communicator::set_device first)",
+                buf.device()
+            )));
+        };
+        if buf.device() != dev {
+            return Err(Error::invalid_argument(format!(
+                "{name} on rank {rank}: the {what} buffer is on {}; this communicator uses {dev}",
+                buf.device()
+            )));
+        }
+        buf.check_live(name, rank, what)?;
+        Ok(dev)
+    }
+
+    /// The staging of `dev`, created at the first call.
+    fn staging<'a>(
+        st: &'a mut MutexGuard<'_, DeviceState>,
+        dev: Device,
+    ) -> Result<&'a mut Staging> {
+        if st.staging.as_ref().map(Staging::device) != Some(dev) {
+            st.staging = Some(Staging::new(dev)?);
+        }
+        Ok(st.staging.as_mut().expect("set above"))
+    }
+
+    fn run_device<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (name, rank) = (kind.name(), self.inner.rank);
+        let es = T::DTYPE.size();
+        let dev = self.device_for(name, "receive", recv)?;
+        if let Some(s) = send {
+            self.device_for(name, "send", s)?;
+        }
+        Call::check(
+            &self.inner,
+            name,
+            header_kind(kind),
+            kind,
+            send.map(|s| s.bytes()),
+            recv.bytes(),
+            count,
+            T::DTYPE,
+            op,
+        )?;
+        let is_root = kind.root() == Some(rank);
+        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+        let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+        let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
+        // Element-wise collectives run slice by slice, each slice's copies overlapping the
+        // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
+        // staged whole.
+        let elementwise = matches!(
+            kind,
+            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+        );
+        let slices = if elementwise {
+            let per = (self.inner.config.device_slice_bytes / es).max(1);
+            count.div_ceil(per).max(1)
+        } else {
+            1
+        };
+        let mut st = lock(&self.device);
+        let staging = Self::staging(&mut st, dev)?;
+        staging.reserve(in_len * es, recv.bytes())?;
+        staging.pipeline(
+            send,
+            recv,
+            send_read,
+            recv_written,
+            count,
+            slices,
+            |count, input, output| {
+                let input = input.map(|i| as_bytes(i));
+                self.raw_collective(kind, input, as_bytes_mut(output), count, T::DTYPE, op)
+            },
+        )
+    }
+
+    // ----- typed entries on device buffers -----
+
+    /// [`Communicator::all_reduce`] on device buffers.
+    pub fn all_reduce_device<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = send.len();
+        self.run_device(CollKind::AllReduce, Some(send), recv, count, op)
+    }
+
+    /// [`Communicator::all_reduce_in_place`] on a device buffer.
+    pub fn all_reduce_device_in_place<T: Element>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = buf.len();
+        self.run_device(CollKind::AllReduce, None, buf, count, op)
+    }
+
+    /// [`Communicator::broadcast`] on a device buffer.
+    pub fn broadcast_device<T: Element>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        root: usize,
+    ) -> Result<()> {
+        let count = buf.len();
+        self.run_device(
+            CollKind::Broadcast { root },
+            None,
+            buf,
+            count,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// [`Communicator::reduce`] on device buffers (`recv` is ignored, and may be empty, off
+    /// the root).
+    pub fn reduce_device<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let count = send.len();
+        self.run_device(CollKind::Reduce { root }, Some(send), recv, count, op)
+    }
+
+    /// [`Communicator::all_gather`] on device buffers.
+    pub fn all_gather_device<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let count = send.len();
+        self.run_device(CollKind::AllGather, Some(send), recv, count, ReduceOp::Sum)
+    }
+
+    /// [`Communicator::reduce_scatter`] on device buffers.
+    pub fn reduce_scatter_device<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = recv.len();
+        self.run_device(CollKind::ReduceScatter, Some(send), recv, count, op)
+    }
+
+    /// [`Communicator::all_to_all`] on device buffers.
+    pub fn all_to_all_device<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.collective(
+            CollKind::AllToAll,
+            Some(BufRef::Device(send)),
+            BufMut::Device(recv),
+            ReduceOp::Sum,
+        )
+    }
+
+    /// [`Communicator::send`] of a device buffer (staged through pinned host memory; the peer
+    /// may receive into host or device memory).
+    pub fn send_device<T: Element>(&self, buf: &DeviceBuffer<T>, peer: usize) -> Result<()> {
+        use crate::device::staging::Slot;
+        let dev = self.device_for("send", "send", buf)?;
+        let mut st = lock(&self.device);
+        let staging = Self::staging(&mut st, dev)?;
+        staging.reserve(buf.bytes(), 0)?;
+        staging.stage_in(Slot::Input, buf)?;
+        let (input, _) = staging.buffers::<T>(buf.len(), 0)?;
+        self.send(&*input, peer)
+    }
+
+    /// [`Communicator::recv`] into a device buffer.
+    pub fn recv_device<T: Element>(&self, buf: &mut DeviceBuffer<T>, peer: usize) -> Result<()> {
+        use crate::device::staging::Slot;
+        let dev = self.device_for("recv", "receive", buf)?;
+        let mut st = lock(&self.device);
+        let staging = Self::staging(&mut st, dev)?;
+        staging.reserve(0, buf.bytes())?;
+        let (_, output) = staging.buffers::<T>(0, buf.len())?;
+        self.recv(output, peer)?;
+        staging.stage_out(Slot::Output, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_the_typed_calls() {
+        assert_eq!(count_of(CollKind::AllReduce, Some(7), 7, 3), Some(7));
+        assert_eq!(count_of(CollKind::AllGather, Some(2), 6, 3), Some(2));
+        assert_eq!(count_of(CollKind::AllGather, None, 6, 3), Some(2));
+        assert_eq!(count_of(CollKind::ReduceScatter, Some(6), 2, 3), Some(2));
+        assert_eq!(count_of(CollKind::AllToAll, Some(6), 6, 3), Some(2));
+        assert_eq!(count_of(CollKind::AllToAll, Some(7), 7, 3), None);
+        assert_eq!(
+            count_of(CollKind::Broadcast { root: 0 }, None, 5, 3),
+            Some(5)
+        );
+        assert_eq!(
+            count_of(CollKind::Reduce { root: 1 }, Some(5), 0, 3),
+            Some(5)
+        );
+    }
+}

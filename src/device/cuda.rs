@@ -1,0 +1,198 @@
+//! The CUDA provider: device memory, pinned host memory, stream-ordered copies and pointer
+//! queries through the driver of `ferroccl-cuda`, loaded at run time.
+//!
+//! Every entry loads the driver first: without one it returns `device buffers need an NVIDIA
+//! driver (libcuda.so.1 not found); host buffers work without one`, never a panic. Every call
+//! makes the device's primary context current on the calling thread first, since collectives
+//! may run on any thread. Built, not yet run on a GPU (docs/CUDA.md).
+
+use ferroccl_cuda::driver::{driver, DevicePtr, Driver, Handle};
+use ferroccl_cuda::{CudaError, CudaErrorKind};
+
+use crate::{Error, ErrorKind, Result};
+
+/// The CUDA layer's error as a ferroccl error: a missing driver is something optional that is
+/// not available here; a bad device ordinal is the caller's argument.
+pub(crate) fn convert(e: &CudaError) -> Error {
+    let kind = match e.kind() {
+        CudaErrorKind::DriverMissing | CudaErrorKind::NvrtcMissing => ErrorKind::Unsupported,
+        CudaErrorKind::Invalid => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Internal,
+    };
+    Error::new(kind, e.message().to_string())
+}
+
+fn loaded() -> Result<&'static Driver> {
+    driver().map_err(|e| convert(&e))
+}
+
+/// The driver, with device `ordinal`'s primary context current on this thread.
+fn bound(ordinal: u32) -> Result<&'static Driver> {
+    let d = loaded()?;
+    let dev = d.device(ordinal).map_err(|e| convert(&e))?;
+    d.bind_primary_context(dev).map_err(|e| convert(&e))?;
+    Ok(d)
+}
+
+/// Devices this process sees.
+pub(crate) fn device_count() -> Result<u32> {
+    loaded()?.device_count().map_err(|e| convert(&e))
+}
+
+/// `len` bytes of device memory on device `ordinal` (contents unspecified).
+pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
+    bound(ordinal)?.alloc(len).map_err(|e| convert(&e))
+}
+
+/// # Safety
+/// `addr` came from [`alloc`] on `ordinal`, is freed once, no queued work still uses it.
+pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller.
+    unsafe { d.free(addr) }.map_err(|e| convert(&e))
+}
+
+/// The device owning `[addr, addr + len)` (first and last byte asked), or `None`: host memory
+/// or an address the driver does not know (no driver: `None` as well).
+pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
+    let d = loaded().ok()?;
+    let first = d.device_of_pointer(addr as DevicePtr)?;
+    if len > 1 {
+        let last = d.device_of_pointer(addr.checked_add(len as u64 - 1)?)?;
+        if last != first {
+            return None;
+        }
+    }
+    Some(first)
+}
+
+/// `len` bytes of page-locked host memory (contents unspecified).
+pub(crate) fn alloc_pinned(ordinal: u32, len: usize) -> Result<*mut u8> {
+    bound(ordinal)?.alloc_pinned(len).map_err(|e| convert(&e))
+}
+
+/// # Safety
+/// `p` came from [`alloc_pinned`], is freed once and no queued copy still uses it.
+pub(crate) unsafe fn free_pinned(ordinal: u32, p: *mut u8) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller.
+    unsafe { d.free_pinned(p) }.map_err(|e| convert(&e))
+}
+
+/// Synchronous copy of host bytes to device memory.
+///
+/// # Safety
+/// `dst` is device memory of `ordinal` writable for `src.len()` bytes.
+pub(crate) unsafe fn upload(ordinal: u32, dst: u64, src: &[u8]) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller.
+    unsafe { d.upload(dst, src) }.map_err(|e| convert(&e))
+}
+
+/// Synchronous copy of device memory to host bytes.
+///
+/// # Safety
+/// `src` is device memory of `ordinal` readable for `dst.len()` bytes.
+pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller.
+    unsafe { d.download(dst, src) }.map_err(|e| convert(&e))
+}
+
+/// A non-blocking stream of one device with a pool of events (marks), destroyed on drop.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    ordinal: u32,
+    handle: Handle,
+    /// Events created so far, reused by [`Stream::mark`]: none is created per call once the
+    /// pool holds as many as a call's slices.
+    events: Vec<Handle>,
+}
+
+// SAFETY: a CUstream may be used from any thread with its context current (every method binds
+// it); the handle is owned by this value and destroyed once.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    pub(crate) fn new(ordinal: u32) -> Result<Stream> {
+        let handle = bound(ordinal)?.create_stream().map_err(|e| convert(&e))?;
+        Ok(Stream {
+            ordinal,
+            handle,
+            events: Vec::new(),
+        })
+    }
+
+    /// Records mark `k` at the current end of the stream (event `k` of the pool).
+    pub(crate) fn mark(&mut self, k: usize) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        while self.events.len() <= k {
+            self.events.push(d.create_event().map_err(|e| convert(&e))?);
+        }
+        // SAFETY: both handles are live and belong to this device's primary context.
+        unsafe { d.record_event(self.events[k], self.handle) }.map_err(|e| convert(&e))
+    }
+
+    /// Waits until the work queued before mark `k` has run.
+    pub(crate) fn wait_mark(&mut self, k: usize) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        let Some(&e) = self.events.get(k) else {
+            return Err(Error::internal(format!(
+                "cuda stream: mark {k} was never recorded"
+            )));
+        };
+        // SAFETY: a live event of the pool.
+        unsafe { d.sync_event(e) }.map_err(|e| convert(&e))
+    }
+
+    /// Queues a host-to-device copy.
+    ///
+    /// # Safety
+    /// `src` readable, `dst` device memory of this device writable, for `len` bytes until
+    /// [`Stream::synchronize`] returns.
+    pub(crate) unsafe fn upload(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let d = bound(self.ordinal)?;
+        // SAFETY: per the caller; the stream belongs to this device's primary context.
+        unsafe { d.upload_async(dst, src, len, self.handle) }.map_err(|e| convert(&e))
+    }
+
+    /// Queues a device-to-host copy.
+    ///
+    /// # Safety
+    /// `src` device memory of this device readable, `dst` writable, for `len` bytes until
+    /// [`Stream::synchronize`] returns.
+    pub(crate) unsafe fn download(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let d = bound(self.ordinal)?;
+        // SAFETY: per the caller; the stream belongs to this device's primary context.
+        unsafe { d.download_async(dst, src, len, self.handle) }.map_err(|e| convert(&e))
+    }
+
+    /// Waits for every queued copy.
+    pub(crate) fn synchronize(&mut self) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        // SAFETY: the stream was created in `new` and is destroyed only on drop.
+        unsafe { d.sync_stream(self.handle) }.map_err(|e| convert(&e))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(d) = bound(self.ordinal) {
+            // SAFETY: the stream and the events were created by this value, are synchronized
+            // and then destroyed once, here; nothing is queued after the sync.
+            unsafe {
+                let _ = d.sync_stream(self.handle);
+                for &e in &self.events {
+                    let _ = d.destroy_event(e);
+                }
+                let _ = d.destroy_stream(self.handle);
+            }
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The host stand-in provider (`FERRO_DEVICE_PROVIDER=host`): "device memory" is heap memory
+//! kept in a registry of live allocations, copies are `memcpy`, and a stream is a queue of
+//! copies that run, in order, when the stream is synchronized.
+//!
+//! It exists so that everything about device buffers except the CUDA calls — the API's checks,
+//! the staging path, the collectives — runs in the CPU test suite. Because queued copies run
+//! only at [`Queue::synchronize`], a path that reads a staging buffer before waiting for its
+//! copy sees stale bytes in the tests, as it would on a GPU. An address the registry does not
+//! hold (a plain `Vec`, a freed buffer) is "not device memory", as the CUDA driver's
+//! pointer-attribute query answers for host memory.
+
+use std::alloc::Layout;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::{Error, Result};
+
+/// Devices the stand-in offers (ordinals `0..DEVICES`), so that tests can pass a buffer of
+/// another device.
+pub(crate) const DEVICES: u32 = 4;
+
+/// Alignment of every allocation, device or staging (CUDA allocations are 256-byte aligned).
+const ALIGN: usize = 256;
+
+/// A live stand-in device allocation.
+#[derive(Debug, Clone, Copy)]
+struct Alloc {
+    ordinal: u32,
+    /// Bytes requested (the layout holds at least one byte).
+    len: usize,
+}
+
+/// Live allocations by start address.
+static REGISTRY: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
+
+fn registry() -> MutexGuard<'static, BTreeMap<usize, Alloc>> {
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn layout(len: usize) -> Result<Layout> {
+    Layout::from_size_align(len.max(1), ALIGN).map_err(|_| {
+        Error::invalid_argument(format!("host stand-in device: {len} bytes is too large"))
+    })
+}
+
+/// Zeroed heap memory of `len` bytes (at least one byte is allocated).
+fn raw_alloc(len: usize) -> Result<*mut u8> {
+    let l = layout(len)?;
+    // SAFETY: `l` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(l) };
+    if p.is_null() {
+        return Err(Error::new(
+            crate::ErrorKind::System,
+            format!("host stand-in device: out of memory allocating {len} bytes"),
+        ));
+    }
+    Ok(p)
+}
+
+/// # Safety
+/// `p` came from [`raw_alloc`] with the same `len` and is freed once.
+unsafe fn raw_free(p: *mut u8, len: usize) {
+    // SAFETY: per the caller; the layout is the one `raw_alloc` used.
+    unsafe { std::alloc::dealloc(p, Layout::from_size_align_unchecked(len.max(1), ALIGN)) }
+}
+
+/// Allocates `len` bytes of "device memory" on device `ordinal` (zeroed) and registers it.
+pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
+    let p = raw_alloc(len)?;
+    registry().insert(p as usize, Alloc { ordinal, len });
+    Ok(p as u64)
+}
+
+/// Frees an allocation of [`alloc`]; an address the registry does not hold is an error.
+///
+/// # Safety
+/// No queued copy still uses the allocation.
+pub(crate) unsafe fn free(addr: u64) -> Result<()> {
+    let Some(a) = registry().remove(&(addr as usize)) else {
+        return Err(Error::internal(format!(
+            "host stand-in device: free of 0x{addr:x}, which is not a live allocation"
+        )));
+    };
+    // SAFETY: the registry held it, so `alloc` made it with this length; removed once.
+    unsafe { raw_free(addr as *mut u8, a.len) };
+    Ok(())
+}
+
+/// The device whose live allocation holds all of `[addr, addr + len)`; `None`: not device
+/// memory (host memory, a freed buffer, or a range running past an allocation's end).
+pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
+    let addr = addr as usize;
+    let reg = registry();
+    let (&start, a) = reg.range(..=addr).next_back()?;
+    let end = addr.checked_add(len)?;
+    (end <= start + a.len.max(1) && (len == 0 || end <= start + a.len)).then_some(a.ordinal)
+}
+
+/// Page-locked host memory's stand-in: plain heap memory, zeroed, not registered as device
+/// memory.
+pub(crate) fn alloc_pinned(len: usize) -> Result<*mut u8> {
+    raw_alloc(len)
+}
+
+/// # Safety
+/// `p` came from [`alloc_pinned`] with the same `len`, is freed once and no queued copy still
+/// uses it.
+pub(crate) unsafe fn free_pinned(p: *mut u8, len: usize) {
+    // SAFETY: per the caller.
+    unsafe { raw_free(p, len) }
+}
+
+/// A copy waiting in a [`Queue`].
+#[derive(Debug, Clone, Copy)]
+struct Copy {
+    dst: usize,
+    src: usize,
+    len: usize,
+}
+
+/// A stream's stand-in: copies queued in order, run at [`Queue::synchronize`] or when a mark
+/// recorded after them is waited for ([`Queue::wait_mark`]), as a CUDA event would.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    copies: Vec<Copy>,
+    /// Copies of `copies` already run (a prefix).
+    done: usize,
+    /// Mark `k`: how many copies were queued when it was recorded.
+    marks: Vec<usize>,
+}
+
+impl Queue {
+    /// Queues a copy of `len` bytes from `src` to `dst`.
+    ///
+    /// # Safety
+    /// `src` is readable and `dst` writable for `len` bytes, not overlapping, until the queue
+    /// has been synchronized.
+    pub(crate) unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        if len > 0 {
+            self.copies.push(Copy {
+                dst: dst as usize,
+                src: src as usize,
+                len,
+            });
+        }
+    }
+
+    /// Runs the queued copies up to (not including) index `upto`, in order.
+    fn run_to(&mut self, upto: usize) {
+        while self.done < upto.min(self.copies.len()) {
+            let c = self.copies[self.done];
+            // SAFETY: `copy`'s caller guaranteed both ranges until the queue is synchronized
+            // (waiting for a later mark is part of that).
+            unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) }
+            self.done += 1;
+        }
+    }
+
+    /// Runs every queued copy, in order.
+    pub(crate) fn synchronize(&mut self) {
+        self.run_to(self.copies.len());
+        self.copies.clear();
+        self.marks.clear();
+        self.done = 0;
+    }
+
+    /// Records mark `k` after the copies queued so far.
+    pub(crate) fn mark(&mut self, k: usize) {
+        if self.marks.len() <= k {
+            self.marks.resize(k + 1, 0);
+        }
+        self.marks[k] = self.copies.len();
+    }
+
+    /// Runs the copies queued before mark `k` (an unrecorded mark is an error).
+    pub(crate) fn wait_mark(&mut self, k: usize) -> Result<()> {
+        let Some(&upto) = self.marks.get(k) else {
+            return Err(Error::internal(format!(
+                "host stand-in stream: mark {k} was never recorded"
+            )));
+        };
+        self.run_to(upto);
+        Ok(())
+    }
+
+    /// Copies still waiting.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.copies.len() - self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_tells_device_from_host_memory() {
+        let a = alloc(2, 100).unwrap();
+        assert_eq!(locate(a, 100), Some(2));
+        assert_eq!(locate(a + 10, 90), Some(2));
+        assert_eq!(locate(a + 10, 91), None, "runs past the end");
+        let v: Vec<u8> = (0..100).collect();
+        assert_eq!(locate(v.as_ptr() as u64, 100), None, "a Vec is host memory");
+        // SAFETY: nothing is queued on it.
+        unsafe { free(a).unwrap() };
+        assert_eq!(locate(a, 100), None, "freed");
+        // SAFETY: as above.
+        let e = unsafe { free(a) }.unwrap_err();
+        assert!(e.to_string().contains("not a live allocation"), "{e}");
+    }
+
+    #[test]
+    fn queued_copies_run_in_order_at_synchronize() {
+        let src = [1u8, 2, 3, 4];
+        let src2 = [9u8, 9];
+        let mut dst = [0u8; 4];
+        let mut q = Queue::default();
+        // SAFETY: all three arrays outlive the synchronize below.
+        unsafe {
+            q.copy(dst.as_mut_ptr(), src.as_ptr(), 4);
+            q.copy(dst.as_mut_ptr().add(1), src2.as_ptr(), 2);
+        }
+        assert_eq!(q.pending(), 2);
+        assert_eq!(dst, [0; 4], "nothing runs before synchronize");
+        q.synchronize();
+        assert_eq!(dst, [1, 9, 9, 4], "in issue order");
+        assert_eq!(q.pending(), 0);
+    }
+
+    #[test]
+    fn waiting_for_a_mark_runs_only_the_copies_before_it() {
+        let src = [1u8, 2, 3, 4];
+        let mut dst = [0u8; 4];
+        let mut q = Queue::default();
+        // SAFETY: both arrays outlive the synchronize below.
+        unsafe {
+            q.copy(dst.as_mut_ptr(), src.as_ptr(), 2);
+            q.mark(0);
+            q.copy(dst.as_mut_ptr().add(2), src.as_ptr().add(2), 2);
+            q.mark(1);
+        }
+        q.wait_mark(0).unwrap();
+        assert_eq!(dst, [1, 2, 0, 0]);
+        assert_eq!(q.pending(), 1);
+        assert!(q.wait_mark(5).is_err());
+        q.wait_mark(1).unwrap();
+        assert_eq!(dst, [1, 2, 3, 4]);
+        q.synchronize();
+        assert_eq!(q.pending(), 0);
+    }
+}

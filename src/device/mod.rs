@@ -1,0 +1,402 @@
+//! Device memory: buffers on a GPU (or on the host stand-in) that collectives accept.
+//!
+//! | concept | item |
+//! |---|---|
+//! | who provides device memory (closed set) | [`Provider`]: `Cuda`, or `Host` (test stand-in) |
+//! | one device of a provider | [`Device`] |
+//! | a typed buffer on a device, freed on drop | [`DeviceBuffer`] |
+//! | collectives on device buffers | `Communicator::all_reduce_device` and friends |
+//! | is this address device memory? | [`Provider::locate`] |
+//!
+//! The provider comes from `FERRO_DEVICE_PROVIDER`: `cuda` (the default) reaches the GPU through
+//! the CUDA driver loaded at run time; `host` is a stand-in whose "device memory" is heap
+//! memory tracked in a registry, so every path except the CUDA calls runs in the CPU tests.
+//! Without an NVIDIA driver the `cuda` provider returns `device buffers need an NVIDIA driver
+//! (libcuda.so.1 not found); host buffers work without one`, never a panic.
+//!
+//! ```
+//! use ferroccl::device::{Device, DeviceBuffer, Provider};
+//! use ferroccl::{Communicator, Config, ReduceOp};
+//!
+//! let dev = Device::new(Provider::Host, 0).unwrap();
+//! let comms = Communicator::local_group(2, Config::default()).unwrap();
+//! std::thread::scope(|s| {
+//!     for c in &comms {
+//!         s.spawn(move || {
+//!             c.set_device(dev).unwrap();
+//!             let mut buf = DeviceBuffer::from_host(dev, &[c.rank() as f32 + 1.0; 4]).unwrap();
+//!             c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum).unwrap();
+//!             assert_eq!(buf.to_vec().unwrap(), [3.0; 4]);
+//!         });
+//!     }
+//! });
+//! ```
+
+mod cuda;
+mod host;
+pub(crate) mod staging;
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Once;
+
+use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
+use ferroccl_transport::{MemRef, MemSpace};
+
+use crate::{Error, Result};
+
+pub(crate) use staging::Staging;
+
+/// What every `cuda` provider entry returns on a machine without an NVIDIA driver.
+pub use ferroccl_cuda::DRIVER_MISSING;
+
+/// The environment variable choosing the [`Provider`]: `cuda` (default) or `host`.
+pub const PROVIDER_ENV: &str = "FERRO_DEVICE_PROVIDER";
+
+/// Who provides device memory. A closed set: each variant is matched where it is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provider {
+    /// NVIDIA GPUs through the CUDA driver (`libcuda.so.1`, loaded at run time).
+    Cuda,
+    /// A stand-in for tests on machines without a GPU: "device memory" is heap memory kept in
+    /// a registry of allocations (an address it did not allocate is not device memory), copies
+    /// are `memcpy`, and a stream is a queue of copies run in order when it is synchronized.
+    /// It offers devices `0..4`.
+    Host,
+}
+
+impl Provider {
+    /// The provider `FERRO_DEVICE_PROVIDER` names (`cuda` when unset).
+    pub fn from_env() -> Result<Provider> {
+        Provider::parse(std::env::var(PROVIDER_ENV).ok().as_deref())
+    }
+
+    /// The provider a `FERRO_DEVICE_PROVIDER` value names (`None`: unset).
+    fn parse(v: Option<&str>) -> Result<Provider> {
+        match v.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("" | "cuda") => Ok(Provider::Cuda),
+            Some("host") => Ok(Provider::Host),
+            Some(_) => Err(Error::invalid_argument(format!(
+                "{PROVIDER_ENV}={:?}: expected cuda or host",
+                v.unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// `cuda` or `host`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Cuda => "cuda",
+            Provider::Host => "host",
+        }
+    }
+
+    /// How many devices it offers. `Cuda` without a driver: the missing-driver error.
+    pub fn device_count(self) -> Result<u32> {
+        match self {
+            Provider::Cuda => cuda::device_count(),
+            Provider::Host => Ok(host::DEVICES),
+        }
+    }
+
+    /// The device ordinal whose live memory holds all of `[addr, addr + len)`, or `None` when
+    /// it is not device memory of this provider (host memory, a freed buffer, a range past an
+    /// allocation's end). `Cuda` asks the driver (`cuPointerGetAttribute`); `Host` asks its
+    /// registry. This is the check a raw address from outside Rust gets before any copy.
+    pub fn locate(self, addr: u64, len: usize) -> Option<u32> {
+        match self {
+            Provider::Cuda => cuda::locate(addr, len),
+            Provider::Host => host::locate(addr, len),
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One device of a [`Provider`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Device {
+    provider: Provider,
+    ordinal: u32,
+}
+
+impl Device {
+    /// Device `ordinal` of `provider`, checked against the devices it offers.
+    pub fn new(provider: Provider, ordinal: u32) -> Result<Device> {
+        let n = provider.device_count()?;
+        if ordinal >= n {
+            return Err(Error::invalid_argument(format!(
+                "{provider} device {ordinal} does not exist (this process sees {n})"
+            )));
+        }
+        if provider == Provider::Host {
+            static SAID: Once = Once::new();
+            SAID.call_once(|| {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN DEVICE: device buffers on the host stand-in provider \
+                     ({PROVIDER_ENV}=host) are host heap memory: a test stand-in, no GPU is used"
+                )
+            });
+        }
+        Ok(Device { provider, ordinal })
+    }
+
+    /// Device `ordinal` of the provider `FERRO_DEVICE_PROVIDER` names.
+    pub fn from_env(ordinal: u32) -> Result<Device> {
+        Device::new(Provider::from_env()?, ordinal)
+    }
+
+    /// Its provider.
+    pub fn provider(self) -> Provider {
+        self.provider
+    }
+
+    /// Its ordinal within the provider.
+    pub fn ordinal(self) -> u32 {
+        self.ordinal
+    }
+
+    /// Its memory space as the transports name it.
+    pub fn space(self) -> MemSpace {
+        MemSpace::Cuda(self.ordinal)
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.provider {
+            Provider::Cuda => write!(f, "cuda device {}", self.ordinal),
+            Provider::Host => write!(f, "host stand-in device {}", self.ordinal),
+        }
+    }
+}
+
+/// `len` elements of `T` on a [`Device`], freed when dropped. The host cannot read it
+/// directly: data moves in and out with [`DeviceBuffer::copy_from_host`] and
+/// [`DeviceBuffer::copy_to_host`], and collectives take it by reference.
+#[derive(Debug)]
+pub struct DeviceBuffer<T: Element> {
+    device: Device,
+    addr: u64,
+    len: usize,
+    _elems: PhantomData<T>,
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// Allocates `len` elements on `device`; the contents are unspecified until written (the
+    /// host stand-in zeroes them).
+    pub fn new(device: Device, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
+            Error::invalid_argument(format!("device buffer of {len} x {} overflows", T::DTYPE))
+        })?;
+        let addr = match device.provider {
+            Provider::Cuda => cuda::alloc(device.ordinal, bytes)?,
+            Provider::Host => host::alloc(device.ordinal, bytes)?,
+        };
+        Ok(DeviceBuffer {
+            device,
+            addr,
+            len,
+            _elems: PhantomData,
+        })
+    }
+
+    /// A buffer on `device` holding a copy of `src`.
+    pub fn from_host(device: Device, src: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut b = DeviceBuffer::new(device, src.len())?;
+        b.copy_from_host(src)?;
+        Ok(b)
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes.
+    pub fn bytes(&self) -> usize {
+        self.len * T::DTYPE.size()
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device ordinal it lives on.
+    pub fn ordinal(&self) -> u32 {
+        self.device.ordinal
+    }
+
+    /// Its device address (a `CUdeviceptr` with the `cuda` provider), for code outside Rust.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Where it is, as the transports describe memory.
+    pub fn mem(&self) -> MemRef {
+        MemRef {
+            space: self.device.space(),
+            addr: self.addr as usize,
+            len: self.bytes(),
+        }
+    }
+
+    fn check_len(&self, what: &str, n: usize) -> Result<()> {
+        if n != self.len {
+            return Err(Error::invalid_argument(format!(
+                "{what}: host slice has {n} elements, the device buffer on {} has {}",
+                self.device, self.len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` (of exactly [`DeviceBuffer::len`] elements) into the buffer; returns when
+    /// the copy is done.
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        self.check_len("copy_from_host", src.len())?;
+        let src = as_bytes(src);
+        match self.device.provider {
+            // SAFETY: the buffer owns `bytes()` == `src.len()` bytes of this device's memory.
+            Provider::Cuda => unsafe { cuda::upload(self.device.ordinal, self.addr, src) },
+            Provider::Host => {
+                // SAFETY: the allocation at `addr` holds `src.len()` bytes and is owned by
+                // `self`, borrowed mutably; `src` is a distinct host slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as *mut u8, src.len())
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies the buffer into `dst` (of exactly [`DeviceBuffer::len`] elements); returns when
+    /// the copy is done.
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        self.check_len("copy_to_host", dst.len())?;
+        let dst = as_bytes_mut(dst);
+        match self.device.provider {
+            // SAFETY: the buffer owns `bytes()` == `dst.len()` bytes of this device's memory.
+            Provider::Cuda => unsafe { cuda::download(self.device.ordinal, dst, self.addr) },
+            Provider::Host => {
+                // SAFETY: the allocation at `addr` holds `dst.len()` bytes and is owned by
+                // `self`; `dst` is a distinct, exclusively borrowed host slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.addr as *const u8,
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// The contents, copied to a new vector.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::from_f64(0.0); self.len];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+
+    /// Checks that the buffer is still live device memory of its device (the provider's
+    /// registry or the driver's pointer query), for `name` on `rank`.
+    pub(crate) fn check_live(&self, name: &str, rank: usize, what: &str) -> Result<()> {
+        if self.bytes() == 0
+            || self.device.provider.locate(self.addr, self.bytes()) == Some(self.device.ordinal)
+        {
+            return Ok(());
+        }
+        Err(Error::invalid_argument(format!(
+            "{name} on rank {rank}: the {what} buffer (0x{:x}, {} bytes) is not live memory of {}",
+            self.addr,
+            self.bytes(),
+            self.device
+        )))
+    }
+}
+
+impl<T: Element> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        let r = match self.device.provider {
+            // SAFETY: allocated in `new` on this device, freed once, here; every copy into or
+            // out of it completed before the call that queued it returned.
+            Provider::Cuda => unsafe { cuda::free(self.device.ordinal, self.addr) },
+            // SAFETY: as above.
+            Provider::Host => unsafe { host::free(self.addr) },
+        };
+        if let Err(e) = r {
+            ferroccl_transport::log_line!("ferroccl WARN DEVICE: freeing a device buffer: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_provider_buffers_round_trip_and_are_located() {
+        let dev = Device::new(Provider::Host, 1).unwrap();
+        let mut b = DeviceBuffer::<u32>::new(dev, 5).unwrap();
+        assert_eq!(b.to_vec().unwrap(), [0; 5]);
+        b.copy_from_host(&[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(b.to_vec().unwrap(), [1, 2, 3, 4, 5]);
+        assert_eq!(Provider::Host.locate(b.addr(), 20), Some(1));
+        assert_eq!(Provider::Host.locate(b.addr(), 21), None);
+        let e = b.copy_from_host(&[1, 2]).unwrap_err();
+        assert!(e.to_string().contains("host slice has 2 elements"), "{e}");
+        let mut short = [0u32; 4];
+        let e = b.copy_to_host(&mut short).unwrap_err();
+        assert!(e.to_string().contains("has 5"), "{e}");
+        let addr = b.addr();
+        drop(b);
+        assert_eq!(Provider::Host.locate(addr, 20), None, "freed on drop");
+    }
+
+    #[test]
+    fn provider_names() {
+        assert_eq!(Provider::parse(None).unwrap(), Provider::Cuda);
+        assert_eq!(Provider::parse(Some("CUDA")).unwrap(), Provider::Cuda);
+        assert_eq!(Provider::parse(Some("host")).unwrap(), Provider::Host);
+        let e = Provider::parse(Some("gpu")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("FERRO_DEVICE_PROVIDER=\"gpu\": expected cuda or host"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn devices_are_checked() {
+        let e = Device::new(Provider::Host, 4).unwrap_err();
+        assert!(
+            e.to_string().contains("host device 4 does not exist"),
+            "{e}"
+        );
+        assert_eq!(
+            Device::new(Provider::Host, 3).unwrap().to_string(),
+            "host stand-in device 3"
+        );
+    }
+
+    #[test]
+    fn empty_buffers_work() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let b = DeviceBuffer::<f64>::from_host(dev, &[]).unwrap();
+        assert!(b.is_empty());
+        assert!(b.to_vec().unwrap().is_empty());
+        b.check_live("x", 0, "send").unwrap();
+    }
+}

@@ -1,0 +1,506 @@
+//! Pinned host staging: how device data crosses the host-only transports (shm, TCP).
+//!
+//! A communicator keeps one [`Staging`] per bound device: a stream and two page-locked host
+//! buffers (input and output), grown to the largest call seen and reused afterwards, so calls
+//! after the first of their size allocate nothing. A device collective copies its device input
+//! into the input buffer (device to host, on the stream), runs the host schedule on the
+//! staging buffers, then copies the output buffer back (host to device): [`Staging::pipeline`]
+//! does so in slices whose copies overlap the other slices' transfers (element-wise
+//! collectives), or in one piece (the others). Send and receive stage whole buffers
+//! ([`Staging::stage_in`], [`Staging::stage_out`]). Completion is synchronous: every call
+//! waits for its copies before returning.
+
+use ferroccl_kernels::Element;
+
+use super::{cuda, host, Device, DeviceBuffer, Provider};
+use crate::{Error, Result};
+
+/// Page-locked host memory (plain heap memory with the host stand-in), zeroed at allocation,
+/// freed on drop.
+#[derive(Debug)]
+struct Pinned {
+    device: Device,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the memory is owned by this value alone; it is host memory any thread may touch.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    fn new(device: Device, len: usize) -> Result<Pinned> {
+        let ptr = match device.provider {
+            Provider::Cuda => cuda::alloc_pinned(device.ordinal, len)?,
+            Provider::Host => host::alloc_pinned(len)?,
+        };
+        // SAFETY: just allocated with at least `len` writable bytes; zeroed so that the slices
+        // below never expose uninitialised memory.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(Pinned { device, ptr, len })
+    }
+
+    /// The first `n` (`<= len`) bytes as elements of `T`.
+    fn typed<T: Element>(&mut self, n: usize) -> &mut [T] {
+        assert!(
+            n * T::DTYPE.size() <= self.len,
+            "staging checked by reserve"
+        );
+        // SAFETY: `ptr` holds `len` initialised bytes owned by `self` (borrowed mutably), is
+        // aligned to at least 256 bytes (every element type's alignment divides it), and every
+        // bit pattern is a valid `T` (plain numeric element types).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), n) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let r = match self.device.provider {
+            // SAFETY: allocated in `new`; freed once, here; every copy queued on it completed
+            // before the call that queued it returned.
+            Provider::Cuda => unsafe { cuda::free_pinned(self.device.ordinal, self.ptr) },
+            Provider::Host => {
+                // SAFETY: as above, with the length it was allocated with.
+                unsafe { host::free_pinned(self.ptr, self.len) };
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            ferroccl_transport::log_line!("ferroccl WARN DEVICE: freeing staging memory: {e}");
+        }
+    }
+}
+
+/// A stream of the provider.
+#[derive(Debug)]
+enum Stream {
+    Cuda(cuda::Stream),
+    Host(host::Queue),
+}
+
+impl Stream {
+    fn new(device: Device) -> Result<Stream> {
+        Ok(match device.provider {
+            Provider::Cuda => Stream::Cuda(cuda::Stream::new(device.ordinal)?),
+            Provider::Host => Stream::Host(host::Queue::default()),
+        })
+    }
+
+    /// # Safety
+    /// `src` device memory of the stream's device, `dst` host memory, both live for `len`
+    /// bytes until [`Stream::synchronize`] returns.
+    unsafe fn download(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        match self {
+            // SAFETY: per the caller.
+            Stream::Cuda(s) => unsafe { s.download(dst, src, len) },
+            Stream::Host(q) => {
+                // SAFETY: per the caller.
+                unsafe { q.copy(dst, src as *const u8, len) };
+                Ok(())
+            }
+        }
+    }
+
+    /// # Safety
+    /// `src` host memory, `dst` device memory of the stream's device, both live for `len`
+    /// bytes until [`Stream::synchronize`] returns.
+    unsafe fn upload(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        match self {
+            // SAFETY: per the caller.
+            Stream::Cuda(s) => unsafe { s.upload(dst, src, len) },
+            Stream::Host(q) => {
+                // SAFETY: per the caller.
+                unsafe { q.copy(dst as *mut u8, src, len) };
+                Ok(())
+            }
+        }
+    }
+
+    fn mark(&mut self, k: usize) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.mark(k),
+            Stream::Host(q) => {
+                q.mark(k);
+                Ok(())
+            }
+        }
+    }
+
+    fn wait_mark(&mut self, k: usize) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.wait_mark(k),
+            Stream::Host(q) => q.wait_mark(k),
+        }
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.synchronize(),
+            Stream::Host(q) => {
+                q.synchronize();
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Which staging buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The collective's input (a device send buffer, staged in).
+    Input,
+    /// The collective's output (a device receive buffer, staged out; in place: both).
+    Output,
+}
+
+/// A communicator's staging for one device: a stream and two pinned buffers, cached.
+#[derive(Debug)]
+pub(crate) struct Staging {
+    // Declared first: dropped (synchronized and destroyed) before the buffers it copies.
+    stream: Stream,
+    device: Device,
+    input: Option<Pinned>,
+    output: Option<Pinned>,
+    /// Pinned allocations made so far (for the no-per-call-allocation test).
+    allocations: u64,
+}
+
+impl Staging {
+    /// Staging for `device`: its stream now, buffers at the first call.
+    pub(crate) fn new(device: Device) -> Result<Staging> {
+        Ok(Staging {
+            stream: Stream::new(device)?,
+            device,
+            input: None,
+            output: None,
+            allocations: 0,
+        })
+    }
+
+    /// The device it serves.
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Pinned allocations made so far.
+    pub(crate) fn allocations(&self) -> u64 {
+        self.allocations
+    }
+
+    fn slot(&mut self, s: Slot) -> &mut Option<Pinned> {
+        match s {
+            Slot::Input => &mut self.input,
+            Slot::Output => &mut self.output,
+        }
+    }
+
+    /// Makes the buffers hold at least `input` and `output` bytes (kept if large enough,
+    /// else replaced by one of the next power of two). Call before staging anything in.
+    pub(crate) fn reserve(&mut self, input: usize, output: usize) -> Result<()> {
+        for (s, need) in [(Slot::Input, input), (Slot::Output, output)] {
+            let device = self.device;
+            let cur = self.slot(s).as_ref().map_or(0, |p| p.len);
+            if need > cur {
+                *self.slot(s) = None;
+                let p = Pinned::new(device, need.next_power_of_two())?;
+                *self.slot(s) = Some(p);
+                self.allocations += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn checked(&mut self, s: Slot, bytes: usize) -> Result<*mut u8> {
+        match self.slot(s) {
+            Some(p) if p.len >= bytes => Ok(p.ptr),
+            // Aligned for every element type (at most 8 bytes); never dereferenced.
+            _ if bytes == 0 => Ok(std::ptr::NonNull::<u64>::dangling().as_ptr().cast()),
+            _ => Err(Error::internal(format!(
+                "device staging: {s:?} buffer not reserved for {bytes} bytes"
+            ))),
+        }
+    }
+
+    /// Copies `src` (device) into the start of staging buffer `s` and waits for the copy.
+    pub(crate) fn stage_in<T: Element>(&mut self, s: Slot, src: &DeviceBuffer<T>) -> Result<()> {
+        self.same_device(src.device)?;
+        let dst = self.checked(s, src.bytes())?;
+        // SAFETY: `dst` holds at least `src.bytes()` bytes (reserved) owned by `self`, and
+        // `src` owns that many bytes of device memory of this stream's device; both stay
+        // borrowed until the synchronize below returns.
+        unsafe { self.stream.download(dst, src.addr, src.bytes())? };
+        self.stream.synchronize()
+    }
+
+    /// Copies the start of staging buffer `s` into `dst` (device) and waits for the copy.
+    pub(crate) fn stage_out<T: Element>(
+        &mut self,
+        s: Slot,
+        dst: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.same_device(dst.device)?;
+        let src = self.checked(s, dst.bytes())?;
+        // SAFETY: as in `stage_in`, with the direction reversed; `dst` is borrowed mutably.
+        unsafe { self.stream.upload(dst.addr, src, dst.bytes())? };
+        self.stream.synchronize()
+    }
+
+    /// The staging buffers as `input` and `output` elements of `T` (both reserved).
+    pub(crate) fn buffers<T: Element>(
+        &mut self,
+        input: usize,
+        output: usize,
+    ) -> Result<(&mut [T], &mut [T])> {
+        let es = T::DTYPE.size();
+        self.checked(Slot::Input, input * es)?;
+        self.checked(Slot::Output, output * es)?;
+        let i = match &mut self.input {
+            Some(p) => p.typed(input),
+            None => &mut [],
+        };
+        let o = match &mut self.output {
+            Some(p) => p.typed(output),
+            None => &mut [],
+        };
+        Ok((i, o))
+    }
+
+    /// Runs one collective through the staging buffers, in `slices` pieces whose copies
+    /// overlap the work on the others: every slice's device-to-host copy is queued at once,
+    /// each followed by a mark; slice `k` waits only for its own mark, runs `run(count_k,
+    /// input, output)` on the host, and queues its host-to-device copy, so the copies in and
+    /// out of the other slices proceed while `run` moves slice `k` over the transports.
+    ///
+    /// `src: None` is in place: `dst` is read into the output buffer. Otherwise `src` is read
+    /// into the input buffer when `read`. `dst` is written back when `write`. With one slice,
+    /// whole buffers are staged and `count_k` is `count`. With more (element-wise collectives
+    /// only), slice `k` is elements `k * per .. (k + 1) * per` of `count` (`per = count /
+    /// slices` rounded up) of each buffer, clipped to its length. `run` gets `None` as input
+    /// in place. Buffers must be reserved first. Returns after every queued copy has
+    /// completed, also when `run` fails (or panics).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pipeline<T: Element>(
+        &mut self,
+        src: Option<&DeviceBuffer<T>>,
+        dst: &mut DeviceBuffer<T>,
+        read: bool,
+        write: bool,
+        count: usize,
+        slices: usize,
+        mut run: impl FnMut(usize, Option<&[T]>, &mut [T]) -> Result<()>,
+    ) -> Result<()> {
+        let es = T::DTYPE.size();
+        let slices = slices.max(1);
+        if let Some(s) = src {
+            self.same_device(s.device)?;
+        }
+        self.same_device(dst.device)?;
+        let in_place = src.is_none();
+        let in_len = if in_place {
+            0
+        } else {
+            src.filter(|_| read).map_or(0, DeviceBuffer::len)
+        };
+        let out_len = dst.len();
+        if slices > 1 && in_len != 0 && in_len != count {
+            return Err(Error::internal(format!(
+                "device staging: {slices} slices of an input of {in_len} elements, count {count}"
+            )));
+        }
+        let in_ptr = self.checked(Slot::Input, in_len * es)?;
+        let out_ptr = self.checked(Slot::Output, out_len * es)?;
+        // Element range of slice `k` of a buffer of `len` elements.
+        let per = count.div_ceil(slices).max(1);
+        let range = |len: usize, k: usize| {
+            if slices == 1 {
+                0..len
+            } else {
+                (k * per).min(len)..((k + 1) * per).min(len)
+            }
+        };
+        let (read_ptr, read_addr, read_len) = match src {
+            None => (out_ptr, dst.addr, out_len),
+            Some(s) if read => (in_ptr, s.addr, in_len),
+            Some(_) => (in_ptr, 0, 0),
+        };
+        let dst_addr = dst.addr;
+        let stream = &mut self.stream;
+        let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
+            for k in 0..slices {
+                let r = range(read_len, k);
+                // SAFETY: `read_ptr` holds `read_len` elements (reserved, checked above) and
+                // the device buffer as many (it is `src` or `dst`, borrowed for this call);
+                // every queued copy completes before this function returns (synchronize
+                // below, on every path).
+                unsafe {
+                    stream.download(
+                        read_ptr.add(r.start * es),
+                        read_addr + (r.start * es) as u64,
+                        r.len() * es,
+                    )?
+                };
+                stream.mark(k)?;
+            }
+            for k in 0..slices {
+                stream.wait_mark(k)?;
+                let (ri, ro) = (range(in_len, k), range(out_len, k));
+                let input: Option<&[T]> = match (in_place, ri.is_empty()) {
+                    (true, _) => None,
+                    (false, true) => Some(&[]),
+                    // SAFETY: the ranges lie in the reserved buffers; slice `k`'s download has
+                    // completed (its mark was waited for), no other queued copy touches these
+                    // ranges (other slices' copies cover disjoint ranges), and its upload is
+                    // queued only after `run` returns and the slices are dropped.
+                    (false, false) => Some(unsafe {
+                        std::slice::from_raw_parts(in_ptr.cast::<T>().add(ri.start), ri.len())
+                    }),
+                };
+                let output: &mut [T] = if ro.is_empty() {
+                    &mut []
+                } else {
+                    // SAFETY: as above.
+                    unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.cast::<T>().add(ro.start), ro.len())
+                    }
+                };
+                run(range(count, k).len(), input, output)?;
+                if write {
+                    // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
+                    // call; the staging range stays untouched until the synchronize below.
+                    unsafe {
+                        stream.upload(
+                            dst_addr + (ro.start * es) as u64,
+                            out_ptr.add(ro.start * es),
+                            ro.len() * es,
+                        )?
+                    };
+                }
+            }
+            Ok(())
+        });
+        let r = std::panic::catch_unwind(body);
+        let synced = self.stream.synchronize();
+        match r {
+            Ok(r) => r.and(synced),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    fn same_device(&self, d: Device) -> Result<()> {
+        if d != self.device {
+            return Err(Error::internal(format!(
+                "device staging for {} given a buffer on {d}",
+                self.device
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_in_and_out_and_reuses_buffers() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u32, 2, 3]).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, 3).unwrap();
+        st.reserve(12, 12).unwrap();
+        assert_eq!(st.allocations(), 2);
+        st.stage_in(Slot::Input, &src).unwrap();
+        {
+            let (i, o) = st.buffers::<u32>(3, 3).unwrap();
+            assert_eq!(i, [1, 2, 3], "the copy completed before stage_in returned");
+            for (o, i) in o.iter_mut().zip(i.iter()) {
+                *o = *i * 10;
+            }
+        }
+        st.stage_out(Slot::Output, &mut dst).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), [10, 20, 30]);
+        st.reserve(4, 16).unwrap();
+        assert_eq!(st.allocations(), 2, "large enough: kept");
+        st.reserve(17, 0).unwrap();
+        assert_eq!(st.allocations(), 3, "grown once");
+        let e = st.buffers::<u32>(3, 100).unwrap_err();
+        assert!(e.to_string().contains("not reserved"), "{e}");
+        let other = DeviceBuffer::<u32>::new(Device::new(Provider::Host, 1).unwrap(), 3).unwrap();
+        assert!(st.stage_in(Slot::Input, &other).is_err());
+    }
+
+    #[test]
+    fn pipeline_runs_each_slice_after_its_copy_and_writes_every_slice_back() {
+        let dev = Device::new(Provider::Host, 2).unwrap();
+        let data: Vec<u32> = (0..10).collect();
+        let src = DeviceBuffer::from_host(dev, &data).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, 10).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve(40, 40).unwrap();
+        let mut seen = Vec::new();
+        st.pipeline(
+            Some(&src),
+            &mut dst,
+            true,
+            true,
+            10,
+            3,
+            |count, input, output| {
+                let input = input.expect("out of place");
+                seen.push((count, input.to_vec()));
+                for (o, i) in output.iter_mut().zip(input) {
+                    *o = i + 100;
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            seen,
+            [
+                (4, vec![0, 1, 2, 3]),
+                (4, vec![4, 5, 6, 7]),
+                (2, vec![8, 9])
+            ]
+        );
+        assert_eq!(dst.to_vec().unwrap(), (100..110).collect::<Vec<u32>>());
+
+        // In place, one slice failing: the error comes back after the queue drained, and the
+        // slices before it were written back.
+        let mut k = 0;
+        let e = st
+            .pipeline(None, &mut dst, true, true, 10, 2, |_, input, output| {
+                assert!(input.is_none());
+                k += 1;
+                if k == 2 {
+                    return Err(Error::internal("slice 2 failed"));
+                }
+                output.iter_mut().for_each(|x| *x *= 2);
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("slice 2 failed"));
+        assert_eq!(
+            dst.to_vec().unwrap(),
+            [200, 202, 204, 206, 208, 105, 106, 107, 108, 109]
+        );
+        assert_eq!(st.allocations(), 2, "no allocation per call");
+
+        // Not read, not written (a broadcast's or reduce's non-root buffers).
+        let before = dst.to_vec().unwrap();
+        st.pipeline(
+            Some(&src),
+            &mut dst,
+            false,
+            false,
+            10,
+            2,
+            |_, input, output| {
+                assert_eq!(input.map(<[u32]>::len), Some(0));
+                output.iter_mut().for_each(|x| *x = 0);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(dst.to_vec().unwrap(), before);
+    }
+}

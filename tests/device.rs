@@ -1,0 +1,419 @@
+//! Collectives on device buffers through pinned host staging, with the host stand-in provider
+//! (`FERRO_DEVICE_PROVIDER=host`): every path except the CUDA calls themselves.
+//!
+//! Ranks as threads (1, 2, 3, 5), ranks as processes over shm and over TCP, the argument checks
+//! (memory space, device, lengths), and the missing-driver error of the cuda provider.
+
+mod common;
+
+use std::time::Duration;
+
+use common::child::{self, expected_cases, ferrorun_self, field, self_command, Running};
+use common::conformance::{all_ops, run_sweep_on, Mem, Sweep};
+use ferroccl::coll::CollKind;
+use ferroccl::device::{Device, DeviceBuffer, Provider, DRIVER_MISSING, PROVIDER_ENV};
+use ferroccl::{BufMut, BufRef, Communicator, Config, DataType, ErrorKind, ReduceOp};
+
+const COUNTS: [usize; 5] = [0, 1, 7, 1021, 65537];
+
+fn host_device(ordinal: u32) -> Device {
+    Device::new(Provider::Host, ordinal).expect("the host stand-in offers devices 0..4")
+}
+
+/// Runs `sweep` on device buffers over `n` thread ranks, each bound to stand-in device 0.
+fn sweep_threads(n: usize, sweep: &Sweep) {
+    sweep_threads_with(n, sweep, Config::default());
+}
+
+fn sweep_threads_with(n: usize, sweep: &Sweep, config: Config) {
+    let comms = Communicator::local_group(n, config).expect("local_group");
+    let dev = host_device(0);
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let cases = run_sweep_on(c, Mem::Device(dev), sweep, 7 * n as u64)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(cases, expected_cases(sweep));
+            });
+        }
+    });
+}
+
+fn all_reduce_sweep() -> Sweep {
+    Sweep {
+        dtypes: DataType::ALL.to_vec(),
+        ops: all_ops(),
+        counts: COUNTS.to_vec(),
+        colls: vec!["all_reduce"],
+    }
+}
+
+/// Data movement and the other reductions: fewer dtypes and ops (the element logic is the
+/// host executor's, swept by the conformance suite); every count.
+fn other_sweep() -> Sweep {
+    Sweep {
+        dtypes: vec![DataType::Float32, DataType::Int8, DataType::Bfloat16],
+        ops: vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)],
+        counts: COUNTS.to_vec(),
+        colls: vec![
+            "broadcast",
+            "all_gather",
+            "reduce_scatter",
+            "reduce",
+            "all_to_all",
+        ],
+    }
+}
+
+#[test]
+fn all_reduce_every_dtype_and_op_on_1_2_3_5_thread_ranks() {
+    for n in [1, 2, 3, 5] {
+        sweep_threads(n, &all_reduce_sweep());
+    }
+}
+
+#[test]
+fn broadcast_all_gather_reduce_scatter_on_1_2_3_5_thread_ranks() {
+    for n in [1, 2, 3, 5] {
+        sweep_threads(n, &other_sweep());
+    }
+}
+
+/// Small device slices: all_reduce, broadcast and reduce run as many pipelined slices (1021
+/// f32 in 256-byte slices: 16; 65537: 1025), the blocked collectives whole.
+#[test]
+fn pipelined_slices_on_2_and_3_thread_ranks() {
+    let config = Config {
+        device_slice_bytes: 256,
+        ..Config::default()
+    };
+    let sweep = Sweep {
+        dtypes: vec![DataType::Float32, DataType::Float64, DataType::Int8],
+        ops: vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)],
+        counts: vec![0, 1, 63, 64, 65, 1021, 65537],
+        colls: vec!["all_reduce", "broadcast", "reduce", "all_gather"],
+    };
+    for n in [2, 3] {
+        sweep_threads_with(n, &sweep, config.clone());
+    }
+}
+
+#[test]
+fn staging_is_cached_per_communicator() {
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let dev = host_device(0);
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let mut buf = DeviceBuffer::from_host(dev, &[c.rank() as u32 + 1; 1000]).unwrap();
+                c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap();
+                let first = c.staging_allocations();
+                assert!(first >= 1);
+                for _ in 0..5 {
+                    c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                        .unwrap();
+                }
+                let small = DeviceBuffer::from_host(dev, &[1u32; 10]).unwrap();
+                let mut out = DeviceBuffer::<u32>::new(dev, 10).unwrap();
+                c.all_reduce_device(&small, &mut out, ReduceOp::Sum)
+                    .unwrap();
+                // In place stages through the output buffer only; out of place adds an input
+                // buffer once.
+                assert!(
+                    c.staging_allocations() <= first + 1,
+                    "{}",
+                    c.staging_allocations()
+                );
+                let after = c.staging_allocations();
+                c.all_reduce_device(&small, &mut out, ReduceOp::Sum)
+                    .unwrap();
+                assert_eq!(c.staging_allocations(), after, "no allocation per call");
+                // 1 + 2, then doubled by each of the five repeats.
+                let got = buf.to_vec().unwrap();
+                assert!(got.iter().all(|&x| x == 3 << 5), "{:?}", &got[..4]);
+                assert_eq!(out.to_vec().unwrap(), [2; 10]);
+            });
+        }
+    });
+}
+
+#[test]
+fn send_and_recv_device_buffers() {
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let dev = host_device(0);
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let data: Vec<i64> = (0..777).map(|i| i * 3 + 1).collect();
+                if c.rank() == 0 {
+                    let buf = DeviceBuffer::from_host(dev, &data).unwrap();
+                    c.send_device(&buf, 1).unwrap();
+                } else {
+                    let mut buf = DeviceBuffer::<i64>::new(dev, 777).unwrap();
+                    c.recv_device(&mut buf, 0).unwrap();
+                    assert_eq!(buf.to_vec().unwrap(), data);
+                }
+            });
+        }
+    });
+}
+
+// ----- argument checks: before anything runs -----
+
+fn one_rank() -> Communicator {
+    let mut comms = Communicator::local_group(1, Config::default()).unwrap();
+    comms.pop().unwrap()
+}
+
+#[test]
+fn host_buffer_where_a_device_buffer_is_expected_and_the_reverse() {
+    let c = one_rank();
+    let dev = host_device(0);
+    c.set_device(dev).unwrap();
+    let host = vec![1f32; 8];
+    let mut host_out = vec![0f32; 8];
+    let d_in = DeviceBuffer::from_host(dev, &host).unwrap();
+    let mut d_out = DeviceBuffer::<f32>::new(dev, 8).unwrap();
+    let e = c
+        .collective(
+            CollKind::AllReduce,
+            Some(BufRef::Host(&host)),
+            BufMut::Device(&mut d_out),
+            ReduceOp::Sum,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let m = e.to_string();
+    assert!(m.contains("all_reduce on rank 0"), "{m}");
+    assert!(
+        m.contains("send buffer is host memory but the receive buffer is host stand-in device 0"),
+        "{m}"
+    );
+    let e = c
+        .collective(
+            CollKind::AllReduce,
+            Some(BufRef::Device(&d_in)),
+            BufMut::Host(&mut host_out),
+            ReduceOp::Sum,
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "send buffer is host stand-in device 0 but the receive buffer is host memory"
+        ),
+        "{e}"
+    );
+    assert_eq!(d_out.to_vec().unwrap(), [0.0; 8], "nothing ran");
+    // A raw address: host memory is not device memory; a device buffer's is, until freed.
+    assert_eq!(Provider::Host.locate(host.as_ptr() as u64, 32), None);
+    assert_eq!(Provider::Host.locate(d_in.addr(), 32), Some(0));
+    assert_eq!(Provider::Host.locate(d_in.addr(), 33), None, "past its end");
+    let addr = d_in.addr();
+    drop(d_in);
+    assert_eq!(Provider::Host.locate(addr, 32), None, "freed");
+    // The generic entry still runs host buffers.
+    c.collective(
+        CollKind::AllReduce,
+        Some(BufRef::Host(&host)),
+        BufMut::Host(&mut host_out),
+        ReduceOp::Sum,
+    )
+    .unwrap();
+    assert_eq!(host_out, host);
+}
+
+#[test]
+fn a_buffer_of_another_device_or_no_device_bound_is_an_error() {
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let mut other = DeviceBuffer::<u32>::new(host_device(1), 4).unwrap();
+                let e = c
+                    .all_reduce_device_in_place(&mut other, ReduceOp::Max)
+                    .unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidUsage);
+                assert!(e.to_string().contains("no device is bound"), "{e}");
+                c.set_device(host_device(0)).unwrap();
+                let e = c
+                    .all_reduce_device_in_place(&mut other, ReduceOp::Max)
+                    .unwrap_err();
+                let want = format!(
+                    "all_reduce on rank {}: the receive buffer is on host stand-in device 1; \
+                     this communicator uses host stand-in device 0",
+                    c.rank()
+                );
+                assert!(e.to_string().contains(&want), "{e}");
+                let mine = DeviceBuffer::<u32>::new(host_device(0), 4).unwrap();
+                let mut other_out = DeviceBuffer::<u32>::new(host_device(1), 8).unwrap();
+                let e = c.all_gather_device(&mine, &mut other_out).unwrap_err();
+                assert!(e
+                    .to_string()
+                    .contains("receive buffer is on host stand-in device 1"));
+                // The communicator is still usable: nothing ran.
+                let mut ok = DeviceBuffer::from_host(host_device(0), &[2u32; 4]).unwrap();
+                c.all_reduce_device_in_place(&mut ok, ReduceOp::Sum)
+                    .unwrap();
+                assert_eq!(ok.to_vec().unwrap(), [4; 4]);
+            });
+        }
+    });
+}
+
+#[test]
+fn mismatched_lengths_are_errors_naming_the_operation_and_rank() {
+    let c = one_rank();
+    let dev = host_device(0);
+    c.set_device(dev).unwrap();
+    let send = DeviceBuffer::<f64>::new(dev, 4).unwrap();
+    let mut recv = DeviceBuffer::<f64>::new(dev, 5).unwrap();
+    let e = c
+        .all_reduce_device(&send, &mut recv, ReduceOp::Sum)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        e.to_string()
+            .contains("all_reduce on rank 0: receive buffer has 5 elements, 4 x f64 needed"),
+        "{e}"
+    );
+    let mut small = DeviceBuffer::<f64>::new(dev, 3).unwrap();
+    let e = c.all_gather_device(&send, &mut small).unwrap_err();
+    assert!(e.to_string().contains("all_gather on rank 0"), "{e}");
+    let e = c.broadcast_device(&mut recv, 3).unwrap_err();
+    assert!(e.to_string().contains("invalid root 3"), "{e}");
+    let mut h = [0f64; 4];
+    let e = send.copy_to_host(&mut h[..3]).unwrap_err();
+    assert!(e.to_string().contains("copy_to_host"), "{e}");
+}
+
+// ----- processes -----
+
+/// Per-job limit; a job normally takes a few seconds.
+const JOB_LIMIT: Duration = Duration::from_secs(120);
+
+fn process_sweep() -> Sweep {
+    Sweep {
+        dtypes: vec![DataType::Float32, DataType::Uint8, DataType::Float16],
+        ops: vec![ReduceOp::Sum, ReduceOp::Min, ReduceOp::Avg],
+        counts: vec![0, 7, 65537],
+        colls: vec!["all_reduce", "broadcast", "all_gather", "reduce_scatter"],
+    }
+}
+
+/// A rank of a device job: device 0 of the provider `FERRO_DEVICE_PROVIDER` names.
+#[test]
+fn child_device() {
+    if !child::is_role("device") {
+        return;
+    }
+    let comm = Communicator::from_env().expect("from_env");
+    let dev = Device::from_env(0).expect("device 0");
+    comm.set_device(dev).unwrap();
+    let cases = run_sweep_on(&comm, Mem::Device(dev), &process_sweep(), 99)
+        .unwrap_or_else(|e| panic!("rank {}: {e}", comm.rank()));
+    let peer = (comm.rank() + 1) % comm.nranks();
+    println!(
+        "DEVICE rank={} cases={cases} transport={}",
+        comm.rank(),
+        comm.transport(peer).unwrap_or("self")
+    );
+    comm.destroy().expect("destroy");
+}
+
+fn device_job(n: usize, transport: &str) {
+    let _serial = child::serial();
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_TRANSPORTS", transport.to_string()),
+        // 65537 elements run as 5 (f32) or 3 (f16, u8) pipelined slices.
+        ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+    ];
+    let out = ferrorun_self(n, None, "child_device", "device", &env, JOB_LIMIT);
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("DEVICE ");
+    assert_eq!(lines.len(), n, "{}", out.dump());
+    for l in &lines {
+        assert_eq!(
+            field::<usize>(l, "cases"),
+            expected_cases(&process_sweep()),
+            "{l}"
+        );
+        assert_eq!(field::<String>(l, "transport"), transport, "{l}");
+    }
+}
+
+#[test]
+fn device_buffers_over_shm_3_processes() {
+    device_job(3, "shm");
+}
+
+#[test]
+fn device_buffers_over_tcp_2_processes() {
+    device_job(2, "tcp");
+}
+
+// ----- no driver -----
+
+/// A process without an NVIDIA driver and without the stand-in: allocating fails with the
+/// driver's clear error.
+#[test]
+fn child_no_driver() {
+    if !child::is_role("no-driver") {
+        return;
+    }
+    assert_eq!(Provider::from_env().unwrap(), Provider::Cuda);
+    let e = Device::from_env(0)
+        .and_then(|d| DeviceBuffer::<f32>::new(d, 16))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert!(e.to_string().contains(DRIVER_MISSING), "{e}");
+    let e = Provider::Cuda.device_count().unwrap_err();
+    assert!(e.to_string().contains(DRIVER_MISSING), "{e}");
+    assert_eq!(Provider::Cuda.locate(0x1000, 8), None);
+    println!("NO-DRIVER ok: {e}");
+}
+
+#[test]
+fn without_a_driver_allocating_returns_the_clear_error() {
+    let mut cmd = self_command(
+        "child_no_driver",
+        "no-driver",
+        &[(
+            "FERROCCL_CUDA_DRIVER",
+            "/nonexistent/ferroccl-test/libcuda.so.1".to_string(),
+        )],
+    );
+    cmd.env_remove(PROVIDER_ENV);
+    let out = Running::spawn(cmd).finish(Duration::from_secs(60));
+    assert!(out.success(), "{}", out.dump());
+    assert_eq!(out.tagged("NO-DRIVER ok").len(), 1, "{}", out.dump());
+}
+
+// ----- the GPU check bundle's device tool, on the stand-in -----
+
+const DEVICE_CHECK: &str = env!("CARGO_BIN_EXE_ferroccl-device-check");
+
+#[test]
+fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_device() {
+    let mut cmd = std::process::Command::new(DEVICE_CHECK);
+    cmd.args(["--ranks", "1,3", "--max-count", "65537"])
+        .env(PROVIDER_ENV, "host");
+    let out = Running::spawn(cmd).finish(Duration::from_secs(120));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("cases per rank matched the host results");
+    assert_eq!(lines.len(), 2, "{}", out.dump());
+
+    let mut cmd = std::process::Command::new(DEVICE_CHECK);
+    cmd.env_remove(PROVIDER_ENV).env(
+        "FERROCCL_CUDA_DRIVER",
+        "/nonexistent/ferroccl-test/libcuda.so.1",
+    );
+    let out = Running::spawn(cmd).finish(Duration::from_secs(60));
+    assert_eq!(out.status.and_then(|s| s.code()), Some(2), "{}", out.dump());
+    assert!(out.stderr.contains(DRIVER_MISSING), "{}", out.dump());
+}

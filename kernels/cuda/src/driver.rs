@@ -113,7 +113,6 @@ driver_api! {
     ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
     memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
     event_query = "cuEventQuery": fn(Handle);
-    stream_destroy = "cuStreamDestroy_v2": fn(Handle);
 }
 
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,

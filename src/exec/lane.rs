@@ -175,7 +175,7 @@ impl Engine {
         loop {
             waiter.arm();
             let before = pending;
-            for p in 0..self.nranks {
+            for (p, slot) in slots.iter_mut().enumerate().take(self.nranks) {
                 if pending & (1 << p) == 0 {
                     continue;
                 }
@@ -191,7 +191,7 @@ impl Engine {
                         ))
                     })?;
                 match lane
-                    .take(n, &mut slots[p].0[..bytes])
+                    .take(n, &mut slot.0[..bytes])
                     .map_err(|e| e.context(ctx.label()))?
                 {
                     LaneTake::Arrived(tag) => {
@@ -199,10 +199,7 @@ impl Engine {
                         pending &= !(1 << p);
                     }
                     LaneTake::Empty => {}
-                    LaneTake::Stream => {
-                        drop(waiter);
-                        return Err(self.lane_stray(p, want, ctx));
-                    }
+                    LaneTake::Stream => return Err(self.lane_stray(p, want, ctx)),
                 }
             }
             if pending != before {

@@ -10,11 +10,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::child::{self, free_port, self_command, serial, Running};
-use ferroccl::bootstrap::{MemoryStore, Store};
+use common::threads::{self, on_all};
 use ferroccl::{Communicator, Config, Error, ReduceOp};
 
 fn config() -> Config {
@@ -24,29 +23,8 @@ fn config() -> Config {
     }
 }
 
-/// Ranks as threads, rank `r` with `configs[r]`, on one in-memory store.
 fn group(configs: Vec<Config>) -> Vec<Communicator> {
-    let n = configs.len();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let id = 0x4c41_4e45 ^ u64::from(std::process::id()) << 20 ^ n as u64;
-    let hs: Vec<_> = configs
-        .into_iter()
-        .enumerate()
-        .map(|(r, cfg)| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || Communicator::init(store, r, n, id, cfg))
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("init thread").expect("init"))
-        .collect()
-}
-
-fn on_all<R: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().expect("rank")).collect()
-    })
+    threads::group(configs, 0x4c41_4e45 << 24)
 }
 
 #[test]

@@ -2,10 +2,11 @@
 //! through `mem` alone and run collectives with a distinct value in every element; ranks on
 //! different hosts cannot use it, and init says why.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use ferroccl::bootstrap::{MemoryStore, Store};
+use common::threads::{self, on_all};
 use ferroccl::{Communicator, Config, ReduceOp};
 
 fn config(host: Option<String>) -> Config {
@@ -17,30 +18,8 @@ fn config(host: Option<String>) -> Config {
     }
 }
 
-/// Starts `configs.len()` ranks as threads (rank `r` with `configs[r]`) on one in-memory store
-/// and returns each rank's init result.
 fn init_all(configs: Vec<Config>, tag: u64) -> Vec<ferroccl::Result<Communicator>> {
-    let n = configs.len();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let id = 0x4d45_4d00 ^ (std::process::id() as u64) << 16 ^ tag << 8 ^ n as u64;
-    let hs: Vec<_> = configs
-        .into_iter()
-        .enumerate()
-        .map(|(r, cfg)| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || Communicator::init(store, r, n, id, cfg))
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("init thread"))
-        .collect()
-}
-
-fn on_all<R: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().expect("rank")).collect()
-    })
+    threads::init_all(configs, 0x4d45_4d00 << 24 ^ tag << 8)
 }
 
 /// The value rank `r` contributes at element `i`: distinct per rank and element, exact in f64.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::child::{self, expected_cases, ferrorun_self, field, sweep_named};
 use common::conformance::{run_sweep, Sweep};
+use common::threads::{self, on_all};
 use ferroccl::bootstrap::{MemoryStore, Store};
 use ferroccl::{Communicator, Config, ReduceOp};
 
@@ -34,29 +35,8 @@ fn config(transports: &[&str]) -> Config {
     }
 }
 
-/// Starts `configs.len()` ranks as threads (rank `r` with `configs[r]`) on one in-memory store.
 fn group(configs: Vec<Config>) -> Vec<Communicator> {
-    let n = configs.len();
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let id = 0x5348_4d00 ^ (std::process::id() as u64) << 16 ^ n as u64;
-    let hs: Vec<_> = configs
-        .into_iter()
-        .enumerate()
-        .map(|(r, cfg)| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || Communicator::init(store, r, n, id, cfg))
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("init thread").expect("init"))
-        .collect()
-}
-
-fn on_all<R: Send>(comms: &[Communicator], f: impl Fn(&Communicator) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        hs.into_iter().map(|h| h.join().expect("rank")).collect()
-    })
+    threads::group(configs, 0x5348_4d00 << 24)
 }
 
 fn sweep_ok(comms: &[Communicator], sw: &Sweep, seed: u64) {

@@ -4,3 +4,4 @@
 pub mod child;
 pub mod conformance;
 pub mod netns;
+pub mod threads;

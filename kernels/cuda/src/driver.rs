@@ -330,8 +330,10 @@ impl Driver {
     /// Creates a non-blocking stream in the current context.
     pub fn create_stream(&self) -> Result<Handle> {
         let mut s = std::ptr::null_mut();
-        // SAFETY: `s` is a valid out-pointer; flag 1 is CU_STREAM_NON_BLOCKING.
-        self.check("cuStreamCreate", unsafe { (self.stream_create)(&mut s, 1) })?;
+        // SAFETY: `s` is a valid out-pointer; the flag makes the stream non-blocking.
+        self.check("cuStreamCreate", unsafe {
+            (self.stream_create)(&mut s, STREAM_NON_BLOCKING)
+        })?;
         Ok(s)
     }
 
@@ -371,8 +373,10 @@ impl Driver {
     /// mark in a stream that the host or another stream can wait for.
     pub fn create_event(&self) -> Result<Handle> {
         let mut e = std::ptr::null_mut();
-        // SAFETY: `e` is a valid out-pointer; flag 2 is CU_EVENT_DISABLE_TIMING.
-        self.check("cuEventCreate", unsafe { (self.event_create)(&mut e, 2) })?;
+        // SAFETY: `e` is a valid out-pointer; the flag turns timing off.
+        self.check("cuEventCreate", unsafe {
+            (self.event_create)(&mut e, EVENT_DISABLE_TIMING)
+        })?;
         Ok(e)
     }
 
@@ -560,69 +564,10 @@ impl Driver {
         })
     }
 
-    /// A non-blocking stream of the current context; destroy it with [`Driver::stream_destroy`].
-    pub fn stream_new(&self) -> Result<Handle> {
-        let mut s = std::ptr::null_mut();
-        // SAFETY: `s` is a valid out-pointer.
-        self.check("cuStreamCreate", unsafe {
-            (self.stream_create)(&mut s, STREAM_NON_BLOCKING)
-        })?;
-        Ok(s)
-    }
-
-    /// Destroys a stream from [`Driver::stream_new`] once its work is done.
-    ///
-    /// # Safety
-    /// `s` came from [`Driver::stream_new`] and is destroyed once.
-    pub unsafe fn stream_destroy(&self, s: Handle) -> Result<()> {
-        // SAFETY: per the caller.
-        self.check("cuStreamDestroy", unsafe { (self.stream_destroy)(s) })
-    }
-
-    /// Waits until everything queued on `s` is done.
-    ///
-    /// # Safety
-    /// `s` is a live stream from [`Driver::stream_new`].
-    pub unsafe fn stream_sync(&self, s: Handle) -> Result<()> {
-        // SAFETY: per the caller.
-        self.check("cuStreamSynchronize", unsafe {
-            (self.stream_synchronize)(s)
-        })
-    }
-
-    /// An event without timing, for polling queued work; destroy it with
-    /// [`Driver::event_free`].
-    pub fn event_new(&self) -> Result<Handle> {
-        let mut e = std::ptr::null_mut();
-        // SAFETY: `e` is a valid out-pointer.
-        self.check("cuEventCreate", unsafe {
-            (self.event_create)(&mut e, EVENT_DISABLE_TIMING)
-        })?;
-        Ok(e)
-    }
-
-    /// Destroys an event from [`Driver::event_new`].
-    ///
-    /// # Safety
-    /// `e` came from [`Driver::event_new`] and is destroyed once.
-    pub unsafe fn event_free(&self, e: Handle) -> Result<()> {
-        // SAFETY: per the caller.
-        self.check("cuEventDestroy", unsafe { (self.event_destroy)(e) })
-    }
-
-    /// Records `e` on `s`: it completes when the work queued on `s` before it has.
-    ///
-    /// # Safety
-    /// `e` and `s` are live, from [`Driver::event_new`] and [`Driver::stream_new`].
-    pub unsafe fn event_record_on(&self, e: Handle, s: Handle) -> Result<()> {
-        // SAFETY: per the caller.
-        self.check("cuEventRecord", unsafe { (self.event_record)(e, s) })
-    }
-
     /// Whether the work before `e`'s last record is done (`cuEventQuery`, which never blocks).
     ///
     /// # Safety
-    /// `e` is a live event from [`Driver::event_new`].
+    /// `e` is a live event from [`Driver::create_event`].
     pub unsafe fn event_done(&self, e: Handle) -> Result<bool> {
         // SAFETY: per the caller.
         let status = unsafe { (self.event_query)(e) };

@@ -272,7 +272,7 @@ impl DevCopier {
         dev.bind()?;
         let stream = dev
             .drv
-            .stream_new()
+            .create_stream()
             .map_err(|e| cuda_err("creating a stream", e))?;
         let mut c = DevCopier {
             dev: Arc::clone(dev),
@@ -285,7 +285,7 @@ impl DevCopier {
             let e = c
                 .dev
                 .drv
-                .event_new()
+                .create_event()
                 .map_err(|e| cuda_err("creating an event", e))?;
             c.events.push(e);
         }
@@ -316,7 +316,7 @@ impl DevCopier {
         unsafe { self.dev.drv.copy_async(dst, src, n, self.stream) }
             .map_err(|e| cuda_err("queueing a copy", e))?;
         // SAFETY: the event and the stream were created in `new` and live until `Drop`.
-        unsafe { self.dev.drv.event_record_on(self.events[slot], self.stream) }
+        unsafe { self.dev.drv.record_event(self.events[slot], self.stream) }
             .map_err(|e| cuda_err("recording an event", e))?;
         self.busy[slot] = true;
         Ok(())
@@ -386,12 +386,12 @@ impl Drop for DevCopier {
         }
         // Queued copies finish before the slots and buffers they touch can go.
         // SAFETY: the stream was created in `new` and is destroyed below, after this.
-        let _ = unsafe { self.dev.drv.stream_sync(self.stream) };
+        let _ = unsafe { self.dev.drv.sync_stream(self.stream) };
         for &e in &self.events {
             // SAFETY: created by `new`, destroyed once, its work synchronised above.
-            let _ = unsafe { self.dev.drv.event_free(e) };
+            let _ = unsafe { self.dev.drv.destroy_event(e) };
         }
         // SAFETY: created by `new`, destroyed once, its work synchronised above.
-        let _ = unsafe { self.dev.drv.stream_destroy(self.stream) };
+        let _ = unsafe { self.dev.drv.destroy_stream(self.stream) };
     }
 }

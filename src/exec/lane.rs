@@ -12,7 +12,8 @@
 //! operation's header (a clear mismatch error, as from the stream), or its stream holds a
 //! message (another operation, or a failure notice): the executor then reads that message's
 //! header the usual way, which produces the same errors as any step would. Waiting follows the
-//! step driver: spin, yield, the doorbell; the deadline, abort and dead-peer detection.
+//! step driver: spin, yield, the doorbell; the deadline, abort and dead-peer detection. A
+//! timeline (`FERRO_TRACE_FILE`) names these calls' algorithm `lane`.
 
 use std::sync::atomic::Ordering;
 
@@ -92,6 +93,7 @@ impl Engine {
         op: ElemOp,
         mem: &Memory,
         ctx: &OpContext,
+        waits: Option<&mut [u64]>,
     ) -> Result<()> {
         let bytes = args.count * dtype.size();
         let (src, src_len) = if mem.in_place {
@@ -120,7 +122,7 @@ impl Engine {
                 .put(n, tag, input)
                 .map_err(|e| e.context(ctx.label()))?;
         }
-        self.lane_wait(n, &want, &mut slots, ctx)?;
+        self.lane_wait(n, &want, &mut slots, ctx, waits)?;
         self.lanes.next += 1;
         // Every rank reduces in rank order, so every rank gets the same bits.
         let (first, rest) = slots[..self.nranks].split_at_mut(1);
@@ -157,20 +159,23 @@ impl Engine {
             })
     }
 
-    /// Waits for message `n` from every peer into `slots`, checking each one's header.
+    /// Waits for message `n` from every peer into `slots`, checking each one's header. With
+    /// `waits`, adds to each peer's entry the nanoseconds until its message arrived.
     fn lane_wait(
         &mut self,
         n: u64,
         want: &Header,
         slots: &mut [Slot; LANE_MAX_RANKS],
         ctx: &OpContext,
+        mut waits: Option<&mut [u64]>,
     ) -> Result<()> {
         let bytes = want.len as usize;
         let mut pending: u32 = (0..self.nranks)
             .filter(|&p| p != self.rank)
             .fold(0, |m, p| m | 1 << p);
         let mut waiter = SysWaiter::new(self.bell.as_deref(), &mut self.waits);
-        let mut last_progress = waiter.now();
+        let began = waiter.now();
+        let mut last_progress = began;
         let mut idle_since = None;
         loop {
             waiter.arm();
@@ -197,6 +202,10 @@ impl Engine {
                     LaneTake::Arrived(tag) => {
                         check_header(ctx, p, &header_of(tag), want)?;
                         pending &= !(1 << p);
+                        if let Some(w) = waits.as_deref_mut().and_then(|w| w.get_mut(p)) {
+                            // At least 1 ns: the peer was waited for, however briefly.
+                            *w += (waiter.now().duration_since(began).as_nanos() as u64).max(1);
+                        }
                     }
                     LaneTake::Empty => {}
                     LaneTake::Stream => return Err(self.lane_stray(p, want, ctx)),

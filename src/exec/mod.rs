@@ -562,10 +562,15 @@ impl Engine {
         ctx: &OpContext,
     ) -> Result<()> {
         let mut waits = vec![0u64; self.nranks];
+        let lane = self.lane_fits(args, dtype.size(), premul.is_some());
         let start = std::time::Instant::now();
         let r = self.collective(args, dtype, op, premul, mem, ctx, Some(&mut waits));
         let end = std::time::Instant::now();
-        let algorithm = self.algorithm_for(args, dtype.size()).to_string();
+        let algorithm = if lane {
+            "lane".to_string()
+        } else {
+            self.algorithm_for(args, dtype.size()).to_string()
+        };
         let links: Vec<String> = (0..self.nranks)
             .map(|p| {
                 self.link_to(p)
@@ -606,9 +611,9 @@ impl Engine {
             )));
         }
         let es = dtype.size();
-        if waits.is_none() && self.lane_fits(args, es, premul.is_some()) {
+        if self.lane_fits(args, es, premul.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);
-            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx);
+            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits);
             crate::profile::phase(crate::profile::Phase::Leave);
             return r;
         }

@@ -14,10 +14,13 @@
 //! time and waiting come from a `wait::Waiter`, and every element-wise step (reductions,
 //! pre-multiplied scaling, copies) from the engine's [`Reducer`].
 
+mod conn;
 mod lane;
+mod layout;
 mod step;
 #[cfg(test)]
 mod tests;
+mod tuning;
 mod wait;
 
 use std::collections::HashMap;
@@ -27,96 +30,20 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Connection, Doorbell, Header, MemRef, Payload, PayloadMut, PeerInfo, PollFd, Progress,
-    Properties, RegCache, Region, Result, WaitKind,
+    Doorbell, Header, MemRef, Payload, PayloadMut, Progress, RegCache, Region, Result,
 };
 
-use crate::coll::{self, AlgoOptions, BufKind, CollArgs, Op, Schedule, Span};
+use crate::coll::{self, CollArgs, Op, Schedule};
 use crate::reduce::{HostReducer, Reducer};
 
 // Header kinds, for code that names them through the executor (their home is `crate::wire`).
 pub(crate) use crate::wire::kind;
+pub(crate) use conn::Conn;
+use layout::Layout;
 pub(crate) use step::{OpContext, RawOp};
 use step::{OpState, StepEnv};
+pub(crate) use tuning::Tuning;
 use wait::{SysWaiter, WaitBuffers};
-
-/// A connection to one peer, with what the executor needs to know of its transport.
-#[derive(Debug)]
-pub(crate) struct Conn {
-    conn: Box<dyn Connection>,
-    /// The transport's properties.
-    pub props: Properties,
-}
-
-impl Conn {
-    pub(crate) fn new(conn: Box<dyn Connection>, props: Properties) -> Conn {
-        Conn { conn, props }
-    }
-
-    /// Payload bytes a message of the connection's small-message lane holds (0: no lane).
-    pub(crate) fn lane_capacity(&mut self) -> usize {
-        self.conn.small_lane().map_or(0, |l| l.capacity())
-    }
-
-    /// The connection's small-message lane, if it has one.
-    pub(crate) fn lane(&mut self) -> Option<&mut dyn ferroccl_transport::SmallLane> {
-        self.conn.small_lane()
-    }
-
-    /// Whether waiting for this connection means waiting on the doorbell, not on descriptors.
-    pub(crate) fn uses_doorbell(&self) -> bool {
-        self.props.wait == WaitKind::Doorbell
-    }
-
-    pub(crate) fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
-        self.conn.doorbell()
-    }
-
-    pub(crate) fn peer(&self) -> &PeerInfo {
-        self.conn.peer()
-    }
-
-    /// Details for logs (`+cma`, a delay).
-    pub(crate) fn describe(&self) -> String {
-        self.conn.describe()
-    }
-
-    pub(crate) fn send(
-        &mut self,
-        h: &Header,
-        payload: Payload<'_>,
-        p: &mut Progress,
-    ) -> Result<bool> {
-        self.conn.send(h, payload, p)
-    }
-
-    pub(crate) fn recv(
-        &mut self,
-        h: &mut Header,
-        payload: PayloadMut<'_>,
-        p: &mut Progress,
-    ) -> Result<bool> {
-        self.conn.recv(h, payload, p)
-    }
-
-    pub(crate) fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
-        self.conn.poll_fds(sending, receiving, out)
-    }
-
-    /// Announces the destination of the next incoming message (one-sided transports).
-    pub(crate) fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
-        self.conn.post_recv(dst, region)
-    }
-
-    /// Registers `mem` with the transport, where it needs registration.
-    pub(crate) fn register(&mut self, mem: MemRef) -> Result<Option<Region>> {
-        self.conn.register(mem)
-    }
-
-    pub(crate) fn shutdown(&mut self) {
-        self.conn.shutdown()
-    }
-}
 
 /// How long a failing rank spends, at most, telling its peers why (see
 /// [`Engine::notify_failure`]).
@@ -124,24 +51,6 @@ const NOTICE_BUDGET: Duration = Duration::from_millis(50);
 
 /// Registered regions an engine keeps, over all its connections.
 const REG_CACHE_ENTRIES: usize = 256;
-
-/// Largest allreduce, in bytes, whose algorithm the uncalibrated cost model picks.
-const AUTO_TUNED_MAX: usize = 8 << 10;
-
-/// How the engine picks algorithms: the cost model, the ranks' hosts and `FERRO_ALGO`.
-#[derive(Debug, Clone)]
-pub(crate) struct Tuning {
-    pub model: crate::plan::CostModel,
-    pub topo: coll::Topology,
-    pub overrides: crate::plan::Overrides,
-    /// Log every choice (rank 0, `FERRO_DEBUG=DEBUG`).
-    pub debug: bool,
-    /// Whether the model's links were measured on this machine (`FERRO_TUNE=measure`); only
-    /// then does it pick the algorithm of every call.
-    pub calibrated: bool,
-    /// An algorithm every call runs while `FERRO_TUNE=measure` times it (where it applies).
-    pub probe: Option<coll::Algorithm>,
-}
 
 /// Waiting and deadline settings.
 #[derive(Debug, Clone, Copy)]
@@ -377,161 +286,6 @@ impl Engine {
         for c in self.conns.iter_mut().flatten() {
             c.shutdown();
         }
-    }
-
-    /// Replaces the cost model's constants of `link` by measured ones.
-    pub(crate) fn calibrate(
-        &mut self,
-        link: crate::plan::Link,
-        latency_us: f64,
-        bandwidth_gbps: f64,
-    ) -> std::result::Result<(), String> {
-        self.tuning
-            .model
-            .calibrate(link, latency_us, bandwidth_gbps)
-    }
-
-    /// From now on the cost model picks every call's algorithm; plans made before are dropped.
-    pub(crate) fn set_calibrated(&mut self) {
-        self.tuning.calibrated = true;
-        self.plans.clear();
-    }
-
-    /// Runs every later call with `algo` where it implements the call (None: the tuner
-    /// again); plans made before are dropped.
-    pub(crate) fn set_probe(&mut self, algo: Option<coll::Algorithm>) {
-        self.tuning.probe = algo;
-        self.plans.clear();
-    }
-
-    /// The tuner's cost model and topology.
-    pub(crate) fn model(&self) -> (&crate::plan::CostModel, &coll::Topology) {
-        (&self.tuning.model, &self.tuning.topo)
-    }
-
-    /// Records a measured correction of the cost model (see [`crate::plan::CostModel::correct`]).
-    pub(crate) fn correct(
-        &mut self,
-        kind: coll::CollKind,
-        algo: coll::Algorithm,
-        bytes: usize,
-        factor: f64,
-    ) -> std::result::Result<(), String> {
-        self.tuning.model.correct(kind, algo, bytes, factor)
-    }
-
-    /// The cost model, if it was calibrated.
-    pub(crate) fn calibrated_model(&self) -> Option<&crate::plan::CostModel> {
-        self.tuning.calibrated.then_some(&self.tuning.model)
-    }
-
-    /// Takes `parent`'s measured link costs, if it has any (a split communicator), and its
-    /// measured algorithm corrections where the split has the same hosts and ranks (they were
-    /// timed on that layout).
-    pub(crate) fn inherit_calibration(&mut self, parent: &Engine) {
-        if parent.tuning.calibrated {
-            self.tuning.model.links = parent.tuning.model.links;
-            if parent.tuning.topo == self.tuning.topo {
-                self.tuning.model.corrections = parent.tuning.model.corrections.clone();
-            }
-            self.set_calibrated();
-        }
-    }
-
-    /// What the tuner picks for `args` with elements of `esize` bytes (before checking that
-    /// the algorithm can run the call on this topology).
-    fn choice(&self, args: &CollArgs, esize: usize) -> crate::plan::Choice {
-        let t = &self.tuning;
-        let bytes = args.count * esize;
-        if let Some(algo) = t.probe.filter(|a| a.supports(args.kind)) {
-            // The slice the tuner would give the algorithm, so that the timing measures what
-            // the calls it corrects will run.
-            return crate::plan::Choice {
-                algo,
-                slice_bytes: t.model.best_slice(algo, args.kind, bytes, &t.topo).1,
-                predicted_us: f64::NAN,
-                reason: "FERRO_TUNE=measure timing".to_string(),
-            };
-        }
-        if t.overrides == crate::plan::Overrides::default()
-            && !t.calibrated
-            && !(matches!(args.kind, coll::CollKind::AllReduce) && bytes <= AUTO_TUNED_MAX)
-        {
-            // Until the cost model is calibrated on the machine (FERRO_TUNE=measure), it
-            // chooses only small allreduces, where its pick was measured to win; elsewhere
-            // the default algorithm (ring, chain, pairwise) measured best over TCP and shm.
-            crate::plan::Choice {
-                algo: coll::Algorithm::default_for(args.kind),
-                slice_bytes: self.slice_bytes,
-                predicted_us: f64::NAN,
-                reason: "default".to_string(),
-            }
-        } else {
-            t.model.choose(args.kind, bytes, &t.topo, &t.overrides)
-        }
-    }
-
-    /// The algorithm a call of `args` with elements of `esize` bytes runs.
-    pub(crate) fn algorithm_for(&self, args: &CollArgs, esize: usize) -> coll::Algorithm {
-        let choice = self.choice(args, esize);
-        let opts = self.options(&choice, esize);
-        let t = &self.tuning;
-        match coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo) {
-            Ok(_) => choice.algo,
-            Err(_) => coll::Algorithm::default_for(args.kind),
-        }
-    }
-
-    /// The schedule options of `choice` with elements of `esize` bytes: its slice, never more
-    /// than `FERRO_SLICE_BYTES`.
-    fn options(&self, choice: &crate::plan::Choice, esize: usize) -> AlgoOptions {
-        let bytes = choice.slice_bytes.min(self.slice_bytes);
-        AlgoOptions {
-            slice: (bytes / esize.max(1)).max(1),
-        }
-    }
-
-    /// The cached schedule for `args` and element size `esize`, with the algorithm the tuner
-    /// picks for the call's size (or `FERRO_ALGO` forces).
-    fn plan(&mut self, args: &CollArgs, esize: usize) -> Arc<Schedule> {
-        let key = (*args, esize);
-        if let Some(s) = self.plans.get(&key) {
-            return Arc::clone(s);
-        }
-        let choice = self.choice(args, esize);
-        let opts = self.options(&choice, esize);
-        let t = &self.tuning;
-        let built = coll::build_with(args, self.rank, self.nranks, &opts, choice.algo, &t.topo);
-        let s = match built {
-            Ok(s) => {
-                if t.debug && self.rank == 0 {
-                    ferroccl_transport::log_line!(
-                        "ferroccl rank 0 TUNING: {} count {} ({} bytes): {choice}",
-                        args.kind.name(),
-                        args.count,
-                        args.count * esize
-                    );
-                }
-                s
-            }
-            Err(why) => {
-                if t.debug && self.rank == 0 {
-                    ferroccl_transport::log_line!(
-                        "ferroccl rank 0 TUNING: {} count {}: {} cannot run ({why}); default algorithm",
-                        args.kind.name(),
-                        args.count,
-                        choice.algo
-                    );
-                }
-                coll::build(args, self.rank, self.nranks, &opts)
-            }
-        };
-        let s = Arc::new(s);
-        if self.plans.len() > 4096 {
-            self.plans.clear();
-        }
-        self.plans.insert(key, Arc::clone(&s));
-        s
     }
 
     /// Runs one collective on this rank. `ctx` names it for headers and errors; `op` is the
@@ -817,85 +571,5 @@ impl Engine {
             regs: self.one_sided.then_some(&mut self.regs),
         };
         step::run(env, &mut waiter, ops, dtype, op, ctx)
-    }
-}
-
-/// Resolves spans to memory.
-struct Layout {
-    es: usize,
-    /// Scratch bytes.
-    scratch_len: usize,
-    in_off: usize,
-    out_off: usize,
-    mem: Memory,
-    scratch: *mut u8,
-}
-
-impl Layout {
-    /// Start pointer and byte length of `span`, after checking it lies in its buffer.
-    fn resolve(&self, span: &Span, ctx: &OpContext) -> Result<(*mut u8, usize)> {
-        let (limit, base, off) = match span.buf {
-            BufKind::Input if self.mem.in_place => {
-                (self.mem.output_len, self.mem.output, self.in_off)
-            }
-            BufKind::Input => (self.mem.input_len, self.mem.input as *mut u8, 0),
-            BufKind::Output => (self.mem.output_len, self.mem.output, self.out_off),
-            BufKind::Scratch => (self.scratch_len, self.scratch, 0),
-        };
-        let start = (off + span.offset) * self.es;
-        let len = span.len * self.es;
-        if start + len > limit {
-            return Err(ferroccl_transport::Error::internal(format!(
-                "{}: schedule span {:?} {}..{} lies outside the buffer of {} bytes",
-                ctx.label(),
-                span.buf,
-                span.offset,
-                span.end(),
-                limit
-            )));
-        }
-        // SAFETY: `start + len <= limit`, the length of the buffer (caller-checked) or of the
-        // engine's scratch.
-        let p = unsafe { base.add(start) };
-        Ok((p, len))
-    }
-
-    fn raw_op(&self, op: &Op, ctx: &OpContext) -> Result<RawOp> {
-        Ok(match *op {
-            Op::Send { peer, src } => {
-                let (p, len) = self.resolve(&src, ctx)?;
-                RawOp::Send {
-                    peer,
-                    ptr: p,
-                    len,
-                    header: ctx.header(len),
-                }
-            }
-            Op::Recv { peer, dst } => {
-                let (p, len) = self.resolve(&dst, ctx)?;
-                RawOp::Recv {
-                    peer,
-                    ptr: p,
-                    len,
-                    header: ctx.header(len),
-                }
-            }
-            Op::RecvReduce { peer, src, dst } => {
-                let (s, len) = self.resolve(&src, ctx)?;
-                let (d, _) = self.resolve(&dst, ctx)?;
-                RawOp::RecvReduce {
-                    peer,
-                    src: s,
-                    dst: d,
-                    len,
-                    header: ctx.header(len),
-                }
-            }
-            Op::Copy { .. } => {
-                return Err(ferroccl_transport::Error::internal(
-                    "copy is not a communication op",
-                ))
-            }
-        })
     }
 }

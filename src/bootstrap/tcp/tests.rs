@@ -1,6 +1,15 @@
+use super::client::quote;
 use super::*;
 use proptest::strategy::Strategy as _;
-use std::net::Ipv4Addr;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+
+use crate::bootstrap::Store;
+use crate::ErrorKind;
 
 fn local0() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)

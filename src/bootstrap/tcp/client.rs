@@ -40,7 +40,7 @@ impl TcpStore {
     }
 
     /// As [`connect`](Self::connect), presenting `job_magic` (from a
-    /// [`UniqueId`](super::UniqueId)) to a server that checks it.
+    /// [`UniqueId`](crate::bootstrap::UniqueId)) to a server that checks it.
     ///
     /// Connection refused (no server yet) is retried until `timeout`; something that listens
     /// but does not answer as a ferroccl store, or a store of another job, fails at once.

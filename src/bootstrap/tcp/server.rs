@@ -78,14 +78,14 @@ impl TcpStoreServer {
     /// Anyone who reaches the port may read and write its keys (within the bounds in the
     /// module docs): use it for tests and on trusted networks only. A job's store is bound
     /// with [`bind_with_magic`](Self::bind_with_magic) (as
-    /// [`UniqueId::create`](super::UniqueId::create) does).
+    /// [`UniqueId::create`](crate::bootstrap::UniqueId::create) does).
     pub fn bind(addr: SocketAddr) -> Result<TcpStoreServer> {
         Self::bind_with_magic(addr, 0)
     }
 
     /// Starts a server that serves only clients presenting exactly `job_magic` (0: any, as
     /// [`bind`](Self::bind)). Others, a rank of another job that reaches this port by mistake
-    /// (with a stale [`UniqueId`](super::UniqueId)) or a client presenting 0, are told that
+    /// (with a stale [`UniqueId`](crate::bootstrap::UniqueId)) or a client presenting 0, are told that
     /// the store belongs to another job and fail at once.
     pub fn bind_with_magic(addr: SocketAddr, job_magic: u64) -> Result<TcpStoreServer> {
         Self::start(addr, job_magic, Limits::DEFAULT)

@@ -24,8 +24,7 @@
 //! `CMA_OK` — set by the consumer at setup when it can read the producer's memory;
 //! `CMA_DENIED` — set by the consumer when a read was refused.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::AtomicBool;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +39,7 @@ use crate::lane::{LaneBox, LANE_BYTES};
 use crate::ring::{Consumer, Producer, RawStorage, RingCtl};
 use crate::segment::{Mapping, OwnSegment, PeerSegment};
 use crate::sync::Ordering;
+use crate::watch::{pidfd_open, PeerWatch};
 use crate::ShmConfig;
 
 const PRODUCER_CLOSED: usize = 0;
@@ -143,17 +143,6 @@ pub struct ShmConnection {
 // SAFETY: the raw pointers point into mappings held by the connection; shared state is reached
 // only through atomics and the ring protocol, and one connection is used by one thread at a time.
 unsafe impl Send for ShmConnection {}
-
-/// Opens a pidfd for `pid`: a descriptor that polls readable once the process has exited.
-fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
 
 impl ShmConnection {
     /// Probes whether this rank (the owner of `own`) can read the memory of `peer_seg`'s owner
@@ -269,10 +258,7 @@ impl ShmConnection {
         }
         if let Some(fd) = &self.pidfd {
             let now = Instant::now();
-            let told = self
-                .watch
-                .as_ref()
-                .is_some_and(|w| w.exited.load(std::sync::atomic::Ordering::Acquire));
+            let told = self.watch.as_ref().is_some_and(|w| w.exited());
             if told || now.duration_since(self.last_liveness) >= LIVENESS_EVERY {
                 self.last_liveness = now;
                 let mut p = libc::pollfd {
@@ -694,98 +680,5 @@ impl SmallLane for ShmConnection {
 impl Drop for ShmConnection {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-/// A thread that sleeps in `poll(2)` on the pidfds of a rank's shared-memory peers and rings the
-/// rank's doorbell when one of them exits, so that a rank asleep on its doorbell notices a
-/// crashed peer at once instead of at its next timed check. Stops when dropped.
-#[derive(Debug)]
-pub struct PeerWatch {
-    exited: Arc<AtomicBool>,
-    stop: Option<OwnedFd>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl PeerWatch {
-    /// Whether a watched process has exited (set before the bell rings).
-    pub fn exited(&self) -> bool {
-        self.exited.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Watches the processes `pids` (other than this one) for rank `rank`, ringing `bell`.
-    /// `None` where no peer is in another process or the watch cannot be set up (the timed
-    /// checks still detect exits then).
-    pub fn start(rank: usize, pids: &[u32], bell: Arc<Bell>) -> Option<Arc<PeerWatch>> {
-        let me = std::process::id();
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        let mut seen = Vec::new();
-        for &p in pids {
-            if p != me && !seen.contains(&p) {
-                seen.push(p);
-                fds.extend(pidfd_open(p));
-            }
-        }
-        if fds.is_empty() {
-            return None;
-        }
-        let mut pipe = [0i32; 2];
-        // SAFETY: `pipe` is a writable array of two descriptors.
-        if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return None;
-        }
-        // SAFETY: both descriptors are fresh and owned by nothing else.
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
-        let exited = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&exited);
-        let thread = std::thread::Builder::new()
-            .name(format!("ferroccl-watch-{rank}"))
-            .spawn(move || {
-                let mut fds = fds;
-                loop {
-                    let mut pfds: Vec<libc::pollfd> = std::iter::once(&rd)
-                        .chain(fds.iter())
-                        .map(|f| libc::pollfd {
-                            fd: f.as_raw_fd(),
-                            events: libc::POLLIN,
-                            revents: 0,
-                        })
-                        .collect();
-                    // SAFETY: `pfds` is a live array of `pfds.len()` pollfd structs.
-                    let rc =
-                        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, -1) };
-                    if rc < 0 || pfds[0].revents != 0 {
-                        return;
-                    }
-                    let gone: Vec<usize> =
-                        (1..pfds.len()).filter(|&i| pfds[i].revents != 0).collect();
-                    for &i in gone.iter().rev() {
-                        fds.remove(i - 1);
-                    }
-                    if !gone.is_empty() {
-                        flag.store(true, std::sync::atomic::Ordering::Release);
-                        bell.ring();
-                    }
-                    if fds.is_empty() {
-                        return;
-                    }
-                }
-            })
-            .ok()?;
-        Some(Arc::new(PeerWatch {
-            exited,
-            stop: Some(wr),
-            thread: Some(thread),
-        }))
-    }
-}
-
-impl Drop for PeerWatch {
-    fn drop(&mut self) {
-        // Closing the pipe's write end makes the read end readable (EOF): the thread returns.
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }

@@ -41,11 +41,13 @@ mod segment;
 mod setup;
 #[cfg(not(loom))]
 mod sweep;
+#[cfg(not(loom))]
+mod watch;
 
 #[cfg(not(loom))]
 pub use bell::Bell;
 #[cfg(not(loom))]
-pub use conn::{PeerWatch, ShmConnection};
+pub use conn::ShmConnection;
 #[cfg(not(loom))]
 pub use host::namespace_inode;
 #[cfg(not(loom))]
@@ -56,6 +58,8 @@ pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
 pub use setup::ShmTransport;
 #[cfg(not(loom))]
 pub use sweep::sweep_dead_segments;
+#[cfg(not(loom))]
+pub use watch::PeerWatch;
 
 use std::path::PathBuf;
 

@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::child::{
@@ -17,7 +16,7 @@ use common::child::{
     sweep_named, Running,
 };
 use common::conformance::run_sweep;
-use ferroccl::bootstrap::{MemoryStore, Store};
+use common::threads;
 use ferroccl::{Communicator, Config, ReduceOp};
 use ferroccl_transport_p2p::{host_pair, P2pConfig};
 use ferroccl_transport_testkit::conformance::{self, Options};
@@ -210,26 +209,13 @@ fn forced_p2p_without_libcuda_names_it() {
         println!("skipped: this machine has a CUDA driver");
         return;
     }
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let id = 0x5032_5000 ^ u64::from(std::process::id()) << 16;
-    let hs: Vec<_> = (0..2)
-        .map(|r| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                let cfg = Config {
-                    timeout: Duration::from_secs(20),
-                    transports: vec!["p2p".into()],
-                    ..Config::default()
-                };
-                Communicator::init(store, r, 2, id, cfg)
-            })
-        })
-        .collect();
-    for h in hs {
-        let e = h
-            .join()
-            .expect("init thread")
-            .expect_err("p2p cannot run without a driver");
+    let cfg = Config {
+        timeout: Duration::from_secs(20),
+        transports: vec!["p2p".into()],
+        ..Config::default()
+    };
+    for r in threads::init_all(vec![cfg; 2], 0x5032_5000 << 24) {
+        let e = r.expect_err("p2p cannot run without a driver");
         let m = e.to_string();
         println!("{m}");
         assert!(m.contains("p2p") && m.contains("libcuda.so.1"), "{m}");

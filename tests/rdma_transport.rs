@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::child::{
@@ -17,7 +16,7 @@ use common::child::{
     Running,
 };
 use common::conformance::run_sweep;
-use ferroccl::bootstrap::{MemoryStore, Store};
+use common::threads;
 use ferroccl::{Communicator, Config, ReduceOp};
 
 const JOB_LIMIT: Duration = Duration::from_secs(240);
@@ -246,26 +245,13 @@ fn forced_rdma_without_a_provider_says_what_is_missing() {
     if std::env::var_os("FERRO_IB_PROVIDER").is_some() {
         return;
     }
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let id = 0x5244_4d41 ^ u64::from(std::process::id()) << 16;
-    let hs: Vec<_> = (0..2)
-        .map(|r| {
-            let store = Arc::clone(&store);
-            std::thread::spawn(move || {
-                let cfg = Config {
-                    timeout: Duration::from_secs(20),
-                    transports: vec!["rdma".into()],
-                    ..Config::default()
-                };
-                Communicator::init(store, r, 2, id, cfg)
-            })
-        })
-        .collect();
-    for h in hs {
-        let e = h
-            .join()
-            .expect("init thread")
-            .expect_err("rdma cannot run here");
+    let cfg = Config {
+        timeout: Duration::from_secs(20),
+        transports: vec!["rdma".into()],
+        ..Config::default()
+    };
+    for r in threads::init_all(vec![cfg; 2], 0x5244_4d41 << 24) {
+        let e = r.expect_err("rdma cannot run here");
         let m = e.to_string();
         assert!(m.contains("rdma") && m.contains("libibverbs"), "{m}");
     }

@@ -101,7 +101,7 @@ impl Call {
                 }
             }
         }
-        if let Some(e) = lock(&inner.failed).clone() {
+        if let Some(e) = inner.failed_error() {
             return Err(e);
         }
         Ok(Call {

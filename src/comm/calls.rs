@@ -138,7 +138,6 @@ impl Communicator {
             dtype,
             op,
         )?;
-        let (ticket, seq) = inner.ticket(true);
         let mem = Memory {
             input: send.map_or(recv.as_ptr(), <[u8]>::as_ptr),
             input_len: send.map_or(0, <[u8]>::len),
@@ -146,7 +145,9 @@ impl Communicator {
             output_len: recv.len(),
             in_place: send.is_none(),
         };
-        inner.execute(ticket, |e| call.run(e, seq, mem, inner.config.check_root))
+        inner.execute_next(true, |e, seq| {
+            call.run(e, seq, mem, inner.config.check_root)
+        })
     }
 
     // ----- typed collectives -----

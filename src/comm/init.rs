@@ -226,6 +226,7 @@ impl Communicator {
                 listen_ip,
                 engine: Mutex::new(engine),
                 failed: Mutex::new(None),
+                has_failed: AtomicBool::new(false),
                 aborted,
                 order: Mutex::new(Order::default()),
                 turn: Condvar::new(),

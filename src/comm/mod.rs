@@ -103,6 +103,8 @@ struct Inner {
     listen_ip: IpAddr,
     engine: Mutex<Engine>,
     failed: Mutex<Option<Error>>,
+    /// Whether `failed` holds an error (set once, after it does).
+    has_failed: AtomicBool,
     aborted: Arc<AtomicBool>,
     order: Mutex<Order>,
     turn: Condvar,
@@ -229,7 +231,7 @@ impl Communicator {
 
     /// The first error this communicator hit, if any (NCCL's `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<Error> {
-        lock(&self.inner.failed).clone()
+        self.inner.failed_error()
     }
 
     /// Aborts: every operation in flight or queued fails promptly with an `Aborted` error,

@@ -45,7 +45,13 @@ impl Inner {
         (t, seq)
     }
 
+    /// The first failure, if any. The flag spares the lock on every call of a healthy
+    /// communicator.
     pub(super) fn failed_error(&self) -> Option<Error> {
+        // Acquire: pairs with the Release store in `fail`, after the error was stored.
+        if !self.has_failed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         lock(&self.failed).clone()
     }
 
@@ -57,12 +63,44 @@ impl Inner {
                 ferroccl_transport::log_line!("ferroccl rank {} WARN: {e}", self.rank);
             }
             *f = Some(e);
+            // Release: the error above is in place for whoever sees the flag.
+            self.has_failed
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
 
     /// Runs `f` on the engine when `ticket`'s turn comes; failures fail the communicator.
     pub(super) fn execute(
         &self,
+        ticket: u64,
+        f: impl FnOnce(&mut Engine) -> Result<()>,
+    ) -> Result<()> {
+        self.take_turn(lock(&self.order), ticket, f)
+    }
+
+    /// Takes the next ticket (and, for a collective, sequence number) and runs `f` with the
+    /// sequence number on the engine when the ticket's turn comes: [`Inner::ticket`] then
+    /// [`Inner::execute`] under one lock, for a call that runs on the caller's thread.
+    pub(super) fn execute_next(
+        &self,
+        collective: bool,
+        f: impl FnOnce(&mut Engine, u64) -> Result<()>,
+    ) -> Result<()> {
+        let mut o = lock(&self.order);
+        let ticket = o.next_ticket;
+        o.next_ticket += 1;
+        let seq = if collective {
+            o.next_seq += 1;
+            o.next_seq
+        } else {
+            0
+        };
+        self.take_turn(o, ticket, |e| f(e, seq))
+    }
+
+    fn take_turn(
+        &self,
+        order: MutexGuard<'_, Order>,
         ticket: u64,
         f: impl FnOnce(&mut Engine) -> Result<()>,
     ) -> Result<()> {
@@ -77,7 +115,7 @@ impl Inner {
             }
         }
         {
-            let mut o = lock(&self.order);
+            let mut o = order;
             while o.serving != ticket {
                 o.waiting += 1;
                 o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());
@@ -85,7 +123,7 @@ impl Inner {
             }
         }
         let _turn = Turn(self, ticket);
-        if let Some(e) = lock(&self.failed).clone() {
+        if let Some(e) = self.failed_error() {
             return Err(e);
         }
         let mut engine = lock(&self.engine);

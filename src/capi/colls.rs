@@ -4,6 +4,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::api::{host_stream, issuing};
+use super::stream::stream_arg;
 use super::comm::lookup;
 use super::error::guard;
 use super::group;
@@ -28,7 +29,7 @@ pub(super) fn collective(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let red = match op {
                 Some(op) => reduction_arg(api, &shared, op, dtype)?,
@@ -46,6 +47,7 @@ pub(super) fn collective(
                 count,
                 dtype,
                 red,
+                on,
             };
             group::issue(api, &shared, op)
         })

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Fp8E4M3, Fp8E5M2};
 
 use super::comm::Shared;
+use super::stream::{self, OnStream};
 use super::types::*;
 use crate::coll::CollKind;
 use crate::{Communicator, Error, ReduceOp, Result};
@@ -89,6 +90,8 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         red: Reduction,
+        /// A non-NULL stream: the buffers are device memory (`super::stream`).
+        on: Option<OnStream>,
     },
     /// Gather or scatter, from point-to-point operations.
     Rooted {
@@ -236,7 +239,7 @@ fn non_null(api: &str, name: &str, p: *const u8) -> Result<()> {
 
 /// How a collective uses its buffers on one rank, after the checks.
 #[derive(Debug)]
-enum Layout {
+pub(crate) enum Layout {
     /// Nothing to do (count 0).
     Empty,
     /// One buffer (`send: None` to ferroccl).
@@ -323,8 +326,12 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             recv,
             count,
             dtype,
+            on,
             ..
-        } => coll_layout(api, kind, send, recv, count, dtype, rank, nranks).map(drop),
+        } => {
+            let layout = coll_layout(api, kind, send, recv, count, dtype, rank, nranks)?;
+            on.map_or(Ok(()), |on| stream::check_layout(api, &layout, on))
+        }
         Op::Rooted {
             api,
             which,
@@ -446,14 +453,27 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             count,
             dtype,
             red,
+            on,
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
-            let op = match red {
-                Reduction::Op(op) => op,
+            let op = match (red, on) {
+                (Reduction::Op(op), _) => op,
                 // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
                 // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
-                Reduction::ScalarAt(p, d) => ReduceOp::PreMulSum(unsafe { read_scalar(p, d) }),
+                (Reduction::ScalarAt(p, d), None) => {
+                    ReduceOp::PreMulSum(unsafe { read_scalar(p, d) })
+                }
+                // SAFETY: as above; host or device memory of the call's device.
+                (Reduction::ScalarAt(p, d), Some(on)) => {
+                    ReduceOp::PreMulSum(unsafe { stream::read_scalar_on(p, d, on) }?)
+                }
             };
+            if let Some(on) = on {
+                stream::check_layout(api, &layout, on)?;
+                // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
+                // buffers live and the call's alone until it completes.
+                return unsafe { stream::run_coll(comm, api, kind, &layout, dtype, op, on) };
+            }
             match layout {
                 Layout::Empty => Ok(()),
                 Layout::InPlace { buf, len } => {

@@ -99,6 +99,31 @@ pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<
     unsafe { d.download(dst, src) }.map_err(|e| convert(&e))
 }
 
+/// Waits for the caller's `stream` of device `ordinal` (`cuStreamSynchronize`).
+///
+/// # Safety
+/// `stream` is a live stream of the device's primary context, or `CU_STREAM_LEGACY` /
+/// `CU_STREAM_PER_THREAD`.
+pub(crate) unsafe fn sync_foreign_stream(ordinal: u32, stream: *mut std::ffi::c_void) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller; the primary context is current.
+    unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))
+}
+
+/// The PCI bus id of device `ordinal`.
+pub(crate) fn pci_bus_id(ordinal: u32) -> Result<String> {
+    let d = loaded()?;
+    let dev = d.device(ordinal).map_err(|e| convert(&e))?;
+    d.pci_bus_id(dev).map_err(|e| convert(&e))
+}
+
+/// The name of device `ordinal`.
+pub(crate) fn name(ordinal: u32) -> Result<String> {
+    let d = loaded()?;
+    let dev = d.device(ordinal).map_err(|e| convert(&e))?;
+    d.name(dev).map_err(|e| convert(&e))
+}
+
 /// A non-blocking stream of one device with a pool of events (marks), destroyed on drop.
 #[derive(Debug)]
 pub(crate) struct Stream {

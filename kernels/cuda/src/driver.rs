@@ -113,6 +113,8 @@ driver_api! {
     ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
     memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
     event_query = "cuEventQuery": fn(Handle);
+    // The C ABI (libnccl.so.2): the device a communicator binds to at init.
+    ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
 }
 
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
@@ -240,6 +242,15 @@ impl Driver {
             .into_owned())
     }
 
+    /// The device of the context current on this thread (`cuCtxGetDevice`: the device a CUDA
+    /// runtime program chose with `cudaSetDevice`); an error when no context is current.
+    pub fn current_device(&self) -> Result<Device> {
+        let mut d = 0;
+        // SAFETY: `d` is a valid out-pointer.
+        self.check("cuCtxGetDevice", unsafe { (self.ctx_get_device)(&mut d) })?;
+        Ok(d)
+    }
+
     /// Makes `device`'s primary context current on this thread and returns it.
     pub fn bind_primary_context(&self, device: Device) -> Result<Handle> {
         let mut ctx = std::ptr::null_mut();
@@ -338,7 +349,9 @@ impl Driver {
     /// Waits until everything queued on `stream` has run.
     ///
     /// # Safety
-    /// `stream` is a live stream from [`Driver::create_stream`] (not destroyed).
+    /// `stream` is a live stream of the current context (from [`Driver::create_stream`], or a
+    /// caller's `cudaStream_t`, which is the same handle), or one of the special handles
+    /// `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2).
     pub unsafe fn sync_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: per the caller.
         self.check("cuStreamSynchronize", unsafe {

@@ -1,0 +1,307 @@
+//! Device buffers through the C ABI: a non-NULL `cudaStream_t`, `ncclMemAlloc` /
+//! `ncclMemFree`, and the device a communicator is bound to at init.
+//!
+//! A non-NULL stream means the buffers are device memory of the communicator's device
+//! (checked before anything runs: host memory is `ncclInvalidArgument`). The operation then
+//! waits for the work queued on the stream before it (`cuStreamSynchronize`), runs the
+//! collective on device buffers through ferroccl's device layer (staged through pinned host
+//! memory), and returns when the result is in the output buffer, so work queued on the stream
+//! afterwards sees it. **The call blocks the calling thread until the collective is done**: it
+//! is not yet asynchronous. Inside `ncclGroupStart`/`ncclGroupEnd` it runs at the outermost
+//! `ncclGroupEnd` like host-buffer work (each communicator on its own thread), so one thread
+//! driving several communicators must group its calls, as NCCL requires anyway.
+//!
+//! The provider is `FERRO_DEVICE_PROVIDER` (`cuda` by default; `host`, the test stand-in,
+//! treats any non-NULL stream as a stand-in stream). Without a driver, a non-NULL stream and
+//! `ncclMemAlloc` are `ncclSystemError` with the driver's message in `ncclGetLastError`.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::mem::ManuallyDrop;
+use std::sync::{LazyLock, Mutex};
+
+use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
+
+use super::api::{check_out, lock};
+use super::comm::Shared;
+use super::error::guard;
+use super::ops::{read_scalar, Layout};
+use super::types::*;
+use crate::coll::CollKind;
+use crate::device::{Device, DeviceBuffer, Provider};
+use crate::{BufMut, BufRef, Communicator, Error, ErrorKind, ReduceOp, Result};
+
+/// The device and stream of a call made with a non-NULL stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OnStream {
+    /// The communicator's device: every buffer of the call must be its memory.
+    pub device: Device,
+    /// The caller's `cudaStream_t`, as a number (never dereferenced here).
+    pub stream: usize,
+}
+
+/// A device-layer failure as the C ABI reports it: a missing driver (or device) is a system
+/// error (as NCCL reports a failing CUDA call), with the call named in front.
+fn system(api: &str, e: Error) -> Error {
+    let kind = match e.kind() {
+        ErrorKind::Unsupported | ErrorKind::Internal => ErrorKind::System,
+        k => k,
+    };
+    Error::new(kind, format!("{api}: {}", e.message()))
+}
+
+/// The device a communicator made now on this thread is bound to (`ncclCommCuDevice`): the
+/// current device of the provider (`cuCtxGetDevice`; with the host stand-in `FERRO_DEVICE` or
+/// 0). Without a driver, 0: host-buffer work needs none.
+pub(crate) fn init_device() -> c_int {
+    Provider::from_env()
+        .map(|p| p.current_device())
+        .ok()
+        .and_then(|d| c_int::try_from(d).ok())
+        .unwrap_or(0)
+}
+
+/// The `stream` argument of a call on `shared`: `None` for NULL (host buffers), else the
+/// device the buffers must be on (an error without a driver, or for a device that does not
+/// exist).
+pub(crate) fn stream_arg(
+    api: &str,
+    shared: &Shared,
+    stream: cudaStream_t,
+) -> Result<Option<OnStream>> {
+    if stream.is_null() {
+        return Ok(None);
+    }
+    let provider = Provider::from_env().map_err(|e| system(api, e))?;
+    let ordinal = u32::try_from(shared.cu_device).unwrap_or(0);
+    let device = Device::new(provider, ordinal).map_err(|e| {
+        system(api, e).append(format!(
+            "stream {stream:p} is non-NULL, which means device buffers; pass a NULL stream for \
+             host buffers"
+        ))
+    })?;
+    Ok(Some(OnStream {
+        device,
+        stream: stream as usize,
+    }))
+}
+
+/// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
+fn check_span(api: &str, name: &str, p: *const u8, len: usize, on: OnStream) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let dev = on.device;
+    let found = dev.provider().locate(p as u64, len);
+    if found == Some(dev.ordinal()) {
+        return Ok(());
+    }
+    let space = match found {
+        Some(o) => format!("memory of {} device {o}", dev.provider()),
+        None => "host memory (or not live device memory)".to_string(),
+    };
+    Err(Error::invalid_argument(format!(
+        "{api}: {name} {p:p} ({len} bytes) is {space}, but stream 0x{:x} is non-NULL, which \
+         means device buffers of the communicator's {dev} (ncclMemAlloc or cudaMalloc); pass a \
+         NULL stream for host buffers",
+        on.stream
+    )))
+}
+
+/// Checks every buffer a collective's layout uses against the call's device.
+pub(crate) fn check_layout(api: &str, layout: &Layout, on: OnStream) -> Result<()> {
+    match *layout {
+        Layout::Empty => Ok(()),
+        Layout::InPlace { buf, len } => check_span(api, "recvbuff", buf, len, on),
+        Layout::Apart {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } => {
+            check_span(api, "sendbuff", send, send_len, on)?;
+            check_span(api, "recvbuff", recv, recv_len, on)
+        }
+    }
+}
+
+/// Reads a pre-multiplied sum's scalar at `p` for a call on a stream: from the device when
+/// it is device memory of the call's device, else from host memory.
+///
+/// # Safety
+/// `p` points to one readable element of `dtype`, in host memory or the call's device memory.
+pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream) -> Result<f64> {
+    let dev = on.device;
+    if dev.provider().locate(p as u64, dtype.size()) != Some(dev.ordinal()) {
+        // SAFETY: host memory, readable per the caller.
+        return Ok(unsafe { read_scalar(p, dtype) });
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: live device memory of `dev` (located above), one element.
+    unsafe { dev.read_raw(p as u64, &mut b[..dtype.size()]) }?;
+    // SAFETY: `b` holds the element's bytes.
+    Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
+}
+
+/// Runs collective `kind` on the device buffers of `layout` after waiting for the caller's
+/// stream; returns when the result is in the output buffer.
+///
+/// # Safety
+/// `layout` came from `coll_layout` and passed [`check_layout`] for `on`; the caller keeps the
+/// buffers live and unused by anything else until this returns (NCCL's contract).
+pub(crate) unsafe fn run_coll(
+    comm: &Communicator,
+    api: &str,
+    kind: CollKind,
+    layout: &Layout,
+    dtype: DataType,
+    op: ReduceOp,
+    on: OnStream,
+) -> Result<()> {
+    if matches!(layout, Layout::Empty) {
+        return Ok(());
+    }
+    if comm.device() != Some(on.device) {
+        comm.set_device(on.device)?;
+    }
+    let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
+    // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
+    // stream argument), or a special handle; never dereferenced by ferroccl.
+    unsafe { on.device.sync_stream(stream) }.map_err(|e| system(api, e))?;
+    macro_rules! typed {
+        ($t:ty) => {
+            // SAFETY: per this function's contract.
+            unsafe { run_typed::<$t>(comm, kind, layout, op, on.device) }
+        };
+    }
+    let r = match dtype {
+        DataType::Int8 => typed!(i8),
+        DataType::Uint8 => typed!(u8),
+        DataType::Int32 => typed!(i32),
+        DataType::Uint32 => typed!(u32),
+        DataType::Int64 => typed!(i64),
+        DataType::Uint64 => typed!(u64),
+        DataType::Float16 => typed!(half::f16),
+        DataType::Bfloat16 => typed!(half::bf16),
+        DataType::Float32 => typed!(f32),
+        DataType::Float64 => typed!(f64),
+        DataType::Float8E4M3 => typed!(Fp8E4M3),
+        DataType::Float8E5M2 => typed!(Fp8E5M2),
+    };
+    r.map_err(|e| e.context(api))
+}
+
+/// # Safety
+/// As for [`run_coll`].
+unsafe fn run_typed<T: Element>(
+    comm: &Communicator,
+    kind: CollKind,
+    layout: &Layout,
+    op: ReduceOp,
+    dev: Device,
+) -> Result<()> {
+    let es = T::DTYPE.size();
+    // The layout's buffers are device memory of `dev` (checked), live and the call's alone
+    // while it runs (the caller's contract), and the two views do not overlap (`coll_layout`
+    // refuses overlap outside the in-place layout).
+    match *layout {
+        Layout::Empty => Ok(()),
+        Layout::InPlace { buf, len } => {
+            // SAFETY: see above.
+            let mut b = unsafe { DeviceBuffer::<T>::view(dev, buf as u64, len / es) }?;
+            comm.collective(kind, None, BufMut::Device(&mut b), op)
+        }
+        Layout::Apart {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } => {
+            // SAFETY: see above.
+            let s: ManuallyDrop<DeviceBuffer<T>> =
+                unsafe { DeviceBuffer::view(dev, send as u64, send_len / es) }?;
+            // SAFETY: see above.
+            let mut r = unsafe { DeviceBuffer::<T>::view(dev, recv as u64, recv_len / es) }?;
+            comm.collective(kind, Some(BufRef::Device(&s)), BufMut::Device(&mut r), op)
+        }
+    }
+}
+
+/// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.
+static ALLOCATIONS: LazyLock<Mutex<HashMap<usize, Device>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+nccl_api! {
+    /// Allocates `size` bytes of device memory on the current device (`cudaSetDevice`'s) through
+    /// the provider of `FERRO_DEVICE_PROVIDER`. Without a driver: `ncclSystemError`.
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        const API: &str = "ncclMemAlloc";
+        guard(API, || {
+            check_out(API, "ptr", ptr)?;
+            if size == 0 {
+                return Err(Error::invalid_argument(format!("{API}: size is 0")));
+            }
+            let provider = Provider::from_env().map_err(|e| system(API, e))?;
+            let dev = Device::new(provider, provider.current_device()).map_err(|e| system(API, e))?;
+            let addr = dev
+                .alloc_raw(size)
+                .map_err(|e| system(API, e).append(format!("allocating {size} bytes on {dev}")))?;
+            lock(&ALLOCATIONS).insert(addr as usize, dev);
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { ptr.write(std::ptr::with_exposed_provenance_mut(addr as usize)) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Frees memory from `ncclMemAlloc` (NULL: nothing).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        const API: &str = "ncclMemFree";
+        guard(API, || {
+            if ptr.is_null() {
+                return Ok(ncclSuccess);
+            }
+            let Some(dev) = lock(&ALLOCATIONS).remove(&(ptr as usize)) else {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: {ptr:p} was not allocated by ncclMemAlloc (or was already freed)"
+                )));
+            };
+            // SAFETY: allocated by ncclMemAlloc on `dev` and freed once (just removed from
+            // the live blocks); NCCL's contract: no operation still uses it.
+            unsafe { dev.free_raw(ptr as u64) }.map_err(|e| system(API, e))?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_on_a_stream_is_named() {
+        let on = OnStream {
+            device: Device::new(Provider::Host, 0).unwrap(),
+            stream: 1,
+        };
+        let v = vec![0u8; 64];
+        let e = check_span("ncclAllReduce", "sendbuff", v.as_ptr(), 64, on).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("ncclAllReduce: sendbuff"), "{m}");
+        assert!(m.contains("is host memory"), "{m}");
+        assert!(m.contains("stream 0x1"), "{m}");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        let other = Device::new(Provider::Host, 1).unwrap();
+        let a = other.alloc_raw(64).unwrap();
+        let e = check_span("ncclAllReduce", "recvbuff", a as *const u8, 64, on).unwrap_err();
+        assert!(e.to_string().contains("memory of host device 1"), "{e}");
+        let mine = on.device.alloc_raw(64).unwrap();
+        check_span("x", "recvbuff", mine as *const u8, 64, on).unwrap();
+        // SAFETY: allocated above, unused.
+        unsafe {
+            other.free_raw(a).unwrap();
+            on.device.free_raw(mine).unwrap();
+        }
+    }
+}

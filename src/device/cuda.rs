@@ -52,14 +52,16 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
     unsafe { d.free(addr) }.map_err(|e| convert(&e))
 }
 
-/// The device owning `[addr, addr + len)` (first and last byte asked), or `None`: host memory
-/// or an address the driver does not know (no driver: `None` as well).
+/// The device owning `[addr, addr + len)`, all of it inside one allocation (the driver's
+/// range of the first byte), or `None`: host memory, an address the driver does not know, or
+/// a range running past its allocation into the next (no driver: `None` as well).
 pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
     let d = loaded().ok()?;
     let first = d.device_of_pointer(addr as DevicePtr)?;
     if len > 1 {
-        let last = d.device_of_pointer(addr.checked_add(len as u64 - 1)?)?;
-        if last != first {
+        let (start, size) = d.allocation_of_pointer(addr as DevicePtr)?;
+        let end = addr.checked_add(len as u64)?;
+        if end > start.checked_add(size as u64)? {
             return None;
         }
     }

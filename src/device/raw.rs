@@ -8,13 +8,15 @@
 //! runs no kernels, so there is no earlier work to wait for).
 
 use std::ffi::c_void;
-use std::mem::ManuallyDrop;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Range;
 
-use ferroccl_kernels::Element;
+use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
 
 use super::{cuda, host, Device, DeviceBuffer, Provider};
-use crate::{Error, Result};
+use crate::coll::CollKind;
+use crate::{BufMut, BufRef, Communicator, Error, ReduceOp, Result};
 
 /// The environment variable naming the host stand-in's current device (default 0).
 pub const DEVICE_ENV: &str = "FERRO_DEVICE";
@@ -100,7 +102,7 @@ impl Device {
     pub fn pci_bus_id(self) -> Result<String> {
         match self.provider {
             Provider::Cuda => cuda::pci_bus_id(self.ordinal),
-            Provider::Host => Ok("none (host stand-in)".to_string()),
+            Provider::Host => Ok("stand-in".to_string()),
         }
     }
 
@@ -133,6 +135,111 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+impl<T: Element> DeviceBuffer<T> {
+    fn check_range(&self, what: &str, offset: usize, n: usize) -> Result<()> {
+        if offset.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(Error::invalid_argument(format!(
+                "{what}: elements {offset}..{} are outside the device buffer of {} on {}",
+                offset.saturating_add(n),
+                self.len,
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into elements `offset..offset + src.len()`; returns when done.
+    pub fn write_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        self.check_range("write_at", offset, src.len())?;
+        let bytes = ferroccl_kernels::as_bytes(src);
+        let at = self.addr + (offset * T::DTYPE.size()) as u64;
+        match self.device.provider {
+            // SAFETY: the range is inside the buffer (checked), which owns it.
+            Provider::Cuda => unsafe { cuda::upload(self.device.ordinal, at, bytes) },
+            Provider::Host => {
+                // SAFETY: as above; heap memory of the stand-in, `src` a distinct host slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len())
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies elements `offset..offset + dst.len()` into `dst`; returns when done.
+    pub fn read_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        self.check_range("read_at", offset, dst.len())?;
+        let at = self.addr + (offset * T::DTYPE.size()) as u64;
+        // SAFETY: the range is inside the buffer (checked), which owns it and is borrowed.
+        unsafe { self.device.read_raw(at, ferroccl_kernels::as_bytes_mut(dst)) }
+    }
+}
+
+impl Communicator {
+    /// Runs collective `kind` on byte ranges of device buffers holding elements of `dtype`
+    /// (`send: None`: in place), as [`Communicator::collective`] does on typed buffers: the
+    /// perf tools' entry, whose buffers serve every data type.
+    pub fn raw_collective_device(
+        &self,
+        kind: CollKind,
+        send: Option<(&DeviceBuffer<u8>, Range<usize>)>,
+        recv: (&mut DeviceBuffer<u8>, Range<usize>),
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let name = kind.name();
+        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
+            if r.start > r.end || r.end > b.len || (r.end - r.start) % es != 0 {
+                return Err(Error::invalid_argument(format!(
+                    "{name} on rank {}: {what} bytes {r:?} of a device buffer of {} bytes are \
+                     not whole elements of {dtype} inside it",
+                    self.rank(),
+                    b.len
+                )));
+            }
+            Ok(())
+        };
+        if let Some((b, r)) = &send {
+            check(b, r, "send")?;
+        }
+        check(recv.0, &recv.1, "receive")?;
+        macro_rules! typed {
+            ($t:ty) => {{
+                let (rb, rr) = recv;
+                // SAFETY: the ranges lie inside their buffers (checked above), which own their
+                // memory on their devices; `recv` is borrowed mutably and `send` shared, so
+                // the two views do not alias anything else while the call runs.
+                let mut r = unsafe {
+                    DeviceBuffer::<$t>::view(rb.device, rb.addr + rr.start as u64, rr.len() / es)
+                }?;
+                let s = match send {
+                    // SAFETY: as above.
+                    Some((sb, sr)) => Some(unsafe {
+                        DeviceBuffer::<$t>::view(sb.device, sb.addr + sr.start as u64, sr.len() / es)
+                    }?),
+                    None => None,
+                };
+                self.collective(kind, s.as_deref().map(BufRef::Device), BufMut::Device(&mut r), op)
+            }};
+        }
+        match dtype {
+            DataType::Int8 => typed!(i8),
+            DataType::Uint8 => typed!(u8),
+            DataType::Int32 => typed!(i32),
+            DataType::Uint32 => typed!(u32),
+            DataType::Int64 => typed!(i64),
+            DataType::Uint64 => typed!(u64),
+            DataType::Float16 => typed!(half::f16),
+            DataType::Bfloat16 => typed!(half::bf16),
+            DataType::Float32 => typed!(f32),
+            DataType::Float64 => typed!(f64),
+            DataType::Float8E4M3 => typed!(Fp8E4M3),
+            DataType::Float8E5M2 => typed!(Fp8E5M2),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +265,49 @@ mod tests {
         unsafe { dev.free_raw(addr) }.unwrap();
         assert_eq!(Provider::Host.locate(addr, 16), None);
         assert_eq!(dev.name().unwrap(), "host stand-in device 2");
+    }
+
+    #[test]
+    fn byte_ranges_of_device_buffers_run_collectives() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let comms = Communicator::local_group(2, crate::Config::default()).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let r = c.rank() as u32;
+                    let mut send = DeviceBuffer::<u8>::new(dev, 64).unwrap();
+                    let mut recv = DeviceBuffer::<u8>::new(dev, 64).unwrap();
+                    let vals: Vec<u8> = (0..4u32).flat_map(|i| (r * 10 + i).to_ne_bytes()).collect();
+                    send.write_at(4, &vals).unwrap();
+                    c.raw_collective_device(
+                        CollKind::AllReduce,
+                        Some((&send, 4..20)),
+                        (&mut recv, 8..24),
+                        DataType::Uint32,
+                        ReduceOp::Sum,
+                    )
+                    .unwrap();
+                    let mut out = [0u8; 16];
+                    recv.read_at(8, &mut out).unwrap();
+                    let got: Vec<u32> = out
+                        .chunks(4)
+                        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(got, [10, 12, 14, 16]);
+                    let e = c
+                        .raw_collective_device(
+                            CollKind::AllReduce,
+                            None,
+                            (&mut recv, 8..23),
+                            DataType::Uint32,
+                            ReduceOp::Sum,
+                        )
+                        .unwrap_err();
+                    assert!(e.to_string().contains("not whole elements"), "{e}");
+                    assert!(recv.read_at(60, &mut out).is_err());
+                });
+            }
+        });
     }
 }

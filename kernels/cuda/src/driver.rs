@@ -40,6 +40,10 @@ pub const ATTR_CC_MINOR: c_int = 76;
 pub const POINTER_MEMORY_TYPE: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (answers an `int`).
 pub const POINTER_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (answers a `CUdeviceptr`).
+pub const POINTER_RANGE_START: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (answers a `size_t`).
+pub const POINTER_RANGE_SIZE: c_int = 12;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
 
@@ -443,6 +447,26 @@ impl Driver {
             )
         };
         (s == 0 && ordinal >= 0).then_some(ordinal as u32)
+    }
+
+    /// The allocation holding device pointer `ptr`: its start and size (`None`: not an address
+    /// the driver knows).
+    pub fn allocation_of_pointer(&self, ptr: DevicePtr) -> Option<(DevicePtr, usize)> {
+        let mut start: DevicePtr = 0;
+        let mut size: usize = 0;
+        // SAFETY: valid out-pointers of the attributes' types (CUdeviceptr, size_t); the
+        // driver only looks the address up.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut start as *mut DevicePtr).cast(), POINTER_RANGE_START, ptr)
+        };
+        if s != 0 {
+            return None;
+        }
+        // SAFETY: as above.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut size as *mut usize).cast(), POINTER_RANGE_SIZE, ptr)
+        };
+        (s == 0).then_some((start, size))
     }
 
     /// Copies host bytes to device memory (synchronous).

@@ -922,10 +922,7 @@ fn argument_errors_name_argument_and_value() {
             "is host memory"
         };
         assert!(last_error().contains(want), "{}", last_error());
-        assert_eq!(
-            ncclSend(p, 8, ncclDouble, 0, c, stream),
-            ncclInvalidUsage
-        );
+        assert_eq!(ncclSend(p, 8, ncclDouble, 0, c, stream), ncclInvalidUsage);
         assert!(last_error().contains("not built yet"), "{}", last_error());
         // Overlapping buffers that are not the in-place layout.
         assert_eq!(

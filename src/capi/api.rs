@@ -230,8 +230,9 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Creates `ndev` communicators of this process, ranks 0..ndev, into `comms[0..ndev]`.
-    /// `devlist` (may be NULL) only labels them (`ncclCommCuDevice`).
+    /// Creates `ndev` communicators of this process, ranks 0..ndev, into `comms[0..ndev]`,
+    /// communicator `i` bound to device `devlist[i]` (`devlist` NULL: device `i`): the device
+    /// its calls with a non-NULL stream use (`ncclCommCuDevice`).
     fn ncclCommInitAll / pncclCommInitAll(
         comms: *mut ncclComm_t,
         ndev: c_int,
@@ -453,8 +454,9 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Writes the communicator's device label: its `ncclCommInitAll` devlist entry, else 0
-    /// (there is no CUDA device).
+    /// Writes the communicator's device: the current device when it was made
+    /// (`cuCtxGetDevice`; the host stand-in: `FERRO_DEVICE`, else 0), its `ncclCommInitAll`
+    /// devlist entry, or its parent's for a split.
     fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
         const API: &str = "ncclCommCuDevice";
         guard(API, || {

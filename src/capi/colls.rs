@@ -4,11 +4,11 @@
 use std::ffi::{c_int, c_void};
 
 use super::api::{host_stream, issuing};
-use super::stream::stream_arg;
 use super::comm::lookup;
 use super::error::guard;
 use super::group;
 use super::ops::{dtype_arg, rank_arg, reduction_arg, Op, Reduction, Rooted};
+use super::stream::stream_arg;
 use super::types::*;
 use crate::coll::CollKind;
 use crate::ReduceOp;

@@ -458,14 +458,17 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
             let op = match (red, on) {
                 (Reduction::Op(op), _) => op,
-                // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
-                // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
                 (Reduction::ScalarAt(p, d), None) => {
-                    ReduceOp::PreMulSum(unsafe { read_scalar(p, d) })
+                    // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
+                    // ncclScalarDevice; NCCL's contract keeps it readable while operations
+                    // use it.
+                    let v = unsafe { read_scalar(p, d) };
+                    ReduceOp::PreMulSum(v)
                 }
-                // SAFETY: as above; host or device memory of the call's device.
                 (Reduction::ScalarAt(p, d), Some(on)) => {
-                    ReduceOp::PreMulSum(unsafe { stream::read_scalar_on(p, d, on) }?)
+                    // SAFETY: as above; host memory or memory of the call's device.
+                    let v = unsafe { stream::read_scalar_on(p, d, on) }?;
+                    ReduceOp::PreMulSum(v)
                 }
             };
             if let Some(on) = on {

@@ -285,7 +285,7 @@ mod tests {
             device: Device::new(Provider::Host, 0).unwrap(),
             stream: 1,
         };
-        let v = vec![0u8; 64];
+        let v = [0u8; 64];
         let e = check_span("ncclAllReduce", "sendbuff", v.as_ptr(), 64, on).unwrap_err();
         let m = e.to_string();
         assert!(m.contains("ncclAllReduce: sendbuff"), "{m}");

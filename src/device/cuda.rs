@@ -106,7 +106,10 @@ pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<
 /// # Safety
 /// `stream` is a live stream of the device's primary context, or `CU_STREAM_LEGACY` /
 /// `CU_STREAM_PER_THREAD`.
-pub(crate) unsafe fn sync_foreign_stream(ordinal: u32, stream: *mut std::ffi::c_void) -> Result<()> {
+pub(crate) unsafe fn sync_foreign_stream(
+    ordinal: u32,
+    stream: *mut std::ffi::c_void,
+) -> Result<()> {
     let d = bound(ordinal)?;
     // SAFETY: per the caller; the primary context is current.
     unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))

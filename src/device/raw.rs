@@ -171,7 +171,10 @@ impl<T: Element> DeviceBuffer<T> {
         self.check_range("read_at", offset, dst.len())?;
         let at = self.addr + (offset * T::DTYPE.size()) as u64;
         // SAFETY: the range is inside the buffer (checked), which owns it and is borrowed.
-        unsafe { self.device.read_raw(at, ferroccl_kernels::as_bytes_mut(dst)) }
+        unsafe {
+            self.device
+                .read_raw(at, ferroccl_kernels::as_bytes_mut(dst))
+        }
     }
 }
 
@@ -190,7 +193,7 @@ impl Communicator {
         let es = dtype.size();
         let name = kind.name();
         let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
-            if r.start > r.end || r.end > b.len || (r.end - r.start) % es != 0 {
+            if r.start > r.end || r.end > b.len || !(r.end - r.start).is_multiple_of(es) {
                 return Err(Error::invalid_argument(format!(
                     "{name} on rank {}: {what} bytes {r:?} of a device buffer of {} bytes are \
                      not whole elements of {dtype} inside it",
@@ -216,11 +219,20 @@ impl Communicator {
                 let s = match send {
                     // SAFETY: as above.
                     Some((sb, sr)) => Some(unsafe {
-                        DeviceBuffer::<$t>::view(sb.device, sb.addr + sr.start as u64, sr.len() / es)
+                        DeviceBuffer::<$t>::view(
+                            sb.device,
+                            sb.addr + sr.start as u64,
+                            sr.len() / es,
+                        )
                     }?),
                     None => None,
                 };
-                self.collective(kind, s.as_deref().map(BufRef::Device), BufMut::Device(&mut r), op)
+                self.collective(
+                    kind,
+                    s.as_deref().map(BufRef::Device),
+                    BufMut::Device(&mut r),
+                    op,
+                )
             }};
         }
         match dtype {
@@ -260,7 +272,11 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(b), 2);
         // SAFETY: stand-in streams need no live handle.
         unsafe { dev.sync_stream(std::ptr::without_provenance_mut(1)) }.unwrap();
-        assert_eq!(Provider::Host.locate(addr, 16), Some(2), "a view frees nothing");
+        assert_eq!(
+            Provider::Host.locate(addr, 16),
+            Some(2),
+            "a view frees nothing"
+        );
         // SAFETY: allocated above, freed once, nothing uses it.
         unsafe { dev.free_raw(addr) }.unwrap();
         assert_eq!(Provider::Host.locate(addr, 16), None);
@@ -278,7 +294,8 @@ mod tests {
                     let r = c.rank() as u32;
                     let mut send = DeviceBuffer::<u8>::new(dev, 64).unwrap();
                     let mut recv = DeviceBuffer::<u8>::new(dev, 64).unwrap();
-                    let vals: Vec<u8> = (0..4u32).flat_map(|i| (r * 10 + i).to_ne_bytes()).collect();
+                    let vals: Vec<u8> =
+                        (0..4u32).flat_map(|i| (r * 10 + i).to_ne_bytes()).collect();
                     send.write_at(4, &vals).unwrap();
                     c.raw_collective_device(
                         CollKind::AllReduce,

@@ -202,8 +202,14 @@ impl PerfComm for FerroComm {
 
     fn sum_host_bytes(&self, buf: &mut [u8]) -> Result<()> {
         let n = buf.len();
-        self.comm
-            .raw_collective(CollKind::AllReduce, None, buf, n, DataType::Uint8, ReduceOp::Sum)
+        self.comm.raw_collective(
+            CollKind::AllReduce,
+            None,
+            buf,
+            n,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )
     }
 
     fn load(&self, send: &[u8], recv: &[u8]) -> Result<()> {
@@ -229,9 +235,18 @@ impl PerfComm for FerroComm {
             return report::device_line(rank, 0, pid, &host, 0, "[cpu] host memory");
         };
         let d = bufs.device;
-        let bus = d.pci_bus_id().unwrap_or_else(|e| format!("bus id unknown: {e}"));
+        let bus = d
+            .pci_bus_id()
+            .unwrap_or_else(|e| format!("bus id unknown: {e}"));
         let name = d.name().unwrap_or_else(|e| format!("name unknown: {e}"));
-        report::device_line(rank, 0, pid, &host, d.ordinal() as usize, &format!("[{bus}] {name}"))
+        report::device_line(
+            rank,
+            0,
+            pid,
+            &host,
+            d.ordinal() as usize,
+            &format!("[{bus}] {name}"),
+        )
     }
 
     fn allreduce_f64(&self, v: f64, max: bool) -> Result<f64> {

@@ -457,7 +457,11 @@ impl Driver {
         // SAFETY: valid out-pointers of the attributes' types (CUdeviceptr, size_t); the
         // driver only looks the address up.
         let s = unsafe {
-            (self.pointer_attribute)((&mut start as *mut DevicePtr).cast(), POINTER_RANGE_START, ptr)
+            (self.pointer_attribute)(
+                (&mut start as *mut DevicePtr).cast(),
+                POINTER_RANGE_START,
+                ptr,
+            )
         };
         if s != 0 {
             return None;

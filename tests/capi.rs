@@ -922,8 +922,13 @@ fn argument_errors_name_argument_and_value() {
             "is host memory"
         };
         assert!(last_error().contains(want), "{}", last_error());
-        assert_eq!(ncclSend(p, 8, ncclDouble, 0, c, stream), ncclInvalidUsage);
-        assert!(last_error().contains("not built yet"), "{}", last_error());
+        let r = ncclSend(p, 8, ncclDouble, 0, c, stream);
+        assert!(
+            r == ncclSystemError || r == ncclInvalidArgument,
+            "ncclSend of host memory on a stream: {r} {}",
+            last_error()
+        );
+        assert!(last_error().starts_with("ncclSend: "), "{}", last_error());
         // Overlapping buffers that are not the in-place layout.
         assert_eq!(
             ncclAllReduce(

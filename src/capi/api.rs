@@ -40,21 +40,6 @@ pub(super) fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
-    if stream.is_null() {
-        return Ok(());
-    }
-    Err(Error::new(
-        crate::ErrorKind::Unsupported,
-        format!(
-            "{api}: stream {stream:p} is non-NULL, but device buffers are not built yet for \
-             {api} (they are for ncclAllReduce, ncclBroadcast, ncclBcast, ncclReduce, \
-             ncclAllGather, ncclReduceScatter and ncclAlltoAll): pass a NULL stream and host \
-             buffers"
-        ),
-    ))
-}
-
 /// Runs an operation-issuing call; its argument error also fails the enclosing group.
 pub(super) fn issuing(f: impl FnOnce() -> Result<ncclResult_t>) -> Result<ncclResult_t> {
     f().inspect_err(group::note_error)

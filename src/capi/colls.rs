@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::api::{host_stream, issuing};
+use super::api::issuing;
 use super::comm::lookup;
 use super::error::guard;
 use super::group;
@@ -179,7 +179,7 @@ pub(super) fn rooted(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let root = rank_arg(api, "root", root)?;
             let op = Op::Rooted {
@@ -190,6 +190,7 @@ pub(super) fn rooted(
                 recv: recv.cast(),
                 count,
                 dtype,
+                on,
             };
             group::issue(api, &shared, op)
         })
@@ -241,7 +242,7 @@ fn p2p(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let peer = rank_arg(api, "peer", peer)?;
             let op = if send {
@@ -250,6 +251,7 @@ fn p2p(
                     count,
                     dtype,
                     peer,
+                    on,
                 }
             } else {
                 Op::Recv {
@@ -257,6 +259,7 @@ fn p2p(
                     count,
                     dtype,
                     peer,
+                    on,
                 }
             };
             group::issue(api, &shared, op)

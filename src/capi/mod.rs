@@ -26,8 +26,8 @@
 //! - A NULL stream means host buffers; a call on a blocking communicator completes before it
 //!   returns. A non-NULL stream means device buffers of the communicator's device: the call
 //!   waits for the stream's earlier work, runs, and returns when the result is in the output
-//!   buffer (it blocks the calling thread; see `stream`). Collectives only so far; ncclSend,
-//!   ncclRecv, ncclGather and ncclScatter with a non-NULL stream are `ncclInvalidUsage`.
+//!   buffer (it blocks the calling thread; see `stream`). Collectives run staged on the
+//!   device; sends, receives, gather and scatter go through host copies of the buffers.
 //! - Non-blocking communicators (`config.blocking = 0`) return `ncclInProgress` and run their
 //!   work on a background thread; `ncclCommGetAsyncError` reports `ncclInProgress` until it is
 //!   done, then `ncclSuccess` or the error.

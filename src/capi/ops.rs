@@ -102,6 +102,7 @@ pub(crate) enum Op {
         recv: *mut u8,
         count: usize,
         dtype: DataType,
+        on: Option<OnStream>,
     },
     /// `ncclSend`.
     Send {
@@ -109,6 +110,7 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         peer: usize,
+        on: Option<OnStream>,
     },
     /// `ncclRecv`.
     Recv {
@@ -116,6 +118,7 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         peer: usize,
+        on: Option<OnStream>,
     },
     /// `ncclCommSplit`: makes `child` ready (or failed); `None` for `NCCL_SPLIT_NOCOLOR`.
     Split {
@@ -225,7 +228,7 @@ fn bytes_of(api: &str, count: usize, mult: usize, dtype: DataType) -> Result<usi
         })
 }
 
-fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
+pub(crate) fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
 }
@@ -340,24 +343,40 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             recv,
             count,
             dtype,
-        } => rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks).map(drop),
+            on,
+        } => {
+            let l = rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks)?;
+            on.map_or(Ok(()), |on| stream::check_rooted(api, &l, on))
+        }
         Op::Send {
             buf,
             count,
             dtype,
             peer,
-        } => p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks).map(drop),
+            on,
+        } => {
+            let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks)?;
+            on.map_or(Ok(()), |on| {
+                stream::check_span("ncclSend", "sendbuff", buf, b, on)
+            })
+        }
         Op::Recv {
             buf,
             count,
             dtype,
             peer,
-        } => p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks).map(drop),
+            on,
+        } => {
+            let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks)?;
+            on.map_or(Ok(()), |on| {
+                stream::check_span("ncclRecv", "recvbuff", buf, b, on)
+            })
+        }
         Op::Split { .. } => Ok(()),
     }
 }
 
-fn p2p_check(
+pub(crate) fn p2p_check(
     api: &str,
     name: &str,
     buf: *const u8,
@@ -376,10 +395,10 @@ fn p2p_check(
 
 /// Buffers of a gather or scatter on one rank: `(send, send bytes, recv, recv bytes, block
 /// bytes, whether the root's own block is already in place)`.
-type RootedLayout = (*const u8, usize, *mut u8, usize, usize, bool);
+pub(crate) type RootedLayout = (*const u8, usize, *mut u8, usize, usize, bool);
 
 #[allow(clippy::too_many_arguments)]
-fn rooted_layout(
+pub(crate) fn rooted_layout(
     api: &str,
     which: Rooted,
     root: usize,
@@ -437,7 +456,9 @@ pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>) -> Result<()> {
         }
     }
     if !p2p.is_empty() {
-        run_p2p(comm, &p2p)?;
+        // SAFETY: the operations' buffers are the caller's, valid until the group completes
+        // (NCCL's contract); device ones are checked before any copy.
+        unsafe { stream::p2p_on_streams(comm, p2p, |ops| run_p2p(comm, ops)) }?;
     }
     Ok(())
 }
@@ -507,6 +528,36 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             recv,
             count,
             dtype,
+            on: Some(on),
+        } => {
+            let layout = rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
+            // SAFETY: the layout's buffers are the caller's, valid until the call completes
+            // (NCCL's contract); they are checked against `on` before any copy.
+            unsafe {
+                stream::rooted_on_stream(api, &layout, on, |send, recv| {
+                    let host = Op::Rooted {
+                        api,
+                        which,
+                        root,
+                        send,
+                        recv,
+                        count,
+                        dtype,
+                        on: None,
+                    };
+                    run_one(comm, host)
+                })
+            }
+        }
+        Op::Rooted {
+            api,
+            which,
+            root,
+            send,
+            recv,
+            count,
+            dtype,
+            on: None,
         } => {
             let (send, send_len, recv, recv_len, block, in_place) =
                 rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
@@ -584,7 +635,10 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
                 (None, r) => r.map(drop),
             }
         }
-        Op::Send { .. } | Op::Recv { .. } => run_p2p(comm, &[op]),
+        // SAFETY: as in `execute`.
+        Op::Send { .. } | Op::Recv { .. } => unsafe {
+            stream::p2p_on_streams(comm, vec![op], |ops| run_p2p(comm, ops))
+        },
     }
 }
 
@@ -622,6 +676,7 @@ fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
                 count,
                 dtype,
                 peer,
+                ..
             } => spans.push((
                 buf,
                 p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?,
@@ -632,6 +687,7 @@ fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
                 count,
                 dtype,
                 peer,
+                ..
             } => spans.push((
                 buf,
                 p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?,

@@ -5,7 +5,8 @@
 //! (checked before anything runs: host memory is `ncclInvalidArgument`). The operation then
 //! waits for the work queued on the stream before it (`cuStreamSynchronize`), runs the
 //! collective on device buffers through ferroccl's device layer (staged through pinned host
-//! memory), and returns when the result is in the output buffer, so work queued on the stream
+//! memory; sends, receives, gather and scatter through host copies of their buffers, made and
+//! written back around the host operation), and returns when the result is in the output buffer, so work queued on the stream
 //! afterwards sees it. **The call blocks the calling thread until the collective is done**: it
 //! is not yet asynchronous. Inside `ncclGroupStart`/`ncclGroupEnd` it runs at the outermost
 //! `ncclGroupEnd` like host-buffer work (each communicator on its own thread), so one thread
@@ -25,7 +26,7 @@ use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
 use super::api::{check_out, lock};
 use super::comm::Shared;
 use super::error::guard;
-use super::ops::{read_scalar, Layout};
+use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, RootedLayout};
 use super::types::*;
 use crate::coll::CollKind;
 use crate::device::{Device, DeviceBuffer, Provider};
@@ -87,7 +88,13 @@ pub(crate) fn stream_arg(
 }
 
 /// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
-fn check_span(api: &str, name: &str, p: *const u8, len: usize, on: OnStream) -> Result<()> {
+pub(crate) fn check_span(
+    api: &str,
+    name: &str,
+    p: *const u8,
+    len: usize,
+    on: OnStream,
+) -> Result<()> {
     if len == 0 {
         return Ok(());
     }
@@ -225,6 +232,201 @@ unsafe fn run_typed<T: Element>(
             comm.collective(kind, Some(BufRef::Device(&s)), BufMut::Device(&mut r), op)
         }
     }
+}
+
+/// Checks the buffers of a gather or scatter against the call's device.
+pub(crate) fn check_rooted(api: &str, l: &RootedLayout, on: OnStream) -> Result<()> {
+    let &(send, send_len, recv, recv_len, ..) = l;
+    check_span(api, "sendbuff", send, send_len, on)?;
+    check_span(api, "recvbuff", recv.cast_const(), recv_len, on)
+}
+
+/// `len` bytes of device memory at `p` copied to the host (empty for `len == 0`).
+///
+/// # Safety
+/// The range is live device memory of `on`'s device (checked by [`check_span`]).
+unsafe fn download(api: &str, p: *const u8, len: usize, on: OnStream) -> Result<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: per the caller.
+        unsafe { on.device.read_raw(p as u64, &mut v) }.map_err(|e| system(api, e))?;
+    }
+    Ok(v)
+}
+
+/// Copies `src` back to device memory at `p` (nothing for an empty `src`).
+///
+/// # Safety
+/// The range is live device memory of `on`'s device, the call's alone.
+unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: per the caller.
+    unsafe { on.device.write_raw(p as u64, src) }.map_err(|e| system(api, e))
+}
+
+/// Waits for the caller's stream (see [`run_coll`]).
+fn wait_stream(api: &str, on: OnStream) -> Result<()> {
+    let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
+    // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
+    // stream argument), or a special handle; never dereferenced by ferroccl.
+    unsafe { on.device.sync_stream(stream) }.map_err(|e| system(api, e))
+}
+
+/// A gather or scatter on device buffers: checked, the stream waited for, the buffers copied
+/// to host memory, `run(send, recv)` on the host copies, the receive buffer copied back.
+///
+/// # Safety
+/// `layout` came from `rooted_layout`; the caller keeps its buffers live and the call's alone
+/// until this returns (NCCL's contract).
+pub(crate) unsafe fn rooted_on_stream(
+    api: &str,
+    layout: &RootedLayout,
+    on: OnStream,
+    run: impl FnOnce(*const u8, *mut u8) -> Result<()>,
+) -> Result<()> {
+    check_rooted(api, layout, on)?;
+    let &(send, send_len, recv, recv_len, ..) = layout;
+    wait_stream(api, on)?;
+    // The receive buffer is copied in too: the root's own block may already be there (in
+    // place). Separate host copies make an in-place call an out-of-place one with equal data.
+    // SAFETY: both ranges were checked as live memory of the device just above.
+    let (s, mut r) = unsafe {
+        (
+            download(api, send, send_len, on)?,
+            download(api, recv, recv_len, on)?,
+        )
+    };
+    let hs = if send_len > 0 { s.as_ptr() } else { send };
+    let hr = if recv_len > 0 { r.as_mut_ptr() } else { recv };
+    run(hs, hr)?;
+    // SAFETY: checked above; the call's alone (the caller's contract).
+    unsafe { upload(api, recv, &r[..recv_len], on) }
+}
+
+/// Sends and receives, some of them on device buffers: those are checked (device, overlap),
+/// their streams waited for, staged through host copies around `run`, and the received bytes
+/// copied back. Host operations pass through unchanged.
+///
+/// # Safety
+/// The operations' buffers are the caller's, live and the group's alone until it completes.
+pub(crate) unsafe fn p2p_on_streams(
+    comm: &Communicator,
+    ops: Vec<Op>,
+    run: impl FnOnce(&[Op]) -> Result<()>,
+) -> Result<()> {
+    if !ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Send { on: Some(_), .. } | Op::Recv { on: Some(_), .. }
+        )
+    }) {
+        return run(&ops);
+    }
+    let n = comm.nranks();
+    // (address, bytes, written, stream) of every device buffer.
+    let mut spans = Vec::new();
+    for op in &ops {
+        match *op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?;
+                check_span("ncclSend", "sendbuff", buf, b, on)?;
+                spans.push((buf, b, false, on));
+            }
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?;
+                check_span("ncclRecv", "recvbuff", buf, b, on)?;
+                spans.push((buf.cast_const(), b, true, on));
+            }
+            _ => {}
+        }
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
+                return Err(Error::invalid_argument(format!(
+                    "ncclGroupEnd: device buffers {:p} ({} bytes) and {:p} ({} bytes) of one \
+                     group overlap and one of them is a receive buffer",
+                    a.0, a.1, b.0, b.1
+                )));
+            }
+        }
+    }
+    let mut waited: Vec<usize> = Vec::new();
+    for s in &spans {
+        if !waited.contains(&s.3.stream) {
+            wait_stream("ncclGroupEnd", s.3)?;
+            waited.push(s.3.stream);
+        }
+    }
+    // Host copies, then the operations on them; received copies go back afterwards.
+    let mut copies: Vec<Vec<u8>> = Vec::new();
+    let mut back: Vec<(*mut u8, usize, OnStream)> = Vec::new();
+    let mut host_ops = Vec::with_capacity(ops.len());
+    for op in ops {
+        match op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let bytes = count * dtype.size();
+                // SAFETY: checked live memory of the device above.
+                let v = unsafe { download("ncclSend", buf, bytes, on) }?;
+                let p = if bytes > 0 { v.as_ptr() } else { buf };
+                copies.push(v);
+                host_ops.push(Op::Send {
+                    buf: p,
+                    count,
+                    dtype,
+                    peer,
+                    on: None,
+                });
+            }
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let bytes = count * dtype.size();
+                let mut v = vec![0u8; bytes];
+                let p = if bytes > 0 { v.as_mut_ptr() } else { buf };
+                back.push((buf, copies.len(), on));
+                copies.push(v);
+                host_ops.push(Op::Recv {
+                    buf: p,
+                    count,
+                    dtype,
+                    peer,
+                    on: None,
+                });
+            }
+            other => host_ops.push(other),
+        }
+    }
+    run(&host_ops)?;
+    for (dst, i, on) in back {
+        // SAFETY: checked live memory of the device above; the group's alone.
+        unsafe { upload("ncclRecv", dst, &copies[i], on) }?;
+    }
+    Ok(())
 }
 
 /// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.

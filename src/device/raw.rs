@@ -84,6 +84,23 @@ impl Device {
         }
     }
 
+    /// Copies `src` to device memory at `addr`; returns when done.
+    ///
+    /// # Safety
+    /// `[addr, addr + src.len())` is live device memory of this device, used by nothing else.
+    pub unsafe fn write_raw(self, addr: u64, src: &[u8]) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::upload(self.ordinal, addr, src) },
+            Provider::Host => {
+                // SAFETY: per the caller the range is a live stand-in allocation (heap memory);
+                // `src` is a distinct host slice.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                Ok(())
+            }
+        }
+    }
+
     /// Waits until the work queued on the caller's `stream` (a `CUstream` / `cudaStream_t` of
     /// this device) has run: `cuStreamSynchronize`. The host stand-in has nothing to wait for.
     ///

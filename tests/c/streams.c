@@ -1,6 +1,7 @@
 /* Device buffers through the C ABI: a non-NULL stream means the buffers are device memory of
  * the communicator's device. ncclMemAlloc'd buffers, every data-moving collective with a
- * distinct value in every element, a group of two calls, a host pointer refused, ncclMemFree.
+ * distinct value in every element, a group of two calls, send/recv in a group, gather, scatter,
+ * a host pointer refused, ncclMemFree.
  *
  *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
@@ -156,6 +157,41 @@ static void collectives(ncclComm_t comm) {
     EXPECT(gs[i] == -i, "group bcast [%d] = %d", i, gs[i]);
   }
 
+  /* send/recv around the ring both ways, in one group */
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  for (int i = 0; i < C; i++) { is[i] = rank * C + i; is[C + i] = -(rank * C + i); }
+  to_dev(d_send, is, sizeof(int32_t) * 2 * C);
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(d_send, C, ncclInt32, right, comm, g_stream));
+  CHECK(ncclSend((int32_t *)d_send + C, C, ncclInt32, left, comm, g_stream));
+  CHECK(ncclRecv(d_recv, C, ncclInt32, left, comm, g_stream));
+  CHECK(ncclRecv((int32_t *)d_recv + C, C, ncclInt32, right, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(ir, d_recv, sizeof(int32_t) * 2 * C);
+  for (int i = 0; i < C; i++) {
+    EXPECT(ir[i] == left * C + i, "recv from left [%d] = %d", i, ir[i]);
+    EXPECT(ir[C + i] == -(right * C + i), "recv from right [%d] = %d", i, ir[C + i]);
+  }
+
+  /* gather to rank 0: block r holds r * C + i */
+  for (int i = 0; i < C; i++) is[i] = rank * C + i;
+  to_dev(d_send, is, sizeof(int32_t) * C);
+  CHECK(ncclGather(d_send, d_recv, C, ncclInt32, 0, comm, g_stream));
+  if (rank == 0) {
+    from_dev(ir, d_recv, sizeof(int32_t) * C * n);
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < C; i++)
+        EXPECT(ir[r * C + i] == r * C + i, "gather [%d][%d] = %d", r, i, ir[r * C + i]);
+  }
+  /* scatter from the last rank: block p holds p * 100000 + i */
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++) is[p * C + i] = rank == n - 1 ? p * 100000 + i : -1;
+  to_dev(d_send, is, sizeof(int32_t) * C * n);
+  CHECK(ncclScatter(d_send, d_recv, C, ncclInt32, n - 1, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++)
+    EXPECT(ir[i] == rank * 100000 + i, "scatter [%d] = %d", i, ir[i]);
+
   /* a host pointer with a non-NULL stream: refused, naming the call, argument and space */
   EXPECT_ERR(ncclAllReduce(fs, d_recv, C, ncclFloat, ncclSum, comm, g_stream),
              ncclInvalidArgument, "ncclAllReduce: sendbuff");
@@ -170,8 +206,8 @@ static void collectives(ncclComm_t comm) {
   for (int i = 0; i < C; i++) fs[i] = 1.0f;
   CHECK(ncclAllReduce(fs, fr, C, ncclFloat, ncclSum, comm, NULL));
   for (int i = 0; i < C; i++) EXPECT(fr[i] == (float)n, "host allreduce [%d] = %f", i, fr[i]);
-  EXPECT_ERR(ncclSend(d_send, 4, ncclInt32, 0, comm, g_stream), ncclInvalidUsage,
-             "not built yet");
+  EXPECT_ERR(ncclSend(fs, 4, ncclInt32, 0, comm, g_stream), ncclInvalidArgument,
+             "ncclSend: sendbuff");
 
   CHECK(ncclMemFree(d_send));
   CHECK(ncclMemFree(d_recv));

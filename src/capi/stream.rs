@@ -18,10 +18,9 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::mem::ManuallyDrop;
 use std::sync::{LazyLock, Mutex};
 
-use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
+use ferroccl_kernels::DataType;
 
 use super::api::{check_out, lock};
 use super::comm::Shared;
@@ -29,8 +28,9 @@ use super::error::guard;
 use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, RootedLayout};
 use super::types::*;
 use crate::coll::CollKind;
-use crate::device::{Device, DeviceBuffer, Provider};
-use crate::{BufMut, BufRef, Communicator, Error, ErrorKind, ReduceOp, Result};
+use crate::device::raw::Span;
+use crate::device::{Device, Provider};
+use crate::{Communicator, Error, ErrorKind, ReduceOp, Result};
 
 /// The device and stream of a call made with a non-NULL stream.
 #[derive(Debug, Clone, Copy)]
@@ -171,67 +171,27 @@ pub(crate) unsafe fn run_coll(
     if comm.device() != Some(on.device) {
         comm.set_device(on.device)?;
     }
-    let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
-    // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
-    // stream argument), or a special handle; never dereferenced by ferroccl.
-    unsafe { on.device.sync_stream(stream) }.map_err(|e| system(api, e))?;
-    macro_rules! typed {
-        ($t:ty) => {
-            // SAFETY: per this function's contract.
-            unsafe { run_typed::<$t>(comm, kind, layout, op, on.device) }
-        };
-    }
-    let r = match dtype {
-        DataType::Int8 => typed!(i8),
-        DataType::Uint8 => typed!(u8),
-        DataType::Int32 => typed!(i32),
-        DataType::Uint32 => typed!(u32),
-        DataType::Int64 => typed!(i64),
-        DataType::Uint64 => typed!(u64),
-        DataType::Float16 => typed!(half::f16),
-        DataType::Bfloat16 => typed!(half::bf16),
-        DataType::Float32 => typed!(f32),
-        DataType::Float64 => typed!(f64),
-        DataType::Float8E4M3 => typed!(Fp8E4M3),
-        DataType::Float8E5M2 => typed!(Fp8E5M2),
+    wait_stream(api, on)?;
+    let dev = on.device;
+    let span = |addr: *const u8, bytes: usize| Span {
+        device: dev,
+        addr: addr as u64,
+        bytes,
     };
-    r.map_err(|e| e.context(api))
-}
-
-/// # Safety
-/// As for [`run_coll`].
-unsafe fn run_typed<T: Element>(
-    comm: &Communicator,
-    kind: CollKind,
-    layout: &Layout,
-    op: ReduceOp,
-    dev: Device,
-) -> Result<()> {
-    let es = T::DTYPE.size();
-    // The layout's buffers are device memory of `dev` (checked), live and the call's alone
-    // while it runs (the caller's contract), and the two views do not overlap (`coll_layout`
-    // refuses overlap outside the in-place layout).
-    match *layout {
-        Layout::Empty => Ok(()),
-        Layout::InPlace { buf, len } => {
-            // SAFETY: see above.
-            let mut b = unsafe { DeviceBuffer::<T>::view(dev, buf as u64, len / es) }?;
-            comm.collective(kind, None, BufMut::Device(&mut b), op)
-        }
+    let (send, recv) = match *layout {
+        Layout::Empty => return Ok(()),
+        Layout::InPlace { buf, len } => (None, span(buf, len)),
         Layout::Apart {
             send,
             send_len,
             recv,
             recv_len,
-        } => {
-            // SAFETY: see above.
-            let s: ManuallyDrop<DeviceBuffer<T>> =
-                unsafe { DeviceBuffer::view(dev, send as u64, send_len / es) }?;
-            // SAFETY: see above.
-            let mut r = unsafe { DeviceBuffer::<T>::view(dev, recv as u64, recv_len / es) }?;
-            comm.collective(kind, Some(BufRef::Device(&s)), BufMut::Device(&mut r), op)
-        }
-    }
+        } => (Some(span(send, send_len)), span(recv, recv_len)),
+    };
+    // SAFETY: the layout's buffers are device memory of `dev` (checked by the caller), live
+    // and the call's alone while it runs (NCCL's contract); `coll_layout` refuses overlapping
+    // buffers outside the in-place layout, which has no send span.
+    unsafe { comm.collective_at(kind, send, recv, dtype, op) }.map_err(|e| e.context(api))
 }
 
 /// Checks the buffers of a gather or scatter against the call's device.
@@ -266,7 +226,7 @@ unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> 
     unsafe { on.device.write_raw(p as u64, src) }.map_err(|e| system(api, e))
 }
 
-/// Waits for the caller's stream (see [`run_coll`]).
+/// Waits for the work queued on the caller's stream before the call.
 fn wait_stream(api: &str, on: OnStream) -> Result<()> {
     let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
     // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the

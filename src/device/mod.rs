@@ -34,7 +34,7 @@
 
 mod cuda;
 mod host;
-mod raw;
+pub(crate) mod raw;
 pub(crate) mod staging;
 
 use std::fmt;

@@ -224,33 +224,39 @@ impl Communicator {
             check(b, r, "send")?;
         }
         check(recv.0, &recv.1, "receive")?;
+        let span = |b: &DeviceBuffer<u8>, r: &Range<usize>| Span {
+            device: b.device,
+            addr: b.addr + r.start as u64,
+            bytes: r.len(),
+        };
+        let send = send.as_ref().map(|(b, r)| span(b, r));
+        let recv_span = span(recv.0, &recv.1);
+        // SAFETY: the ranges lie inside their buffers (checked above), which own their memory
+        // on their devices; `recv` is borrowed mutably and `send` shared, so neither range is
+        // used by anything else while the call runs, and they do not overlap.
+        unsafe { self.collective_at(kind, send, recv_span, dtype, op) }
+    }
+
+    /// Runs collective `kind` on device memory named by address (`send: None`: in place) with
+    /// elements of `dtype`: the entry of code outside Rust (the C ABI) and of
+    /// [`Communicator::raw_collective_device`].
+    ///
+    /// # Safety
+    /// Each span is device memory of its device, live while the call runs; `recv` is used by
+    /// nothing else meanwhile, `send` is not written by anything and does not overlap `recv`.
+    pub(crate) unsafe fn collective_at(
+        &self,
+        kind: CollKind,
+        send: Option<Span>,
+        recv: Span,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         macro_rules! typed {
-            ($t:ty) => {{
-                let (rb, rr) = recv;
-                // SAFETY: the ranges lie inside their buffers (checked above), which own their
-                // memory on their devices; `recv` is borrowed mutably and `send` shared, so
-                // the two views do not alias anything else while the call runs.
-                let mut r = unsafe {
-                    DeviceBuffer::<$t>::view(rb.device, rb.addr + rr.start as u64, rr.len() / es)
-                }?;
-                let s = match send {
-                    // SAFETY: as above.
-                    Some((sb, sr)) => Some(unsafe {
-                        DeviceBuffer::<$t>::view(
-                            sb.device,
-                            sb.addr + sr.start as u64,
-                            sr.len() / es,
-                        )
-                    }?),
-                    None => None,
-                };
-                self.collective(
-                    kind,
-                    s.as_deref().map(BufRef::Device),
-                    BufMut::Device(&mut r),
-                    op,
-                )
-            }};
+            ($t:ty) => {
+                // SAFETY: per this function's contract.
+                unsafe { self.collective_at_typed::<$t>(kind, send, recv, op) }
+            };
         }
         match dtype {
             DataType::Int8 => typed!(i8),
@@ -267,6 +273,45 @@ impl Communicator {
             DataType::Float8E5M2 => typed!(Fp8E5M2),
         }
     }
+
+    /// # Safety
+    /// As for [`Communicator::collective_at`], with `T` the element type.
+    unsafe fn collective_at_typed<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<Span>,
+        recv: Span,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let es = T::DTYPE.size();
+        // SAFETY: per this function's contract (a partial element is left out of the view).
+        let mut r = unsafe { DeviceBuffer::<T>::view(recv.device, recv.addr, recv.bytes / es) }?;
+        let s = match send {
+            Some(sp) => {
+                // SAFETY: as above.
+                let v = unsafe { DeviceBuffer::<T>::view(sp.device, sp.addr, sp.bytes / es) }?;
+                Some(v)
+            }
+            None => None,
+        };
+        self.collective(
+            kind,
+            s.as_deref().map(BufRef::Device),
+            BufMut::Device(&mut r),
+            op,
+        )
+    }
+}
+
+/// A range of device memory named by address: `bytes` at `addr` on `device`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    /// The device whose memory it is.
+    pub device: Device,
+    /// The first byte.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub bytes: usize,
 }
 
 #[cfg(test)]

@@ -477,27 +477,23 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             on,
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
-            let op = match (red, on) {
-                (Reduction::Op(op), _) => op,
-                (Reduction::ScalarAt(p, d), None) => {
+            if let Some(on) = on {
+                stream::check_layout(api, &layout, on)?;
+                // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
+                // buffers (and a ncclScalarDevice scalar) live and the call's alone until it
+                // completes.
+                return unsafe { stream::run_coll(comm, api, kind, &layout, dtype, red, on) };
+            }
+            let op = match red {
+                Reduction::Op(op) => op,
+                Reduction::ScalarAt(p, d) => {
                     // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
                     // ncclScalarDevice; NCCL's contract keeps it readable while operations
                     // use it.
                     let v = unsafe { read_scalar(p, d) };
                     ReduceOp::PreMulSum(v)
                 }
-                (Reduction::ScalarAt(p, d), Some(on)) => {
-                    // SAFETY: as above; host memory or memory of the call's device.
-                    let v = unsafe { stream::read_scalar_on(p, d, on) }?;
-                    ReduceOp::PreMulSum(v)
-                }
             };
-            if let Some(on) = on {
-                stream::check_layout(api, &layout, on)?;
-                // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
-                // buffers live and the call's alone until it completes.
-                return unsafe { stream::run_coll(comm, api, kind, &layout, dtype, op, on) };
-            }
             match layout {
                 Layout::Empty => Ok(()),
                 Layout::InPlace { buf, len } => {

@@ -25,7 +25,7 @@ use ferroccl_kernels::DataType;
 use super::api::{check_out, lock};
 use super::comm::Shared;
 use super::error::guard;
-use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, RootedLayout};
+use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, Reduction, RootedLayout};
 use super::types::*;
 use crate::coll::CollKind;
 use crate::device::raw::Span;
@@ -151,7 +151,8 @@ pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream)
 }
 
 /// Runs collective `kind` on the device buffers of `layout` after waiting for the caller's
-/// stream; returns when the result is in the output buffer.
+/// stream (a `ncclScalarDevice` scalar is read after the wait); returns when the result is in
+/// the output buffer.
 ///
 /// # Safety
 /// `layout` came from `coll_layout` and passed [`check_layout`] for `on`; the caller keeps the
@@ -162,7 +163,7 @@ pub(crate) unsafe fn run_coll(
     kind: CollKind,
     layout: &Layout,
     dtype: DataType,
-    op: ReduceOp,
+    red: Reduction,
     on: OnStream,
 ) -> Result<()> {
     if matches!(layout, Layout::Empty) {
@@ -172,6 +173,13 @@ pub(crate) unsafe fn run_coll(
         comm.set_device(on.device)?;
     }
     wait_stream(api, on)?;
+    // Read after the wait: earlier work on the stream may write a device scalar.
+    let op = match red {
+        Reduction::Op(op) => op,
+        // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
+        // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
+        Reduction::ScalarAt(p, d) => ReduceOp::PreMulSum(unsafe { read_scalar_on(p, d, on) }?),
+    };
     let dev = on.device;
     let span = |addr: *const u8, bytes: usize| Span {
         device: dev,

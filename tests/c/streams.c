@@ -141,6 +141,23 @@ static void collectives(ncclComm_t comm) {
     EXPECT(dr[i] == want, "reducescatter [%d] = %f, want %f", i, dr[i], want);
   }
 
+  /* a pre-multiplied sum whose scalar (2) lives in device memory (ncclScalarDevice) */
+  float two = 2.0f;
+  void *d_scalar = dev_alloc(sizeof two);
+  to_dev(d_scalar, &two, sizeof two);
+  ncclRedOp_t premul;
+  CHECK(ncclRedOpCreatePreMulSum(&premul, d_scalar, ncclFloat, ncclScalarDevice, comm));
+  for (int i = 0; i < C; i++) fs[i] = (float)(rank + i);
+  to_dev(d_send, fs, sizeof(float) * C);
+  CHECK(ncclAllReduce(d_send, d_recv, C, ncclFloat, premul, comm, g_stream));
+  from_dev(fr, d_recv, sizeof(float) * C);
+  for (int i = 0; i < C; i++) {
+    float want = 2.0f * (float)(n * (n - 1) / 2 + n * i);
+    EXPECT(fr[i] == want, "premulsum [%d] = %f, want %f", i, fr[i], want);
+  }
+  CHECK(ncclRedOpDestroy(premul, comm));
+  CHECK(ncclMemFree(d_scalar));
+
   /* a group of two calls on the stream: an in-place sum and a broadcast from rank 0 */
   int32_t *gs = malloc(sizeof(int32_t) * C);
   for (int i = 0; i < C; i++) { is[i] = rank * C + i; gs[i] = rank == 0 ? -i : 5; }

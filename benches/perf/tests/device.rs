@@ -113,6 +113,60 @@ fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
     }
 }
 
+/// Every collective tool with `-B 1`, 3 ranks as threads, every root; all_reduce also with
+/// every dtype and op and misaligned buffers (`-u 3`).
+#[test]
+fn every_collective_tool_on_stand_in_device_buffers() {
+    let tools: [(&str, &str, &[&str]); 6] = [
+        (
+            "all_reduce_perf",
+            env!("CARGO_BIN_EXE_all_reduce_perf"),
+            &["-d", "all", "-o", "all", "-u", "3"],
+        ),
+        (
+            "all_gather_perf",
+            env!("CARGO_BIN_EXE_all_gather_perf"),
+            &[],
+        ),
+        (
+            "broadcast_perf",
+            env!("CARGO_BIN_EXE_broadcast_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "reduce_perf",
+            env!("CARGO_BIN_EXE_reduce_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "reduce_scatter_perf",
+            env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+            &[],
+        ),
+        ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf"), &[]),
+    ];
+    for (name, bin, extra) in tools {
+        let out = command(Path::new(bin))
+            .args([
+                "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-t", "3", "-B", "1",
+            ])
+            .args(extra)
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .output()
+            .expect("running a perf tool");
+        let t = text(&out);
+        assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
+        assert!(
+            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
+            "{name}: footer\n{t}"
+        );
+        assert!(
+            t.contains("[stand-in] host stand-in device 2"),
+            "{name}\n{t}"
+        );
+    }
+}
+
 #[test]
 fn device_buffers_without_a_driver_or_on_p2p_tools_are_clear_errors() {
     let out = command(Path::new(env!("CARGO_BIN_EXE_all_reduce_perf")))

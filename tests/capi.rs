@@ -928,7 +928,7 @@ fn argument_errors_name_argument_and_value() {
             "ncclSend of host memory on a stream: {r} {}",
             last_error()
         );
-        assert!(last_error().starts_with("ncclSend: "), "{}", last_error());
+        assert!(last_error().starts_with("ncclSend"), "{}", last_error());
         // Overlapping buffers that are not the in-place layout.
         assert_eq!(
             ncclAllReduce(

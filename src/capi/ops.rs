@@ -333,7 +333,7 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             ..
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, nranks)?;
-            on.map_or(Ok(()), |on| stream::check_layout(api, &layout, on))
+            on.map_or(Ok(()), |on| stream::check_layout(api, rank, &layout, on))
         }
         Op::Rooted {
             api,
@@ -346,7 +346,7 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             on,
         } => {
             let l = rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks)?;
-            on.map_or(Ok(()), |on| stream::check_rooted(api, &l, on))
+            on.map_or(Ok(()), |on| stream::check_rooted(api, rank, &l, on))
         }
         Op::Send {
             buf,
@@ -357,7 +357,7 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
         } => {
             let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks)?;
             on.map_or(Ok(()), |on| {
-                stream::check_span("ncclSend", "sendbuff", buf, b, on)
+                stream::check_span("ncclSend", rank, "sendbuff", buf, b, on)
             })
         }
         Op::Recv {
@@ -369,7 +369,7 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
         } => {
             let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks)?;
             on.map_or(Ok(()), |on| {
-                stream::check_span("ncclRecv", "recvbuff", buf, b, on)
+                stream::check_span("ncclRecv", rank, "recvbuff", buf, b, on)
             })
         }
         Op::Split { .. } => Ok(()),
@@ -478,7 +478,7 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
             if let Some(on) = on {
-                stream::check_layout(api, &layout, on)?;
+                stream::check_layout(api, rank, &layout, on)?;
                 // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
                 // buffers (and a ncclScalarDevice scalar) live and the call's alone until it
                 // completes.
@@ -530,7 +530,7 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             // SAFETY: the layout's buffers are the caller's, valid until the call completes
             // (NCCL's contract); they are checked against `on` before any copy.
             unsafe {
-                stream::rooted_on_stream(api, &layout, on, |send, recv| {
+                stream::rooted_on_stream(api, rank, &layout, on, |send, recv| {
                     let host = Op::Rooted {
                         api,
                         which,

@@ -6,8 +6,8 @@
 //! waits for the work queued on the stream before it (`cuStreamSynchronize`), runs the
 //! collective on device buffers through ferroccl's device layer (staged through pinned host
 //! memory; sends, receives, gather and scatter through host copies of their buffers, made and
-//! written back around the host operation), and returns when the result is in the output buffer, so work queued on the stream
-//! afterwards sees it. **The call blocks the calling thread until the collective is done**: it
+//! written back around the host operation), and returns when the result is in the output
+//! buffer, so work queued on the stream afterwards sees it. **The call blocks the calling thread until the collective is done**: it
 //! is not yet asynchronous. Inside `ncclGroupStart`/`ncclGroupEnd` it runs at the outermost
 //! `ncclGroupEnd` like host-buffer work (each communicator on its own thread), so one thread
 //! driving several communicators must group its calls, as NCCL requires anyway.
@@ -90,6 +90,7 @@ pub(crate) fn stream_arg(
 /// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
 pub(crate) fn check_span(
     api: &str,
+    rank: usize,
     name: &str,
     p: *const u8,
     len: usize,
@@ -108,7 +109,7 @@ pub(crate) fn check_span(
         None => "host memory (or not live device memory)".to_string(),
     };
     Err(Error::invalid_argument(format!(
-        "{api}: {name} {p:p} ({len} bytes) is {space}, but stream 0x{:x} is non-NULL, which \
+        "{api} on rank {rank}: {name} {p:p} ({len} bytes) is {space}, but stream 0x{:x} is non-NULL, which \
          means device buffers of the communicator's {dev} (ncclMemAlloc or cudaMalloc); pass a \
          NULL stream for host buffers",
         on.stream
@@ -116,18 +117,18 @@ pub(crate) fn check_span(
 }
 
 /// Checks every buffer a collective's layout uses against the call's device.
-pub(crate) fn check_layout(api: &str, layout: &Layout, on: OnStream) -> Result<()> {
+pub(crate) fn check_layout(api: &str, rank: usize, layout: &Layout, on: OnStream) -> Result<()> {
     match *layout {
         Layout::Empty => Ok(()),
-        Layout::InPlace { buf, len } => check_span(api, "recvbuff", buf, len, on),
+        Layout::InPlace { buf, len } => check_span(api, rank, "recvbuff", buf, len, on),
         Layout::Apart {
             send,
             send_len,
             recv,
             recv_len,
         } => {
-            check_span(api, "sendbuff", send, send_len, on)?;
-            check_span(api, "recvbuff", recv, recv_len, on)
+            check_span(api, rank, "sendbuff", send, send_len, on)?;
+            check_span(api, rank, "recvbuff", recv, recv_len, on)
         }
     }
 }
@@ -203,10 +204,10 @@ pub(crate) unsafe fn run_coll(
 }
 
 /// Checks the buffers of a gather or scatter against the call's device.
-pub(crate) fn check_rooted(api: &str, l: &RootedLayout, on: OnStream) -> Result<()> {
+pub(crate) fn check_rooted(api: &str, rank: usize, l: &RootedLayout, on: OnStream) -> Result<()> {
     let &(send, send_len, recv, recv_len, ..) = l;
-    check_span(api, "sendbuff", send, send_len, on)?;
-    check_span(api, "recvbuff", recv.cast_const(), recv_len, on)
+    check_span(api, rank, "sendbuff", send, send_len, on)?;
+    check_span(api, rank, "recvbuff", recv.cast_const(), recv_len, on)
 }
 
 /// `len` bytes of device memory at `p` copied to the host (empty for `len == 0`).
@@ -250,11 +251,12 @@ fn wait_stream(api: &str, on: OnStream) -> Result<()> {
 /// until this returns (NCCL's contract).
 pub(crate) unsafe fn rooted_on_stream(
     api: &str,
+    rank: usize,
     layout: &RootedLayout,
     on: OnStream,
     run: impl FnOnce(*const u8, *mut u8) -> Result<()>,
 ) -> Result<()> {
-    check_rooted(api, layout, on)?;
+    check_rooted(api, rank, layout, on)?;
     let &(send, send_len, recv, recv_len, ..) = layout;
     wait_stream(api, on)?;
     // The receive buffer is copied in too: the root's own block may already be there (in
@@ -305,7 +307,7 @@ pub(crate) unsafe fn p2p_on_streams(
                 on: Some(on),
             } => {
                 let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?;
-                check_span("ncclSend", "sendbuff", buf, b, on)?;
+                check_span("ncclSend", comm.rank(), "sendbuff", buf, b, on)?;
                 spans.push((buf, b, false, on));
             }
             Op::Recv {
@@ -316,7 +318,7 @@ pub(crate) unsafe fn p2p_on_streams(
                 on: Some(on),
             } => {
                 let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?;
-                check_span("ncclRecv", "recvbuff", buf, b, on)?;
+                check_span("ncclRecv", comm.rank(), "recvbuff", buf, b, on)?;
                 spans.push((buf.cast_const(), b, true, on));
             }
             _ => {}
@@ -456,18 +458,18 @@ mod tests {
             stream: 1,
         };
         let v = [0u8; 64];
-        let e = check_span("ncclAllReduce", "sendbuff", v.as_ptr(), 64, on).unwrap_err();
+        let e = check_span("ncclAllReduce", 1, "sendbuff", v.as_ptr(), 64, on).unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("ncclAllReduce: sendbuff"), "{m}");
+        assert!(m.contains("ncclAllReduce on rank 1: sendbuff"), "{m}");
         assert!(m.contains("is host memory"), "{m}");
         assert!(m.contains("stream 0x1"), "{m}");
         assert_eq!(e.kind(), ErrorKind::InvalidArgument);
         let other = Device::new(Provider::Host, 1).unwrap();
         let a = other.alloc_raw(64).unwrap();
-        let e = check_span("ncclAllReduce", "recvbuff", a as *const u8, 64, on).unwrap_err();
+        let e = check_span("ncclAllReduce", 1, "recvbuff", a as *const u8, 64, on).unwrap_err();
         assert!(e.to_string().contains("memory of host device 1"), "{e}");
         let mine = on.device.alloc_raw(64).unwrap();
-        check_span("x", "recvbuff", mine as *const u8, 64, on).unwrap();
+        check_span("x", 1, "recvbuff", mine as *const u8, 64, on).unwrap();
         // SAFETY: allocated above, unused.
         unsafe {
             other.free_raw(a).unwrap();

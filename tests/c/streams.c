@@ -211,9 +211,10 @@ static void collectives(ncclComm_t comm) {
 
   /* a host pointer with a non-NULL stream: refused, naming the call, argument and space */
   EXPECT_ERR(ncclAllReduce(fs, d_recv, C, ncclFloat, ncclSum, comm, g_stream),
-             ncclInvalidArgument, "ncclAllReduce: sendbuff");
-  EXPECT(strstr(ncclGetLastError(NULL), "host memory") != NULL, "space in \"%s\"",
-         ncclGetLastError(NULL));
+             ncclInvalidArgument, "ncclAllReduce on rank");
+  EXPECT(strstr(ncclGetLastError(NULL), "sendbuff") != NULL &&
+             strstr(ncclGetLastError(NULL), "host memory") != NULL,
+         "argument and space in \"%s\"", ncclGetLastError(NULL));
   EXPECT_ERR(ncclAllGather(d_send, fr, C, ncclInt64, comm, g_stream), ncclInvalidArgument,
              "recvbuff");
   /* a buffer running past its allocation is not device memory either */
@@ -224,7 +225,7 @@ static void collectives(ncclComm_t comm) {
   CHECK(ncclAllReduce(fs, fr, C, ncclFloat, ncclSum, comm, NULL));
   for (int i = 0; i < C; i++) EXPECT(fr[i] == (float)n, "host allreduce [%d] = %f", i, fr[i]);
   EXPECT_ERR(ncclSend(fs, 4, ncclInt32, 0, comm, g_stream), ncclInvalidArgument,
-             "ncclSend: sendbuff");
+             "ncclSend on rank");
 
   CHECK(ncclMemFree(d_send));
   CHECK(ncclMemFree(d_recv));

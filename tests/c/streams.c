@@ -1,7 +1,8 @@
 /* Device buffers through the C ABI: a non-NULL stream means the buffers are device memory of
- * the communicator's device. ncclMemAlloc'd buffers, every data-moving collective with a
- * distinct value in every element, a group of two calls, send/recv in a group, gather, scatter,
- * a host pointer refused, ncclMemFree.
+ * the communicator's device. ncclMemAlloc'd buffers, every collective (all-reduce, broadcast,
+ * reduce, all-gather, reduce-scatter, all-to-all) with a distinct value in every element, a
+ * pre-multiplied sum with its scalar in device memory, a group of two calls, send/recv in a
+ * group, gather, scatter, a host pointer refused, ncclMemFree.
  *
  *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
@@ -140,6 +141,30 @@ static void collectives(ncclComm_t comm) {
     double want = (double)(n * (n - 1) / 2) + (double)n * (rank * 10000 + i);
     EXPECT(dr[i] == want, "reducescatter [%d] = %f, want %f", i, dr[i], want);
   }
+
+  /* reduce, sum of int64 to rank n / 2: element i of rank r is r * 100000 + i */
+  for (int i = 0; i < C; i++) ls[i] = (int64_t)rank * 100000 + i;
+  to_dev(d_send, ls, sizeof(int64_t) * C);
+  root = n / 2;
+  CHECK(ncclReduce(d_send, d_recv, C, ncclInt64, ncclSum, root, comm, g_stream));
+  if (rank == root) {
+    from_dev(lr, d_recv, sizeof(int64_t) * C);
+    for (int i = 0; i < C; i++) {
+      int64_t want = (int64_t)100000 * n * (n - 1) / 2 + (int64_t)n * i;
+      EXPECT(lr[i] == want, "reduce [%d] = %lld", i, (long long)lr[i]);
+    }
+  }
+
+  /* all-to-all: block p of rank r holds r * 1000000 + p * 1000 + i */
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++) is[p * C + i] = rank * 1000000 + p * 1000 + i;
+  to_dev(d_send, is, sizeof(int32_t) * C * n);
+  CHECK(ncclAlltoAll(d_send, d_recv, C, ncclInt32, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C * n);
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++)
+      EXPECT(ir[p * C + i] == p * 1000000 + rank * 1000 + i, "alltoall [%d][%d] = %d", p, i,
+             ir[p * C + i]);
 
   /* a pre-multiplied sum whose scalar (2) lives in device memory (ncclScalarDevice) */
   float two = 2.0f;

@@ -5,7 +5,9 @@
 #     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
 #
 # It holds stripped release binaries (bin/ferro-gpu-check, bin/ferroccl-device-check,
-# bin/all_reduce_perf, bin/p2p-tests: the p2p transport's unit tests), lib/libnccl.so.2,
+# bin/all_reduce_perf, bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
+# test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2),
+# lib/libnccl.so.2,
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
 # compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
 # and a MANIFEST.
@@ -32,6 +34,10 @@ cp "$target/release/ferro-gpu-check" "$target/release/ferroccl-device-check" \
     "$target/release/all_reduce_perf" "$out/bin/"
 cp "$p2p_tests" "$out/bin/p2p-tests"
 cp "$lib" "$out/lib/libnccl.so.2"
+# The C ABI on streams: tests/c/streams.c, linked by path (its soname makes it load
+# libnccl.so.2 from LD_LIBRARY_PATH at run time); it opens libcuda.so.1 itself at run time.
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
+    -o "$out/bin/streams"
 strip "$out"/bin/* "$out/lib/libnccl.so.2"
 cp kernels/cuda/ferro_reduce.h kernels/cuda/ferro_reduce.cu "$out/kernels/"
 cp scripts/gpu-check.sh "$out/"

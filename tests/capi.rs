@@ -533,6 +533,35 @@ fn c_program_runs_every_collective_on_1_2_3_processes() {
     }
 }
 
+/// `tests/c/streams.c` on the host stand-in: device buffers with a non-NULL stream on 1-3
+/// processes, one thread driving 3 communicators through groups, and the no-driver errors.
+#[test]
+fn c_program_runs_collectives_on_streams_and_device_buffers() {
+    let exe = gcc("streams.c", "streams", &[&our_include()], true);
+    let host = [("FERRO_DEVICE_PROVIDER", "host")];
+    for n in ["1", "2", "3"] {
+        run_c(&exe, &[n], &host);
+    }
+    run_c(&exe, &["3", "all"], &host);
+    run_c(
+        &exe,
+        &["1", "nodriver"],
+        &[
+            ("FERRO_DEVICE_PROVIDER", "cuda"),
+            ("FERROCCL_CUDA_DRIVER", "/nonexistent/libcuda.so.1"),
+        ],
+    );
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let flags = nvidia_flags(&inc);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("streams.c", "streams_nvidia", &flags, true);
+    run_c(&exe, &["2"], &host);
+    run_c(&exe, &["2", "all"], &host);
+}
+
 #[test]
 fn c_program_with_nccl_comm_id_and_init_all() {
     let exe = gcc(
@@ -882,16 +911,24 @@ fn argument_errors_name_argument_and_value() {
             ncclInvalidArgument
         );
         assert!(last_error().contains("overflows"), "{}", last_error());
+        // A non-NULL stream means device buffers: host memory is refused, or, without a
+        // driver (this test does not choose the provider), the driver's error.
         let stream = std::ptr::without_provenance_mut::<c_void>(0x40);
-        assert_eq!(
-            ncclAllReduce(p, p, 8, ncclDouble, ncclSum, c, stream),
-            ncclInvalidUsage
-        );
+        let r = ncclAllReduce(p, p, 8, ncclDouble, ncclSum, c, stream);
+        let want = if r == ncclSystemError {
+            "ncclAllReduce: device buffers need an NVIDIA driver"
+        } else {
+            assert_eq!(r, ncclInvalidArgument, "{}", last_error());
+            "is host memory"
+        };
+        assert!(last_error().contains(want), "{}", last_error());
+        let r = ncclSend(p, 8, ncclDouble, 0, c, stream);
         assert!(
-            last_error().contains("without CUDA support"),
-            "{}",
+            r == ncclSystemError || r == ncclInvalidArgument,
+            "ncclSend of host memory on a stream: {r} {}",
             last_error()
         );
+        assert!(last_error().starts_with("ncclSend"), "{}", last_error());
         // Overlapping buffers that are not the in-place layout.
         assert_eq!(
             ncclAllReduce(

@@ -1,6 +1,6 @@
 //! The exported functions: every `ncclX` of `include/nccl.h`, and its `pncclX` alias.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,19 +38,6 @@ pub(super) fn check_out<T>(api: &str, name: &str, p: *const T) -> Result<()> {
         return Err(Error::invalid_argument(format!("{api}: {name} is NULL")));
     }
     Ok(())
-}
-
-pub(super) fn host_stream(api: &str, stream: cudaStream_t) -> Result<()> {
-    if stream.is_null() {
-        return Ok(());
-    }
-    Err(Error::new(
-        crate::ErrorKind::Unsupported,
-        format!(
-            "{api}: stream {stream:p} is a CUDA stream, but this libnccl (ferroccl) is built \
-             without CUDA support: pass a NULL stream and host buffers"
-        ),
-    ))
 }
 
 /// Runs an operation-issuing call; its argument error also fails the enclosing group.
@@ -155,7 +142,7 @@ pub(super) unsafe fn init_rank(
     let uid = UniqueId::from_bytes(id.to_bytes())
         .map_err(|e| e.context(format!("{api}: commId is not an id from ncclGetUniqueId")))?;
     let config = env::config()?;
-    let shared = Shared::new(opts.blocking, 0);
+    let shared = Shared::new(opts.blocking, super::stream::init_device());
     if let Some(s) = server_for(api, &uid, r)? {
         shared.keep_server(s);
     }
@@ -228,8 +215,9 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Creates `ndev` communicators of this process, ranks 0..ndev, into `comms[0..ndev]`.
-    /// `devlist` (may be NULL) only labels them (`ncclCommCuDevice`).
+    /// Creates `ndev` communicators of this process, ranks 0..ndev, into `comms[0..ndev]`,
+    /// communicator `i` bound to device `devlist[i]` (`devlist` NULL: device `i`): the device
+    /// its calls with a non-NULL stream use (`ncclCommCuDevice`).
     fn ncclCommInitAll / pncclCommInitAll(
         comms: *mut ncclComm_t,
         ndev: c_int,
@@ -451,8 +439,9 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Writes the communicator's device label: its `ncclCommInitAll` devlist entry, else 0
-    /// (there is no CUDA device).
+    /// Writes the communicator's device: the current device when it was made
+    /// (`cuCtxGetDevice`; the host stand-in: `FERRO_DEVICE`, else 0), its `ncclCommInitAll`
+    /// devlist entry, or its parent's for a split.
     fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
         const API: &str = "ncclCommCuDevice";
         guard(API, || {
@@ -627,57 +616,6 @@ nccl_api! {
                     "{API}: handle {handle:p} is not registered with this communicator"
                 ))),
             }
-        })
-    }
-}
-
-/// Blocks from `ncclMemAlloc` not yet freed.
-static ALLOCATIONS: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
-
-nccl_api! {
-    /// Allocates `size` bytes of page-aligned host memory (NCCL allocates device memory).
-    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
-        const API: &str = "ncclMemAlloc";
-        guard(API, || {
-            check_out(API, "ptr", ptr)?;
-            if size == 0 {
-                return Err(Error::invalid_argument(format!("{API}: size is 0")));
-            }
-            let mut p: *mut c_void = std::ptr::null_mut();
-            // SAFETY: `p` is a valid place for the result; 4096 is a power of two and a
-            // multiple of the pointer size.
-            let rc = unsafe { libc::posix_memalign(&mut p, 4096, size) };
-            if rc != 0 || p.is_null() {
-                return Err(Error::io(
-                    format_args!("{API}: allocating {size} bytes"),
-                    &std::io::Error::from_raw_os_error(rc),
-                ));
-            }
-            lock(&ALLOCATIONS).insert(p as usize);
-            // SAFETY: checked non-NULL; writable by the caller's contract.
-            unsafe { ptr.write(p) };
-            Ok(ncclSuccess)
-        })
-    }
-}
-
-nccl_api! {
-    /// Frees memory from `ncclMemAlloc` (NULL: nothing).
-    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
-        const API: &str = "ncclMemFree";
-        guard(API, || {
-            if ptr.is_null() {
-                return Ok(ncclSuccess);
-            }
-            if !lock(&ALLOCATIONS).remove(&(ptr as usize)) {
-                return Err(Error::invalid_argument(format!(
-                    "{API}: {ptr:p} was not allocated by ncclMemAlloc (or was already freed)"
-                )));
-            }
-            // SAFETY: `ptr` came from posix_memalign in ncclMemAlloc and is freed once (it
-            // was just removed from the set of live blocks).
-            unsafe { libc::free(ptr) };
-            Ok(ncclSuccess)
         })
     }
 }

@@ -3,11 +3,12 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::api::{host_stream, issuing};
+use super::api::issuing;
 use super::comm::lookup;
 use super::error::guard;
 use super::group;
 use super::ops::{dtype_arg, rank_arg, reduction_arg, Op, Reduction, Rooted};
+use super::stream::stream_arg;
 use super::types::*;
 use crate::coll::CollKind;
 use crate::ReduceOp;
@@ -28,7 +29,7 @@ pub(super) fn collective(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let red = match op {
                 Some(op) => reduction_arg(api, &shared, op, dtype)?,
@@ -46,6 +47,7 @@ pub(super) fn collective(
                 count,
                 dtype,
                 red,
+                on,
             };
             group::issue(api, &shared, op)
         })
@@ -177,7 +179,7 @@ pub(super) fn rooted(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let root = rank_arg(api, "root", root)?;
             let op = Op::Rooted {
@@ -188,6 +190,7 @@ pub(super) fn rooted(
                 recv: recv.cast(),
                 count,
                 dtype,
+                on,
             };
             group::issue(api, &shared, op)
         })
@@ -239,7 +242,7 @@ fn p2p(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            host_stream(api, stream)?;
+            let on = stream_arg(api, &shared, stream)?;
             let dtype = dtype_arg(api, datatype)?;
             let peer = rank_arg(api, "peer", peer)?;
             let op = if send {
@@ -248,6 +251,7 @@ fn p2p(
                     count,
                     dtype,
                     peer,
+                    on,
                 }
             } else {
                 Op::Recv {
@@ -255,6 +259,7 @@ fn p2p(
                     count,
                     dtype,
                     peer,
+                    on,
                 }
             };
             group::issue(api, &shared, op)

@@ -19,11 +19,15 @@
 //! | memory windows | `window` |
 //! | `ncclGroupSimulateEnd` | `simulate` |
 //! | `ncclParam*` | `param` |
+//! | non-NULL streams (device buffers), `ncclMemAlloc`, device binding at init | `stream` |
 //! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
 //! - A NULL stream means host buffers; a call on a blocking communicator completes before it
-//!   returns. A non-NULL stream is `ncclInvalidUsage` (no CUDA support is built in).
+//!   returns. A non-NULL stream means device buffers of the communicator's device: the call
+//!   waits for the stream's earlier work, runs, and returns when the result is in the output
+//!   buffer (it blocks the calling thread; see `stream`). Collectives run staged on the
+//!   device; sends, receives, gather and scatter go through host copies of the buffers.
 //! - Non-blocking communicators (`config.blocking = 0`) return `ncclInProgress` and run their
 //!   work on a background thread; `ncclCommGetAsyncError` reports `ncclInProgress` until it is
 //!   done, then `ncclSuccess` or the error.
@@ -92,6 +96,7 @@ mod life;
 mod ops;
 mod param;
 mod simulate;
+mod stream;
 pub mod types;
 mod unsupported;
 mod window;
@@ -103,6 +108,7 @@ pub use comm::{live_count, read_config, CommOptions};
 pub use life::*;
 pub use param::*;
 pub use simulate::*;
+pub use stream::*;
 pub use types::*;
 pub use unsupported::*;
 pub use window::*;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Fp8E4M3, Fp8E5M2};
 
 use super::comm::Shared;
+use super::stream::{self, OnStream};
 use super::types::*;
 use crate::coll::CollKind;
 use crate::{Communicator, Error, ReduceOp, Result};
@@ -89,6 +90,8 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         red: Reduction,
+        /// A non-NULL stream: the buffers are device memory (`super::stream`).
+        on: Option<OnStream>,
     },
     /// Gather or scatter, from point-to-point operations.
     Rooted {
@@ -99,6 +102,7 @@ pub(crate) enum Op {
         recv: *mut u8,
         count: usize,
         dtype: DataType,
+        on: Option<OnStream>,
     },
     /// `ncclSend`.
     Send {
@@ -106,6 +110,7 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         peer: usize,
+        on: Option<OnStream>,
     },
     /// `ncclRecv`.
     Recv {
@@ -113,6 +118,7 @@ pub(crate) enum Op {
         count: usize,
         dtype: DataType,
         peer: usize,
+        on: Option<OnStream>,
     },
     /// `ncclCommSplit`: makes `child` ready (or failed); `None` for `NCCL_SPLIT_NOCOLOR`.
     Split {
@@ -222,7 +228,7 @@ fn bytes_of(api: &str, count: usize, mult: usize, dtype: DataType) -> Result<usi
         })
 }
 
-fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
+pub(crate) fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
 }
@@ -236,7 +242,7 @@ fn non_null(api: &str, name: &str, p: *const u8) -> Result<()> {
 
 /// How a collective uses its buffers on one rank, after the checks.
 #[derive(Debug)]
-enum Layout {
+pub(crate) enum Layout {
     /// Nothing to do (count 0).
     Empty,
     /// One buffer (`send: None` to ferroccl).
@@ -323,8 +329,12 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             recv,
             count,
             dtype,
+            on,
             ..
-        } => coll_layout(api, kind, send, recv, count, dtype, rank, nranks).map(drop),
+        } => {
+            let layout = coll_layout(api, kind, send, recv, count, dtype, rank, nranks)?;
+            on.map_or(Ok(()), |on| stream::check_layout(api, rank, &layout, on))
+        }
         Op::Rooted {
             api,
             which,
@@ -333,24 +343,40 @@ pub(crate) fn validate(op: &Op, rank: usize, nranks: usize) -> Result<()> {
             recv,
             count,
             dtype,
-        } => rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks).map(drop),
+            on,
+        } => {
+            let l = rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks)?;
+            on.map_or(Ok(()), |on| stream::check_rooted(api, rank, &l, on))
+        }
         Op::Send {
             buf,
             count,
             dtype,
             peer,
-        } => p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks).map(drop),
+            on,
+        } => {
+            let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, nranks)?;
+            on.map_or(Ok(()), |on| {
+                stream::check_span("ncclSend", rank, "sendbuff", buf, b, on)
+            })
+        }
         Op::Recv {
             buf,
             count,
             dtype,
             peer,
-        } => p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks).map(drop),
+            on,
+        } => {
+            let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, nranks)?;
+            on.map_or(Ok(()), |on| {
+                stream::check_span("ncclRecv", rank, "recvbuff", buf, b, on)
+            })
+        }
         Op::Split { .. } => Ok(()),
     }
 }
 
-fn p2p_check(
+pub(crate) fn p2p_check(
     api: &str,
     name: &str,
     buf: *const u8,
@@ -369,10 +395,10 @@ fn p2p_check(
 
 /// Buffers of a gather or scatter on one rank: `(send, send bytes, recv, recv bytes, block
 /// bytes, whether the root's own block is already in place)`.
-type RootedLayout = (*const u8, usize, *mut u8, usize, usize, bool);
+pub(crate) type RootedLayout = (*const u8, usize, *mut u8, usize, usize, bool);
 
 #[allow(clippy::too_many_arguments)]
-fn rooted_layout(
+pub(crate) fn rooted_layout(
     api: &str,
     which: Rooted,
     root: usize,
@@ -430,7 +456,9 @@ pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>) -> Result<()> {
         }
     }
     if !p2p.is_empty() {
-        run_p2p(comm, &p2p)?;
+        // SAFETY: the operations' buffers are the caller's, valid until the group completes
+        // (NCCL's contract); device ones are checked before any copy.
+        unsafe { stream::p2p_on_streams(comm, p2p, |ops| run_p2p(comm, ops)) }?;
     }
     Ok(())
 }
@@ -446,13 +474,25 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             count,
             dtype,
             red,
+            on,
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
+            if let Some(on) = on {
+                stream::check_layout(api, rank, &layout, on)?;
+                // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
+                // buffers (and a ncclScalarDevice scalar) live and the call's alone until it
+                // completes.
+                return unsafe { stream::run_coll(comm, api, kind, &layout, dtype, red, on) };
+            }
             let op = match red {
                 Reduction::Op(op) => op,
-                // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
-                // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
-                Reduction::ScalarAt(p, d) => ReduceOp::PreMulSum(unsafe { read_scalar(p, d) }),
+                Reduction::ScalarAt(p, d) => {
+                    // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
+                    // ncclScalarDevice; NCCL's contract keeps it readable while operations
+                    // use it.
+                    let v = unsafe { read_scalar(p, d) };
+                    ReduceOp::PreMulSum(v)
+                }
             };
             match layout {
                 Layout::Empty => Ok(()),
@@ -484,6 +524,36 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             recv,
             count,
             dtype,
+            on: Some(on),
+        } => {
+            let layout = rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
+            // SAFETY: the layout's buffers are the caller's, valid until the call completes
+            // (NCCL's contract); they are checked against `on` before any copy.
+            unsafe {
+                stream::rooted_on_stream(api, rank, &layout, on, |send, recv| {
+                    let host = Op::Rooted {
+                        api,
+                        which,
+                        root,
+                        send,
+                        recv,
+                        count,
+                        dtype,
+                        on: None,
+                    };
+                    run_one(comm, host)
+                })
+            }
+        }
+        Op::Rooted {
+            api,
+            which,
+            root,
+            send,
+            recv,
+            count,
+            dtype,
+            on: None,
         } => {
             let (send, send_len, recv, recv_len, block, in_place) =
                 rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
@@ -561,7 +631,10 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
                 (None, r) => r.map(drop),
             }
         }
-        Op::Send { .. } | Op::Recv { .. } => run_p2p(comm, &[op]),
+        // SAFETY: as in `execute`.
+        Op::Send { .. } | Op::Recv { .. } => unsafe {
+            stream::p2p_on_streams(comm, vec![op], |ops| run_p2p(comm, ops))
+        },
     }
 }
 
@@ -599,6 +672,7 @@ fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
                 count,
                 dtype,
                 peer,
+                ..
             } => spans.push((
                 buf,
                 p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?,
@@ -609,6 +683,7 @@ fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
                 count,
                 dtype,
                 peer,
+                ..
             } => spans.push((
                 buf,
                 p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?,

@@ -52,14 +52,16 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
     unsafe { d.free(addr) }.map_err(|e| convert(&e))
 }
 
-/// The device owning `[addr, addr + len)` (first and last byte asked), or `None`: host memory
-/// or an address the driver does not know (no driver: `None` as well).
+/// The device owning `[addr, addr + len)`, all of it inside one allocation (the driver's
+/// range of the first byte), or `None`: host memory, an address the driver does not know, or
+/// a range running past its allocation into the next (no driver: `None` as well).
 pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
     let d = loaded().ok()?;
     let first = d.device_of_pointer(addr as DevicePtr)?;
     if len > 1 {
-        let last = d.device_of_pointer(addr.checked_add(len as u64 - 1)?)?;
-        if last != first {
+        let (start, size) = d.allocation_of_pointer(addr as DevicePtr)?;
+        let end = addr.checked_add(len as u64)?;
+        if end > start.checked_add(size as u64)? {
             return None;
         }
     }
@@ -97,6 +99,34 @@ pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<
     let d = bound(ordinal)?;
     // SAFETY: per the caller.
     unsafe { d.download(dst, src) }.map_err(|e| convert(&e))
+}
+
+/// Waits for the caller's `stream` of device `ordinal` (`cuStreamSynchronize`).
+///
+/// # Safety
+/// `stream` is a live stream of the device's primary context, or `CU_STREAM_LEGACY` /
+/// `CU_STREAM_PER_THREAD`.
+pub(crate) unsafe fn sync_foreign_stream(
+    ordinal: u32,
+    stream: *mut std::ffi::c_void,
+) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller; the primary context is current.
+    unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))
+}
+
+/// The PCI bus id of device `ordinal`.
+pub(crate) fn pci_bus_id(ordinal: u32) -> Result<String> {
+    let d = loaded()?;
+    let dev = d.device(ordinal).map_err(|e| convert(&e))?;
+    d.pci_bus_id(dev).map_err(|e| convert(&e))
+}
+
+/// The name of device `ordinal`.
+pub(crate) fn name(ordinal: u32) -> Result<String> {
+    let d = loaded()?;
+    let dev = d.device(ordinal).map_err(|e| convert(&e))?;
+    d.name(dev).map_err(|e| convert(&e))
 }
 
 /// A non-blocking stream of one device with a pool of events (marks), destroyed on drop.

@@ -34,6 +34,7 @@
 
 mod cuda;
 mod host;
+pub(crate) mod raw;
 pub(crate) mod staging;
 
 use std::fmt;
@@ -45,6 +46,7 @@ use ferroccl_transport::{MemRef, MemSpace};
 
 use crate::{Error, Result};
 
+pub use raw::DEVICE_ENV;
 pub(crate) use staging::Staging;
 
 /// What every `cuda` provider entry returns on a machine without an NVIDIA driver.

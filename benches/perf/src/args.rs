@@ -88,6 +88,11 @@ pub struct Args {
     pub ignored: Vec<String>,
     /// The arguments as given (recorded in the JSON output).
     pub argv: Vec<String>,
+    /// `-B 1` / `--device_buffers 1` (ferroccl's own flag; nccl-tests always uses device
+    /// buffers): allocate the send and receive buffers on the device of
+    /// `FERRO_DEVICE_PROVIDER` (default `cuda`) and run the device collectives. Off (host
+    /// buffers) by default.
+    pub device_buffers: bool,
     /// Minimum average bus bandwidth in GB/s (nccl-tests' `NCCL_TESTS_MIN_BW`): below 90 %
     /// of it the run fails. Not a flag: see [`min_bw_from_env`].
     pub min_busbw: Option<f64>,
@@ -119,6 +124,7 @@ impl Default for Args {
             json_path: None,
             ignored: Vec::new(),
             argv: Vec::new(),
+            device_buffers: false,
             min_busbw: None,
         }
     }
@@ -199,6 +205,7 @@ const FLAGS: &[Flag] = &[
     gpu('V', "device_cta_count"),
     gpu('M', "memory_report"),
     flag('u', "unalign"),
+    flag('B', "device_buffers"),
 ];
 
 const fn flag(short: char, long: &'static str) -> Flag {
@@ -250,6 +257,7 @@ pub fn usage(program: &str) -> String {
 [-V,--device_cta_count <n>] (ignored: GPU only) \n\t\
 [-M,--memory_report <0/1>] (ignored: GPU only) \n\t\
 [-u,--unalign <bytes> offset buffers from their allocation] \n\t\
+[-B,--device_buffers <0/1> buffers on the device of FERRO_DEVICE_PROVIDER (default: 0, host)] \n\t\
 [-h,--help]\n"
     )
 }
@@ -453,6 +461,7 @@ impl Args {
                 }
             }
             'u' => self.unalign = size()?,
+            'B' => self.device_buffers = int(0, 1)? == 1,
             'J' => {
                 if value.is_empty() {
                     return Err(invalid("empty file name for 'output_file'".into()));
@@ -535,6 +544,18 @@ mod tests {
         assert_eq!(a.ngpus, 1);
         assert!(a.ignored.is_empty());
         assert_eq!(a.argv, ["-b", "8", "-e", "128M", "-f", "2", "-g", "1"]);
+    }
+
+    #[test]
+    fn device_buffers_flag() {
+        assert!(!parse("").unwrap().device_buffers);
+        assert!(parse("-B 1").unwrap().device_buffers);
+        assert!(parse("--device_buffers=1").unwrap().device_buffers);
+        assert!(!parse("-B 0").unwrap().device_buffers);
+        assert!(parse("-B 2").is_err());
+        let a = parse("-G 1").unwrap();
+        assert!(!a.device_buffers, "-G is nccl-tests' --cudagraph, ignored");
+        assert_eq!(a.ignored, ["-G 1"]);
     }
 
     #[test]

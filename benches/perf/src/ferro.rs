@@ -1,23 +1,120 @@
 //! The perf tools on a real ferroccl [`Communicator`]: [`FerroComm`] implements
 //! [`PerfComm`], and [`tool_main`] is the whole `main` of every `*_perf` binary.
+//!
+//! With `-B 1` (`--device_buffers 1`) the send and receive buffers live on a device of
+//! `FERRO_DEVICE_PROVIDER` (default `cuda`; `host` is the test stand-in): the driver's host
+//! buffers are copied there before each checked call and the output copied back before the
+//! check, outside the timed loop, and the calls are ferroccl's device collectives.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferroccl::coll::CollKind;
+use ferroccl::device::{Device, DeviceBuffer, Provider};
 use ferroccl::{bootstrap, Communicator, Config, DataType, Error, ReduceOp, Result};
 
-use crate::{run_perf, Args, Coll, PerfComm, PerfOp};
+use crate::{report, run::hostname, run_perf, Args, Coll, PerfComm, PerfOp};
+
+/// The device buffers of a rank run with `-B 1`, grown to the largest call seen.
+#[derive(Debug)]
+struct DeviceBufs {
+    device: Device,
+    send: DeviceBuffer<u8>,
+    recv: DeviceBuffer<u8>,
+}
+
+impl DeviceBufs {
+    /// Makes both buffers hold at least `send` and `recv` bytes (a grown buffer is new: its
+    /// contents are gone).
+    fn reserve(&mut self, send: usize, recv: usize) -> Result<()> {
+        if self.send.len() < send {
+            self.send = DeviceBuffer::new(self.device, send)?;
+        }
+        if self.recv.len() < recv {
+            self.recv = DeviceBuffer::new(self.device, recv)?;
+        }
+        Ok(())
+    }
+}
 
 /// One rank of a ferroccl communicator, as the perf driver sees it.
 #[derive(Debug)]
 pub struct FerroComm {
     comm: Communicator,
+    /// `-B 1`: the device buffers.
+    device: Option<Mutex<DeviceBufs>>,
+    /// `-u`: where the buffers start within the device allocations.
+    unalign: usize,
 }
 
 impl FerroComm {
-    /// Wraps `comm`.
+    /// Wraps `comm` (host buffers).
     pub fn new(comm: Communicator) -> Self {
-        FerroComm { comm }
+        FerroComm {
+            comm,
+            device: None,
+            unalign: 0,
+        }
+    }
+
+    /// Wraps `comm` with buffers on the device of `FERRO_DEVICE_PROVIDER` numbered by the
+    /// local rank (modulo the devices this process sees, so several ranks may share one),
+    /// offset by `unalign` bytes as `-u` asks.
+    pub fn with_device_buffers(comm: Communicator, unalign: usize) -> Result<Self> {
+        let provider = Provider::from_env()?;
+        let count = provider.device_count()?.max(1);
+        let device = Device::new(provider, comm.local_rank() as u32 % count)?;
+        comm.set_device(device)?;
+        let bufs = DeviceBufs {
+            device,
+            send: DeviceBuffer::new(device, 0)?,
+            recv: DeviceBuffer::new(device, 0)?,
+        };
+        Ok(FerroComm {
+            comm,
+            device: Some(Mutex::new(bufs)),
+            unalign,
+        })
+    }
+
+    fn device_bufs(&self) -> Option<MutexGuard<'_, DeviceBufs>> {
+        self.device
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A call on the device buffers: the same lengths as the host slices the driver passes,
+    /// at the same offset.
+    #[allow(clippy::too_many_arguments)]
+    fn run_device(
+        &self,
+        bufs: &mut DeviceBufs,
+        coll: Coll,
+        send: Option<usize>,
+        recv: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let Some(kind) = scheduled_kind(coll, root) else {
+            return Err(Error::invalid_usage(format!(
+                "{}: device buffers (-B 1) are not built yet for the point-to-point tools \
+                 (sendrecv, gather, scatter, hypercube)",
+                coll.program_name()
+            )));
+        };
+        let off = self.unalign;
+        bufs.reserve(off + send.unwrap_or(0), off + recv)?;
+        let DeviceBufs {
+            send: ds, recv: dr, ..
+        } = bufs;
+        self.comm.raw_collective_device(
+            kind,
+            send.map(|len| (&*ds, off..off + len)),
+            (dr, off..off + recv),
+            dtype,
+            op,
+        )
     }
 
     /// The communicator.
@@ -72,6 +169,10 @@ impl PerfComm for FerroComm {
     ) -> Result<()> {
         let c = &self.comm;
         let rop = reduce_op(op, c.rank());
+        if let Some(mut bufs) = self.device_bufs() {
+            let send = send.map(<[u8]>::len);
+            return self.run_device(&mut bufs, coll, send, recv.len(), dtype, rop, root);
+        }
         let bytes = count * dtype.size();
         match (scheduled_kind(coll, root), coll) {
             (Some(kind), _) => c.raw_collective(kind, send, recv, count, dtype, rop),
@@ -97,6 +198,55 @@ impl PerfComm for FerroComm {
 
     fn barrier(&self) -> Result<()> {
         self.comm.barrier()
+    }
+
+    fn sum_host_bytes(&self, buf: &mut [u8]) -> Result<()> {
+        let n = buf.len();
+        self.comm.raw_collective(
+            CollKind::AllReduce,
+            None,
+            buf,
+            n,
+            DataType::Uint8,
+            ReduceOp::Sum,
+        )
+    }
+
+    fn load(&self, send: &[u8], recv: &[u8]) -> Result<()> {
+        let Some(mut bufs) = self.device_bufs() else {
+            return Ok(());
+        };
+        bufs.reserve(send.len(), recv.len())?;
+        bufs.send.write_at(0, send)?;
+        bufs.recv.write_at(0, recv)
+    }
+
+    fn fetch(&self, recv: &mut [u8]) -> Result<()> {
+        match self.device_bufs() {
+            Some(bufs) => bufs.recv.read_at(0, recv),
+            None => Ok(()),
+        }
+    }
+
+    fn device_line(&self) -> String {
+        let pid = std::process::id();
+        let (rank, host) = (self.comm.rank(), hostname());
+        let Some(bufs) = self.device_bufs() else {
+            return report::device_line(rank, 0, pid, &host, 0, "[cpu] host memory");
+        };
+        let d = bufs.device;
+        let bus = d
+            .pci_bus_id()
+            .unwrap_or_else(|e| format!("bus id unknown: {e}"));
+        let name = d.name().unwrap_or_else(|e| format!("name unknown: {e}"));
+        report::device_line(
+            rank,
+            0,
+            pid,
+            &host,
+            d.ordinal() as usize,
+            &format!("[{bus}] {name}"),
+        )
     }
 
     fn allreduce_f64(&self, v: f64, max: bool) -> Result<f64> {
@@ -281,7 +431,11 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
             .into_iter()
             .map(|c| {
                 s.spawn(move || {
-                    let fc = FerroComm::new(c);
+                    let fc = if args.device_buffers {
+                        FerroComm::with_device_buffers(c, args.unalign)?
+                    } else {
+                        FerroComm::new(c)
+                    };
                     let rank = fc.rank();
                     let summary = if rank == 0 {
                         run_perf(&fc, coll, args, &mut std::io::stdout())?

@@ -59,6 +59,36 @@ pub trait PerfComm {
     /// The maximum (`max`) or the sum of `v` over ranks, on every rank.
     fn allreduce_f64(&self, v: f64, max: bool) -> Result<f64>;
 
+    /// An in-place sum of host bytes on every rank (for [`gather_lines`]); the default is
+    /// [`PerfComm::run`], which a device-buffer communicator must not use for host memory.
+    fn sum_host_bytes(&self, buf: &mut [u8]) -> Result<()> {
+        let n = buf.len();
+        self.run(
+            Coll::AllReduce,
+            None,
+            buf,
+            n,
+            DataType::Uint8,
+            PerfOp::Sum,
+            0,
+        )
+    }
+
+    /// Device-buffer tools: copies the host inputs `data::prepare` wrote (the first bytes of
+    /// the send and receive buffers) to the buffers [`PerfComm::run`] uses, before the calls
+    /// that are checked. The default (host buffers): nothing to copy.
+    fn load(&self, send: &[u8], recv: &[u8]) -> Result<()> {
+        let _ = (send, recv);
+        Ok(())
+    }
+
+    /// Device-buffer tools: copies the output back into the first `recv.len()` bytes of the
+    /// host receive buffer before it is checked. The default: nothing to copy.
+    fn fetch(&self, recv: &mut [u8]) -> Result<()> {
+        let _ = recv;
+        Ok(())
+    }
+
     /// This rank's line under `# Using devices`
     /// (`#  Rank  0 Group  0 Pid   1234 on       host device  0 [cpu] host memory`).
     fn device_line(&self) -> String {
@@ -160,16 +190,8 @@ pub fn gather_lines<C: PerfComm + ?Sized>(comm: &C, line: &str) -> Result<Vec<St
     let mut buf = vec![0u8; slot * n];
     let at = comm.rank() * slot;
     buf[at..at + mine.len()].copy_from_slice(mine);
-    comm.run(
-        Coll::AllReduce,
-        None,
-        &mut buf,
-        slot * n,
-        DataType::Uint8,
-        PerfOp::Sum,
-        0,
-    )
-    .map_err(|e| e.context("perf: gathering device lines"))?;
+    comm.sum_host_bytes(&mut buf)
+        .map_err(|e| e.context("perf: gathering device lines"))?;
     Ok(buf
         .chunks(slot)
         .map(|c| {
@@ -287,7 +309,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
             })
     }
 
-    fn prepare(&mut self, t: &TestCase, layout: &Layout, in_place: bool, seed: u64) {
+    fn prepare(&mut self, t: &TestCase, layout: &Layout, in_place: bool, seed: u64) -> Result<()> {
         let es = t.dtype.size();
         let off = self.args.unalign;
         let spec = DataSpec::for_coll(t.coll, t.dtype, t.op, self.nranks()).with_seed(seed);
@@ -309,6 +331,13 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
                 expected: &mut expected[..layout.recv_count * es],
             },
         );
+        let send_end = if in_place {
+            0
+        } else {
+            off + layout.send_count * es
+        };
+        let recv_end = off + layout.inplace_count() * es;
+        self.comm.load(&send[..send_end], &recv[..recv_end])
     }
 
     fn combine_time(&self, sec: f64) -> Result<f64> {
@@ -328,7 +357,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
     fn bench(&mut self, t: &TestCase, layout: &Layout, in_place: bool) -> Result<Measure> {
         let args = self.args;
         if args.check > 0 {
-            self.prepare(t, layout, in_place, 99);
+            self.prepare(t, layout, in_place, 99)?;
         }
         // Synchronizing call.
         self.call(t, layout, in_place)?;
@@ -359,10 +388,11 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
         let mut wrong = None;
         for _ in 0..args.check {
             self.rep += 1;
-            self.prepare(t, layout, in_place, self.rep);
+            self.prepare(t, layout, in_place, self.rep)?;
             self.call(t, layout, in_place)?;
             let range = data::output_range(layout, es, self.rank(), in_place);
             let off = args.unalign;
+            self.comm.fetch(&mut self.bufs.recv[..off + range.end])?;
             let got = &self.bufs.recv[off + range.start..off + range.end];
             let local = data::count_wrong(t.dtype, got, &self.bufs.expected[..range.len()]);
             if local > 0 {

@@ -40,6 +40,10 @@ pub const ATTR_CC_MINOR: c_int = 76;
 pub const POINTER_MEMORY_TYPE: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (answers an `int`).
 pub const POINTER_DEVICE_ORDINAL: c_int = 9;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (answers a `CUdeviceptr`).
+pub const POINTER_RANGE_START: c_int = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (answers a `size_t`).
+pub const POINTER_RANGE_SIZE: c_int = 12;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
 
@@ -113,6 +117,8 @@ driver_api! {
     ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
     memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
     event_query = "cuEventQuery": fn(Handle);
+    // The C ABI (libnccl.so.2): the device a communicator binds to at init.
+    ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
 }
 
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
@@ -240,6 +246,15 @@ impl Driver {
             .into_owned())
     }
 
+    /// The device of the context current on this thread (`cuCtxGetDevice`: the device a CUDA
+    /// runtime program chose with `cudaSetDevice`); an error when no context is current.
+    pub fn current_device(&self) -> Result<Device> {
+        let mut d = 0;
+        // SAFETY: `d` is a valid out-pointer.
+        self.check("cuCtxGetDevice", unsafe { (self.ctx_get_device)(&mut d) })?;
+        Ok(d)
+    }
+
     /// Makes `device`'s primary context current on this thread and returns it.
     pub fn bind_primary_context(&self, device: Device) -> Result<Handle> {
         let mut ctx = std::ptr::null_mut();
@@ -340,7 +355,9 @@ impl Driver {
     /// Waits until everything queued on `stream` has run.
     ///
     /// # Safety
-    /// `stream` is a live stream from [`Driver::create_stream`] (not destroyed).
+    /// `stream` is a live stream of the current context (from [`Driver::create_stream`], or a
+    /// caller's `cudaStream_t`, which is the same handle), or one of the special handles
+    /// `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2).
     pub unsafe fn sync_stream(&self, stream: Handle) -> Result<()> {
         // SAFETY: per the caller.
         self.check("cuStreamSynchronize", unsafe {
@@ -434,6 +451,30 @@ impl Driver {
             )
         };
         (s == 0 && ordinal >= 0).then_some(ordinal as u32)
+    }
+
+    /// The allocation holding device pointer `ptr`: its start and size (`None`: not an address
+    /// the driver knows).
+    pub fn allocation_of_pointer(&self, ptr: DevicePtr) -> Option<(DevicePtr, usize)> {
+        let mut start: DevicePtr = 0;
+        let mut size: usize = 0;
+        // SAFETY: valid out-pointers of the attributes' types (CUdeviceptr, size_t); the
+        // driver only looks the address up.
+        let s = unsafe {
+            (self.pointer_attribute)(
+                (&mut start as *mut DevicePtr).cast(),
+                POINTER_RANGE_START,
+                ptr,
+            )
+        };
+        if s != 0 {
+            return None;
+        }
+        // SAFETY: as above.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut size as *mut usize).cast(), POINTER_RANGE_SIZE, ptr)
+        };
+        (s == 0).then_some((start, size))
     }
 
     /// Copies host bytes to device memory (synchronous).

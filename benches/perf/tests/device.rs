@@ -1,0 +1,194 @@
+//! The perf tools on device buffers (`-B 1`) with the host stand-in provider
+//! (`FERRO_DEVICE_PROVIDER=host`), launched by `ferrorun` (built from the root package if the
+//! target folder does not hold it yet): every row must have 0 wrong elements and the device
+//! lines must name the stand-in. Without a driver, `-B 1` with the `cuda` provider must fail
+//! with the driver's message, not a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+const LAUNCH_PREFIXES: &[&str] = &["FERRO_", "SLURM_", "OMPI_", "PMIX_"];
+const LAUNCH_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+/// `target/<profile>/ferrorun`, built with cargo when missing.
+fn ferrorun() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let tool = PathBuf::from(env!("CARGO_BIN_EXE_all_reduce_perf"));
+        let path = tool.with_file_name("ferrorun");
+        if !path.exists() {
+            let cargo = option_env!("CARGO").unwrap_or("cargo");
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            let out = Command::new(cargo)
+                .current_dir(&root)
+                .args(["build", "--quiet", "-p", "ferroccl", "--bin", "ferrorun"])
+                .output()
+                .expect("running cargo build for ferrorun");
+            assert!(
+                out.status.success(),
+                "building ferrorun failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(path.exists(), "no ferrorun at {path:?}");
+        path
+    })
+}
+
+/// A command with no launcher variables inherited.
+fn command(bin: &Path) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg(bin);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if LAUNCH_PREFIXES.iter().any(|p| k.starts_with(p)) || LAUNCH_VARS.contains(&k.as_str()) {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env("FERRO_TIMEOUT", "30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
+    let sweep = ["-b", "8", "-e", "1M", "-f", "2", "-n", "2", "-w", "1"];
+    for (n, dtype) in [("2", "float"), ("3", "int64")] {
+        let out = command(ferrorun())
+            .args(["-n", n, "--"])
+            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
+            .args(sweep)
+            .args(["-d", dtype, "-B", "1"])
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .output()
+            .expect("running ferrorun");
+        // ferrorun prefixes every line with `[rank] `.
+        let t: String = text(&out)
+            .lines()
+            .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(out.status.success(), "{n} ranks: exit {}\n{t}", out.status);
+        assert!(
+            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
+            "{n} ranks: footer\n{t}"
+        );
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        // 8, 16, 32, ... 1M bytes: 18 sizes.
+        assert_eq!(rows.len(), 18, "{n} ranks: rows\n{t}");
+        for row in &rows {
+            assert_eq!(row[8], "0", "{n} ranks: out-of-place #wrong in {row:?}");
+            assert_eq!(row[12], "0", "{n} ranks: in-place #wrong in {row:?}");
+        }
+        let devices: Vec<&str> = t.lines().filter(|l| l.starts_with("#  Rank")).collect();
+        assert_eq!(devices.len(), n.parse::<usize>().unwrap(), "{t}");
+        for (r, l) in devices.iter().enumerate() {
+            assert!(
+                l.ends_with(&format!("device  {r} [stand-in] host stand-in device {r}")),
+                "device line {l:?}"
+            );
+        }
+    }
+}
+
+/// Every collective tool with `-B 1`, 3 ranks as threads, every root; all_reduce also with
+/// every dtype and op and misaligned buffers (`-u 3`).
+#[test]
+fn every_collective_tool_on_stand_in_device_buffers() {
+    let tools: [(&str, &str, &[&str]); 6] = [
+        (
+            "all_reduce_perf",
+            env!("CARGO_BIN_EXE_all_reduce_perf"),
+            &["-d", "all", "-o", "all", "-u", "3"],
+        ),
+        (
+            "all_gather_perf",
+            env!("CARGO_BIN_EXE_all_gather_perf"),
+            &[],
+        ),
+        (
+            "broadcast_perf",
+            env!("CARGO_BIN_EXE_broadcast_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "reduce_perf",
+            env!("CARGO_BIN_EXE_reduce_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "reduce_scatter_perf",
+            env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+            &[],
+        ),
+        ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf"), &[]),
+    ];
+    for (name, bin, extra) in tools {
+        let out = command(Path::new(bin))
+            .args([
+                "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-t", "3", "-B", "1",
+            ])
+            .args(extra)
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .output()
+            .expect("running a perf tool");
+        let t = text(&out);
+        assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
+        assert!(
+            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
+            "{name}: footer\n{t}"
+        );
+        assert!(
+            t.contains("[stand-in] host stand-in device 2"),
+            "{name}\n{t}"
+        );
+    }
+}
+
+#[test]
+fn device_buffers_without_a_driver_or_on_p2p_tools_are_clear_errors() {
+    let out = command(Path::new(env!("CARGO_BIN_EXE_all_reduce_perf")))
+        .args(["-b", "8", "-e", "8", "-B", "1"])
+        .env("FERRO_DEVICE_PROVIDER", "cuda")
+        .env("FERROCCL_CUDA_DRIVER", "/nonexistent/libcuda.so.1")
+        .output()
+        .expect("running all_reduce_perf");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("device buffers need an NVIDIA driver (libcuda.so.1 not found)"),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+
+    let out = command(Path::new(env!("CARGO_BIN_EXE_sendrecv_perf")))
+        .args(["-b", "8", "-e", "8", "-B", "1"])
+        .env("FERRO_DEVICE_PROVIDER", "host")
+        .output()
+        .expect("running sendrecv_perf");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("not built yet"), "{t}");
+}

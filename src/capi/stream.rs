@@ -1,0 +1,479 @@
+//! Device buffers through the C ABI: a non-NULL `cudaStream_t`, `ncclMemAlloc` /
+//! `ncclMemFree`, and the device a communicator is bound to at init.
+//!
+//! A non-NULL stream means the buffers are device memory of the communicator's device
+//! (checked before anything runs: host memory is `ncclInvalidArgument`). The operation then
+//! waits for the work queued on the stream before it (`cuStreamSynchronize`), runs the
+//! collective on device buffers through ferroccl's device layer (staged through pinned host
+//! memory; sends, receives, gather and scatter through host copies of their buffers, made and
+//! written back around the host operation), and returns when the result is in the output
+//! buffer, so work queued on the stream afterwards sees it. **The call blocks the calling thread until the collective is done**: it
+//! is not yet asynchronous. Inside `ncclGroupStart`/`ncclGroupEnd` it runs at the outermost
+//! `ncclGroupEnd` like host-buffer work (each communicator on its own thread), so one thread
+//! driving several communicators must group its calls, as NCCL requires anyway.
+//!
+//! The provider is `FERRO_DEVICE_PROVIDER` (`cuda` by default; `host`, the test stand-in,
+//! treats any non-NULL stream as a stand-in stream). Without a driver, a non-NULL stream and
+//! `ncclMemAlloc` are `ncclSystemError` with the driver's message in `ncclGetLastError`.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{LazyLock, Mutex};
+
+use ferroccl_kernels::DataType;
+
+use super::api::{check_out, lock};
+use super::comm::Shared;
+use super::error::guard;
+use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, Reduction, RootedLayout};
+use super::types::*;
+use crate::coll::CollKind;
+use crate::device::raw::Span;
+use crate::device::{Device, Provider};
+use crate::{Communicator, Error, ErrorKind, ReduceOp, Result};
+
+/// The device and stream of a call made with a non-NULL stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OnStream {
+    /// The communicator's device: every buffer of the call must be its memory.
+    pub device: Device,
+    /// The caller's `cudaStream_t`, as a number (never dereferenced here).
+    pub stream: usize,
+}
+
+/// A device-layer failure as the C ABI reports it: a missing driver (or device) is a system
+/// error (as NCCL reports a failing CUDA call), with the call named in front.
+fn system(api: &str, e: Error) -> Error {
+    let kind = match e.kind() {
+        ErrorKind::Unsupported | ErrorKind::Internal => ErrorKind::System,
+        k => k,
+    };
+    Error::new(kind, format!("{api}: {}", e.message()))
+}
+
+/// The device a communicator made now on this thread is bound to (`ncclCommCuDevice`): the
+/// current device of the provider (`cuCtxGetDevice`; with the host stand-in `FERRO_DEVICE` or
+/// 0). Without a driver, 0: host-buffer work needs none.
+pub(crate) fn init_device() -> c_int {
+    Provider::from_env()
+        .map(|p| p.current_device())
+        .ok()
+        .and_then(|d| c_int::try_from(d).ok())
+        .unwrap_or(0)
+}
+
+/// The `stream` argument of a call on `shared`: `None` for NULL (host buffers), else the
+/// device the buffers must be on (an error without a driver, or for a device that does not
+/// exist).
+pub(crate) fn stream_arg(
+    api: &str,
+    shared: &Shared,
+    stream: cudaStream_t,
+) -> Result<Option<OnStream>> {
+    if stream.is_null() {
+        return Ok(None);
+    }
+    let provider = Provider::from_env().map_err(|e| system(api, e))?;
+    let ordinal = u32::try_from(shared.cu_device).unwrap_or(0);
+    let device = Device::new(provider, ordinal).map_err(|e| {
+        system(api, e).append(format!(
+            "stream {stream:p} is non-NULL, which means device buffers; pass a NULL stream for \
+             host buffers"
+        ))
+    })?;
+    Ok(Some(OnStream {
+        device,
+        stream: stream as usize,
+    }))
+}
+
+/// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
+pub(crate) fn check_span(
+    api: &str,
+    rank: usize,
+    name: &str,
+    p: *const u8,
+    len: usize,
+    on: OnStream,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let dev = on.device;
+    let found = dev.provider().locate(p as u64, len);
+    if found == Some(dev.ordinal()) {
+        return Ok(());
+    }
+    let space = match found {
+        Some(o) => format!("memory of {} device {o}", dev.provider()),
+        None => "host memory (or not live device memory)".to_string(),
+    };
+    Err(Error::invalid_argument(format!(
+        "{api} on rank {rank}: {name} {p:p} ({len} bytes) is {space}, but stream 0x{:x} is non-NULL, which \
+         means device buffers of the communicator's {dev} (ncclMemAlloc or cudaMalloc); pass a \
+         NULL stream for host buffers",
+        on.stream
+    )))
+}
+
+/// Checks every buffer a collective's layout uses against the call's device.
+pub(crate) fn check_layout(api: &str, rank: usize, layout: &Layout, on: OnStream) -> Result<()> {
+    match *layout {
+        Layout::Empty => Ok(()),
+        Layout::InPlace { buf, len } => check_span(api, rank, "recvbuff", buf, len, on),
+        Layout::Apart {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } => {
+            check_span(api, rank, "sendbuff", send, send_len, on)?;
+            check_span(api, rank, "recvbuff", recv, recv_len, on)
+        }
+    }
+}
+
+/// Reads a pre-multiplied sum's scalar at `p` for a call on a stream: from the device when
+/// it is device memory of the call's device, else from host memory.
+///
+/// # Safety
+/// `p` points to one readable element of `dtype`, in host memory or the call's device memory.
+pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream) -> Result<f64> {
+    let dev = on.device;
+    if dev.provider().locate(p as u64, dtype.size()) != Some(dev.ordinal()) {
+        // SAFETY: host memory, readable per the caller.
+        return Ok(unsafe { read_scalar(p, dtype) });
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: live device memory of `dev` (located above), one element.
+    unsafe { dev.read_raw(p as u64, &mut b[..dtype.size()]) }?;
+    // SAFETY: `b` holds the element's bytes.
+    Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
+}
+
+/// Runs collective `kind` on the device buffers of `layout` after waiting for the caller's
+/// stream (a `ncclScalarDevice` scalar is read after the wait); returns when the result is in
+/// the output buffer.
+///
+/// # Safety
+/// `layout` came from `coll_layout` and passed [`check_layout`] for `on`; the caller keeps the
+/// buffers live and unused by anything else until this returns (NCCL's contract).
+pub(crate) unsafe fn run_coll(
+    comm: &Communicator,
+    api: &str,
+    kind: CollKind,
+    layout: &Layout,
+    dtype: DataType,
+    red: Reduction,
+    on: OnStream,
+) -> Result<()> {
+    if matches!(layout, Layout::Empty) {
+        return Ok(());
+    }
+    if comm.device() != Some(on.device) {
+        comm.set_device(on.device)?;
+    }
+    wait_stream(api, on)?;
+    // Read after the wait: earlier work on the stream may write a device scalar.
+    let op = match red {
+        Reduction::Op(op) => op,
+        // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
+        // ncclScalarDevice; NCCL's contract keeps it readable while operations use it.
+        Reduction::ScalarAt(p, d) => ReduceOp::PreMulSum(unsafe { read_scalar_on(p, d, on) }?),
+    };
+    let dev = on.device;
+    let span = |addr: *const u8, bytes: usize| Span {
+        device: dev,
+        addr: addr as u64,
+        bytes,
+    };
+    let (send, recv) = match *layout {
+        Layout::Empty => return Ok(()),
+        Layout::InPlace { buf, len } => (None, span(buf, len)),
+        Layout::Apart {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } => (Some(span(send, send_len)), span(recv, recv_len)),
+    };
+    // SAFETY: the layout's buffers are device memory of `dev` (checked by the caller), live
+    // and the call's alone while it runs (NCCL's contract); `coll_layout` refuses overlapping
+    // buffers outside the in-place layout, which has no send span.
+    unsafe { comm.collective_at(kind, send, recv, dtype, op) }.map_err(|e| e.context(api))
+}
+
+/// Checks the buffers of a gather or scatter against the call's device.
+pub(crate) fn check_rooted(api: &str, rank: usize, l: &RootedLayout, on: OnStream) -> Result<()> {
+    let &(send, send_len, recv, recv_len, ..) = l;
+    check_span(api, rank, "sendbuff", send, send_len, on)?;
+    check_span(api, rank, "recvbuff", recv.cast_const(), recv_len, on)
+}
+
+/// `len` bytes of device memory at `p` copied to the host (empty for `len == 0`).
+///
+/// # Safety
+/// The range is live device memory of `on`'s device (checked by [`check_span`]).
+unsafe fn download(api: &str, p: *const u8, len: usize, on: OnStream) -> Result<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: per the caller.
+        unsafe { on.device.read_raw(p as u64, &mut v) }.map_err(|e| system(api, e))?;
+    }
+    Ok(v)
+}
+
+/// Copies `src` back to device memory at `p` (nothing for an empty `src`).
+///
+/// # Safety
+/// The range is live device memory of `on`'s device, the call's alone.
+unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: per the caller.
+    unsafe { on.device.write_raw(p as u64, src) }.map_err(|e| system(api, e))
+}
+
+/// Waits for the work queued on the caller's stream before the call.
+fn wait_stream(api: &str, on: OnStream) -> Result<()> {
+    let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
+    // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
+    // stream argument), or a special handle; never dereferenced by ferroccl.
+    unsafe { on.device.sync_stream(stream) }.map_err(|e| system(api, e))
+}
+
+/// A gather or scatter on device buffers: checked, the stream waited for, the buffers copied
+/// to host memory, `run(send, recv)` on the host copies, the receive buffer copied back.
+///
+/// # Safety
+/// `layout` came from `rooted_layout`; the caller keeps its buffers live and the call's alone
+/// until this returns (NCCL's contract).
+pub(crate) unsafe fn rooted_on_stream(
+    api: &str,
+    rank: usize,
+    layout: &RootedLayout,
+    on: OnStream,
+    run: impl FnOnce(*const u8, *mut u8) -> Result<()>,
+) -> Result<()> {
+    check_rooted(api, rank, layout, on)?;
+    let &(send, send_len, recv, recv_len, ..) = layout;
+    wait_stream(api, on)?;
+    // The receive buffer is copied in too: the root's own block may already be there (in
+    // place). Separate host copies make an in-place call an out-of-place one with equal data.
+    // SAFETY: both ranges were checked as live memory of the device just above.
+    let (s, mut r) = unsafe {
+        (
+            download(api, send, send_len, on)?,
+            download(api, recv, recv_len, on)?,
+        )
+    };
+    let hs = if send_len > 0 { s.as_ptr() } else { send };
+    let hr = if recv_len > 0 { r.as_mut_ptr() } else { recv };
+    run(hs, hr)?;
+    // SAFETY: checked above; the call's alone (the caller's contract).
+    unsafe { upload(api, recv, &r[..recv_len], on) }
+}
+
+/// Sends and receives, some of them on device buffers: those are checked (device, overlap),
+/// their streams waited for, staged through host copies around `run`, and the received bytes
+/// copied back. Host operations pass through unchanged.
+///
+/// # Safety
+/// The operations' buffers are the caller's, live and the group's alone until it completes.
+pub(crate) unsafe fn p2p_on_streams(
+    comm: &Communicator,
+    ops: Vec<Op>,
+    run: impl FnOnce(&[Op]) -> Result<()>,
+) -> Result<()> {
+    if !ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Send { on: Some(_), .. } | Op::Recv { on: Some(_), .. }
+        )
+    }) {
+        return run(&ops);
+    }
+    let n = comm.nranks();
+    // (address, bytes, written, stream) of every device buffer.
+    let mut spans = Vec::new();
+    for op in &ops {
+        match *op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?;
+                check_span("ncclSend", comm.rank(), "sendbuff", buf, b, on)?;
+                spans.push((buf, b, false, on));
+            }
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?;
+                check_span("ncclRecv", comm.rank(), "recvbuff", buf, b, on)?;
+                spans.push((buf.cast_const(), b, true, on));
+            }
+            _ => {}
+        }
+    }
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
+                return Err(Error::invalid_argument(format!(
+                    "ncclGroupEnd: device buffers {:p} ({} bytes) and {:p} ({} bytes) of one \
+                     group overlap and one of them is a receive buffer",
+                    a.0, a.1, b.0, b.1
+                )));
+            }
+        }
+    }
+    let mut waited: Vec<usize> = Vec::new();
+    for s in &spans {
+        if !waited.contains(&s.3.stream) {
+            wait_stream("ncclGroupEnd", s.3)?;
+            waited.push(s.3.stream);
+        }
+    }
+    // Host copies, then the operations on them; received copies go back afterwards.
+    let mut copies: Vec<Vec<u8>> = Vec::new();
+    let mut back: Vec<(*mut u8, usize, OnStream)> = Vec::new();
+    let mut host_ops = Vec::with_capacity(ops.len());
+    for op in ops {
+        match op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let bytes = count * dtype.size();
+                // SAFETY: checked live memory of the device above.
+                let v = unsafe { download("ncclSend", buf, bytes, on) }?;
+                let p = if bytes > 0 { v.as_ptr() } else { buf };
+                copies.push(v);
+                host_ops.push(Op::Send {
+                    buf: p,
+                    count,
+                    dtype,
+                    peer,
+                    on: None,
+                });
+            }
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => {
+                let bytes = count * dtype.size();
+                let mut v = vec![0u8; bytes];
+                let p = if bytes > 0 { v.as_mut_ptr() } else { buf };
+                back.push((buf, copies.len(), on));
+                copies.push(v);
+                host_ops.push(Op::Recv {
+                    buf: p,
+                    count,
+                    dtype,
+                    peer,
+                    on: None,
+                });
+            }
+            other => host_ops.push(other),
+        }
+    }
+    run(&host_ops)?;
+    for (dst, i, on) in back {
+        // SAFETY: checked live memory of the device above; the group's alone.
+        unsafe { upload("ncclRecv", dst, &copies[i], on) }?;
+    }
+    Ok(())
+}
+
+/// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.
+static ALLOCATIONS: LazyLock<Mutex<HashMap<usize, Device>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+nccl_api! {
+    /// Allocates `size` bytes of device memory on the current device (`cudaSetDevice`'s) through
+    /// the provider of `FERRO_DEVICE_PROVIDER`. Without a driver: `ncclSystemError`.
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        const API: &str = "ncclMemAlloc";
+        guard(API, || {
+            check_out(API, "ptr", ptr)?;
+            if size == 0 {
+                return Err(Error::invalid_argument(format!("{API}: size is 0")));
+            }
+            let provider = Provider::from_env().map_err(|e| system(API, e))?;
+            let dev = Device::new(provider, provider.current_device()).map_err(|e| system(API, e))?;
+            let addr = dev
+                .alloc_raw(size)
+                .map_err(|e| system(API, e).append(format!("allocating {size} bytes on {dev}")))?;
+            lock(&ALLOCATIONS).insert(addr as usize, dev);
+            // SAFETY: checked non-NULL; writable by the caller's contract.
+            unsafe { ptr.write(std::ptr::with_exposed_provenance_mut(addr as usize)) };
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+nccl_api! {
+    /// Frees memory from `ncclMemAlloc` (NULL: nothing).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        const API: &str = "ncclMemFree";
+        guard(API, || {
+            if ptr.is_null() {
+                return Ok(ncclSuccess);
+            }
+            let Some(dev) = lock(&ALLOCATIONS).remove(&(ptr as usize)) else {
+                return Err(Error::invalid_argument(format!(
+                    "{API}: {ptr:p} was not allocated by ncclMemAlloc (or was already freed)"
+                )));
+            };
+            // SAFETY: allocated by ncclMemAlloc on `dev` and freed once (just removed from
+            // the live blocks); NCCL's contract: no operation still uses it.
+            unsafe { dev.free_raw(ptr as u64) }.map_err(|e| system(API, e))?;
+            Ok(ncclSuccess)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memory_on_a_stream_is_named() {
+        let on = OnStream {
+            device: Device::new(Provider::Host, 0).unwrap(),
+            stream: 1,
+        };
+        let v = [0u8; 64];
+        let e = check_span("ncclAllReduce", 1, "sendbuff", v.as_ptr(), 64, on).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("ncclAllReduce on rank 1: sendbuff"), "{m}");
+        assert!(m.contains("is host memory"), "{m}");
+        assert!(m.contains("stream 0x1"), "{m}");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        let other = Device::new(Provider::Host, 1).unwrap();
+        let a = other.alloc_raw(64).unwrap();
+        let e = check_span("ncclAllReduce", 1, "recvbuff", a as *const u8, 64, on).unwrap_err();
+        assert!(e.to_string().contains("memory of host device 1"), "{e}");
+        let mine = on.device.alloc_raw(64).unwrap();
+        check_span("x", 1, "recvbuff", mine as *const u8, 64, on).unwrap();
+        // SAFETY: allocated above, unused.
+        unsafe {
+            other.free_raw(a).unwrap();
+            on.device.free_raw(mine).unwrap();
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Device memory named by raw addresses, for code outside Rust (the C ABI, the perf tools):
+//! the device a thread works on, allocations that are not [`DeviceBuffer`]s, borrowed views of
+//! them, and streams handed in by the caller.
+//!
+//! With the `cuda` provider these are driver calls (`cuCtxGetDevice`, `cuMemAlloc`,
+//! `cuStreamSynchronize`, ...); with the host stand-in, the stand-in's registry and `memcpy`,
+//! and any non-NULL stream handle is a stand-in stream with nothing queued on it (the stand-in
+//! runs no kernels, so there is no earlier work to wait for).
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Range;
+
+use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
+
+use super::{cuda, host, Device, DeviceBuffer, Provider};
+use crate::coll::CollKind;
+use crate::{BufMut, BufRef, Communicator, Error, ReduceOp, Result};
+
+/// The environment variable naming the host stand-in's current device (default 0).
+pub const DEVICE_ENV: &str = "FERRO_DEVICE";
+
+impl Provider {
+    /// The device this thread works on. `Cuda`: the device of the current context
+    /// (`cuCtxGetDevice`, what a CUDA runtime program chose with `cudaSetDevice`), 0 when no
+    /// context is current or there is no driver (a call that needs the device then reports
+    /// the driver's error). `Host`: `FERRO_DEVICE` when it holds a device number, else 0.
+    pub fn current_device(self) -> u32 {
+        match self {
+            Provider::Cuda => ferroccl_cuda::driver::driver()
+                .ok()
+                .and_then(|d| d.current_device().ok())
+                .and_then(|d| u32::try_from(d).ok())
+                .unwrap_or(0),
+            Provider::Host => std::env::var(DEVICE_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+        }
+    }
+}
+
+impl Device {
+    /// Allocates `bytes` of device memory not owned by a [`DeviceBuffer`] (for `ncclMemAlloc`);
+    /// free it with [`Device::free_raw`]. The host stand-in's memory is zeroed and, being heap
+    /// memory, host-addressable (a real device's is not).
+    pub fn alloc_raw(self, bytes: usize) -> Result<u64> {
+        match self.provider {
+            Provider::Cuda => cuda::alloc(self.ordinal, bytes),
+            Provider::Host => host::alloc(self.ordinal, bytes),
+        }
+    }
+
+    /// Frees memory from [`Device::alloc_raw`].
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_raw` on this device, is freed once, and no work still uses it.
+    pub unsafe fn free_raw(self, addr: u64) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::free(self.ordinal, addr) },
+            // SAFETY: per the caller.
+            Provider::Host => unsafe { host::free(addr) },
+        }
+    }
+
+    /// Copies `dst.len()` bytes of device memory at `addr` to `dst`; returns when done.
+    ///
+    /// # Safety
+    /// `[addr, addr + dst.len())` is live device memory of this device, not written meanwhile.
+    pub unsafe fn read_raw(self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::download(self.ordinal, dst, addr) },
+            Provider::Host => {
+                // SAFETY: per the caller the range is a live stand-in allocation (heap memory);
+                // `dst` is a distinct, exclusively borrowed host slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies `src` to device memory at `addr`; returns when done.
+    ///
+    /// # Safety
+    /// `[addr, addr + src.len())` is live device memory of this device, used by nothing else.
+    pub unsafe fn write_raw(self, addr: u64, src: &[u8]) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::upload(self.ordinal, addr, src) },
+            Provider::Host => {
+                // SAFETY: per the caller the range is a live stand-in allocation (heap memory);
+                // `src` is a distinct host slice.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until the work queued on the caller's `stream` (a `CUstream` / `cudaStream_t` of
+    /// this device) has run: `cuStreamSynchronize`. The host stand-in has nothing to wait for.
+    ///
+    /// # Safety
+    /// With `Cuda`, `stream` is a live stream of this device's primary context, or one of the
+    /// special handles `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2).
+    pub unsafe fn sync_stream(self, stream: *mut c_void) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::sync_foreign_stream(self.ordinal, stream) },
+            Provider::Host => Ok(()),
+        }
+    }
+
+    /// The device's PCI bus id (`0000:3b:00.0`); the host stand-in has none and says so.
+    pub fn pci_bus_id(self) -> Result<String> {
+        match self.provider {
+            Provider::Cuda => cuda::pci_bus_id(self.ordinal),
+            Provider::Host => Ok("stand-in".to_string()),
+        }
+    }
+
+    /// The device's name (`NVIDIA H100 80GB HBM3`; `host stand-in device 0`).
+    pub fn name(self) -> Result<String> {
+        match self.provider {
+            Provider::Cuda => cuda::name(self.ordinal),
+            Provider::Host => Ok(self.to_string()),
+        }
+    }
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    /// A view of `len` elements of device memory at `addr` that it does not own: dropping the
+    /// `ManuallyDrop` frees nothing (never call `ManuallyDrop::drop` on it).
+    ///
+    /// # Safety
+    /// `[addr, addr + len × size)` is device memory of `device`, live and not used by anything
+    /// else (another view included, unless both only read) while the view is used.
+    pub unsafe fn view(device: Device, addr: u64, len: usize) -> Result<ManuallyDrop<Self>> {
+        len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
+            Error::invalid_argument(format!("device view of {len} x {} overflows", T::DTYPE))
+        })?;
+        Ok(ManuallyDrop::new(DeviceBuffer {
+            device,
+            addr,
+            len,
+            _elems: PhantomData,
+        }))
+    }
+}
+
+impl<T: Element> DeviceBuffer<T> {
+    fn check_range(&self, what: &str, offset: usize, n: usize) -> Result<()> {
+        if offset.checked_add(n).is_none_or(|end| end > self.len) {
+            return Err(Error::invalid_argument(format!(
+                "{what}: elements {offset}..{} are outside the device buffer of {} on {}",
+                offset.saturating_add(n),
+                self.len,
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into elements `offset..offset + src.len()`; returns when done.
+    pub fn write_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
+        self.check_range("write_at", offset, src.len())?;
+        let bytes = ferroccl_kernels::as_bytes(src);
+        let at = self.addr + (offset * T::DTYPE.size()) as u64;
+        match self.device.provider {
+            // SAFETY: the range is inside the buffer (checked), which owns it.
+            Provider::Cuda => unsafe { cuda::upload(self.device.ordinal, at, bytes) },
+            Provider::Host => {
+                // SAFETY: as above; heap memory of the stand-in, `src` a distinct host slice.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len())
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies elements `offset..offset + dst.len()` into `dst`; returns when done.
+    pub fn read_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
+        self.check_range("read_at", offset, dst.len())?;
+        let at = self.addr + (offset * T::DTYPE.size()) as u64;
+        // SAFETY: the range is inside the buffer (checked), which owns it and is borrowed.
+        unsafe {
+            self.device
+                .read_raw(at, ferroccl_kernels::as_bytes_mut(dst))
+        }
+    }
+}
+
+impl Communicator {
+    /// Runs collective `kind` on byte ranges of device buffers holding elements of `dtype`
+    /// (`send: None`: in place), as [`Communicator::collective`] does on typed buffers: the
+    /// perf tools' entry, whose buffers serve every data type.
+    pub fn raw_collective_device(
+        &self,
+        kind: CollKind,
+        send: Option<(&DeviceBuffer<u8>, Range<usize>)>,
+        recv: (&mut DeviceBuffer<u8>, Range<usize>),
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let name = kind.name();
+        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
+            if r.start > r.end || r.end > b.len || !(r.end - r.start).is_multiple_of(es) {
+                return Err(Error::invalid_argument(format!(
+                    "{name} on rank {}: {what} bytes {r:?} of a device buffer of {} bytes are \
+                     not whole elements of {dtype} inside it",
+                    self.rank(),
+                    b.len
+                )));
+            }
+            Ok(())
+        };
+        if let Some((b, r)) = &send {
+            check(b, r, "send")?;
+        }
+        check(recv.0, &recv.1, "receive")?;
+        let span = |b: &DeviceBuffer<u8>, r: &Range<usize>| Span {
+            device: b.device,
+            addr: b.addr + r.start as u64,
+            bytes: r.len(),
+        };
+        let send = send.as_ref().map(|(b, r)| span(b, r));
+        let recv_span = span(recv.0, &recv.1);
+        // SAFETY: the ranges lie inside their buffers (checked above), which own their memory
+        // on their devices; `recv` is borrowed mutably and `send` shared, so neither range is
+        // used by anything else while the call runs, and they do not overlap.
+        unsafe { self.collective_at(kind, send, recv_span, dtype, op) }
+    }
+
+    /// Runs collective `kind` on device memory named by address (`send: None`: in place) with
+    /// elements of `dtype`: the entry of code outside Rust (the C ABI) and of
+    /// [`Communicator::raw_collective_device`].
+    ///
+    /// # Safety
+    /// Each span is device memory of its device, live while the call runs; `recv` is used by
+    /// nothing else meanwhile, `send` is not written by anything and does not overlap `recv`.
+    pub(crate) unsafe fn collective_at(
+        &self,
+        kind: CollKind,
+        send: Option<Span>,
+        recv: Span,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        macro_rules! typed {
+            ($t:ty) => {
+                // SAFETY: per this function's contract.
+                unsafe { self.collective_at_typed::<$t>(kind, send, recv, op) }
+            };
+        }
+        match dtype {
+            DataType::Int8 => typed!(i8),
+            DataType::Uint8 => typed!(u8),
+            DataType::Int32 => typed!(i32),
+            DataType::Uint32 => typed!(u32),
+            DataType::Int64 => typed!(i64),
+            DataType::Uint64 => typed!(u64),
+            DataType::Float16 => typed!(half::f16),
+            DataType::Bfloat16 => typed!(half::bf16),
+            DataType::Float32 => typed!(f32),
+            DataType::Float64 => typed!(f64),
+            DataType::Float8E4M3 => typed!(Fp8E4M3),
+            DataType::Float8E5M2 => typed!(Fp8E5M2),
+        }
+    }
+
+    /// # Safety
+    /// As for [`Communicator::collective_at`], with `T` the element type.
+    unsafe fn collective_at_typed<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<Span>,
+        recv: Span,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let es = T::DTYPE.size();
+        // SAFETY: per this function's contract (a partial element is left out of the view).
+        let mut r = unsafe { DeviceBuffer::<T>::view(recv.device, recv.addr, recv.bytes / es) }?;
+        let s = match send {
+            Some(sp) => {
+                // SAFETY: as above.
+                let v = unsafe { DeviceBuffer::<T>::view(sp.device, sp.addr, sp.bytes / es) }?;
+                Some(v)
+            }
+            None => None,
+        };
+        self.collective(
+            kind,
+            s.as_deref().map(BufRef::Device),
+            BufMut::Device(&mut r),
+            op,
+        )
+    }
+}
+
+/// A range of device memory named by address: `bytes` at `addr` on `device`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    /// The device whose memory it is.
+    pub device: Device,
+    /// The first byte.
+    pub addr: u64,
+    /// Its length in bytes.
+    pub bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_memory_round_trips_through_views_on_the_stand_in() {
+        let dev = Device::new(Provider::Host, 2).unwrap();
+        let addr = dev.alloc_raw(16).unwrap();
+        assert_eq!(Provider::Host.locate(addr, 16), Some(2));
+        {
+            // SAFETY: 16 live bytes of the stand-in device 2, used by this view alone.
+            let mut v = unsafe { DeviceBuffer::<u32>::view(dev, addr, 4) }.unwrap();
+            v.copy_from_host(&[1, 2, 3, 4]).unwrap();
+        }
+        let mut b = [0u8; 4];
+        // SAFETY: the first 4 bytes of the allocation, live.
+        unsafe { dev.read_raw(addr + 4, &mut b) }.unwrap();
+        assert_eq!(u32::from_ne_bytes(b), 2);
+        // SAFETY: stand-in streams need no live handle.
+        unsafe { dev.sync_stream(std::ptr::without_provenance_mut(1)) }.unwrap();
+        assert_eq!(
+            Provider::Host.locate(addr, 16),
+            Some(2),
+            "a view frees nothing"
+        );
+        // SAFETY: allocated above, freed once, nothing uses it.
+        unsafe { dev.free_raw(addr) }.unwrap();
+        assert_eq!(Provider::Host.locate(addr, 16), None);
+        assert_eq!(dev.name().unwrap(), "host stand-in device 2");
+    }
+
+    #[test]
+    fn byte_ranges_of_device_buffers_run_collectives() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let comms = Communicator::local_group(2, crate::Config::default()).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let r = c.rank() as u32;
+                    let mut send = DeviceBuffer::<u8>::new(dev, 64).unwrap();
+                    let mut recv = DeviceBuffer::<u8>::new(dev, 64).unwrap();
+                    let vals: Vec<u8> =
+                        (0..4u32).flat_map(|i| (r * 10 + i).to_ne_bytes()).collect();
+                    send.write_at(4, &vals).unwrap();
+                    c.raw_collective_device(
+                        CollKind::AllReduce,
+                        Some((&send, 4..20)),
+                        (&mut recv, 8..24),
+                        DataType::Uint32,
+                        ReduceOp::Sum,
+                    )
+                    .unwrap();
+                    let mut out = [0u8; 16];
+                    recv.read_at(8, &mut out).unwrap();
+                    let got: Vec<u32> = out
+                        .chunks(4)
+                        .map(|b| u32::from_ne_bytes(b.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(got, [10, 12, 14, 16]);
+                    let e = c
+                        .raw_collective_device(
+                            CollKind::AllReduce,
+                            None,
+                            (&mut recv, 8..23),
+                            DataType::Uint32,
+                            ReduceOp::Sum,
+                        )
+                        .unwrap_err();
+                    assert!(e.to_string().contains("not whole elements"), "{e}");
+                    assert!(recv.read_at(60, &mut out).is_err());
+                });
+            }
+        });
+    }
+}

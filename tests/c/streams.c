@@ -1,0 +1,377 @@
+/* Device buffers through the C ABI: a non-NULL stream means the buffers are device memory of
+ * the communicator's device. ncclMemAlloc'd buffers, every collective (all-reduce, broadcast,
+ * reduce, all-gather, reduce-scatter, all-to-all) with a distinct value in every element, a
+ * pre-multiplied sum with its scalar in device memory, a group of two calls, send/recv in a
+ * group, gather, scatter, a host pointer refused, ncclMemFree.
+ *
+ *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
+ *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
+ *                            communicator through groups (host stand-in only)
+ *   streams 1 nodriver       no stand-in and no driver: a non-NULL stream and ncclMemAlloc fail
+ *                            with ncclSystemError and the driver's message, no crash
+ *
+ * With FERRO_DEVICE_PROVIDER=host (the test stand-in) ncclMemAlloc's "device memory" is host
+ * heap memory, so to_dev / from_dev below are plain memcpy and the stream is the made-up
+ * handle (cudaStream_t)0x1. Otherwise (a GPU) they are the driver's copies (libcuda.so.1,
+ * opened at run time, so this program builds without CUDA) and the stream is created with
+ * cuStreamCreate; the upload is queued on that stream, so the collective must wait for it.
+ *
+ * Exit status 0 when every check passed. */
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+static int g_standin = 0;
+static cudaStream_t g_stream = (cudaStream_t)0x1;
+
+typedef int (*cu_init_t)(unsigned);
+typedef int (*cu_htod_t)(unsigned long long, const void *, size_t, void *);
+typedef int (*cu_dtoh_t)(void *, unsigned long long, size_t);
+typedef int (*cu_stream_create_t)(void **, unsigned);
+static cu_htod_t cu_htod_async;
+static cu_dtoh_t cu_dtoh;
+
+/* Opens the driver's copy calls (not with the stand-in). */
+static void open_driver(void) {
+  if (g_standin) return;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  EXPECT(lib != NULL, "libcuda.so.1: %s", dlerror());
+  cu_init_t init = (cu_init_t)dlsym(lib, "cuInit");
+  cu_htod_async = (cu_htod_t)dlsym(lib, "cuMemcpyHtoDAsync_v2");
+  cu_dtoh = (cu_dtoh_t)dlsym(lib, "cuMemcpyDtoH_v2");
+  cu_stream_create_t create = (cu_stream_create_t)dlsym(lib, "cuStreamCreate");
+  EXPECT(init && cu_htod_async && cu_dtoh && create, "driver symbols");
+  EXPECT(init(0) == 0, "cuInit");
+  void *s = NULL;
+  /* ncclMemAlloc made the device's primary context current on this thread. */
+  EXPECT(create(&s, 0) == 0, "cuStreamCreate");
+  g_stream = (cudaStream_t)s;
+}
+
+/* Host bytes to device memory, ordered on the stream (the stand-in: host-addressable). */
+static void to_dev(void *dev, const void *host, size_t bytes) {
+  if (g_standin) {
+    memcpy(dev, host, bytes); /* stand-in device memory is host heap memory */
+    return;
+  }
+  EXPECT(cu_htod_async((unsigned long long)(uintptr_t)dev, host, bytes, g_stream) == 0,
+         "cuMemcpyHtoDAsync");
+}
+
+/* Device memory to host bytes; the collective has already completed (it returned). */
+static void from_dev(void *host, const void *dev, size_t bytes) {
+  if (g_standin) {
+    memcpy(host, dev, bytes); /* stand-in device memory is host heap memory */
+    return;
+  }
+  EXPECT(cu_dtoh(host, (unsigned long long)(uintptr_t)dev, bytes) == 0, "cuMemcpyDtoH");
+}
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  CHECK(ncclMemAlloc(&p, bytes));
+  EXPECT(p != NULL, "ncclMemAlloc gave NULL");
+  return p;
+}
+
+enum { C = 1000 };
+
+static void collectives(ncclComm_t comm) {
+  int n, rank;
+  CHECK(ncclCommCount(comm, &n));
+  CHECK(ncclCommUserRank(comm, &rank));
+  g_rank = rank;
+  size_t big = sizeof(int64_t) * C * n;
+  void *d_send = dev_alloc(big), *d_recv = dev_alloc(big);
+  open_driver();
+  float *fs = malloc(big), *fr = malloc(big);
+
+  /* all-reduce, sum of float: element i of rank r is r * C + i */
+  for (int i = 0; i < C; i++) fs[i] = (float)(rank * C + i);
+  to_dev(d_send, fs, sizeof(float) * C);
+  CHECK(ncclAllReduce(d_send, d_recv, C, ncclFloat, ncclSum, comm, g_stream));
+  from_dev(fr, d_recv, sizeof(float) * C);
+  for (int i = 0; i < C; i++) {
+    float want = (float)(C * n * (n - 1) / 2 + n * i);
+    EXPECT(fr[i] == want, "allreduce sum [%d] = %f, want %f", i, fr[i], want);
+  }
+
+  /* in place, max of int32: element i is largest on rank i % n */
+  int32_t *is = (int32_t *)fs, *ir = (int32_t *)fr;
+  for (int i = 0; i < C; i++) is[i] = (i % n == rank) ? 1000000 + i : -i;
+  to_dev(d_recv, is, sizeof(int32_t) * C);
+  CHECK(ncclAllReduce(d_recv, d_recv, C, ncclInt32, ncclMax, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++) EXPECT(ir[i] == 1000000 + i, "allreduce max [%d] = %d", i, ir[i]);
+
+  /* broadcast of int32 from the last rank, out of place */
+  int root = n - 1;
+  for (int i = 0; i < C; i++) is[i] = rank == root ? 3 * i + 7 : -1;
+  to_dev(d_send, is, sizeof(int32_t) * C);
+  CHECK(ncclBroadcast(d_send, d_recv, C, ncclInt32, root, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++) EXPECT(ir[i] == 3 * i + 7, "broadcast [%d] = %d", i, ir[i]);
+
+  /* all-gather of int64: element i of rank r is r * 100000 + i */
+  int64_t *ls = (int64_t *)fs, *lr = (int64_t *)fr;
+  for (int i = 0; i < C; i++) ls[i] = (int64_t)rank * 100000 + i;
+  to_dev(d_send, ls, sizeof(int64_t) * C);
+  CHECK(ncclAllGather(d_send, d_recv, C, ncclInt64, comm, g_stream));
+  from_dev(lr, d_recv, sizeof(int64_t) * C * n);
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < C; i++)
+      EXPECT(lr[r * C + i] == (int64_t)r * 100000 + i, "allgather [%d][%d] = %lld", r, i,
+             (long long)lr[r * C + i]);
+
+  /* reduce-scatter, sum of double: block b element i of rank r is r + b * 10000 + i */
+  double *ds = (double *)fs, *dr = (double *)fr;
+  for (int b = 0; b < n; b++)
+    for (int i = 0; i < C; i++) ds[b * C + i] = (double)(rank + b * 10000 + i);
+  to_dev(d_send, ds, sizeof(double) * C * n);
+  CHECK(ncclReduceScatter(d_send, d_recv, C, ncclDouble, ncclSum, comm, g_stream));
+  from_dev(dr, d_recv, sizeof(double) * C);
+  for (int i = 0; i < C; i++) {
+    double want = (double)(n * (n - 1) / 2) + (double)n * (rank * 10000 + i);
+    EXPECT(dr[i] == want, "reducescatter [%d] = %f, want %f", i, dr[i], want);
+  }
+
+  /* reduce, sum of int64 to rank n / 2: element i of rank r is r * 100000 + i */
+  for (int i = 0; i < C; i++) ls[i] = (int64_t)rank * 100000 + i;
+  to_dev(d_send, ls, sizeof(int64_t) * C);
+  root = n / 2;
+  CHECK(ncclReduce(d_send, d_recv, C, ncclInt64, ncclSum, root, comm, g_stream));
+  if (rank == root) {
+    from_dev(lr, d_recv, sizeof(int64_t) * C);
+    for (int i = 0; i < C; i++) {
+      int64_t want = (int64_t)100000 * n * (n - 1) / 2 + (int64_t)n * i;
+      EXPECT(lr[i] == want, "reduce [%d] = %lld", i, (long long)lr[i]);
+    }
+  }
+
+  /* all-to-all: block p of rank r holds r * 1000000 + p * 1000 + i */
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++) is[p * C + i] = rank * 1000000 + p * 1000 + i;
+  to_dev(d_send, is, sizeof(int32_t) * C * n);
+  CHECK(ncclAlltoAll(d_send, d_recv, C, ncclInt32, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C * n);
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++)
+      EXPECT(ir[p * C + i] == p * 1000000 + rank * 1000 + i, "alltoall [%d][%d] = %d", p, i,
+             ir[p * C + i]);
+
+  /* a pre-multiplied sum whose scalar (2) lives in device memory (ncclScalarDevice) */
+  float two = 2.0f;
+  void *d_scalar = dev_alloc(sizeof two);
+  to_dev(d_scalar, &two, sizeof two);
+  ncclRedOp_t premul;
+  CHECK(ncclRedOpCreatePreMulSum(&premul, d_scalar, ncclFloat, ncclScalarDevice, comm));
+  for (int i = 0; i < C; i++) fs[i] = (float)(rank + i);
+  to_dev(d_send, fs, sizeof(float) * C);
+  CHECK(ncclAllReduce(d_send, d_recv, C, ncclFloat, premul, comm, g_stream));
+  from_dev(fr, d_recv, sizeof(float) * C);
+  for (int i = 0; i < C; i++) {
+    float want = 2.0f * (float)(n * (n - 1) / 2 + n * i);
+    EXPECT(fr[i] == want, "premulsum [%d] = %f, want %f", i, fr[i], want);
+  }
+  CHECK(ncclRedOpDestroy(premul, comm));
+  CHECK(ncclMemFree(d_scalar));
+
+  /* a group of two calls on the stream: an in-place sum and a broadcast from rank 0 */
+  int32_t *gs = malloc(sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++) { is[i] = rank * C + i; gs[i] = rank == 0 ? -i : 5; }
+  to_dev(d_recv, is, sizeof(int32_t) * C);
+  to_dev(d_send, gs, sizeof(int32_t) * C);
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(d_recv, d_recv, C, ncclInt32, ncclSum, comm, g_stream));
+  CHECK(ncclBcast(d_send, C, ncclInt32, 0, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(ir, d_recv, sizeof(int32_t) * C);
+  from_dev(gs, d_send, sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++) {
+    EXPECT(ir[i] == C * n * (n - 1) / 2 + n * i, "group allreduce [%d] = %d", i, ir[i]);
+    EXPECT(gs[i] == -i, "group bcast [%d] = %d", i, gs[i]);
+  }
+
+  /* send/recv around the ring both ways, in one group */
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  for (int i = 0; i < C; i++) { is[i] = rank * C + i; is[C + i] = -(rank * C + i); }
+  to_dev(d_send, is, sizeof(int32_t) * 2 * C);
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(d_send, C, ncclInt32, right, comm, g_stream));
+  CHECK(ncclSend((int32_t *)d_send + C, C, ncclInt32, left, comm, g_stream));
+  CHECK(ncclRecv(d_recv, C, ncclInt32, left, comm, g_stream));
+  CHECK(ncclRecv((int32_t *)d_recv + C, C, ncclInt32, right, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(ir, d_recv, sizeof(int32_t) * 2 * C);
+  for (int i = 0; i < C; i++) {
+    EXPECT(ir[i] == left * C + i, "recv from left [%d] = %d", i, ir[i]);
+    EXPECT(ir[C + i] == -(right * C + i), "recv from right [%d] = %d", i, ir[C + i]);
+  }
+
+  /* gather to rank 0: block r holds r * C + i */
+  for (int i = 0; i < C; i++) is[i] = rank * C + i;
+  to_dev(d_send, is, sizeof(int32_t) * C);
+  CHECK(ncclGather(d_send, d_recv, C, ncclInt32, 0, comm, g_stream));
+  if (rank == 0) {
+    from_dev(ir, d_recv, sizeof(int32_t) * C * n);
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < C; i++)
+        EXPECT(ir[r * C + i] == r * C + i, "gather [%d][%d] = %d", r, i, ir[r * C + i]);
+  }
+  /* scatter from the last rank: block p holds p * 100000 + i */
+  for (int p = 0; p < n; p++)
+    for (int i = 0; i < C; i++) is[p * C + i] = rank == n - 1 ? p * 100000 + i : -1;
+  to_dev(d_send, is, sizeof(int32_t) * C * n);
+  CHECK(ncclScatter(d_send, d_recv, C, ncclInt32, n - 1, comm, g_stream));
+  from_dev(ir, d_recv, sizeof(int32_t) * C);
+  for (int i = 0; i < C; i++)
+    EXPECT(ir[i] == rank * 100000 + i, "scatter [%d] = %d", i, ir[i]);
+
+  /* a host pointer with a non-NULL stream: refused, naming the call, argument and space */
+  EXPECT_ERR(ncclAllReduce(fs, d_recv, C, ncclFloat, ncclSum, comm, g_stream),
+             ncclInvalidArgument, "ncclAllReduce on rank");
+  EXPECT(strstr(ncclGetLastError(NULL), "sendbuff") != NULL &&
+             strstr(ncclGetLastError(NULL), "host memory") != NULL,
+         "argument and space in \"%s\"", ncclGetLastError(NULL));
+  EXPECT_ERR(ncclAllGather(d_send, fr, C, ncclInt64, comm, g_stream), ncclInvalidArgument,
+             "recvbuff");
+  /* a buffer running past its allocation is not device memory either */
+  EXPECT_ERR(ncclAllReduce(d_send, d_recv, C * n * 2 + 1, ncclFloat, ncclSum, comm, g_stream),
+             ncclInvalidArgument, "not live device memory");
+  /* the refused calls ran nothing: the communicator still works, host buffers too */
+  for (int i = 0; i < C; i++) fs[i] = 1.0f;
+  CHECK(ncclAllReduce(fs, fr, C, ncclFloat, ncclSum, comm, NULL));
+  for (int i = 0; i < C; i++) EXPECT(fr[i] == (float)n, "host allreduce [%d] = %f", i, fr[i]);
+  EXPECT_ERR(ncclSend(fs, 4, ncclInt32, 0, comm, g_stream), ncclInvalidArgument,
+             "ncclSend on rank");
+
+  CHECK(ncclMemFree(d_send));
+  CHECK(ncclMemFree(d_recv));
+  EXPECT_ERR(ncclMemFree(d_send), ncclInvalidArgument, "not allocated by ncclMemAlloc");
+  free(fs);
+  free(fr);
+  free(gs);
+}
+
+static int run_rank(int rank, int n, ncclUniqueId id) {
+  g_rank = rank;
+  if (g_standin) {
+    /* Each rank's current device: the communicator binds to it at init. */
+    char dev[8];
+    snprintf(dev, sizeof dev, "%d", rank % 4);
+    setenv("FERRO_DEVICE", dev, 1);
+  }
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  int dev = -1;
+  CHECK(ncclCommCuDevice(comm, &dev));
+  if (g_standin) EXPECT(dev == rank % 4, "bound to device %d, want %d", dev, rank % 4);
+  collectives(comm);
+  CHECK(ncclCommDestroy(comm));
+  return 0;
+}
+
+/* One thread, n communicators on stand-in devices 0..n-1: calls on several communicators from
+ * one thread go in a group, which runs them together at ncclGroupEnd (no deadlock). */
+static int run_all(int n) {
+  ncclComm_t *comms = calloc(n, sizeof(ncclComm_t));
+  void **bufs = calloc(n, sizeof(void *));
+  CHECK(ncclCommInitAll(comms, n, NULL));
+  enum { A = 257 };
+  int32_t *h = malloc(sizeof(int32_t) * A);
+  for (int r = 0; r < n; r++) {
+    char dev[8];
+    snprintf(dev, sizeof dev, "%d", r);
+    setenv("FERRO_DEVICE", dev, 1); /* the stand-in's cudaSetDevice(r) */
+    bufs[r] = dev_alloc(sizeof(int32_t) * A);
+    for (int i = 0; i < A; i++) h[i] = r * A + i;
+    to_dev(bufs[r], h, sizeof(int32_t) * A);
+  }
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++)
+    CHECK(ncclAllReduce(bufs[r], bufs[r], A, ncclInt32, ncclSum, comms[r], g_stream));
+  for (int r = 0; r < n; r++) CHECK(ncclBcast(bufs[r], 3, ncclInt32, n - 1, comms[r], g_stream));
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < n; r++) {
+    from_dev(h, bufs[r], sizeof(int32_t) * A);
+    for (int i = 0; i < A; i++)
+      EXPECT(h[i] == A * n * (n - 1) / 2 + n * i, "comm %d allreduce [%d] = %d", r, i, h[i]);
+  }
+  if (n > 1) /* device 0's memory on the communicator of device 1 */
+    EXPECT_ERR(ncclAllReduce(bufs[0], bufs[1], A, ncclInt32, ncclSum, comms[1], g_stream),
+               ncclInvalidArgument, "memory of host device 0");
+  for (int r = 0; r < n; r++) {
+    CHECK(ncclMemFree(bufs[r]));
+    CHECK(ncclCommDestroy(comms[r]));
+  }
+  printf("OK %d communicators in one thread\n", n);
+  return 0;
+}
+
+/* No stand-in and no driver (FERROCCL_CUDA_DRIVER names a missing library). */
+static int run_nodriver(void) {
+  g_rank = 0;
+  ncclUniqueId id;
+  ncclComm_t comm;
+  CHECK(ncclGetUniqueId(&id));
+  CHECK(ncclCommInitRank(&comm, 1, id, 0));
+  void *p = (void *)0x1234;
+  EXPECT_ERR(ncclMemAlloc(&p, 4096), ncclSystemError, "ncclMemAlloc: device buffers need an NVIDIA driver (libcuda.so.1 not found)");
+  float buf[4] = {1, 2, 3, 4};
+  EXPECT_ERR(ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, comm, (cudaStream_t)0x1),
+             ncclSystemError, "ncclAllReduce: device buffers need an NVIDIA driver");
+  EXPECT(strstr(ncclGetLastError(NULL), "libcuda") != NULL, "libcuda in \"%s\"",
+         ncclGetLastError(NULL));
+  /* host buffers with a NULL stream still work */
+  CHECK(ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, comm, NULL));
+  EXPECT(buf[3] == 4.0f, "host allreduce %f", buf[3]);
+  CHECK(ncclCommDestroy(comm));
+  printf("OK no driver: clear errors\n");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 2;
+  const char *mode = argc > 2 ? argv[2] : "pipe";
+  const char *prov = getenv("FERRO_DEVICE_PROVIDER");
+  g_standin = prov != NULL && strcmp(prov, "host") == 0;
+  if (n < 1) return 1;
+  if (strcmp(mode, "nodriver") == 0) return run_nodriver();
+  if (strcmp(mode, "all") == 0) {
+    EXPECT(g_standin, "mode all needs FERRO_DEVICE_PROVIDER=host");
+    return run_all(n);
+  }
+  int (*pipes)[2] = calloc(n, sizeof *pipes);
+  for (int r = 0; r < n; r++)
+    if (pipe(pipes[r]) != 0) return 1;
+  for (int r = 0; r < n; r++) {
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid > 0) continue;
+    ncclUniqueId id;
+    g_rank = r;
+    if (r == 0) {
+      CHECK(ncclGetUniqueId(&id));
+      for (int q = 1; q < n; q++)
+        if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
+    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+      _exit(4);
+    }
+    fflush(stdout);
+    _exit(run_rank(r, n, id));
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int status = 0;
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  printf(failed ? "FAILED\n" : "OK %d ranks\n", n);
+  return failed;
+}

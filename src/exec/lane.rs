@@ -253,25 +253,32 @@ impl Engine {
                     who.join(", ")
                 )));
             }
-            let ops: Vec<RawOp> = (0..self.nranks)
-                .filter(|&p| pending & (1 << p) != 0)
-                .map(|peer| RawOp::Recv {
-                    peer,
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                    header: *want,
-                })
-                .collect();
-            let st: Vec<OpState> = ops.iter().map(|_| OpState::default()).collect();
+            // The awaited peers as receive ops, in the engine's op and state storage (reserved
+            // at setup, so sleeping allocates nothing); emptied again before the next pass.
+            let ops = &mut self.raw.0;
+            ops.clear();
+            ops.extend(
+                (0..self.nranks)
+                    .filter(|&p| pending & (1 << p) != 0)
+                    .map(|peer| RawOp::Recv {
+                        peer,
+                        ptr: std::ptr::null_mut(),
+                        len: 0,
+                        header: *want,
+                    }),
+            );
+            self.states.clear();
+            self.states.resize_with(ops.len(), OpState::default);
             let waiting = Waiting {
                 conns: &self.conns,
-                ops: &ops,
-                st: &st,
+                ops: &self.raw.0,
+                st: &self.states,
             };
             waiter.sleep(
                 &waiting,
                 self.wait.timeout.saturating_sub(quiet).min(MAX_SLEEP),
             );
+            self.raw.0.clear();
         }
     }
 

@@ -148,6 +148,20 @@ pub(super) fn confirm(
              ranks' errors name the processes"
         )));
     }
+    // No rank leaves init before every rank has read the verdict: a rank that left at once
+    // could fail its first call (a mismatch is found within microseconds) and end its process,
+    // taking down the store it hosts while a slower rank still waits for the verdict there.
+    let read = store.add(&format!("{sid}/read"), 1)?;
+    if read == nranks as i64 {
+        store.set(&format!("{sid}/all_read"), b"1")?;
+    }
+    store
+        .get(&format!("{sid}/all_read"), left(deadline))
+        .map_err(|e| {
+            e.context(format!(
+                "init on rank {rank}: waiting for every rank to confirm"
+            ))
+        })?;
     Ok(())
 }
 

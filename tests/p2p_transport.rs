@@ -7,15 +7,12 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::child::{
-    self, dump_all, expected_cases, ferrorun_self, field, free_port, now_ms, self_command, serial,
-    sweep_named, Running,
+    self, dump_all, ferrorun_self, field, free_port, now_ms, self_command, serial, Running,
 };
-use common::conformance::run_sweep;
 use common::threads;
 use ferroccl::{Communicator, Config, ReduceOp};
 use ferroccl_transport_p2p::{host_pair, P2pConfig};
@@ -53,28 +50,9 @@ fn child_p2p_conformance() {
     if !child::is_role("p2p_conformance") {
         return;
     }
-    let comm = Communicator::from_env().expect("from_env");
     // The transport the job forces (p2p; another one to compare timings by hand).
     let want: String = child::env_var("FERRO_TRANSPORTS");
-    for p in (0..comm.nranks()).filter(|&p| p != comm.rank()) {
-        assert_eq!(
-            comm.transport(p),
-            Some(want.as_str()),
-            "rank {} to {p}",
-            comm.rank()
-        );
-    }
-    let sweep = sweep_named(&child::env_var::<String>(child::SWEEP_VAR));
-    let seed = 1000 * comm.nranks() as u64 + 41;
-    match run_sweep(&comm, &sweep, seed) {
-        Ok(cases) => println!(
-            "CASES rank={} nranks={} cases={cases}",
-            comm.rank(),
-            comm.nranks()
-        ),
-        Err(e) => panic!("nranks {}, rank {}: {e}", comm.nranks(), comm.rank()),
-    }
-    comm.destroy().expect("destroy");
+    child::sweep_rank(&want, 41);
 }
 
 /// Runs sweep `name` on `n` processes; `ring` overrides the ring (`(slots, slot bytes)`) of
@@ -95,14 +73,7 @@ fn conformance_job(n: usize, name: &str, ring: Option<(usize, &str)>) {
         &env,
         JOB_LIMIT,
     );
-    assert!(out.success(), "nranks {n}, sweep {name}: {}", out.dump());
-    let want = expected_cases(&sweep_named(name));
-    let lines = out.tagged("CASES ");
-    let ranks: BTreeSet<usize> = lines.iter().map(|l| field(l, "rank")).collect();
-    assert_eq!(ranks, (0..n).collect(), "{}", out.dump());
-    for l in &lines {
-        assert_eq!(field::<usize>(l, "cases"), want, "{l}");
-    }
+    let want = child::check_sweep_job(&out, n, name);
     println!(
         "p2p(host) nranks {n}, sweep {name}: {want} cases per rank in {:.1} s",
         out.took.as_secs_f64()

@@ -7,15 +7,10 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::child::{
-    self, expected_cases, ferrorun_self, field, free_port, self_command, serial, sweep_named,
-    Running,
-};
-use common::conformance::run_sweep;
+use common::child::{self, ferrorun_self, free_port, self_command, serial, Running};
 use common::threads;
 use ferroccl::{Communicator, Config, ReduceOp};
 
@@ -39,26 +34,7 @@ fn child_rdma_conformance() {
     if !child::is_role("rdma_conformance") {
         return;
     }
-    let comm = Communicator::from_env().expect("from_env");
-    for p in (0..comm.nranks()).filter(|&p| p != comm.rank()) {
-        assert_eq!(
-            comm.transport(p),
-            Some("rdma"),
-            "rank {} to {p}",
-            comm.rank()
-        );
-    }
-    let sweep = sweep_named(&child::env_var::<String>(child::SWEEP_VAR));
-    let seed = 1000 * comm.nranks() as u64 + 29;
-    match run_sweep(&comm, &sweep, seed) {
-        Ok(cases) => println!(
-            "CASES rank={} nranks={} cases={cases}",
-            comm.rank(),
-            comm.nranks()
-        ),
-        Err(e) => panic!("nranks {}, rank {}: {e}", comm.nranks(), comm.rank()),
-    }
-    comm.destroy().expect("destroy");
+    child::sweep_rank("rdma", 29);
 }
 
 fn conformance(n: usize, name: &str) {
@@ -72,14 +48,7 @@ fn conformance(n: usize, name: &str) {
         &env,
         JOB_LIMIT,
     );
-    assert!(out.success(), "nranks {n}, sweep {name}: {}", out.dump());
-    let want = expected_cases(&sweep_named(name));
-    let lines = out.tagged("CASES ");
-    let ranks: BTreeSet<usize> = lines.iter().map(|l| field(l, "rank")).collect();
-    assert_eq!(ranks, (0..n).collect(), "{}", out.dump());
-    for l in &lines {
-        assert_eq!(field::<usize>(l, "cases"), want, "{l}");
-    }
+    let want = child::check_sweep_job(&out, n, name);
     println!(
         "rdma(soft) nranks {n}, sweep {name}: {want} cases per rank in {:.1} s",
         out.took.as_secs_f64()

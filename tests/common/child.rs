@@ -145,6 +145,46 @@ pub fn assert_algo_used(out: &Finished, algo: &str) {
     assert!(fallbacks.is_empty(), "FERRO_ALGO={algo}: {fallbacks:?}");
 }
 
+/// A rank of a conformance sweep job: checks that every peer is reached over `transport`,
+/// runs the sweep named by [`SWEEP_VAR`] (seed `1000 * nranks + salt`) and prints
+/// `CASES rank=R nranks=N cases=C`.
+pub fn sweep_rank(transport: &str, salt: u64) {
+    let comm = ferroccl::Communicator::from_env().expect("from_env");
+    for p in (0..comm.nranks()).filter(|&p| p != comm.rank()) {
+        assert_eq!(
+            comm.transport(p),
+            Some(transport),
+            "rank {} to {p}",
+            comm.rank()
+        );
+    }
+    let sweep = sweep_named(&env_var::<String>(SWEEP_VAR));
+    let seed = 1000 * comm.nranks() as u64 + salt;
+    match super::conformance::run_sweep(&comm, &sweep, seed) {
+        Ok(cases) => println!(
+            "CASES rank={} nranks={} cases={cases}",
+            comm.rank(),
+            comm.nranks()
+        ),
+        Err(e) => panic!("nranks {}, rank {}: {e}", comm.nranks(), comm.rank()),
+    }
+    comm.destroy().expect("destroy");
+}
+
+/// Checks a job of [`sweep_rank`]s: it succeeded, and each of ranks `0..n` ran every case of
+/// sweep `name`. Returns the cases per rank.
+pub fn check_sweep_job(out: &Finished, n: usize, name: &str) -> usize {
+    assert!(out.success(), "nranks {n}, sweep {name}: {}", out.dump());
+    let want = expected_cases(&sweep_named(name));
+    let lines = out.tagged("CASES ");
+    let ranks: std::collections::BTreeSet<usize> = lines.iter().map(|l| field(l, "rank")).collect();
+    assert_eq!(ranks, (0..n).collect(), "{}", out.dump());
+    for l in &lines {
+        assert_eq!(field::<usize>(l, "cases"), want, "{l}");
+    }
+    want
+}
+
 /// How many cases [`super::conformance::run_sweep`] runs for `sweep` (on every rank).
 pub fn expected_cases(sweep: &Sweep) -> usize {
     sweep

@@ -61,6 +61,30 @@ pub struct Header {
 }
 
 impl Header {
+    /// Fails unless this header announces a payload of `len` bytes, the payload `send` was
+    /// given for `peer` (the contract's first check in every transport's `send`).
+    pub fn check_send_len(&self, peer: &PeerInfo, len: usize) -> Result<()> {
+        if self.len == len as u64 {
+            return Ok(());
+        }
+        Err(Error::internal(format!(
+            "send to {peer}: header says {} bytes, payload has {len}",
+            self.len
+        )))
+    }
+
+    /// Fails unless this header, received from `peer`, announces `len` bytes, the length of
+    /// the buffer `recv` was given.
+    pub fn check_recv_len(&self, peer: &PeerInfo, len: usize) -> Result<()> {
+        if self.len == len as u64 {
+            return Ok(());
+        }
+        Err(Error::internal(format!(
+            "recv from {peer}: header says {} bytes, buffer has {len}",
+            self.len
+        )))
+    }
+
     /// The 40-byte wire form (little endian).
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];

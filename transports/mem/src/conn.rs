@@ -222,14 +222,7 @@ impl Connection for MemConnection {
         if self.closed {
             return Err(self.closed_here("send to"));
         }
-        if header.len != payload.len() as u64 {
-            return Err(Error::internal(format!(
-                "send to {}: header says {} bytes, payload has {}",
-                self.peer,
-                header.len,
-                payload.len()
-            )));
-        }
+        header.check_send_len(&self.peer, payload.len())?;
         let other = self.other();
         let mut st = self.pair.lock();
         if st.ends[other] != End::Open {
@@ -325,14 +318,7 @@ impl Connection for MemConnection {
             return Ok(false);
         }
         if !p.started {
-            if header.len != payload.len() as u64 {
-                return Err(Error::internal(format!(
-                    "recv from {}: header says {} bytes, buffer has {}",
-                    self.peer,
-                    header.len,
-                    payload.len()
-                )));
-            }
+            header.check_recv_len(&self.peer, payload.len())?;
             layout(payload.len(), p);
         }
         let part = &mut p.parts[0];

@@ -208,14 +208,7 @@ impl Connection for P2pConnection {
         if self.closed {
             return Err(self.closed_error());
         }
-        if header.len != payload.len() as u64 {
-            return Err(Error::internal(format!(
-                "send to {}: header says {} bytes, payload has {}",
-                self.p.peer,
-                header.len,
-                payload.len()
-            )));
-        }
+        header.check_send_len(&self.p.peer, payload.len())?;
         let moved = self
             .tx_progress(header, payload, p)
             .map_err(|e| e.context(format_args!("send to {}", self.p.peer)))?;
@@ -261,14 +254,7 @@ impl Connection for P2pConnection {
             return Ok(false);
         }
         if !p.started {
-            if header.len != payload.len() as u64 {
-                return Err(Error::internal(format!(
-                    "recv from {}: header says {} bytes, buffer has {}",
-                    self.p.peer,
-                    header.len,
-                    payload.len()
-                )));
-            }
+            header.check_recv_len(&self.p.peer, payload.len())?;
             self.recv.start(p, payload.len());
         }
         let mut moved = self.rx_progress(&mut payload, p).map_err(ctx)?;

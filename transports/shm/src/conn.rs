@@ -381,14 +381,7 @@ impl Connection for ShmConnection {
         if self.closed {
             return Err(self.closed_error());
         }
-        if header.len != payload.len() as u64 {
-            return Err(Error::internal(format!(
-                "send to {}: header says {} bytes, payload has {}",
-                self.peer,
-                header.len,
-                payload.len()
-            )));
-        }
+        header.check_send_len(&self.peer, payload.len())?;
         if !p.started {
             if self.producer().free() < FRAME_LEN {
                 self.check_peer()?;

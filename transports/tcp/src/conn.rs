@@ -195,14 +195,7 @@ impl Connection for TcpConnection {
         if self.closed {
             return Err(self.closed_error());
         }
-        if header.len != payload.len() as u64 {
-            return Err(Error::internal(format!(
-                "send to {}: header says {} bytes, payload has {}",
-                self.peer,
-                header.len,
-                payload.len()
-            )));
-        }
+        header.check_send_len(&self.peer, payload.len())?;
         if !p.started {
             self.layout(payload.len(), p);
         }
@@ -277,14 +270,7 @@ impl Connection for TcpConnection {
             return Ok(false);
         }
         if !p.started {
-            if header.len != payload.len() as u64 {
-                return Err(Error::internal(format!(
-                    "recv from {}: header says {} bytes, buffer has {}",
-                    self.peer,
-                    header.len,
-                    payload.len()
-                )));
-            }
+            header.check_recv_len(&self.peer, payload.len())?;
             self.layout(payload.len(), p);
         }
         let max_io = self.cfg.max_io.max(4096);

@@ -514,14 +514,7 @@ impl<V: Verbs> Connection for RdmaConnection<V> {
     fn send(&mut self, header: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
         let payload = payload.host("rdma")?;
         self.check("send to")?;
-        if header.len != payload.len() as u64 {
-            return Err(Error::internal(format!(
-                "send to {}: header says {} bytes, payload has {}",
-                self.peer,
-                header.len,
-                payload.len()
-            )));
-        }
+        header.check_send_len(&self.peer, payload.len())?;
         let moved = self.progress()?;
         if self.peer_closed.is_some() {
             return Err(self.peer_closed_error());

@@ -180,14 +180,7 @@ impl<V: Verbs> RdmaConnection<V> {
         buf: &mut [u8],
         p: &mut Progress,
     ) -> Result<()> {
-        if h.len != buf.len() as u64 {
-            return Err(Error::internal(format!(
-                "recv from {}: header says {} bytes, buffer has {}",
-                self.peer,
-                h.len,
-                buf.len()
-            )));
-        }
+        h.check_recv_len(&self.peer, buf.len())?;
         let dst = MemRef::host(buf.as_ptr(), buf.len());
         if let Some(post) = &self.rx.posted {
             if post.dst.addr != dst.addr && !buf.is_empty() {

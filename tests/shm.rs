@@ -100,6 +100,7 @@ fn conformance_over_small_rings_without_cma() {
 fn conformance_with_cma_for_every_message() {
     // Cross-memory attach from 1 byte up: every payload is read from the sender's buffer.
     let cfg = Config {
+        shm_cma: true,
         shm_cma_min: 1,
         ..config(&["shm"])
     };

@@ -2,7 +2,7 @@
 //! threads of this process.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -229,6 +229,8 @@ impl Communicator {
                 has_failed: AtomicBool::new(false),
                 aborted,
                 order: Mutex::new(Order::default()),
+                serving: AtomicU64::new(0),
+                turn_waiters: AtomicUsize::new(0),
                 turn: Condvar::new(),
                 splits: AtomicU64::new(0),
                 groups: AtomicU64::new(0),

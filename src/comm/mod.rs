@@ -16,7 +16,7 @@ mod transports;
 mod work;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -83,15 +83,11 @@ impl ReduceOp {
     }
 }
 
-/// Issue order: tickets handed out at issue, served in order.
+/// Issue order: tickets handed out at issue, served in order (`Inner::serving`).
 #[derive(Debug, Default)]
 struct Order {
     next_ticket: u64,
-    serving: u64,
     next_seq: u64,
-    /// Threads waiting on `Inner::turn` for their ticket: with none, finishing a call wakes
-    /// nobody (a condition variable's notify is a system call even without waiters).
-    waiting: usize,
 }
 
 #[derive(Debug)]
@@ -107,6 +103,13 @@ struct Inner {
     has_failed: AtomicBool,
     aborted: Arc<AtomicBool>,
     order: Mutex<Order>,
+    /// The ticket whose turn it is. Written at the end of each turn without the `order` lock,
+    /// so a call whose turn comes at once takes that lock once.
+    serving: AtomicU64,
+    /// Threads waiting on `turn` for their ticket (under the `order` lock): with none,
+    /// finishing a call wakes nobody (a condition variable's notify is a system call even
+    /// without waiters).
+    turn_waiters: AtomicUsize,
     turn: Condvar,
     splits: AtomicU64,
     groups: AtomicU64,

@@ -1,5 +1,6 @@
 //! Issue order, failure recording and failure reports.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,20 +108,26 @@ impl Inner {
         struct Turn<'a>(&'a Inner, u64);
         impl Drop for Turn<'_> {
             fn drop(&mut self) {
-                let mut o = lock(&self.0.order);
-                o.serving = self.1 + 1;
-                if o.waiting > 0 {
+                // SeqCst, with the waiters' count below and in the wait: either this load sees
+                // a waiter's count (and the notify under the lock reaches it, as it holds the
+                // lock from its check to its wait), or that waiter's check sees this store.
+                self.0.serving.store(self.1 + 1, Ordering::SeqCst);
+                if self.0.turn_waiters.load(Ordering::SeqCst) > 0 {
+                    let _o = lock(&self.0.order);
                     self.0.turn.notify_all();
                 }
             }
         }
-        {
+        if self.serving.load(Ordering::SeqCst) == ticket {
+            // This call's turn already: the usual case, one lock per call.
+            drop(order);
+        } else {
             let mut o = order;
-            while o.serving != ticket {
-                o.waiting += 1;
+            self.turn_waiters.fetch_add(1, Ordering::SeqCst);
+            while self.serving.load(Ordering::SeqCst) != ticket {
                 o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());
-                o.waiting -= 1;
             }
+            self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
         }
         let _turn = Turn(self, ticket);
         if let Some(e) = self.failed_error() {

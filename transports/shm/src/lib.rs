@@ -69,7 +69,7 @@ pub struct ShmConfig {
     /// Bytes of each ring (a power of two, at least 4096). `FERRO_SHM_RING_BYTES`, default 4 MiB.
     pub ring_bytes: usize,
     /// Whether large payloads may be read straight from the sender's memory
-    /// (`process_vm_readv`) where the kernel allows it. `FERRO_SHM_CMA`, default on.
+    /// (`process_vm_readv`) where the kernel allows it. `FERRO_SHM_CMA`, default off.
     pub cma: bool,
     /// Payloads of at least this many bytes use cross-memory attach. `FERRO_SHM_CMA_MIN`,
     /// default 256 KiB.
@@ -85,7 +85,7 @@ impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
             ring_bytes: 4 << 20,
-            cma: true,
+            cma: false,
             cma_min: 256 << 10,
             max_io: 512 << 10,
             dir: PathBuf::from("/dev/shm"),

@@ -227,6 +227,20 @@ impl Communicator {
         engine.algorithm_for(&args, dtype.size())
     }
 
+    /// What a `kind` call of `count` elements of `dtype` runs, by name, as the trace names it:
+    /// `lane` for an allreduce small enough for the small-message lane (with no `FERRO_ALGO`
+    /// and an operation other than a pre-multiplied sum), else
+    /// [`Communicator::algorithm_for`]'s name.
+    pub fn route_for(&self, kind: CollKind, count: usize, dtype: DataType) -> &'static str {
+        let args = CollArgs {
+            kind,
+            count,
+            in_place: false,
+        };
+        let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+        engine.route_for(&args, dtype.size())
+    }
+
     /// The settings in force.
     pub fn config(&self) -> &Config {
         &self.inner.config

@@ -74,7 +74,7 @@ fn header_of(tag: [u64; 3]) -> Header {
 
 impl Engine {
     /// Whether the allreduce `args` of `esize`-byte elements runs through the lanes.
-    pub(super) fn lane_fits(&self, args: &CollArgs, esize: usize, premul: bool) -> bool {
+    pub(crate) fn lane_fits(&self, args: &CollArgs, esize: usize, premul: bool) -> bool {
         let bytes = args.count * esize;
         matches!(args.kind, CollKind::AllReduce)
             && !premul

@@ -129,6 +129,16 @@ impl Engine {
         }
     }
 
+    /// What a call of `args` with `esize`-byte elements runs, by name: `lane` for an allreduce
+    /// that takes the small-message lane, else [`Engine::algorithm_for`]'s name.
+    pub(crate) fn route_for(&self, args: &CollArgs, esize: usize) -> &'static str {
+        if self.lane_fits(args, esize, false) {
+            "lane"
+        } else {
+            self.algorithm_for(args, esize).name()
+        }
+    }
+
     /// The schedule options of `choice` with elements of `esize` bytes: its slice, never more
     /// than `FERRO_SLICE_BYTES`.
     pub(super) fn options(&self, choice: &crate::plan::Choice, esize: usize) -> AlgoOptions {

@@ -188,12 +188,7 @@ impl PerfComm for FerroComm {
         let Some(kind) = scheduled_kind(coll, root) else {
             return Some("p2p".to_string());
         };
-        Some(
-            self.comm
-                .algorithm_for(kind, count, dtype)
-                .name()
-                .to_string(),
-        )
+        Some(self.comm.route_for(kind, count, dtype).to_string())
     }
 
     fn barrier(&self) -> Result<()> {

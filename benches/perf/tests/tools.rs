@@ -200,7 +200,7 @@ fn check_table(text: &str, rows: usize, what: &str) {
         // size count type redop root | time algbw busbw #wrong | time algbw busbw #wrong | algo
         assert_eq!(row.len(), 14, "{what}: row {row:?}");
         let names = [
-            "p2p", "ring", "chain", "pairwise", "tree", "rd", "rhd", "hier", "binomial",
+            "p2p", "ring", "chain", "pairwise", "tree", "rd", "rhd", "hier", "binomial", "lane",
         ];
         assert!(
             names.contains(&row[13]),

@@ -189,6 +189,9 @@ impl Engine {
     /// rank agreed on at setup; 0: none).
     pub(crate) fn set_lane_bytes(&mut self, bytes: usize) {
         self.lanes.bytes = bytes;
+        if bytes > 0 {
+            self.lanes.reserve();
+        }
         // A lane exchange that sleeps lists the awaited peers here; room for all of them now.
         self.raw.0.reserve(self.nranks);
         self.states.reserve(self.nranks);

@@ -73,7 +73,7 @@ pub(crate) struct WaitBuffers {
     fds: Vec<PollFd>,
     sys: Vec<libc::pollfd>,
     /// Spin or yield, learned from this rank's earlier waits.
-    policy: SpinPolicy,
+    pub(crate) policy: SpinPolicy,
 }
 
 impl WaitBuffers {
@@ -192,6 +192,11 @@ impl SpinPolicy {
         } else {
             PURE_SPIN
         }
+    }
+
+    /// Whether a wait begins by spinning (the peers seem to have cores of their own).
+    pub(crate) fn spins_first(&self) -> bool {
+        !self.budget().is_zero()
     }
 
     /// Whether a wait idle for `idle_for` so far spins (else it yields).

@@ -146,6 +146,7 @@ impl Waiter for SysWaiter<'_> {
     }
 
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {
+        self.bufs.policy.slept();
         let fds = &mut self.bufs.fds;
         fds.clear();
         let mut on_bell = false;
@@ -182,6 +183,8 @@ pub(crate) struct SpinPolicy {
     since_probe: u32,
     /// A yield of the current wait handed the core to another task.
     slow_yield: bool,
+    /// The current wait went to sleep.
+    slept: bool,
 }
 
 impl SpinPolicy {
@@ -234,16 +237,23 @@ impl SpinPolicy {
         }
     }
 
+    /// The current wait goes to sleep.
+    pub(crate) fn slept(&mut self) {
+        self.slept = true;
+    }
+
     /// A wait ended after `idle_for`: update the mode and choose the next wait's pure spin.
     pub(crate) fn resumed(&mut self, idle_for: Duration) {
         // Only a wait that spun tells: the peer answered while this rank held the core (not
-        // shared), or only once it yielded the core to another task (shared). A wait that
-        // went on to sleep, or one that yielded at once, says nothing.
+        // shared), or only once it yielded the core to another task (shared), however long
+        // that took (with four ranks to a core, each spinning first, a wait lasts several
+        // spins). A wait that went on to sleep, or one that yielded at once, says nothing.
         let slow_yield = std::mem::take(&mut self.slow_yield);
+        let slept = std::mem::take(&mut self.slept);
         if !self.budget().is_zero() {
             if idle_for < PURE_SPIN {
                 self.shared = false;
-            } else if idle_for < SHARED_EVIDENCE && slow_yield {
+            } else if slow_yield && !slept {
                 self.shared = true;
             }
         }
@@ -259,10 +269,6 @@ impl SpinPolicy {
 /// long beside a collective's turn among oversubscribed ranks (tens of µs), short beside a
 /// straggler's compute, so that a rank waiting for one does not keep yielding for long.
 const CONTENDED_SPIN: Duration = Duration::from_millis(1);
-
-/// A spinning wait that ends after the pure spin but within this (yielding, well before a
-/// scheduler tick or a sleep) is the sign of a peer on this rank's core.
-const SHARED_EVIDENCE: Duration = Duration::from_micros(40);
 
 /// A `sched_yield` that takes this long ran another task: alone on its core it returns within
 /// 1 µs here (99.97 % of 200,000 calls under load), while handing the core to a peer rank
@@ -345,7 +351,9 @@ mod tests {
     #[test]
     fn a_wait_that_slept_says_nothing() {
         let mut p = SpinPolicy::default();
-        p.resumed(SHARED_EVIDENCE);
+        p.yielded(us(2));
+        p.slept();
+        p.resumed(us(40));
         assert!(!p.shared());
         p.yielded(us(2));
         p.resumed(us(12));
@@ -367,14 +375,16 @@ mod tests {
         p.yielded(us(3));
         assert_eq!(p.spin_limit(spin), CONTENDED_SPIN);
         assert_eq!(p.spin_limit(us(5_000)), us(5_000));
-        // The wait ended long after the spin: not evidence of sharing, and the next wait
-        // starts uncontended.
-        p.resumed(us(200));
+        // The wait slept in the end: no evidence of sharing, and the next wait starts
+        // uncontended.
+        p.slept();
+        p.resumed(us(2_000));
         assert!(!p.shared());
         assert_eq!(p.spin_limit(spin), spin);
-        // Peers known to share the core: every wait yields longer.
+        // Answered, without sleeping, only after yields that ran other tasks, however long
+        // that took: the peers share the core, and every wait yields longer.
         p.yielded(us(3));
-        p.resumed(us(12));
+        p.resumed(us(200));
         assert!(p.shared());
         assert_eq!(p.spin_limit(spin), CONTENDED_SPIN);
         // Yields that run nobody else end it.

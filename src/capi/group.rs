@@ -6,6 +6,11 @@
 //! same time, each on its own thread, so one thread may drive several communicators of one
 //! process (the `ncclCommInitAll` pattern) without deadlock. Non-blocking communicators get
 //! their work queued on their background thread and the call returns `ncclInProgress`.
+//!
+//! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
+//! stream) becomes one job of the communicator's stream queue instead (`stream_worker`): the
+//! call, or the outermost `ncclGroupEnd`, returns without waiting for it. Other work on a
+//! communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -13,6 +18,8 @@ use std::sync::Arc;
 
 use super::comm::Shared;
 use super::ops::{execute, validate, Op};
+use super::stream::OnStream;
+use super::stream_worker::async_supported;
 use super::types::*;
 use crate::{Error, Result};
 
@@ -76,6 +83,11 @@ pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResul
     if shared.suspended.load(Ordering::SeqCst) {
         return Err(Error::invalid_usage(format!(
             "{api}: the communicator is suspended (ncclCommSuspend); call ncclCommResume first"
+        )));
+    }
+    if let Some(e) = shared.streams.failed() {
+        return Err(e.context(format!(
+            "{api}: an earlier operation queued on a stream of this communicator failed"
         )));
     }
     if let Some(ready) = shared.try_ready() {
@@ -156,7 +168,9 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
     let mut blocking = Vec::new();
     for (shared, ops) in batches {
         if shared.blocking {
-            blocking.push((shared, ops));
+            if let Some(ops) = queue_on_streams(&shared, ops)? {
+                blocking.push((shared, ops));
+            }
             continue;
         }
         in_progress = true;
@@ -210,5 +224,55 @@ fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
+    // Stream jobs issued before this work come first.
+    shared.streams.drain();
     execute(&comm, ops)
+}
+
+/// The stream of `op`, if it has one (`None`: host buffers, or a split).
+fn stream_of(op: &Op) -> Option<OnStream> {
+    match op {
+        Op::Coll { on, .. } | Op::Rooted { on, .. } | Op::Send { on, .. } | Op::Recv { on, .. } => {
+            *on
+        }
+        Op::Split { .. } => None,
+    }
+}
+
+/// Queues the batch `ops` of blocking communicator `shared` as one stream job when every
+/// operation has a stream and the device can wait on a flag (`Ok(None)`: queued); else hands
+/// the batch back to run now.
+fn queue_on_streams(shared: &Arc<Shared>, mut ops: Vec<Op>) -> Result<Option<Vec<Op>>> {
+    let Some(first) = ops.first().and_then(stream_of) else {
+        return Ok(Some(ops));
+    };
+    if !ops.iter().all(|op| stream_of(op).is_some()) || !async_supported(first.device) {
+        return Ok(Some(ops));
+    }
+    let mut streams: Vec<usize> = Vec::new();
+    for op in &mut ops {
+        if let Op::Coll { on: Some(on), .. }
+        | Op::Rooted { on: Some(on), .. }
+        | Op::Send { on: Some(on), .. }
+        | Op::Recv { on: Some(on), .. } = op
+        {
+            // The job waits for the stream's earlier work (its gate) before it runs.
+            on.waited = true;
+            if !streams.contains(&on.stream) {
+                streams.push(on.stream);
+            }
+        }
+    }
+    let s = Arc::clone(shared);
+    let work = Box::new(move || {
+        let comm = s.wait_ready()?;
+        let rank = comm.rank();
+        execute(&comm, ops).map_err(|e| {
+            e.append(format!(
+                "rank {rank}; the operation was queued on a stream and ran after the call                  returned"
+            ))
+        })
+    });
+    shared.streams.enqueue(first.device, &streams, work)?;
+    Ok(None)
 }

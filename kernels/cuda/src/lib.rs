@@ -10,6 +10,7 @@
 //! | NVRTC (compile only, no GPU)             | [`nvrtc::Nvrtc`], [`nvrtc::compile_reduce_kernels`] |
 //! | the driver, checked before every use     | [`driver::driver`], [`DRIVER_MISSING`]            |
 //! | kernels on a device, on a stream         | [`device::DeviceKernels`]                         |
+//! | stream waits on a host-mapped flag       | [`mem_ops::MemOps`]                               |
 //!
 //! # Example
 //!
@@ -42,6 +43,7 @@ pub mod check;
 pub mod device;
 mod dl;
 pub mod driver;
+pub mod mem_ops;
 mod error;
 pub mod host;
 pub mod nvrtc;

@@ -19,8 +19,10 @@ use std::sync::Arc;
 use super::comm::Shared;
 use super::ops::{execute, validate, Op};
 use super::stream::OnStream;
-use super::stream_worker::async_supported;
+use super::stream_worker::{async_supported, record_gates, Work};
 use super::types::*;
+use crate::device::gate::Gate;
+use crate::device::Device;
 use crate::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -166,10 +168,12 @@ pub(crate) fn end_without_running() -> Result<Option<Vec<Batch>>> {
 fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
     let mut in_progress = false;
     let mut blocking = Vec::new();
+    let mut stream_jobs = Vec::new();
     for (shared, ops) in batches {
         if shared.blocking {
-            if let Some(ops) = queue_on_streams(&shared, ops)? {
-                blocking.push((shared, ops));
+            match stream_job(&shared, ops)? {
+                Ok(job) => stream_jobs.push((shared, job)),
+                Err(ops) => blocking.push((shared, ops)),
             }
             continue;
         }
@@ -183,6 +187,13 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
                 s.record_async(e);
             }
         })?;
+    }
+    // Every gate of the group is recorded before any wait is queued: communicators of the
+    // group that share a stream must not wait for each other's jobs.
+    for (shared, job) in stream_jobs {
+        shared
+            .streams
+            .enqueue(job.device, &job.streams, job.gates, job.work)?;
     }
     let results: Vec<Result<()>> = if blocking.len() == 1 {
         blocking.into_iter().map(run_blocking).collect()
@@ -239,15 +250,26 @@ fn stream_of(op: &Op) -> Option<OnStream> {
     }
 }
 
-/// Queues the batch `ops` of blocking communicator `shared` as one stream job when every
-/// operation has a stream and the device can wait on a flag (`Ok(None)`: queued); else hands
-/// the batch back to run now.
-fn queue_on_streams(shared: &Arc<Shared>, mut ops: Vec<Op>) -> Result<Option<Vec<Op>>> {
+/// A batch of one communicator that will run as one stream job.
+struct StreamJob {
+    device: Device,
+    streams: Vec<usize>,
+    gates: Vec<Gate>,
+    work: Work,
+}
+
+/// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, when
+/// every operation has a stream and the device can wait on a flag; else the batch back, to
+/// run now.
+fn stream_job(
+    shared: &Arc<Shared>,
+    mut ops: Vec<Op>,
+) -> Result<std::result::Result<StreamJob, Vec<Op>>> {
     let Some(first) = ops.first().and_then(stream_of) else {
-        return Ok(Some(ops));
+        return Ok(Err(ops));
     };
     if !ops.iter().all(|op| stream_of(op).is_some()) || !async_supported(first.device) {
-        return Ok(Some(ops));
+        return Ok(Err(ops));
     }
     let mut streams: Vec<usize> = Vec::new();
     for op in &mut ops {
@@ -263,16 +285,22 @@ fn queue_on_streams(shared: &Arc<Shared>, mut ops: Vec<Op>) -> Result<Option<Vec
             }
         }
     }
+    let gates = record_gates(first.device, &streams)?;
     let s = Arc::clone(shared);
-    let work = Box::new(move || {
+    let work: Work = Box::new(move || {
         let comm = s.wait_ready()?;
         let rank = comm.rank();
         execute(&comm, ops).map_err(|e| {
             e.append(format!(
-                "rank {rank}; the operation was queued on a stream and ran after the call                  returned"
+                "rank {rank}; the operation was queued on a stream and ran after the call \
+                 returned"
             ))
         })
     });
-    shared.streams.enqueue(first.device, &streams, work)?;
-    Ok(None)
+    Ok(Ok(StreamJob {
+        device: first.device,
+        streams,
+        gates,
+        work,
+    }))
 }

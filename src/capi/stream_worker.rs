@@ -97,9 +97,17 @@ pub(crate) fn async_supported(device: Device) -> bool {
 }
 
 impl StreamQueue {
-    /// Queues `work` on the streams `streams` of `device` (see the module docs). An error
-    /// here (the thread, a driver call) is returned at once and nothing of `work` runs.
-    pub(crate) fn enqueue(&self, device: Device, streams: &[usize], work: Work) -> Result<()> {
+    /// Queues `work` on the streams `streams` of `device` (see the module docs), with `gates`
+    /// recorded on them by [`record_gates`] (a group records every communicator's gates before
+    /// it queues any wait, so communicators sharing a stream do not wait for each other). An
+    /// error here (the thread, a driver call) is returned at once and nothing of `work` runs.
+    pub(crate) fn enqueue(
+        &self,
+        device: Device,
+        streams: &[usize],
+        gates: Vec<Gate>,
+        work: Work,
+    ) -> Result<()> {
         let p = &self.progress;
         let mut inner = lock(&self.inner);
         if p.aborted.load(Ordering::SeqCst) {
@@ -131,13 +139,6 @@ impl StreamQueue {
             }
         };
         let seq = inner.seq.wrapping_add(1);
-        let mut gates = Vec::with_capacity(streams.len());
-        for &s in streams {
-            let handle = std::ptr::without_provenance_mut(s);
-            // SAFETY: `s` is the caller's stream of the communicator's device (NCCL's contract
-            // for the stream argument), never dereferenced here.
-            gates.push(unsafe { device.record_gate(handle) }?);
-        }
         let mut waiting = 0;
         let mut failure = None;
         for &s in streams {
@@ -189,11 +190,15 @@ impl StreamQueue {
                 // The thread is gone: store the number here so no stream waits forever.
                 inner.seq = seq;
                 finish(&self.progress, &job.flag, seq);
-                Err(Error::internal("a communicator's stream thread has stopped"))
+                Err(Error::internal(
+                    "a communicator's stream thread has stopped",
+                ))
             }
             None => {
                 *lock(&self.progress.pending) -= 1;
-                Err(Error::internal("a communicator's stream thread has stopped"))
+                Err(Error::internal(
+                    "a communicator's stream thread has stopped",
+                ))
             }
         }
     }
@@ -239,6 +244,19 @@ impl StreamQueue {
         drop(inner.tx.take());
         drop(inner.thread.take());
     }
+}
+
+/// Records a gate at the current end of each of `streams` of `device`.
+pub(crate) fn record_gates(device: Device, streams: &[usize]) -> Result<Vec<Gate>> {
+    streams
+        .iter()
+        .map(|&s| {
+            let handle = std::ptr::without_provenance_mut(s);
+            // SAFETY: `s` is the caller's stream of the communicator's device (NCCL's contract
+            // for the stream argument), never dereferenced here.
+            unsafe { device.record_gate(handle) }
+        })
+        .collect()
 }
 
 /// Stores `seq` in `flag` and counts the job finished.
@@ -303,6 +321,7 @@ mod tests {
             q.enqueue(
                 dev,
                 &[s],
+                record_gates(dev, &[s]).unwrap(),
                 Box::new(move || {
                     std::thread::sleep(Duration::from_millis(30));
                     lock(&o).push(i);
@@ -315,7 +334,11 @@ mod tests {
         assert!(q.busy());
         // SAFETY: stand-in streams need no live handle.
         unsafe { dev.sync_stream(stream(s)) }.unwrap();
-        assert_eq!(*lock(&order), [0, 1, 2], "the stream waited for every job, in order");
+        assert_eq!(
+            *lock(&order),
+            [0, 1, 2],
+            "the stream waited for every job, in order"
+        );
         q.drain();
         assert!(!q.busy());
         assert!(q.failed().is_none());
@@ -331,6 +354,7 @@ mod tests {
         q.enqueue(
             dev,
             &[s],
+            record_gates(dev, &[s]).unwrap(),
             Box::new(|| Err(Error::remote("all_reduce on rank 1: peer 0 disagrees"))),
         )
         .unwrap();
@@ -338,6 +362,7 @@ mod tests {
         q.enqueue(
             dev,
             &[s],
+            record_gates(dev, &[s]).unwrap(),
             Box::new(move || {
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
@@ -348,7 +373,11 @@ mod tests {
         unsafe { dev.sync_stream(stream(s)) }.unwrap();
         let e = q.failed().unwrap();
         assert!(e.to_string().contains("peer 0 disagrees"), "{e}");
-        assert_eq!(ran.load(Ordering::SeqCst), 1, "later jobs still run (and fail themselves)");
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "later jobs still run (and fail themselves)"
+        );
         q.stop();
     }
 
@@ -362,6 +391,7 @@ mod tests {
         q.enqueue(
             dev,
             &[s],
+            record_gates(dev, &[s]).unwrap(),
             Box::new(move || {
                 let _ = go_rx.recv();
                 Ok(())
@@ -372,6 +402,7 @@ mod tests {
         q.enqueue(
             dev,
             &[s],
+            record_gates(dev, &[s]).unwrap(),
             Box::new(move || {
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
@@ -386,7 +417,9 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 0, "the queued job did not run");
         let e = q.failed().unwrap();
         assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
-        let e = q.enqueue(dev, &[s], Box::new(|| Ok(()))).unwrap_err();
+        let e = q
+            .enqueue(dev, &[s], Vec::new(), Box::new(|| Ok(())))
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Aborted);
     }
 
@@ -412,6 +445,7 @@ mod tests {
         q.enqueue(
             dev,
             &[s],
+            record_gates(dev, &[s]).unwrap(),
             Box::new(move || {
                 let v = d.0.load(Ordering::Acquire);
                 if v == 42 {

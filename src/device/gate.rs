@@ -285,7 +285,11 @@ mod tests {
             g
         };
         gate.wait().unwrap();
-        assert_eq!(dst, [3, 3, 3, 3, 0, 0, 0, 0], "the gate ran what came before it");
+        assert_eq!(
+            dst,
+            [3, 3, 3, 3, 0, 0, 0, 0],
+            "the gate ran what came before it"
+        );
         flag.release(1);
         assert_eq!(flag.value(), 1);
         // SAFETY: as above.

@@ -176,7 +176,11 @@ mod tests {
         });
         let t0 = Instant::now();
         synchronize(h).unwrap();
-        assert!(t0.elapsed() >= Duration::from_millis(90), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= Duration::from_millis(90),
+            "{:?}",
+            t0.elapsed()
+        );
         assert_eq!(dst, [7; 4], "the copy ran after the wait");
         assert_eq!(pending(h), 0);
         t.join().unwrap();

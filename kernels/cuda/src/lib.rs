@@ -43,9 +43,9 @@ pub mod check;
 pub mod device;
 mod dl;
 pub mod driver;
-pub mod mem_ops;
 mod error;
 pub mod host;
+pub mod mem_ops;
 pub mod nvrtc;
 
 pub use args::{divisor_bits, factor_bits, kernel_name, RcArgs, MAX_DSTS, MAX_SRCS};

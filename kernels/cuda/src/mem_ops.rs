@@ -13,7 +13,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
-use crate::driver::{DevicePtr, Device, Driver, Handle};
+use crate::driver::{Device, DevicePtr, Driver, Handle};
 use crate::error::{CudaError, CudaErrorKind, Result};
 
 /// `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`.

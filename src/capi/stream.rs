@@ -168,7 +168,7 @@ pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream)
     }
     let mut b = [0u8; 8];
     // SAFETY: live device memory of `dev` (located above), one element.
-    unsafe { dev.read_raw(p as u64, &mut b[..dtype.size()]) }?;
+    unsafe { dev.read_private(p as u64, &mut b[..dtype.size()]) }?;
     // SAFETY: `b` holds the element's bytes.
     Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
 }
@@ -240,7 +240,7 @@ unsafe fn download(api: &str, p: *const u8, len: usize, on: OnStream) -> Result<
     let mut v = vec![0u8; len];
     if len > 0 {
         // SAFETY: per the caller.
-        unsafe { on.device.read_raw(p as u64, &mut v) }.map_err(|e| system(api, e))?;
+        unsafe { on.device.read_private(p as u64, &mut v) }.map_err(|e| system(api, e))?;
     }
     Ok(v)
 }
@@ -254,7 +254,7 @@ unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> 
         return Ok(());
     }
     // SAFETY: per the caller.
-    unsafe { on.device.write_raw(p as u64, src) }.map_err(|e| system(api, e))
+    unsafe { on.device.write_private(p as u64, src) }.map_err(|e| system(api, e))
 }
 
 /// Waits for the work queued on the caller's stream before the call (nothing when a stream

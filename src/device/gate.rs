@@ -257,6 +257,45 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Copies `dst.len()` bytes of device memory at `addr` to `dst` on a private non-blocking
+    /// stream (not the legacy stream, which would wait for a caller's stream that is itself
+    /// waiting on a completion flag); returns when done.
+    ///
+    /// # Safety
+    /// As for [`Device::read_raw`].
+    pub(crate) unsafe fn read_private(self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Host => unsafe { self.read_raw(addr, dst) },
+            Provider::Cuda => {
+                let mut s = cuda::Stream::new(self.ordinal)?;
+                // SAFETY: per the caller; `dst` is borrowed until the synchronize below.
+                unsafe { s.download(dst.as_mut_ptr(), addr, dst.len()) }?;
+                s.synchronize()
+            }
+        }
+    }
+
+    /// Copies `src` to device memory at `addr` on a private non-blocking stream (see
+    /// [`Device::read_private`]); returns when done.
+    ///
+    /// # Safety
+    /// As for [`Device::write_raw`].
+    pub(crate) unsafe fn write_private(self, addr: u64, src: &[u8]) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Host => unsafe { self.write_raw(addr, src) },
+            Provider::Cuda => {
+                let mut s = cuda::Stream::new(self.ordinal)?;
+                // SAFETY: per the caller; `src` is borrowed until the synchronize below.
+                unsafe { s.upload(addr, src.as_ptr(), src.len()) }?;
+                s.synchronize()
+            }
+        }
+    }
+}
+
 /// The driver's answer to which wait call it has, for logs (`None` without a driver).
 pub(crate) fn cuda_wait_call() -> Option<&'static str> {
     driver().ok().and_then(|d| mem_ops(d).wait_call())

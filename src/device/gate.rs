@@ -335,4 +335,23 @@ mod tests {
         unsafe { dev.sync_stream(s) }.unwrap();
         assert_eq!(dst, [3; 8]);
     }
+
+    #[test]
+    fn without_a_driver_cuda_streams_cannot_wait_and_say_so() {
+        if driver().is_ok() {
+            return; // a machine with a driver: nothing to check here
+        }
+        // A device value made directly: `Device::new` would refuse the missing driver first.
+        let dev = Device {
+            provider: Provider::Cuda,
+            ordinal: 0,
+        };
+        assert!(!dev.stream_waits_supported());
+        let e = dev.alloc_flag().unwrap_err();
+        assert!(e.to_string().contains("NVIDIA driver"), "{e}");
+        // SAFETY: without a driver nothing is called with the handle.
+        let e = unsafe { dev.record_gate(std::ptr::without_provenance_mut(1)) }.unwrap_err();
+        assert!(e.to_string().contains("NVIDIA driver"), "{e}");
+        assert_eq!(cuda_wait_call(), None);
+    }
 }

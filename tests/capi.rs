@@ -562,6 +562,35 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
     run_c(&exe, &["2", "all"], &host);
 }
 
+/// `tests/c/async.c` on the host stand-in: calls with a stream return at once and complete in
+/// stream order; several communicators driven from one thread without a group; a failing
+/// queued collective releases its stream and is reported; abort and destroy. Built against
+/// our header with the CUDA runtime stub (for `cudaStreamSynchronize`), and against NVIDIA's.
+#[test]
+fn c_program_completes_stream_calls_in_stream_order() {
+    let stub = format!("-I{ROOT}/tests/c/cuda_stub");
+    let exe = gcc("async.c", "async", &[&our_include(), &stub], true);
+    let host = ("FERRO_DEVICE_PROVIDER", "host");
+    // A blocking call would wait for the other communicators until FERRO_TIMEOUT and fail.
+    run_c(&exe, &["3", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+    run_c(&exe, &["2", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+    run_c(&exe, &["2", "mismatch"], &[host, ("FERRO_TIMEOUT", "20")]);
+    run_c(&exe, &["2", "abort"], &[host, ("FERRO_TIMEOUT", "20")]);
+    run_c(&exe, &["2", "destroy"], &[host, ("FERRO_TIMEOUT", "20")]);
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let flags = nvidia_flags(&inc);
+    if !flags.iter().any(|f| f.ends_with("tests/c/cuda_stub")) {
+        eprintln!("real CUDA headers: async.c needs the stub's cudaStreamSynchronize; skipping");
+        return;
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("async.c", "async_nvidia", &flags, true);
+    run_c(&exe, &["3", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+}
+
 #[test]
 fn c_program_with_nccl_comm_id_and_init_all() {
     let exe = gcc(

@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use crossbeam_channel::Sender;
 
 use super::ops::PreMul;
+use super::stream_worker::StreamQueue;
 use super::types::*;
 use crate::bootstrap::TcpStoreServer;
 use crate::{Communicator, Error, ErrorKind, Result};
@@ -69,6 +70,8 @@ pub(crate) struct Shared {
     pub revoked: AtomicBool,
     /// The unique id `ncclCommGetUniqueId` handed out and no communicator has used yet.
     pub fresh_id: Mutex<Option<u64>>,
+    /// Calls with a non-NULL stream on a blocking communicator, run in call order.
+    pub streams: StreamQueue,
 }
 
 impl Shared {
@@ -91,6 +94,7 @@ impl Shared {
             suspended: AtomicBool::new(false),
             revoked: AtomicBool::new(false),
             fresh_id: Mutex::new(None),
+            streams: StreamQueue::default(),
         })
     }
 
@@ -190,12 +194,14 @@ impl Shared {
         *lock(&self.pending) > 0
     }
 
-    /// Waits until no background work is queued or running.
+    /// Waits until no background work and no stream job is queued or running.
     pub fn wait_idle(&self) {
         let mut p = lock(&self.pending);
         while *p > 0 {
             p = self.idle.wait(p).unwrap_or_else(|e| e.into_inner());
         }
+        drop(p);
+        self.streams.drain();
     }
 
     /// Records the first error of background work.
@@ -212,25 +218,32 @@ impl Shared {
         if let Some(e) = lock(&self.async_error).clone() {
             return Some(Some(e));
         }
+        if let Some(e) = self.streams.failed() {
+            return Some(Some(e));
+        }
         match comm {
             Err(e) => Some(Some(e)),
             Ok(c) => Some(c.async_error()),
         }
     }
 
-    /// Stops the worker thread after the work queued on it, and waits for it.
+    /// Stops the worker thread and the stream queue's after the work queued on them, and
+    /// waits for them.
     pub fn stop_worker(&self) {
         let w = lock(&self.worker).take();
         if let Some(Worker { tx, thread }) = w {
             drop(tx);
             let _ = thread.join();
         }
+        self.streams.stop();
     }
 
     /// Aborts: operations in flight fail promptly; an initialization still running aborts
     /// its communicator when it finishes. Does not wait.
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
+        // Queued stream jobs fail without running (their streams are still released).
+        self.streams.abort();
         if let Some(Ok(c)) = self.try_ready() {
             c.abort();
         }

@@ -6,6 +6,11 @@
 //! same time, each on its own thread, so one thread may drive several communicators of one
 //! process (the `ncclCommInitAll` pattern) without deadlock. Non-blocking communicators get
 //! their work queued on their background thread and the call returns `ncclInProgress`.
+//!
+//! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
+//! stream) becomes one job of the communicator's stream queue instead (`stream_worker`): the
+//! call, or the outermost `ncclGroupEnd`, returns without waiting for it. Other work on a
+//! communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -13,7 +18,11 @@ use std::sync::Arc;
 
 use super::comm::Shared;
 use super::ops::{execute, validate, Op};
+use super::stream::OnStream;
+use super::stream_worker::{async_supported, record_gates, Work};
 use super::types::*;
+use crate::device::gate::Gate;
+use crate::device::Device;
 use crate::{Error, Result};
 
 #[derive(Debug, Default)]
@@ -76,6 +85,11 @@ pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResul
     if shared.suspended.load(Ordering::SeqCst) {
         return Err(Error::invalid_usage(format!(
             "{api}: the communicator is suspended (ncclCommSuspend); call ncclCommResume first"
+        )));
+    }
+    if let Some(e) = shared.streams.failed() {
+        return Err(e.context(format!(
+            "{api}: an earlier operation queued on a stream of this communicator failed"
         )));
     }
     if let Some(ready) = shared.try_ready() {
@@ -154,9 +168,13 @@ pub(crate) fn end_without_running() -> Result<Option<Vec<Batch>>> {
 fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
     let mut in_progress = false;
     let mut blocking = Vec::new();
+    let mut stream_jobs = Vec::new();
     for (shared, ops) in batches {
         if shared.blocking {
-            blocking.push((shared, ops));
+            match stream_job(&shared, ops)? {
+                Ok(job) => stream_jobs.push((shared, job)),
+                Err(ops) => blocking.push((shared, ops)),
+            }
             continue;
         }
         in_progress = true;
@@ -169,6 +187,13 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
                 s.record_async(e);
             }
         })?;
+    }
+    // Every gate of the group is recorded before any wait is queued: communicators of the
+    // group that share a stream must not wait for each other's jobs.
+    for (shared, job) in stream_jobs {
+        shared
+            .streams
+            .enqueue(job.device, &job.streams, job.gates, job.work)?;
     }
     let results: Vec<Result<()>> = if blocking.len() == 1 {
         blocking.into_iter().map(run_blocking).collect()
@@ -210,5 +235,72 @@ fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
+    // Stream jobs issued before this work come first.
+    shared.streams.drain();
     execute(&comm, ops)
+}
+
+/// The stream of `op`, if it has one (`None`: host buffers, or a split).
+fn stream_of(op: &Op) -> Option<OnStream> {
+    match op {
+        Op::Coll { on, .. } | Op::Rooted { on, .. } | Op::Send { on, .. } | Op::Recv { on, .. } => {
+            *on
+        }
+        Op::Split { .. } => None,
+    }
+}
+
+/// A batch of one communicator that will run as one stream job.
+struct StreamJob {
+    device: Device,
+    streams: Vec<usize>,
+    gates: Vec<Gate>,
+    work: Work,
+}
+
+/// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, when
+/// every operation has a stream and the device can wait on a flag; else the batch back, to
+/// run now.
+fn stream_job(
+    shared: &Arc<Shared>,
+    mut ops: Vec<Op>,
+) -> Result<std::result::Result<StreamJob, Vec<Op>>> {
+    let Some(first) = ops.first().and_then(stream_of) else {
+        return Ok(Err(ops));
+    };
+    if !ops.iter().all(|op| stream_of(op).is_some()) || !async_supported(first.device) {
+        return Ok(Err(ops));
+    }
+    let mut streams: Vec<usize> = Vec::new();
+    for op in &mut ops {
+        if let Op::Coll { on: Some(on), .. }
+        | Op::Rooted { on: Some(on), .. }
+        | Op::Send { on: Some(on), .. }
+        | Op::Recv { on: Some(on), .. } = op
+        {
+            // The job waits for the stream's earlier work (its gate) before it runs.
+            on.waited = true;
+            if !streams.contains(&on.stream) {
+                streams.push(on.stream);
+            }
+        }
+    }
+    let gates = record_gates(first.device, &streams)?;
+    let s = Arc::clone(shared);
+    let work: Work = Box::new(move || {
+        let comm = s.wait_ready()?;
+        let rank = comm.rank();
+        execute(&comm, ops).map_err(|e| {
+            e.append(format!(
+                "rank {rank}; the operation was queued on a stream and ran after the call \
+                 returned"
+            ))
+        })
+    });
+    Ok(Ok(StreamJob {
+        device: first.device,
+        streams,
+        gates,
+        work,
+    }))
 }

@@ -115,6 +115,8 @@ nccl_api! {
                 )));
             }
             let c = parent.wait_ready().map_err(|e| e.context(API))?;
+            // Stream jobs issued before come first (this is a collective on the parent).
+            parent.streams.drain();
             if usize::try_from(n_ranks).map_or(true, |n| n <= c.nranks()) {
                 return Err(Error::invalid_argument(format!(
                     "{API}: invalid nRanks {n_ranks} (must be more than the {} ranks of comm)",

@@ -20,13 +20,14 @@
 //! | `ncclGroupSimulateEnd` | `simulate` |
 //! | `ncclParam*` | `param` |
 //! | non-NULL streams (device buffers), `ncclMemAlloc`, device binding at init | `stream` |
+//! | stream-ordered completion of calls with a stream (a queue per communicator) | `stream_worker` |
 //! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
 //! - A NULL stream means host buffers; a call on a blocking communicator completes before it
 //!   returns. A non-NULL stream means device buffers of the communicator's device: the call
-//!   waits for the stream's earlier work, runs, and returns when the result is in the output
-//!   buffer (it blocks the calling thread; see `stream`). Collectives run staged on the
+//!   returns at once and completes in stream order (it starts after the stream's earlier work,
+//!   and later work on the stream waits for it; see `stream`). Collectives run staged on the
 //!   device; sends, receives, gather and scatter go through host copies of the buffers.
 //! - Non-blocking communicators (`config.blocking = 0`) return `ncclInProgress` and run their
 //!   work on a background thread; `ncclCommGetAsyncError` reports `ncclInProgress` until it is
@@ -97,6 +98,7 @@ mod ops;
 mod param;
 mod simulate;
 mod stream;
+mod stream_worker;
 pub mod types;
 mod unsupported;
 mod window;

@@ -2,18 +2,35 @@
 //! `ncclMemFree`, and the device a communicator is bound to at init.
 //!
 //! A non-NULL stream means the buffers are device memory of the communicator's device
-//! (checked before anything runs: host memory is `ncclInvalidArgument`). The operation then
-//! waits for the work queued on the stream before it (`cuStreamSynchronize`), runs the
-//! collective on device buffers through ferroccl's device layer (staged through pinned host
-//! memory; sends, receives, gather and scatter through host copies of their buffers, made and
-//! written back around the host operation), and returns when the result is in the output
-//! buffer, so work queued on the stream afterwards sees it. **The call blocks the calling thread until the collective is done**: it
-//! is not yet asynchronous. Inside `ncclGroupStart`/`ncclGroupEnd` it runs at the outermost
-//! `ncclGroupEnd` like host-buffer work (each communicator on its own thread), so one thread
-//! driving several communicators must group its calls, as NCCL requires anyway.
+//! (checked before anything runs: host memory is `ncclInvalidArgument`, returned at once).
+//! On a blocking communicator the call then **returns at once**: its collective becomes a job
+//! of the communicator's stream queue (`stream_worker`), which starts it when the work queued
+//! on the stream before the call is done (an event recorded on the stream) and makes work
+//! queued on the stream afterwards wait for it (the stream waits until a flag in host-mapped
+//! memory reaches the job's number, `cuStreamWaitValue32`). A `cudaStreamSynchronize` on the
+//! stream therefore returns once the result is in the output buffer. A collective that fails
+//! still releases the stream; its error is the communicator's asynchronous error
+//! (`ncclCommGetAsyncError`) and later calls on the communicator fail with it.
+//!
+//! The collective runs as before on the queue's thread: staged through pinned host memory
+//! (sends, receives, gather and scatter through host copies of their buffers), a
+//! `ncclScalarDevice` scalar read after the stream's earlier work. Inside
+//! `ncclGroupStart`/`ncclGroupEnd` the group's stream work on each communicator becomes one
+//! job at the outermost `ncclGroupEnd`, which returns without waiting for it. One thread may
+//! drive several communicators without a group, as NCCL allows.
+//!
+//! Host-buffer (NULL stream) work on a communicator waits until its stream queue is empty
+//! before it runs, so operations of one communicator still run in issue order on every rank;
+//! so does a group that mixes host and device work on one communicator (it runs as one
+//! blocking batch). Non-blocking communicators (`config.blocking = 0`) keep running stream
+//! work on their background thread after a `cuStreamSynchronize` (`ncclInProgress` until it
+//! is done). Where the device cannot wait on host-mapped memory (no `cuStreamWaitValue32`, or
+//! no `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`), calls block as they did before: the stream
+//! is synchronized and the call returns when the result is in place (logged once).
 //!
 //! The provider is `FERRO_DEVICE_PROVIDER` (`cuda` by default; `host`, the test stand-in,
-//! treats any non-NULL stream as a stand-in stream). Without a driver, a non-NULL stream and
+//! treats any non-NULL stream as a stand-in stream, modelled as a FIFO of copies and flag
+//! waits that `ferrocclStreamSynchronize` runs). Without a driver, a non-NULL stream and
 //! `ncclMemAlloc` are `ncclSystemError` with the driver's message in `ncclGetLastError`.
 
 use std::collections::HashMap;
@@ -39,6 +56,10 @@ pub(crate) struct OnStream {
     pub device: Device,
     /// The caller's `cudaStream_t`, as a number (never dereferenced here).
     pub stream: usize,
+    /// Whether the work queued on the stream before the call is already done (a stream job
+    /// waited for its gate): the operation then does not synchronize the stream (which waits
+    /// for the job itself).
+    pub waited: bool,
 }
 
 /// A device-layer failure as the C ABI reports it: a missing driver (or device) is a system
@@ -84,6 +105,7 @@ pub(crate) fn stream_arg(
     Ok(Some(OnStream {
         device,
         stream: stream as usize,
+        waited: false,
     }))
 }
 
@@ -146,7 +168,7 @@ pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream)
     }
     let mut b = [0u8; 8];
     // SAFETY: live device memory of `dev` (located above), one element.
-    unsafe { dev.read_raw(p as u64, &mut b[..dtype.size()]) }?;
+    unsafe { dev.read_private(p as u64, &mut b[..dtype.size()]) }?;
     // SAFETY: `b` holds the element's bytes.
     Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
 }
@@ -218,7 +240,7 @@ unsafe fn download(api: &str, p: *const u8, len: usize, on: OnStream) -> Result<
     let mut v = vec![0u8; len];
     if len > 0 {
         // SAFETY: per the caller.
-        unsafe { on.device.read_raw(p as u64, &mut v) }.map_err(|e| system(api, e))?;
+        unsafe { on.device.read_private(p as u64, &mut v) }.map_err(|e| system(api, e))?;
     }
     Ok(v)
 }
@@ -232,11 +254,15 @@ unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> 
         return Ok(());
     }
     // SAFETY: per the caller.
-    unsafe { on.device.write_raw(p as u64, src) }.map_err(|e| system(api, e))
+    unsafe { on.device.write_private(p as u64, src) }.map_err(|e| system(api, e))
 }
 
-/// Waits for the work queued on the caller's stream before the call.
+/// Waits for the work queued on the caller's stream before the call (nothing when a stream
+/// job already did).
 fn wait_stream(api: &str, on: OnStream) -> Result<()> {
+    if on.waited {
+        return Ok(());
+    }
     let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
     // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
     // stream argument), or a special handle; never dereferenced by ferroccl.
@@ -447,6 +473,59 @@ nccl_api! {
     }
 }
 
+/// The device of the thread's provider for a test hook's stream.
+fn hook_device(api: &str) -> Result<Device> {
+    let provider = Provider::from_env().map_err(|e| system(api, e))?;
+    Device::new(provider, provider.current_device()).map_err(|e| system(api, e))
+}
+
+/// Waits until the work queued on `stream` has run, through the device provider: the host
+/// stand-in runs its model of the stream (copies, and waits on completion flags); `cuda` is
+/// `cuStreamSynchronize`. Not part of NCCL's API: the test programs' `cudaStreamSynchronize`
+/// (`tests/c/cuda_stub/cuda_runtime.h`), so that they run without a CUDA runtime.
+///
+/// # Safety
+/// `stream` is a stream of the current device (any value with the stand-in).
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclStreamSynchronize(stream: cudaStream_t) -> ncclResult_t {
+    const API: &str = "ferrocclStreamSynchronize";
+    guard(API, || {
+        let dev = hook_device(API)?;
+        // SAFETY: per the caller.
+        unsafe { dev.sync_stream(stream.cast()) }.map_err(|e| system(API, e))?;
+        Ok(ncclSuccess)
+    })
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` on `stream` through the device provider (the
+/// stand-in's stream model, or `cuMemcpyAsync`). Not part of NCCL's API: the test programs'
+/// `cudaMemcpyAsync`.
+///
+/// # Safety
+/// Both ranges stay valid for `bytes` until the stream has run the copy; `stream` as for
+/// [`ferrocclStreamSynchronize`].
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclMemcpyAsync(
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    stream: cudaStream_t,
+) -> ncclResult_t {
+    const API: &str = "ferrocclMemcpyAsync";
+    guard(API, || {
+        if bytes > 0 && (dst.is_null() || src.is_null()) {
+            return Err(Error::invalid_argument(format!(
+                "{API}: dst {dst:p} or src {src:p} is NULL for {bytes} bytes"
+            )));
+        }
+        let dev = hook_device(API)?;
+        // SAFETY: per the caller.
+        unsafe { dev.copy_on_stream(stream.cast(), dst.cast(), src.cast(), bytes) }
+            .map_err(|e| system(API, e))?;
+        Ok(ncclSuccess)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +535,7 @@ mod tests {
         let on = OnStream {
             device: Device::new(Provider::Host, 0).unwrap(),
             stream: 1,
+            waited: false,
         };
         let v = [0u8; 64];
         let e = check_span("ncclAllReduce", 1, "sendbuff", v.as_ptr(), 64, on).unwrap_err();

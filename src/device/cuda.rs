@@ -27,7 +27,7 @@ fn loaded() -> Result<&'static Driver> {
 }
 
 /// The driver, with device `ordinal`'s primary context current on this thread.
-fn bound(ordinal: u32) -> Result<&'static Driver> {
+pub(crate) fn bound(ordinal: u32) -> Result<&'static Driver> {
     let d = loaded()?;
     let dev = d.device(ordinal).map_err(|e| convert(&e))?;
     d.bind_primary_context(dev).map_err(|e| convert(&e))?;

@@ -33,7 +33,12 @@
 //! ```
 
 mod cuda;
+// Stream gates and completion flags serve the C ABI's stream-ordered calls.
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) mod gate;
 mod host;
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+mod host_stream;
 pub(crate) mod raw;
 pub(crate) mod staging;
 

@@ -4,8 +4,8 @@
 //!
 //! With the `cuda` provider these are driver calls (`cuCtxGetDevice`, `cuMemAlloc`,
 //! `cuStreamSynchronize`, ...); with the host stand-in, the stand-in's registry and `memcpy`,
-//! and any non-NULL stream handle is a stand-in stream with nothing queued on it (the stand-in
-//! runs no kernels, so there is no earlier work to wait for).
+//! and any non-NULL stream handle names a stand-in stream (`host_stream`): a FIFO of copies
+//! and flag waits that a synchronize runs in order (the stand-in runs no kernels).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
 
-use super::{cuda, host, Device, DeviceBuffer, Provider};
+use super::{cuda, host, host_stream, Device, DeviceBuffer, Provider};
 use crate::coll::CollKind;
 use crate::{BufMut, BufRef, Communicator, Error, ReduceOp, Result};
 
@@ -102,7 +102,8 @@ impl Device {
     }
 
     /// Waits until the work queued on the caller's `stream` (a `CUstream` / `cudaStream_t` of
-    /// this device) has run: `cuStreamSynchronize`. The host stand-in has nothing to wait for.
+    /// this device) has run: `cuStreamSynchronize`. The host stand-in runs its model of the
+    /// stream (copies and flag waits queued on it).
     ///
     /// # Safety
     /// With `Cuda`, `stream` is a live stream of this device's primary context, or one of the
@@ -111,7 +112,7 @@ impl Device {
         match self.provider {
             // SAFETY: per the caller.
             Provider::Cuda => unsafe { cuda::sync_foreign_stream(self.ordinal, stream) },
-            Provider::Host => Ok(()),
+            Provider::Host => host_stream::synchronize(stream as usize),
         }
     }
 

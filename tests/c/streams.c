@@ -11,8 +11,9 @@
  *                            with ncclSystemError and the driver's message, no crash
  *
  * With FERRO_DEVICE_PROVIDER=host (the test stand-in) ncclMemAlloc's "device memory" is host
- * heap memory, so to_dev / from_dev below are plain memcpy and the stream is the made-up
- * handle (cudaStream_t)0x1. Otherwise (a GPU) they are the driver's copies (libcuda.so.1,
+ * heap memory, so to_dev / from_dev below are plain memcpy after a synchronize of the stream
+ * (calls with a stream complete in stream order, after they return), and the stream is the
+ * made-up handle (cudaStream_t)0x1. Otherwise (a GPU) they are the driver's copies (libcuda.so.1,
  * opened at run time, so this program builds without CUDA) and the stream is created with
  * cuStreamCreate; the upload is queued on that stream, so the collective must wait for it.
  *
@@ -27,6 +28,9 @@
 #include <unistd.h>
 
 #include "check.h"
+
+/* The stand-in's stream synchronize (exported by ferroccl's libnccl.so.2 for tests). */
+int ferrocclStreamSynchronize(cudaStream_t stream);
 
 static int g_standin = 0;
 static cudaStream_t g_stream = (cudaStream_t)0x1;
@@ -58,16 +62,20 @@ static void open_driver(void) {
 /* Host bytes to device memory, ordered on the stream (the stand-in: host-addressable). */
 static void to_dev(void *dev, const void *host, size_t bytes) {
   if (g_standin) {
-    memcpy(dev, host, bytes); /* stand-in device memory is host heap memory */
+    /* after the work queued on the stream; stand-in device memory is host heap memory */
+    EXPECT(ferrocclStreamSynchronize(g_stream) == 0, "stream sync: %s", ncclGetLastError(NULL));
+    memcpy(dev, host, bytes);
     return;
   }
   EXPECT(cu_htod_async((unsigned long long)(uintptr_t)dev, host, bytes, g_stream) == 0,
          "cuMemcpyHtoDAsync");
 }
 
-/* Device memory to host bytes; the collective has already completed (it returned). */
+/* Device memory to host bytes, after the work queued on the stream (on a GPU the legacy
+ * stream's copy waits for the blocking stream g_stream). */
 static void from_dev(void *host, const void *dev, size_t bytes) {
   if (g_standin) {
+    EXPECT(ferrocclStreamSynchronize(g_stream) == 0, "stream sync: %s", ncclGetLastError(NULL));
     memcpy(host, dev, bytes); /* stand-in device memory is host heap memory */
     return;
   }

@@ -162,6 +162,11 @@ impl Driver {
         &self.lib.name
     }
 
+    /// The loaded library, for calls bound on first use ([`crate::mem_ops`]).
+    pub(crate) fn library(&self) -> &Library {
+        &self.lib
+    }
+
     /// Turns a `CUresult` into a result naming the call and the CUDA error.
     pub fn check(&self, call: &str, status: c_int) -> Result<()> {
         if status == 0 {

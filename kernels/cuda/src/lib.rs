@@ -10,6 +10,7 @@
 //! | NVRTC (compile only, no GPU)             | [`nvrtc::Nvrtc`], [`nvrtc::compile_reduce_kernels`] |
 //! | the driver, checked before every use     | [`driver::driver`], [`DRIVER_MISSING`]            |
 //! | kernels on a device, on a stream         | [`device::DeviceKernels`]                         |
+//! | stream waits on a host-mapped flag       | [`mem_ops::MemOps`]                               |
 //!
 //! # Example
 //!
@@ -44,6 +45,7 @@ mod dl;
 pub mod driver;
 mod error;
 pub mod host;
+pub mod mem_ops;
 pub mod nvrtc;
 
 pub use args::{divisor_bits, factor_bits, kernel_name, RcArgs, MAX_DSTS, MAX_SRCS};

@@ -1,0 +1,468 @@
+//! Stream-ordered completion of C ABI calls made with a non-NULL stream: per communicator, a
+//! FIFO of jobs run by a thread of its own, started on the first stream call.
+//!
+//! A call (or a group's batch for one communicator) becomes one job with a sequence number
+//! `seq`. On the caller's thread, after every synchronous check, [`StreamQueue::enqueue`]
+//! (a) records a [`Gate`] on each stream the job uses, (b) queues on each of them a wait until
+//! the communicator's completion [`Flag`] reaches `seq`, (c) pushes the job and returns. The
+//! worker, for each job in call order: waits for its gates (the work queued on the streams
+//! before the call), runs it, and stores `seq` in the flag (release ordering), so the
+//! streams go on. A job that fails still stores `seq` (a stream is never left waiting); its
+//! error becomes the communicator's asynchronous error and every later call fails with it.
+//!
+//! | event | what happens to the queue |
+//! |---|---|
+//! | host-buffer (NULL stream) work on the communicator | waits until the queue is empty ([`StreamQueue::drain`]) |
+//! | `ncclCommFinalize`, `ncclCommDestroy` | drain, then the thread ends |
+//! | `ncclCommAbort` | queued jobs fail without running, the running one fails promptly (the communicator is aborted); flags are still stored |
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Sender;
+
+use crate::device::gate::{Flag, Gate};
+use crate::device::Device;
+use crate::{Error, ErrorKind, Result};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The work of one job: runs on the worker after the gates; its error is the job's.
+pub(crate) type Work = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
+
+/// One queued job.
+struct Job {
+    seq: u32,
+    gates: Vec<Gate>,
+    work: Work,
+    flag: Arc<Flag>,
+}
+
+/// What the worker and the callers share.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Jobs pushed and not yet finished (their flag stored).
+    pending: Mutex<usize>,
+    idle: Condvar,
+    /// The first error of a job.
+    failed: Mutex<Option<Error>>,
+    /// Set by [`StreamQueue::abort`]: jobs not yet started fail without running.
+    aborted: AtomicBool,
+}
+
+/// The caller-side state, under one lock so that sequence numbers and queue order agree.
+#[derive(Debug, Default)]
+struct Inner {
+    tx: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    /// The completion flag, made on the first job on the communicator's device.
+    flag: Option<Arc<Flag>>,
+    /// The sequence number of the last job pushed (the flag's value once it has finished).
+    seq: u32,
+}
+
+/// One communicator's queue of stream jobs.
+#[derive(Debug, Default)]
+pub(crate) struct StreamQueue {
+    inner: Mutex<Inner>,
+    progress: Arc<Progress>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("seq", &self.seq).finish()
+    }
+}
+
+/// Whether calls on `device`'s streams can complete asynchronously; where they cannot, says
+/// once per process that stream calls block.
+pub(crate) fn async_supported(device: Device) -> bool {
+    if device.stream_waits_supported() {
+        return true;
+    }
+    static SAID: Once = Once::new();
+    SAID.call_once(|| {
+        ferroccl_transport::log_line!(
+            "ferroccl WARN COLL: {device} cannot make a stream wait on host-mapped memory \
+             (cuStreamWaitValue32: {}; CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY); calls with a \
+             stream block until their collective is done",
+            crate::device::gate::cuda_wait_call().unwrap_or("not exported")
+        )
+    });
+    false
+}
+
+impl StreamQueue {
+    /// Queues `work` on the streams `streams` of `device` (see the module docs), with `gates`
+    /// recorded on them by [`record_gates`] (a group records every communicator's gates before
+    /// it queues any wait, so communicators sharing a stream do not wait for each other). An
+    /// error here (the thread, a driver call) is returned at once and nothing of `work` runs.
+    pub(crate) fn enqueue(
+        &self,
+        device: Device,
+        streams: &[usize],
+        gates: Vec<Gate>,
+        work: Work,
+    ) -> Result<()> {
+        let p = &self.progress;
+        let mut inner = lock(&self.inner);
+        if p.aborted.load(Ordering::SeqCst) {
+            return Err(Error::new(
+                ErrorKind::Aborted,
+                "the communicator was aborted (ncclCommAbort)",
+            ));
+        }
+        if inner.thread.is_none() {
+            let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+            let progress = Arc::clone(p);
+            let thread = std::thread::Builder::new()
+                .name("ferroccl-stream".into())
+                .spawn(move || {
+                    for job in rx {
+                        run_job(&progress, job);
+                    }
+                })
+                .map_err(|e| Error::io("starting a communicator's stream thread", &e))?;
+            inner.tx = Some(tx);
+            inner.thread = Some(thread);
+        }
+        let flag = match &inner.flag {
+            Some(f) => Arc::clone(f),
+            None => {
+                let f = Arc::new(device.alloc_flag()?);
+                inner.flag = Some(Arc::clone(&f));
+                f
+            }
+        };
+        let seq = inner.seq.wrapping_add(1);
+        let mut waiting = 0;
+        let mut failure = None;
+        for &s in streams {
+            let handle = std::ptr::without_provenance_mut(s);
+            // SAFETY: as above; the flag is the communicator's, made on `device`.
+            match unsafe { device.wait_flag(handle, &flag, seq) } {
+                Ok(()) => waiting += 1,
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let work = match failure {
+            // Nothing waits for this number: give it up and report the error.
+            Some(e) if waiting == 0 => return Err(e),
+            // Some stream waits for it: a job that only stores it, in order.
+            Some(e) => {
+                let job = Job {
+                    seq,
+                    gates: Vec::new(),
+                    work: Box::new(|| Ok(())),
+                    flag,
+                };
+                self.push(&mut inner, job)?;
+                return Err(e);
+            }
+            None => work,
+        };
+        let job = Job {
+            seq,
+            gates,
+            work,
+            flag,
+        };
+        self.push(&mut inner, job)
+    }
+
+    fn push(&self, inner: &mut Inner, job: Job) -> Result<()> {
+        let seq = job.seq;
+        *lock(&self.progress.pending) += 1;
+        let sent = inner.tx.as_ref().map(|tx| tx.send(job));
+        match sent {
+            Some(Ok(())) => {
+                inner.seq = seq;
+                Ok(())
+            }
+            Some(Err(crossbeam_channel::SendError(job))) => {
+                // The thread is gone: store the number here so no stream waits forever.
+                inner.seq = seq;
+                finish(&self.progress, &job.flag, seq);
+                Err(Error::internal(
+                    "a communicator's stream thread has stopped",
+                ))
+            }
+            None => {
+                *lock(&self.progress.pending) -= 1;
+                Err(Error::internal(
+                    "a communicator's stream thread has stopped",
+                ))
+            }
+        }
+    }
+
+    /// Waits until every job pushed so far has finished.
+    pub(crate) fn drain(&self) {
+        let p = &self.progress;
+        let mut n = lock(&p.pending);
+        while *n > 0 {
+            n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Whether jobs are queued or running.
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> bool {
+        *lock(&self.progress.pending) > 0
+    }
+
+    /// The first error of a job, if one failed.
+    pub(crate) fn failed(&self) -> Option<Error> {
+        lock(&self.progress.failed).clone()
+    }
+
+    /// Drains the queue and ends the thread; the flag is freed once no stream waits on it.
+    pub(crate) fn stop(&self) {
+        let (tx, thread, flag) = {
+            let mut inner = lock(&self.inner);
+            (inner.tx.take(), inner.thread.take(), inner.flag.take())
+        };
+        drop(tx);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+        drop(flag);
+    }
+
+    /// Jobs not yet started fail without running (their flags still stored); the thread
+    /// ends after them. Does not wait. The running job is the communicator's to abort.
+    pub(crate) fn abort(&self) {
+        self.progress.aborted.store(true, Ordering::SeqCst);
+        let mut inner = lock(&self.inner);
+        drop(inner.tx.take());
+        drop(inner.thread.take());
+    }
+}
+
+/// Records a gate at the current end of each of `streams` of `device`.
+pub(crate) fn record_gates(device: Device, streams: &[usize]) -> Result<Vec<Gate>> {
+    streams
+        .iter()
+        .map(|&s| {
+            let handle = std::ptr::without_provenance_mut(s);
+            // SAFETY: `s` is the caller's stream of the communicator's device (NCCL's contract
+            // for the stream argument), never dereferenced here.
+            unsafe { device.record_gate(handle) }
+        })
+        .collect()
+}
+
+/// Stores `seq` in `flag` and counts the job finished.
+fn finish(p: &Progress, flag: &Flag, seq: u32) {
+    flag.release(seq);
+    let mut n = lock(&p.pending);
+    *n = n.saturating_sub(1);
+    p.idle.notify_all();
+}
+
+/// Runs one job on the worker: gates, work, then its flag, whatever happened.
+fn run_job(p: &Progress, job: Job) {
+    let Job {
+        seq,
+        gates,
+        work,
+        flag,
+    } = job;
+    let r = if p.aborted.load(Ordering::SeqCst) {
+        Err(Error::new(
+            ErrorKind::Aborted,
+            "the communicator was aborted (ncclCommAbort) before this operation started",
+        ))
+    } else {
+        gates
+            .iter()
+            .try_for_each(Gate::wait)
+            .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
+            .and_then(|()| {
+                catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
+                    Err(Error::internal("an operation queued on a stream panicked"))
+                })
+            })
+    };
+    drop(gates);
+    if let Err(e) = r {
+        lock(&p.failed).get_or_insert(e);
+    }
+    finish(p, &flag, seq);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Provider;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::{Duration, Instant};
+
+    fn stream(n: usize) -> *mut std::ffi::c_void {
+        std::ptr::without_provenance_mut(n)
+    }
+
+    #[test]
+    fn jobs_run_in_order_after_the_call_returns_and_release_the_stream() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let q = StreamQueue::default();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let s = 0x51_0001;
+        for i in 0..3 {
+            let o = Arc::clone(&order);
+            let t0 = Instant::now();
+            q.enqueue(
+                dev,
+                &[s],
+                record_gates(dev, &[s]).unwrap(),
+                Box::new(move || {
+                    std::thread::sleep(Duration::from_millis(30));
+                    lock(&o).push(i);
+                    Ok(())
+                }),
+            )
+            .unwrap();
+            assert!(t0.elapsed() < Duration::from_millis(25), "returned at once");
+        }
+        assert!(q.busy());
+        // SAFETY: stand-in streams need no live handle.
+        unsafe { dev.sync_stream(stream(s)) }.unwrap();
+        assert_eq!(
+            *lock(&order),
+            [0, 1, 2],
+            "the stream waited for every job, in order"
+        );
+        q.drain();
+        assert!(!q.busy());
+        assert!(q.failed().is_none());
+        q.stop();
+    }
+
+    #[test]
+    fn a_failing_job_still_releases_and_is_kept() {
+        let dev = Device::new(Provider::Host, 1).unwrap();
+        let q = StreamQueue::default();
+        let s = 0x51_0002;
+        let ran = Arc::new(AtomicUsize::new(0));
+        q.enqueue(
+            dev,
+            &[s],
+            record_gates(dev, &[s]).unwrap(),
+            Box::new(|| Err(Error::remote("all_reduce on rank 1: peer 0 disagrees"))),
+        )
+        .unwrap();
+        let r = Arc::clone(&ran);
+        q.enqueue(
+            dev,
+            &[s],
+            record_gates(dev, &[s]).unwrap(),
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        )
+        .unwrap();
+        // SAFETY: stand-in streams need no live handle.
+        unsafe { dev.sync_stream(stream(s)) }.unwrap();
+        let e = q.failed().unwrap();
+        assert!(e.to_string().contains("peer 0 disagrees"), "{e}");
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            1,
+            "later jobs still run (and fail themselves)"
+        );
+        q.stop();
+    }
+
+    #[test]
+    fn abort_fails_queued_jobs_without_running_them() {
+        let dev = Device::new(Provider::Host, 2).unwrap();
+        let q = StreamQueue::default();
+        let s = 0x51_0003;
+        let (go_tx, go_rx) = crossbeam_channel::bounded::<()>(1);
+        let ran = Arc::new(AtomicUsize::new(0));
+        q.enqueue(
+            dev,
+            &[s],
+            record_gates(dev, &[s]).unwrap(),
+            Box::new(move || {
+                let _ = go_rx.recv();
+                Ok(())
+            }),
+        )
+        .unwrap();
+        let r = Arc::clone(&ran);
+        q.enqueue(
+            dev,
+            &[s],
+            record_gates(dev, &[s]).unwrap(),
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        )
+        .unwrap();
+        q.abort();
+        go_tx.send(()).unwrap();
+        // SAFETY: stand-in streams need no live handle.
+        unsafe { dev.sync_stream(stream(s)) }.unwrap();
+        q.drain();
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "the queued job did not run");
+        let e = q.failed().unwrap();
+        assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
+        let e = q
+            .enqueue(dev, &[s], Vec::new(), Box::new(|| Ok(())))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Aborted);
+    }
+
+    #[test]
+    fn the_gate_waits_for_earlier_work_on_the_stream() {
+        let dev = Device::new(Provider::Host, 3).unwrap();
+        let q = StreamQueue::default();
+        let s = 0x51_0004;
+        let src = Box::new(42u32);
+        let dst = Arc::new(AtomicU32Box::default());
+        // Earlier work on the stream: a copy into `dst`, run only when the stream runs.
+        // SAFETY: both live until the stream is synchronized below.
+        unsafe {
+            dev.copy_on_stream(
+                stream(s),
+                dst.0.as_ptr().cast(),
+                (&*src as *const u32).cast(),
+                4,
+            )
+        }
+        .unwrap();
+        let d = Arc::clone(&dst);
+        q.enqueue(
+            dev,
+            &[s],
+            record_gates(dev, &[s]).unwrap(),
+            Box::new(move || {
+                let v = d.0.load(Ordering::Acquire);
+                if v == 42 {
+                    Ok(())
+                } else {
+                    Err(Error::internal(format!("ran before the earlier copy: {v}")))
+                }
+            }),
+        )
+        .unwrap();
+        // SAFETY: stand-in streams need no live handle.
+        unsafe { dev.sync_stream(stream(s)) }.unwrap();
+        assert!(q.failed().is_none(), "{:?}", q.failed());
+        q.stop();
+    }
+
+    /// A word another thread reads while the stand-in stream copies into it.
+    #[derive(Debug, Default)]
+    struct AtomicU32Box(std::sync::atomic::AtomicU32);
+}

@@ -1,0 +1,197 @@
+//! The host stand-in's model of a caller's stream (a `cudaStream_t` from outside Rust): a
+//! FIFO of entries that "the device" runs in order, named by the handle's number. Nothing runs
+//! on its own: whoever waits for a point of the stream (a stream synchronize, a recorded
+//! event) runs the entries up to that point, as a GPU would have by then.
+//!
+//! | entry | runs when |
+//! |---|---|
+//! | copy of bytes | at once, when reached |
+//! | wait until a flag `>=` a value | when the flag (written by a host thread) gets there |
+//!
+//! An event is a position in the FIFO (the count of entries queued when it was recorded):
+//! waiting for it runs the entries before it. A flag wait that is never released would block
+//! a synchronize forever, as on a GPU; the stand-in gives up after [`WAIT_LIMIT`] with an error
+//! instead, so a test that breaks that promise fails rather than hangs.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::{Error, ErrorKind, Result};
+
+/// How long a stand-in stream waits for a flag before it reports an error.
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+/// One entry of a stand-in stream.
+#[derive(Debug)]
+enum Entry {
+    /// `len` bytes from `src` to `dst`.
+    Copy { dst: usize, src: usize, len: usize },
+    /// Wait until `flag` reaches `value` (wrapping comparison, as `CU_STREAM_WAIT_VALUE_GEQ`).
+    WaitFlag { flag: Arc<AtomicU32>, value: u32 },
+}
+
+/// The entries of one stream not yet run. Invariant: `run` entries have left the front, so
+/// entry `k` of `entries` has absolute position `run + k`.
+#[derive(Debug, Default)]
+struct Fifo {
+    entries: VecDeque<Entry>,
+    run: u64,
+}
+
+/// Stand-in streams by handle number.
+static STREAMS: LazyLock<Mutex<HashMap<usize, Arc<Mutex<Fifo>>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stream(handle: usize) -> Arc<Mutex<Fifo>> {
+    Arc::clone(lock(&STREAMS).entry(handle).or_default())
+}
+
+/// Whether `v` has reached `target` as `CU_STREAM_WAIT_VALUE_GEQ` compares (the difference as
+/// a signed 32-bit number is not negative), so sequence numbers may wrap.
+pub(crate) fn reached(v: u32, target: u32) -> bool {
+    (v.wrapping_sub(target) as i32) >= 0
+}
+
+/// Queues a wait until `flag` reaches `value` on stand-in stream `handle`.
+pub(crate) fn wait_flag(handle: usize, flag: Arc<AtomicU32>, value: u32) {
+    let s = stream(handle);
+    lock(&s).entries.push_back(Entry::WaitFlag { flag, value });
+}
+
+/// Queues a copy of `len` bytes on stand-in stream `handle`.
+///
+/// # Safety
+/// `src` is readable and `dst` writable for `len` bytes, not overlapping, until the stream has
+/// run the copy (a synchronize or an event recorded after it returned).
+pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let s = stream(handle);
+    lock(&s).entries.push_back(Entry::Copy {
+        dst: dst as usize,
+        src: src as usize,
+        len,
+    });
+}
+
+/// Records an event at the current end of stand-in stream `handle`: its position.
+pub(crate) fn record(handle: usize) -> u64 {
+    let s = stream(handle);
+    let f = lock(&s);
+    f.run + f.entries.len() as u64
+}
+
+/// Runs the entries of stand-in stream `handle` before position `upto` (an event), waiting for
+/// flags as it meets them; an error after [`WAIT_LIMIT`] on one flag.
+pub(crate) fn run_to(handle: usize, upto: u64) -> Result<()> {
+    let s = stream(handle);
+    let mut since: Option<Instant> = None;
+    let mut nap = Duration::from_micros(20);
+    loop {
+        {
+            let mut f = lock(&s);
+            if f.run >= upto {
+                return Ok(());
+            }
+            let ready = match f.entries.front() {
+                None => return Ok(()),
+                Some(Entry::Copy { dst, src, len }) => {
+                    // SAFETY: `copy`'s caller keeps both ranges valid until the stream has run
+                    // the copy, which is now; the stream's lock orders it after earlier entries.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len)
+                    };
+                    true
+                }
+                Some(Entry::WaitFlag { flag, value }) => {
+                    reached(flag.load(Ordering::Acquire), *value)
+                }
+            };
+            if ready {
+                f.entries.pop_front();
+                f.run += 1;
+                since = None;
+                nap = Duration::from_micros(20);
+                continue;
+            }
+        }
+        let t0 = *since.get_or_insert_with(Instant::now);
+        if t0.elapsed() > WAIT_LIMIT {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "host stand-in stream 0x{handle:x}: a wait on a completion flag was not \
+                     released within {} s",
+                    WAIT_LIMIT.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Runs every entry queued on stand-in stream `handle` so far (a stream synchronize).
+pub(crate) fn synchronize(handle: usize) -> Result<()> {
+    run_to(handle, record(handle))
+}
+
+/// Entries of stand-in stream `handle` not yet run.
+#[cfg(test)]
+pub(crate) fn pending(handle: usize) -> usize {
+    lock(&stream(handle)).entries.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_waits_hold_back_later_copies() {
+        let h = 0xA11CE;
+        let flag = Arc::new(AtomicU32::new(0));
+        let src = [7u8; 4];
+        let mut dst = [0u8; 4];
+        let before = record(h);
+        wait_flag(h, Arc::clone(&flag), 2);
+        // SAFETY: both arrays outlive the synchronize below.
+        unsafe { copy(h, dst.as_mut_ptr(), src.as_ptr(), 4) };
+        let after = record(h);
+        assert_eq!(after, before + 2);
+        run_to(h, before).unwrap();
+        assert_eq!(pending(h), 2, "nothing before the first event");
+        let f = Arc::clone(&flag);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            f.store(1, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(50));
+            f.store(2, Ordering::Release);
+        });
+        let t0 = Instant::now();
+        synchronize(h).unwrap();
+        assert!(
+            t0.elapsed() >= Duration::from_millis(90),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(dst, [7; 4], "the copy ran after the wait");
+        assert_eq!(pending(h), 0);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn comparison_wraps_like_the_driver() {
+        assert!(reached(5, 5));
+        assert!(reached(6, 5));
+        assert!(!reached(4, 5));
+        assert!(reached(1, u32::MAX), "1 comes after u32::MAX");
+        assert!(!reached(u32::MAX, 1));
+    }
+}

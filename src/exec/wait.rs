@@ -142,7 +142,13 @@ impl Waiter for SysWaiter<'_> {
     }
 
     fn spin_limit(&self, spin: Duration) -> Duration {
-        self.bufs.policy.spin_limit(spin)
+        // Only ranks with shared-memory peers (a doorbell) yield longer: a socket wait sleeps
+        // in poll(2), which the kernel ends as soon as data arrives, at no cost to the sender.
+        if self.bell.is_some() {
+            self.bufs.policy.spin_limit(spin)
+        } else {
+            spin
+        }
     }
 
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {

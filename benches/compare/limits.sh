@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The limits of this machine that bound the comparison: single-core memcpy bandwidth, TCP over
-# loopback, and TCP over a veth pair between two network namespaces (root only).
+# The limits of this machine that bound the comparison: single-core memcpy bandwidth, a
+# 2-thread in-process allreduce (allreduce_limit.c), TCP over loopback (one stream, and two
+# opposite streams at once), and TCP over a veth pair between two network namespaces (root
+# only). benches/compare/large.sh measures the allreduce-shaped limits interleaved with
+# ferroccl's 64 MiB allreduce.
 #
 #   benches/compare/limits.sh [-r 3]        # -r: repeats; medians are printed
 #
@@ -34,6 +37,12 @@ v=$(for _ in $(seq 1 "$REPEAT"); do
 done | median)
 echo "memcpy, 1 thread, 64 MiB: $v GB/s (bytes copied per second; median of $REPEAT runs of 20 copies)"
 
+cc -O3 -march=native -pthread -o "$WORK/allreduce_limit" benches/compare/allreduce_limit.c
+v=$(for _ in $(seq 1 "$REPEAT"); do
+    "$WORK/allreduce_limit" 64 20 | sed -n 's/.*median \([0-9.]*\) GB.*/\1/p'
+done | median)
+echo "2-thread allreduce in one process, f32 sum out of place, 64 MiB: $v GB/s busbw (median of $REPEAT)"
+
 # Prints iperf3's receiver rate in Gbit/s for one 4 GiB single-stream transfer.
 # $1: command prefix for the server (may be empty), $2: for the client, $3: server address.
 iperf_once() {
@@ -48,6 +57,19 @@ iperf_once() {
 if command -v iperf3 >/dev/null; then
     v=$(for _ in $(seq 1 "$REPEAT"); do iperf_once "" "" 127.0.0.1; done | median)
     echo "TCP over loopback, 1 stream (iperf3): $v Gbit/s"
+    two_flows() {
+        local p1=$((5800 + RANDOM % 100)) p2
+        p2=$((p1 + 100))
+        iperf3 -s -1 -p $p1 >/dev/null 2>&1 &
+        iperf3 -s -1 -p $p2 >/dev/null 2>&1 &
+        sleep 0.5
+        iperf3 -c 127.0.0.1 -p $p1 -t 4 -f g 2>/dev/null | awk '/receiver/ { print $(NF-2) }' >"$WORK/f1" &
+        iperf3 -c 127.0.0.1 -p $p2 -R -t 4 -f g 2>/dev/null | awk '/receiver/ { print $(NF-2) }' >"$WORK/f2"
+        wait
+        cat "$WORK/f1" "$WORK/f2" | awk '{ s += $1; n++ } END { if (n == 2) printf "%.1f\n", s / n }'
+    }
+    v=$(for _ in $(seq 1 "$REPEAT"); do two_flows; done | median)
+    echo "TCP over loopback, 2 opposite streams at once (iperf3), per direction: $v Gbit/s"
     if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null; then
         if ! ip netns list | grep -q '^fbench0'; then
             ip netns add fbench0

@@ -29,8 +29,7 @@ pub struct Config {
     /// of the other slices overlapping it. Must be equal on every rank. Default 4 MiB.
     pub device_slice_bytes: usize,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins (and yields) before it sleeps on the
-    /// doorbell or in `poll`; with shared-memory peers, at least 1 ms while its core is
-    /// contended (its yields run other tasks, as when ranks outnumber cores). Default 50.
+    /// doorbell or in `poll`. Default 50.
     pub spin: Duration,
     /// `FERRO_DEBUG`: `WARN` (default), `INFO` or `DEBUG`: what ferroccl prints to stderr.
     pub debug: DebugLevel,

@@ -250,7 +250,7 @@ impl Engine {
             let now = waiter.now();
             let idle = *idle_since.get_or_insert(now);
             let idle_for = now.duration_since(idle);
-            if idle_for < waiter.spin_limit(self.wait.spin) {
+            if idle_for < self.wait.spin {
                 waiter.pause(idle_for);
                 continue;
             }

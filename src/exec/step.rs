@@ -372,7 +372,7 @@ fn drive<W: Waiter>(
             now
         });
         let idle_for = now.duration_since(idle);
-        if idle_for < waiter.spin_limit(wait.spin) {
+        if idle_for < wait.spin {
             waiter.pause(idle_for);
             continue;
         }

@@ -189,10 +189,6 @@ impl Waiter for SimWaiter {
         self.policy.resumed(idle_for);
     }
 
-    fn spin_limit(&self, spin: Duration) -> Duration {
-        self.policy.spin_limit(spin)
-    }
-
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {
         self.policy.slept();
         self.sleeps += 1;

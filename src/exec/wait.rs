@@ -56,11 +56,6 @@ pub(crate) trait Waiter {
     /// Something moved after nothing had for `idle_for`: the wait that began then is over.
     fn resumed(&mut self, _idle_for: Duration) {}
 
-    /// How long a wait spins and yields before it sleeps, given the configured `spin`.
-    fn spin_limit(&self, spin: Duration) -> Duration {
-        spin
-    }
-
     /// Nothing moved past the spin budget: sleep until one of `waiting`'s connections may move,
     /// for at most `limit` (it may return earlier for no reason).
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration);
@@ -141,16 +136,6 @@ impl Waiter for SysWaiter<'_> {
         self.bufs.policy.resumed(idle_for);
     }
 
-    fn spin_limit(&self, spin: Duration) -> Duration {
-        // Only ranks with shared-memory peers (a doorbell) yield longer: a socket wait sleeps
-        // in poll(2), which the kernel ends as soon as data arrives, at no cost to the sender.
-        if self.bell.is_some() {
-            self.bufs.policy.spin_limit(spin)
-        } else {
-            spin
-        }
-    }
-
     fn sleep(&mut self, waiting: &Waiting<'_>, limit: Duration) {
         self.bufs.policy.slept();
         let fds = &mut self.bufs.fds;
@@ -219,20 +204,6 @@ impl SpinPolicy {
         self.shared
     }
 
-    /// How long a wait spins and yields before it sleeps: the configured `spin`, or at least
-    /// [`CONTENDED_SPIN`] while this rank's core is contended (the peers seem to share it, or
-    /// a yield of this wait ran another task). Then the awaited peers are most likely the tasks
-    /// that the yields run: a sleeping rank would cost the peer that wakes it a futex call
-    /// and itself a wake-up, every call (8 ranks on 2 cores slept in 4 of 10 calls with a
-    /// 50 µs spin), while yielding to them costs nobody anything.
-    pub(crate) fn spin_limit(&self, spin: Duration) -> Duration {
-        if self.shared || self.slow_yield {
-            spin.max(CONTENDED_SPIN)
-        } else {
-            spin
-        }
-    }
-
     /// A yield of the current wait returned after `took`.
     pub(crate) fn yielded(&mut self, took: Duration) {
         if took >= SLOW_YIELD {
@@ -270,11 +241,6 @@ impl SpinPolicy {
         };
     }
 }
-
-/// Least time a wait on a contended core yields before it sleeps ([`SpinPolicy::spin_limit`]):
-/// long beside a collective's turn among oversubscribed ranks (tens of µs), short beside a
-/// straggler's compute, so that a rank waiting for one does not keep yielding for long.
-const CONTENDED_SPIN: Duration = Duration::from_millis(1);
 
 /// A `sched_yield` that takes this long ran another task: alone on its core it returns within
 /// 1 µs here (99.97 % of 200,000 calls under load), while handing the core to a peer rank
@@ -370,32 +336,6 @@ mod tests {
         }
         p.resumed(Duration::from_millis(3));
         assert!(p.shared());
-    }
-
-    #[test]
-    fn a_contended_core_yields_longer_before_sleeping() {
-        let spin = us(50);
-        let mut p = SpinPolicy::default();
-        assert_eq!(p.spin_limit(spin), spin);
-        // A yield of this wait ran another task: keep yielding past the configured spin.
-        p.yielded(us(3));
-        assert_eq!(p.spin_limit(spin), CONTENDED_SPIN);
-        assert_eq!(p.spin_limit(us(5_000)), us(5_000));
-        // The wait slept in the end: no evidence of sharing, and the next wait starts
-        // uncontended.
-        p.slept();
-        p.resumed(us(2_000));
-        assert!(!p.shared());
-        assert_eq!(p.spin_limit(spin), spin);
-        // Answered, without sleeping, only after yields that ran other tasks, however long
-        // that took: the peers share the core, and every wait yields longer.
-        p.yielded(us(3));
-        p.resumed(us(200));
-        assert!(p.shared());
-        assert_eq!(p.spin_limit(spin), CONTENDED_SPIN);
-        // Yields that run nobody else end it.
-        p.yielded(Duration::from_nanos(300));
-        assert_eq!(p.spin_limit(spin), spin);
     }
 
     #[test]

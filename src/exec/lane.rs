@@ -326,7 +326,7 @@ impl Engine {
 }
 
 /// Polls before a lane wait reads the clock (a poll of an unchanged box is a cached read).
-const FAST_POLLS: u32 = 64;
+const FAST_POLLS: u32 = 512;
 
 /// Takes message `n` from the lane of every peer in `pending` whose box holds it, into its
 /// slot, checking its header against `want`; clears those peers from `pending` and returns

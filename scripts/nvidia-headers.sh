@@ -2,7 +2,7 @@
 # Fetches NVIDIA's official nccl.h and the CUDA headers it includes from PyPI (nvidia-nccl-cu12,
 # nvidia-cuda-runtime-cu12, nvidia-cuda-nvcc-cu12 for crt/, nvidia-cuda-cccl-cu12 for nv/), keeps
 # only their include folders, and prints those folders joined by ':' (for -I flags). Cached.
-#   FERROCCL_NVIDIA_INCLUDES=$(scripts/nvidia-headers.sh) cargo test --features capi --test capi
+#   FERROCCL_NVIDIA_INCLUDES=$(scripts/nvidia-headers.sh) cargo test --features capi --test capi --test capi_programs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${FERROCCL_NVIDIA_HEADERS_DIR:-${CARGO_TARGET_DIR:-target}/nvidia-headers}

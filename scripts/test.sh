@@ -22,6 +22,7 @@ echo "== C ABI (feature capi): libnccl.so.2, include/nccl.h, C programs"
 cargo clippy -p ferroccl --no-deps --features capi --all-targets --quiet -- -D warnings
 FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" FERROCCL_REQUIRE_NVIDIA_HEADER=1 \
 FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
-  cargo test -p ferroccl --features capi --lib --test capi --test topo --no-fail-fast
+  cargo test -p ferroccl --features capi --lib --test capi --test capi_programs --test capi_inprocess \
+    --test topo --no-fail-fast
 echo "== Python package (python/): maturin wheel, operation sweep, errors, DDP/FSDP2, PyTorch's suite"
 python/tests/run.sh

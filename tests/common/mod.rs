@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+#[cfg(feature = "capi")]
+pub mod capi;
 pub mod child;
 pub mod conformance;
 pub mod netns;

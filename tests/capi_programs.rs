@@ -1,0 +1,142 @@
+//! C programs built against the NCCL header (ours, and NVIDIA's when a copy is at hand) and
+//! linked with `libnccl.so.2` (feature `capi`), run as 1 to 4 processes: every collective,
+//! streams and device buffers on the host stand-in, stream-ordered completion, `NCCL_COMM_ID`
+//! and `ncclCommInitAll`, the functions NCCL 2.27 .. 2.32 added with a shrink after a death, and
+//! the C example.
+//!
+//! Run with `cargo test -p ferroccl --features capi --test capi_programs`; the library and
+//! NVIDIA's header are found as `tests/capi.rs` says.
+#![cfg(feature = "capi")]
+
+mod common;
+
+use common::capi::{gcc, nvidia_flags, nvidia_include, our_include, run_c, ROOT};
+
+#[test]
+fn c_program_runs_every_collective_on_1_2_3_processes() {
+    let exe = gcc("collectives.c", "collectives", &[&our_include()], true);
+    for n in ["1", "2", "3"] {
+        run_c(&exe, &[n], &[]);
+    }
+}
+
+/// `tests/c/streams.c` on the host stand-in: device buffers with a non-NULL stream on 1-3
+/// processes, one thread driving 3 communicators through groups, and the no-driver errors.
+#[test]
+fn c_program_runs_collectives_on_streams_and_device_buffers() {
+    let exe = gcc("streams.c", "streams", &[&our_include()], true);
+    let host = [("FERRO_DEVICE_PROVIDER", "host")];
+    for n in ["1", "2", "3"] {
+        run_c(&exe, &[n], &host);
+    }
+    run_c(&exe, &["3", "all"], &host);
+    run_c(
+        &exe,
+        &["1", "nodriver"],
+        &[
+            ("FERRO_DEVICE_PROVIDER", "cuda"),
+            ("FERROCCL_CUDA_DRIVER", "/nonexistent/libcuda.so.1"),
+        ],
+    );
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let flags = nvidia_flags(&inc);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("streams.c", "streams_nvidia", &flags, true);
+    run_c(&exe, &["2"], &host);
+    run_c(&exe, &["2", "all"], &host);
+}
+
+/// `tests/c/async.c` on the host stand-in: calls with a stream return at once and complete in
+/// stream order; several communicators driven from one thread without a group; a failing
+/// queued collective releases its stream and is reported; abort and destroy. Built against
+/// our header with the CUDA runtime stub (for `cudaStreamSynchronize`), and against NVIDIA's.
+#[test]
+fn c_program_completes_stream_calls_in_stream_order() {
+    let stub = format!("-I{ROOT}/tests/c/cuda_stub");
+    let exe = gcc("async.c", "async", &[&our_include(), &stub], true);
+    let host = ("FERRO_DEVICE_PROVIDER", "host");
+    // A blocking call would wait for the other communicators until FERRO_TIMEOUT and fail.
+    run_c(&exe, &["3", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+    run_c(&exe, &["2", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+    run_c(&exe, &["2", "mismatch"], &[host, ("FERRO_TIMEOUT", "20")]);
+    run_c(&exe, &["2", "abort"], &[host, ("FERRO_TIMEOUT", "20")]);
+    run_c(&exe, &["2", "destroy"], &[host, ("FERRO_TIMEOUT", "20")]);
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let flags = nvidia_flags(&inc);
+    if !flags.iter().any(|f| f.ends_with("tests/c/cuda_stub")) {
+        eprintln!("real CUDA headers: async.c needs the stub's cudaStreamSynchronize; skipping");
+        return;
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("async.c", "async_nvidia", &flags, true);
+    run_c(&exe, &["3", "nogroup"], &[host, ("FERRO_TIMEOUT", "5")]);
+}
+
+#[test]
+fn c_program_with_nccl_comm_id_and_init_all() {
+    let exe = gcc(
+        "collectives.c",
+        "collectives_commid",
+        &[&our_include()],
+        true,
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let id = format!("127.0.0.1:{port}");
+    run_c(&exe, &["3", "commid"], &[("NCCL_COMM_ID", &id)]);
+    run_c(&exe, &["3", "all"], &[]);
+    run_c(&exe, &["2", "mismatch"], &[]);
+    run_c(&exe, &["3", "mismatch"], &[]);
+    run_c(&exe, &["3", "rootmismatch"], &[]);
+    run_c(&exe, &["2", "timeout"], &[("FERRO_TIMEOUT", "2")]);
+}
+
+#[test]
+fn c_program_calls_every_new_function_and_shrinks_after_a_death() {
+    let exe = gcc("api232.c", "api232", &[&our_include()], true);
+    run_c(&exe, &["3"], &[]);
+    run_c(&exe, &["4"], &[("NCCL_SHM_DISABLE", "1")]);
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
+        return;
+    };
+    let mut flags = nvidia_flags(&inc);
+    flags.push("-DNCCL_OS_LINUX".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("api232.c", "api232_nvidia", &flags, true);
+    run_c(&exe, &["3"], &[]);
+}
+
+#[test]
+fn c_example_links_ferroccl_in_place_of_nccl() {
+    let exe = gcc(
+        "examples/c/allreduce.c",
+        "allreduce_example",
+        &[&our_include()],
+        true,
+    );
+    run_c(&exe, &["3"], &[]);
+}
+
+#[test]
+fn c_program_built_against_nvidia_header() {
+    let Some(inc) = nvidia_include() else {
+        eprintln!("NVIDIA's nccl.h not found: skipping");
+        return;
+    };
+    let flags = nvidia_flags(&inc);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let exe = gcc("collectives.c", "collectives_nvidia", &flags, true);
+    run_c(&exe, &["2"], &[]);
+    run_c(&exe, &["3"], &[]);
+    run_c(&exe, &["2", "all"], &[]);
+    run_c(&exe, &["3", "mismatch"], &[]);
+}

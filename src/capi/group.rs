@@ -17,7 +17,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{execute, validate, Op};
+use super::ops::{validate, Op};
+use super::run::execute;
 use super::stream::OnStream;
 use super::stream_worker::{async_supported, record_gates, Work};
 use super::types::*;

@@ -96,6 +96,7 @@ mod group;
 mod life;
 mod ops;
 mod param;
+mod run;
 mod simulate;
 mod stream;
 mod stream_worker;

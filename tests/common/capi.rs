@@ -14,7 +14,7 @@ pub fn target_dir() -> PathBuf {
     exe.ancestors().nth(3).expect("target dir").to_path_buf()
 }
 
-/// The directory holding `libnccl.so.2`, building it if needed (once per test run).
+/// The directory holding `libnccl.so.2`, building it if needed (once per test binary).
 pub fn lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {

@@ -190,6 +190,70 @@ fn to_vec_right_after_a_call_waits_for_the_result() {
 }
 
 #[test]
+fn drop_waits_for_the_job_and_forget_only_leaks() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                let late = Duration::from_millis(300);
+                for round in 0..2 {
+                    if c.rank() == 1 {
+                        std::thread::sleep(late);
+                    }
+                    let mut buf = DeviceBuffer::from_host(dev, &values::<f64>(0, 7)).unwrap();
+                    c.all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                        .unwrap();
+                    let t0 = Instant::now();
+                    if round == 0 {
+                        drop(buf);
+                        if c.rank() == 0 {
+                            // The memory is freed only once rank 1 has joined and the job ended.
+                            assert!(t0.elapsed() >= late / 2, "{:?}", t0.elapsed());
+                        }
+                    } else {
+                        // Leaked, never freed: the job may go on writing it.
+                        std::mem::forget(buf);
+                    }
+                    s.synchronize().unwrap();
+                }
+                assert!(c.async_error().is_none());
+            });
+        }
+    });
+}
+
+#[test]
+fn a_blocking_call_after_stream_calls_runs_after_them() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                let mut a = DeviceBuffer::from_host(dev, &values::<f32>(c.rank(), 7)).unwrap();
+                if c.rank() == 1 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                c.all_reduce_device_in_place_on(&mut a, ReduceOp::Sum, &s)
+                    .unwrap();
+                // Host and device blocking calls wait for the queued job first, on both ranks.
+                let mut h = [c.rank() as f32; 3];
+                c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+                assert_eq!(h, [1.0; 3]);
+                c.all_reduce_device_in_place(&mut a, ReduceOp::Max).unwrap();
+                let want: Vec<f64> = (0..7).map(|i| fold(ReduceOp::Sum, 2, i)).collect();
+                assert_eq!(floats(&a.to_vec().unwrap()), want);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
 fn one_thread_drives_both_ranks_without_blocking() {
     let dev = host_device();
     let comms = Communicator::local_group(2, Config::default()).unwrap();

@@ -146,4 +146,18 @@ mod tests {
         c.synchronize().unwrap();
         assert!(format!("{c:?}").contains("caller's"));
     }
+
+    #[test]
+    fn without_a_driver_a_cuda_stream_is_the_clear_error() {
+        if cuda::device_count().is_ok() {
+            return; // a driver is present: this test is for machines without one
+        }
+        // A cuda device value as `Device::new` would give on a machine with a GPU.
+        let dev = Device {
+            provider: Provider::Cuda,
+            ordinal: 0,
+        };
+        let e = DeviceStream::new(dev).unwrap_err();
+        assert!(e.to_string().contains(crate::device::DRIVER_MISSING), "{e}");
+    }
 }

@@ -21,6 +21,10 @@ static NEXT_HOST_STREAM: AtomicUsize = AtomicUsize::new(0x5_7000_0000);
 
 /// A stream of a [`Device`]: work queued on it runs in order.
 ///
+/// Dropping a stream made by [`DeviceStream::new`] synchronizes and destroys it on CUDA (so it
+/// waits for the stream-ordered collectives queued on it) and forgets it on the stand-in; a
+/// caller's stream ([`DeviceStream::from_raw`]) is left alone.
+///
 /// ```
 /// use ferroccl::device::{Device, DeviceStream, Provider};
 ///
@@ -145,6 +149,12 @@ mod tests {
         assert_eq!(c.raw(), a.raw());
         c.synchronize().unwrap();
         assert!(format!("{c:?}").contains("caller's"));
+    }
+
+    #[test]
+    fn streams_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<DeviceStream>();
     }
 
     #[test]

@@ -240,6 +240,11 @@ fn a_blocking_call_after_stream_calls_runs_after_them() {
                 }
                 c.all_reduce_device_in_place_on(&mut a, ReduceOp::Sum, &s)
                     .unwrap();
+                if c.rank() == 0 {
+                    // Rank 0's job starts first here; rank 1's blocking call would overtake its
+                    // own job, were it not waiting for the queue.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 // Host and device blocking calls wait for the queued job first, on both ranks.
                 let mut h = [c.rank() as f32; 3];
                 c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();

@@ -366,6 +366,8 @@ impl Communicator {
         ptrs: fn(&mut B) -> (*const u8, usize, *mut u8, usize),
     ) -> Result<Work<B>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        // Stream jobs queued earlier take their turns first, on every rank alike.
+        self.streams.drain_if_used();
         let (ticket, seq) = self.inner.ticket(true);
         let inner = Arc::clone(&self.inner);
         let job = Box::new(move || {

@@ -12,7 +12,7 @@
 //! |---|---|
 //! | the job fails | the stream is still released; the error becomes the communicator's ([`Communicator::async_error`]) and later calls fail with it |
 //! | [`Communicator::abort`] | queued jobs fail without running, their streams are released |
-//! | a blocking call on the communicator | waits until every queued job has finished |
+//! | a blocking call (host or device, a group, send/recv) or an `*_async` host call on the communicator | waits until every queued job has finished |
 //! | host access to a buffer a queued job uses | waits for that job ([`DeviceBuffer`]'s pending count) |
 //! | a CUDA device whose streams cannot wait on host memory | the call synchronizes the stream and blocks (said once in the log) |
 

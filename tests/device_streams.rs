@@ -319,7 +319,14 @@ fn a_count_mismatch_releases_the_stream_and_becomes_the_async_error() {
                     .async_error()
                     .expect("the failed job is the communicator's error");
                 assert_ne!(e.kind(), ErrorKind::Aborted, "{e}");
-                assert!(e.to_string().contains("all_reduce"), "{e}");
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                for part in [
+                    format!("all_reduce #1 on rank {me}"),
+                    format!("rank {peer} sent {} x f32", 4 + peer),
+                    format!("rank {me} expected {n} x f32"),
+                ] {
+                    assert!(e.to_string().contains(&part), "{part}: {e}");
+                }
                 // Later calls fail with it.
                 let later = c
                     .all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)

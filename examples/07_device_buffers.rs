@@ -1,12 +1,13 @@
 //! Device buffers: gradients that live on a GPU are averaged across ranks, staged through
-//! pinned host memory over the shared-memory or TCP transport.
+//! pinned host memory over the shared-memory or TCP transport; one call is stream-ordered
+//! (it returns at once, and the stream waits for its result).
 //!
 //! Run it with `cargo run --example 07_device_buffers`. It uses the provider that
 //! `FERRO_DEVICE_PROVIDER` names (`cuda` by default); on a machine without an NVIDIA driver it
 //! says so and runs on the host stand-in (`FERRO_DEVICE_PROVIDER=host`), whose "device memory"
 //! is heap memory, so the same code runs everywhere.
 
-use ferroccl::device::{Device, DeviceBuffer, Provider};
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
 use ferroccl::{Communicator, Config, ReduceOp};
 
 const NRANKS: usize = 2;
@@ -35,6 +36,13 @@ fn rank_main(comm: &Communicator, dev: Device) -> ferroccl::Result<()> {
         all.to_vec()?,
         (0..NRANKS as u64).map(|r| r * 10).collect::<Vec<_>>()
     );
+
+    // Stream-ordered: the call returns once queued; the stream (and `to_vec`) wait for it.
+    let stream = DeviceStream::new(dev)?;
+    let mut ones = DeviceBuffer::from_host(dev, &[1u32; 8])?;
+    comm.all_reduce_device_in_place_on(&mut ones, ReduceOp::Sum, &stream)?;
+    stream.synchronize()?;
+    assert_eq!(ones.to_vec()?, [NRANKS as u32; 8]);
 
     // A buffer on a device other than the communicator's is refused before anything runs.
     if dev.provider() == Provider::Host {
@@ -66,7 +74,8 @@ fn main() -> ferroccl::Result<()> {
         r?;
     }
     println!(
-        "device buffers on {dev}, {NRANKS} ranks: {LEN} f32 averaged in place, one u64 per rank gathered"
+        "device buffers on {dev}, {NRANKS} ranks: {LEN} f32 averaged in place, one u64 per rank \
+         gathered, one sum ordered on a stream"
     );
     Ok(())
 }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 use crossbeam_channel::Sender;
 
 use super::ops::PreMul;
-use super::stream_worker::StreamQueue;
 use super::types::*;
 use crate::bootstrap::TcpStoreServer;
+use crate::device::stream_queue::StreamQueue;
 use crate::{Communicator, Error, ErrorKind, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -8,7 +8,7 @@
 //! their work queued on their background thread and the call returns `ncclInProgress`.
 //!
 //! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
-//! stream) becomes one job of the communicator's stream queue instead (`stream_worker`): the
+//! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`): the
 //! call, or the outermost `ncclGroupEnd`, returns without waiting for it. Other work on a
 //! communicator waits until its stream queue is empty, then runs as above.
 
@@ -20,9 +20,9 @@ use super::comm::Shared;
 use super::ops::{validate, Op};
 use super::run::execute;
 use super::stream::OnStream;
-use super::stream_worker::{async_supported, record_gates, Work};
 use super::types::*;
 use crate::device::gate::Gate;
+use crate::device::stream_queue::{async_supported, record_gates, Work};
 use crate::device::Device;
 use crate::{Error, Result};
 

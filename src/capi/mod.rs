@@ -20,7 +20,7 @@
 //! | `ncclGroupSimulateEnd` | `simulate` |
 //! | `ncclParam*` | `param` |
 //! | non-NULL streams (device buffers), `ncclMemAlloc`, device binding at init | `stream` |
-//! | stream-ordered completion of calls with a stream (a queue per communicator) | `stream_worker` |
+//! | stream-ordered completion of calls with a stream (a queue per communicator) | `device::stream_queue` |
 //! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
@@ -99,7 +99,6 @@ mod param;
 mod run;
 mod simulate;
 mod stream;
-mod stream_worker;
 pub mod types;
 mod unsupported;
 mod window;

@@ -4,7 +4,7 @@
 //! A non-NULL stream means the buffers are device memory of the communicator's device
 //! (checked before anything runs: host memory is `ncclInvalidArgument`, returned at once).
 //! On a blocking communicator the call then **returns at once**: its collective becomes a job
-//! of the communicator's stream queue (`stream_worker`), which starts it when the work queued
+//! of the communicator's stream queue (`device::stream_queue`), which starts it when the work queued
 //! on the stream before the call is done (an event recorded on the stream) and makes work
 //! queued on the stream afterwards wait for it (the stream waits until a flag in host-mapped
 //! memory reaches the job's number, `cuStreamWaitValue32`). A `cudaStreamSynchronize` on the

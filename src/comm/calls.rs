@@ -126,28 +126,9 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let inner = &self.inner;
-        let call = Call::check(
-            inner,
-            name,
-            hkind,
-            kind,
-            send.map(<[u8]>::len),
-            recv.len(),
-            count,
-            dtype,
-            op,
-        )?;
-        let mem = Memory {
-            input: send.map_or(recv.as_ptr(), <[u8]>::as_ptr),
-            input_len: send.map_or(0, <[u8]>::len),
-            output: recv.as_mut_ptr(),
-            output_len: recv.len(),
-            in_place: send.is_none(),
-        };
-        inner.execute_next(true, |e, seq| {
-            call.run(e, seq, mem, inner.config.check_root)
-        })
+        // Stream jobs queued earlier run first, on every rank alike.
+        self.streams.drain_if_used();
+        blocking_on(&self.inner, name, hkind, kind, send, recv, count, dtype, op)
     }
 
     // ----- typed collectives -----
@@ -385,6 +366,8 @@ impl Communicator {
         ptrs: fn(&mut B) -> (*const u8, usize, *mut u8, usize),
     ) -> Result<Work<B>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
+        // Stream jobs queued earlier take their turns first, on every rank alike.
+        self.streams.drain_if_used();
         let (ticket, seq) = self.inner.ticket(true);
         let inner = Arc::clone(&self.inner);
         let job = Box::new(move || {
@@ -516,4 +499,42 @@ impl Communicator {
             (s.as_ptr(), s.len(), r.as_mut_ptr(), r.len())
         })
     }
+}
+
+/// A blocking collective on `inner` (the body of `Communicator::raw_collective`, which the
+/// stream jobs call on the queue's thread).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn blocking_on(
+    inner: &Inner,
+    name: &'static str,
+    hkind: u8,
+    kind: CollKind,
+    send: Option<&[u8]>,
+    recv: &mut [u8],
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let call = Call::check(
+        inner,
+        name,
+        hkind,
+        kind,
+        send.map(<[u8]>::len),
+        recv.len(),
+        count,
+        dtype,
+        op,
+    )?;
+    let mem = Memory {
+        input: send.map_or(recv.as_ptr(), <[u8]>::as_ptr),
+        input_len: send.map_or(0, <[u8]>::len),
+        output: recv.as_mut_ptr(),
+        output_len: recv.len(),
+        in_place: send.is_none(),
+    };
+    inner.execute_next(true, |e, seq| {
+        call.run(e, seq, mem, inner.config.check_root)
+    })
 }

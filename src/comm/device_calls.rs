@@ -10,9 +10,7 @@
 //! collective per slice, while the copies of the other slices proceed on the stream.
 //!
 //! Completion is synchronous: a call returns when its result is in the device buffer. The
-//! entries take no stream yet; a stream-ordered variant (`*_on_stream`, the caller's stream
-//! waiting on an event recorded after the last copy) is the planned extension, and the staging
-//! already runs its copies on a stream of its own.
+//! stream-ordered forms (`*_device_on`, returning at once) are in `device_streams`.
 
 use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
@@ -198,16 +196,18 @@ impl Communicator {
         Ok(st.staging.as_mut().expect("set above"))
     }
 
-    fn run_device<T: Element>(
+    /// The checks every device call makes before anything is copied or sent: both buffers on
+    /// the bound device and live, the call's arguments (the same as the host calls'). Returns
+    /// the device.
+    pub(super) fn check_device<T: Element>(
         &self,
         kind: CollKind,
         send: Option<&DeviceBuffer<T>>,
-        recv: &mut DeviceBuffer<T>,
+        recv: &DeviceBuffer<T>,
         count: usize,
         op: ReduceOp,
-    ) -> Result<()> {
-        let (name, rank) = (kind.name(), self.inner.rank);
-        let es = T::DTYPE.size();
+    ) -> Result<Device> {
+        let name = kind.name();
         let dev = self.device_for(name, "receive", recv)?;
         if let Some(s) = send {
             self.device_for(name, "send", s)?;
@@ -223,38 +223,26 @@ impl Communicator {
             T::DTYPE,
             op,
         )?;
-        let is_root = kind.root() == Some(rank);
-        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
-        let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
-        let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
-        // Element-wise collectives run slice by slice, each slice's copies overlapping the
-        // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
-        // staged whole.
-        let elementwise = matches!(
-            kind,
-            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-        );
-        let slices = if elementwise {
-            let per = (self.inner.config.device_slice_bytes / es).max(1);
-            count.div_ceil(per).max(1)
-        } else {
-            1
-        };
-        let mut st = lock(&self.device);
-        let staging = Self::staging(&mut st, dev)?;
-        staging.reserve(in_len * es, recv.bytes())?;
-        staging.pipeline(
-            send,
-            recv,
-            send_read,
-            recv_written,
-            count,
-            slices,
-            |count, input, output| {
-                let input = input.map(|i| as_bytes(i));
-                self.raw_collective(kind, input, as_bytes_mut(output), count, T::DTYPE, op)
-            },
-        )
+        Ok(dev)
+    }
+
+    pub(super) fn run_device<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let dev = self.check_device(kind, send, recv, count, op)?;
+        // Stream jobs queued earlier run first (on every rank alike), and none still uses
+        // the buffers.
+        self.streams.drain_if_used();
+        recv.wait_idle();
+        if let Some(s) = send {
+            s.wait_idle();
+        }
+        staged(&self.inner, &self.device, dev, kind, send, recv, count, op)
     }
 
     // ----- typed entries on device buffers -----
@@ -349,6 +337,8 @@ impl Communicator {
     pub fn send_device<T: Element>(&self, buf: &DeviceBuffer<T>, peer: usize) -> Result<()> {
         use crate::device::staging::Slot;
         let dev = self.device_for("send", "send", buf)?;
+        self.streams.drain_if_used();
+        buf.wait_idle();
         let mut st = lock(&self.device);
         let staging = Self::staging(&mut st, dev)?;
         staging.reserve(buf.bytes(), 0)?;
@@ -361,6 +351,8 @@ impl Communicator {
     pub fn recv_device<T: Element>(&self, buf: &mut DeviceBuffer<T>, peer: usize) -> Result<()> {
         use crate::device::staging::Slot;
         let dev = self.device_for("recv", "receive", buf)?;
+        self.streams.drain_if_used();
+        buf.wait_idle();
         let mut st = lock(&self.device);
         let staging = Self::staging(&mut st, dev)?;
         staging.reserve(0, buf.bytes())?;
@@ -368,6 +360,58 @@ impl Communicator {
         self.recv(output, peer)?;
         staging.stage_out(Slot::Output, buf)
     }
+}
+
+/// Runs a checked device collective: stages through the communicator's pinned staging, runs
+/// the host collective slice by slice (or whole), stages back. Called on the caller's thread
+/// by the blocking calls and on the stream queue's thread by the stream-ordered ones.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn staged<T: Element>(
+    inner: &Inner,
+    state: &Mutex<DeviceState>,
+    dev: Device,
+    kind: CollKind,
+    send: Option<&DeviceBuffer<T>>,
+    recv: &mut DeviceBuffer<T>,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let rank = inner.rank;
+    let es = T::DTYPE.size();
+    let is_root = kind.root() == Some(rank);
+    let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+    let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+    let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
+    // Element-wise collectives run slice by slice, each slice's copies overlapping the
+    // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
+    // staged whole.
+    let elementwise = matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+    );
+    let slices = if elementwise {
+        let per = (inner.config.device_slice_bytes / es).max(1);
+        count.div_ceil(per).max(1)
+    } else {
+        1
+    };
+    let mut st = lock(state);
+    let staging = Communicator::staging(&mut st, dev)?;
+    staging.reserve(in_len * es, recv.bytes())?;
+    staging.pipeline(
+        send,
+        recv,
+        send_read,
+        recv_written,
+        count,
+        slices,
+        |count, input, output| {
+            let input = input.map(|i| as_bytes(i));
+            let (name, hkind) = (kind.name(), header_kind(kind));
+            let output = as_bytes_mut(output);
+            super::calls::blocking_on(inner, name, hkind, kind, input, output, count, T::DTYPE, op)
+        },
+    )
 }
 
 #[cfg(test)]

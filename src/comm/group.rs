@@ -80,6 +80,8 @@ impl<'a> Group<'a> {
 
     /// Runs every operation of the group and waits for all of them.
     pub fn run(self) -> Result<()> {
+        // Stream jobs queued earlier run first, on every rank alike.
+        self.comm.streams.drain_if_used();
         let inner = &self.comm.inner;
         let (rank, n) = (inner.rank, inner.nranks);
         let gno = inner

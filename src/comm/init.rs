@@ -241,7 +241,8 @@ impl Communicator {
                 transports: mesh.transports,
             }),
             worker: Mutex::new(None),
-            device: Mutex::default(),
+            device: Arc::default(),
+            streams: Default::default(),
         }
     }
 

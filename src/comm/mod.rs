@@ -5,6 +5,7 @@ mod call;
 mod calls;
 mod config;
 mod device_calls;
+mod device_streams;
 mod group;
 mod init;
 mod mesh;
@@ -136,8 +137,11 @@ struct Inner {
 pub struct Communicator {
     inner: Arc<Inner>,
     worker: Mutex<Option<Worker>>,
-    /// The device bound for device buffers, and its cached pinned staging.
-    device: Mutex<device_calls::DeviceState>,
+    /// The device bound for device buffers, and its cached pinned staging (shared with the
+    /// stream jobs, which stage through it on the queue's thread).
+    device: Arc<Mutex<device_calls::DeviceState>>,
+    /// Stream-ordered device collectives (`*_device_on`), run in call order.
+    streams: crate::device::stream_queue::StreamQueue,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -261,6 +265,8 @@ impl Communicator {
             format!("rank {}: the communicator was aborted", self.inner.rank),
         );
         self.inner.fail(e.clone());
+        // Queued stream jobs fail without running (their streams are still released).
+        self.streams.abort();
         if let Ok(mut engine) = self.inner.engine.try_lock() {
             engine.notify_failure(&e, 0);
             engine.shutdown_all();
@@ -272,6 +278,7 @@ impl Communicator {
     /// Waits for every queued operation, then closes the connections. Returns the
     /// communicator's error if it failed.
     pub fn destroy(self) -> Result<()> {
+        self.streams.drain_if_used();
         let t = self.inner.ticket(false).0;
         let r = self.inner.execute(t, |e| {
             e.shutdown_all();
@@ -294,7 +301,8 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // Let queued work finish (or fail), then stop the progress thread.
+        // Let queued stream jobs and other queued work finish (or fail), then stop the threads.
+        self.streams.stop();
         drop(lock(&self.worker).take());
         lock(&self.inner.engine).shutdown_all();
     }

@@ -153,6 +153,11 @@ impl Stream {
         })
     }
 
+    /// The `CUstream` handle (owned by this value).
+    pub(crate) fn handle(&self) -> Handle {
+        self.handle
+    }
+
     /// Records mark `k` at the current end of the stream (event `k` of the pool).
     pub(crate) fn mark(&mut self, k: usize) -> Result<()> {
         let d = bound(self.ordinal)?;

@@ -143,6 +143,12 @@ pub(crate) fn synchronize(handle: usize) -> Result<()> {
     run_to(handle, record(handle))
 }
 
+/// Forgets stand-in stream `handle` (its owner dropped it); entries not yet run are dropped,
+/// as a GPU drops a destroyed stream's state (a gate recorded on it then has nothing to wait for).
+pub(crate) fn remove(handle: usize) {
+    lock(&STREAMS).remove(&handle);
+}
+
 /// Entries of stand-in stream `handle` not yet run.
 #[cfg(test)]
 pub(crate) fn pending(handle: usize) -> usize {

@@ -6,6 +6,8 @@
 //! | one device of a provider | [`Device`] |
 //! | a typed buffer on a device, freed on drop | [`DeviceBuffer`] |
 //! | collectives on device buffers | `Communicator::all_reduce_device` and friends |
+//! | a stream of a device (CUDA stream, or the stand-in's model of one) | [`DeviceStream`] |
+//! | stream-ordered collectives: return at once, later work on the stream sees the result | `Communicator::all_reduce_device_on` and friends |
 //! | is this address device memory? | [`Provider::locate`] |
 //!
 //! The provider comes from `FERRO_DEVICE_PROVIDER`: `cuda` (the default) reaches the GPU through
@@ -39,8 +41,12 @@ pub(crate) mod gate;
 mod host;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 mod host_stream;
+mod pending;
 pub(crate) mod raw;
 pub(crate) mod staging;
+mod stream;
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) mod stream_queue;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -51,8 +57,10 @@ use ferroccl_transport::{MemRef, MemSpace};
 
 use crate::{Error, Result};
 
+pub(crate) use pending::{Hold, Pending};
 pub use raw::DEVICE_ENV;
 pub(crate) use staging::Staging;
+pub use stream::DeviceStream;
 
 /// What every `cuda` provider entry returns on a machine without an NVIDIA driver.
 pub use ferroccl_cuda::DRIVER_MISSING;
@@ -185,11 +193,25 @@ impl fmt::Display for Device {
 /// `len` elements of `T` on a [`Device`], freed when dropped. The host cannot read it
 /// directly: data moves in and out with [`DeviceBuffer::copy_from_host`] and
 /// [`DeviceBuffer::copy_to_host`], and collectives take it by reference.
+///
+/// # Stream-ordered collectives
+///
+/// A stream-ordered call (`Communicator::all_reduce_device_on` and friends) returns before its
+/// collective has run, while the buffer is already free to borrow again. Every buffer therefore
+/// carries a count of the queued jobs that use it: a job holds it up from the call until it has
+/// finished (failed or aborted included), and every host-side access first waits until the
+/// count is zero: [`DeviceBuffer::copy_to_host`], [`DeviceBuffer::copy_from_host`],
+/// [`DeviceBuffer::to_vec`], `read_at`, `write_at`, the blocking collectives, and `Drop` (so
+/// the memory is never freed under a running job). Soundness rests on this count, not on a
+/// guard: `std::mem::forget` of a buffer only leaks its memory, which the job may still use.
+/// Device work the caller queues on the stream itself needs no wait: the stream orders it.
 #[derive(Debug)]
 pub struct DeviceBuffer<T: Element> {
     device: Device,
     addr: u64,
     len: usize,
+    /// Queued stream jobs using the buffer (shared with them).
+    pending: Pending,
     _elems: PhantomData<T>,
 }
 
@@ -208,6 +230,7 @@ impl<T: Element> DeviceBuffer<T> {
             device,
             addr,
             len,
+            pending: Pending::default(),
             _elems: PhantomData,
         })
     }
@@ -272,6 +295,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// the copy is done.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         self.check_len("copy_from_host", src.len())?;
+        self.pending.wait_idle();
         let src = as_bytes(src);
         match self.device.provider {
             // SAFETY: the buffer owns `bytes()` == `src.len()` bytes of this device's memory.
@@ -291,6 +315,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// the copy is done.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         self.check_len("copy_to_host", dst.len())?;
+        self.pending.wait_idle();
         let dst = as_bytes_mut(dst);
         match self.device.provider {
             // SAFETY: the buffer owns `bytes()` == `dst.len()` bytes of this device's memory.
@@ -317,6 +342,16 @@ impl<T: Element> DeviceBuffer<T> {
         Ok(v)
     }
 
+    /// Counts a queued job using the buffer until the returned hold drops.
+    pub(crate) fn hold(&self) -> Hold {
+        self.pending.hold()
+    }
+
+    /// Waits until no queued job uses the buffer.
+    pub(crate) fn wait_idle(&self) {
+        self.pending.wait_idle();
+    }
+
     /// Checks that the buffer is still live device memory of its device (the provider's
     /// registry or the driver's pointer query), for `name` on `rank`.
     pub(crate) fn check_live(&self, name: &str, rank: usize, what: &str) -> Result<()> {
@@ -336,6 +371,8 @@ impl<T: Element> DeviceBuffer<T> {
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        // A queued job may still use the memory: free it only once none does.
+        self.pending.wait_idle();
         let r = match self.device.provider {
             // SAFETY: allocated in `new` on this device, freed once, here; every copy into or
             // out of it completed before the call that queued it returned.

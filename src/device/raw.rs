@@ -148,6 +148,7 @@ impl<T: Element> DeviceBuffer<T> {
             device,
             addr,
             len,
+            pending: super::Pending::default(),
             _elems: PhantomData,
         }))
     }
@@ -169,6 +170,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// Copies `src` into elements `offset..offset + src.len()`; returns when done.
     pub fn write_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
         self.check_range("write_at", offset, src.len())?;
+        self.wait_idle();
         let bytes = ferroccl_kernels::as_bytes(src);
         let at = self.addr + (offset * T::DTYPE.size()) as u64;
         match self.device.provider {
@@ -187,6 +189,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// Copies elements `offset..offset + dst.len()` into `dst`; returns when done.
     pub fn read_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         self.check_range("read_at", offset, dst.len())?;
+        self.wait_idle();
         let at = self.addr + (offset * T::DTYPE.size()) as u64;
         // SAFETY: the range is inside the buffer (checked), which owns it and is borrowed.
         unsafe {

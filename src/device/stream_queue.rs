@@ -1,5 +1,6 @@
-//! Stream-ordered completion of C ABI calls made with a non-NULL stream: per communicator, a
-//! FIFO of jobs run by a thread of its own, started on the first stream call.
+//! Stream-ordered completion of calls made on a caller's stream (the C ABI's calls with a
+//! non-NULL stream, the Rust API's `*_device_on` calls): per communicator, a FIFO of jobs run
+//! by a thread of its own, started on the first stream call.
 //!
 //! A call (or a group's batch for one communicator) becomes one job with a sequence number
 //! `seq`. On the caller's thread, after every synchronous check, [`StreamQueue::enqueue`]
@@ -12,9 +13,9 @@
 //!
 //! | event | what happens to the queue |
 //! |---|---|
-//! | host-buffer (NULL stream) work on the communicator | waits until the queue is empty ([`StreamQueue::drain`]) |
-//! | `ncclCommFinalize`, `ncclCommDestroy` | drain, then the thread ends |
-//! | `ncclCommAbort` | queued jobs fail without running, the running one fails promptly (the communicator is aborted); flags are still stored |
+//! | host-buffer (NULL stream) work on the communicator, a blocking Rust collective | waits until the queue is empty ([`StreamQueue::drain`]) |
+//! | `ncclCommFinalize`, `ncclCommDestroy`, dropping a Rust `Communicator` | drain, then the thread ends |
+//! | `ncclCommAbort`, `Communicator::abort` | queued jobs fail without running, the running one fails promptly (the communicator is aborted); flags are still stored |
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +53,8 @@ struct Progress {
     failed: Mutex<Option<Error>>,
     /// Set by [`StreamQueue::abort`]: jobs not yet started fail without running.
     aborted: AtomicBool,
+    /// Set at the first job: until then [`StreamQueue::drain_if_used`] costs one load.
+    used: AtomicBool,
 }
 
 /// The caller-side state, under one lock so that sequence numbers and queue order agree.
@@ -113,7 +116,7 @@ impl StreamQueue {
         if p.aborted.load(Ordering::SeqCst) {
             return Err(Error::new(
                 ErrorKind::Aborted,
-                "the communicator was aborted (ncclCommAbort)",
+                "the communicator was aborted",
             ));
         }
         if inner.thread.is_none() {
@@ -179,6 +182,7 @@ impl StreamQueue {
 
     fn push(&self, inner: &mut Inner, job: Job) -> Result<()> {
         let seq = job.seq;
+        self.progress.used.store(true, Ordering::SeqCst);
         *lock(&self.progress.pending) += 1;
         let sent = inner.tx.as_ref().map(|tx| tx.send(job));
         match sent {
@@ -209,6 +213,13 @@ impl StreamQueue {
         let mut n = lock(&p.pending);
         while *n > 0 {
             n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// [`StreamQueue::drain`] where a job was ever queued (one atomic load otherwise).
+    pub(crate) fn drain_if_used(&self) {
+        if self.progress.used.load(Ordering::SeqCst) {
+            self.drain();
         }
     }
 
@@ -278,7 +289,7 @@ fn run_job(p: &Progress, job: Job) {
     let r = if p.aborted.load(Ordering::SeqCst) {
         Err(Error::new(
             ErrorKind::Aborted,
-            "the communicator was aborted (ncclCommAbort) before this operation started",
+            "the communicator was aborted before this operation started",
         ))
     } else {
         gates

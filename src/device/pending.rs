@@ -1,0 +1,78 @@
+//! The count of queued stream jobs that use a device buffer (see [`super::DeviceBuffer`]'s
+//! docs): jobs hold it up, host-side accesses wait until it is zero.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct Count {
+    n: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// A buffer's count of pending jobs.
+#[derive(Debug, Default)]
+pub(crate) struct Pending(Arc<Count>);
+
+/// One job's share of a [`Pending`] count, given back when dropped (whether the job ran,
+/// failed, or was dropped unrun).
+#[derive(Debug)]
+pub(crate) struct Hold(Arc<Count>);
+
+impl Pending {
+    /// Counts one more job until the returned hold drops.
+    pub(crate) fn hold(&self) -> Hold {
+        *lock(&self.0.n) += 1;
+        Hold(Arc::clone(&self.0))
+    }
+
+    /// Waits until no job holds the count.
+    pub(crate) fn wait_idle(&self) {
+        let mut n = lock(&self.0.n);
+        while *n > 0 {
+            n = self.0.idle.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Jobs holding it now.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
+        *lock(&self.0.n)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut n = lock(&self.0.n);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_until_every_hold_is_dropped() {
+        let p = Pending::default();
+        let (a, b) = (p.hold(), p.hold());
+        assert_eq!(p.count(), 2);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(a);
+            std::thread::sleep(Duration::from_millis(30));
+            drop(b);
+        });
+        p.wait_idle();
+        assert_eq!(p.count(), 0);
+        t.join().unwrap();
+        p.wait_idle();
+    }
+}

@@ -1,0 +1,423 @@
+//! Stream-ordered collectives on device buffers (`*_device_on`) with the host stand-in
+//! provider, whose streams run only when they are waited for: ranks as threads (1, 2, 3),
+//! ordering on one stream, one thread driving two ranks, failures, and the missing driver.
+
+use std::time::{Duration, Instant};
+
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider, DRIVER_MISSING};
+use ferroccl::{Communicator, Config, Element, ErrorKind, ReduceOp};
+
+const COUNTS: [usize; 4] = [0, 1, 7, 1021];
+
+fn host_device() -> Device {
+    Device::new(Provider::Host, 0).expect("the host stand-in offers devices 0..4")
+}
+
+/// Rank `r`'s element `i`: distinct per element and per rank, exact in every tested type.
+fn value(r: usize, i: usize) -> f64 {
+    (i as f64) * 3.0 + (r as f64) * 5000.0 - 2000.0
+}
+
+fn values<T: Element>(r: usize, len: usize) -> Vec<T> {
+    (0..len).map(|i| T::from_f64(value(r, i))).collect()
+}
+
+fn fold(op: ReduceOp, n: usize, i: usize) -> f64 {
+    let all = (0..n).map(|r| value(r, i));
+    match op {
+        ReduceOp::Sum => all.sum(),
+        ReduceOp::Max => all.fold(f64::MIN, f64::max),
+        ReduceOp::Min => all.fold(f64::MAX, f64::min),
+        _ => unreachable!("not used here"),
+    }
+}
+
+fn floats<T: Element>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Every stream-ordered collective once on rank `c.rank()` of `n`, each checked after a
+/// synchronize of the stream.
+fn every_collective<T: Element>(c: &Communicator, s: &DeviceStream, count: usize, op: ReduceOp) {
+    let (dev, r, n) = (s.device(), c.rank(), c.nranks());
+    let what = |name: &str| format!("{name} {:?} {op:?} count {count} rank {r}/{n}", T::DTYPE);
+
+    let send = DeviceBuffer::from_host(dev, &values::<T>(r, count)).unwrap();
+    let mut recv = DeviceBuffer::<T>::new(dev, count).unwrap();
+    c.all_reduce_device_on(&send, &mut recv, op, s).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<f64> = (0..count).map(|i| fold(op, n, i)).collect();
+    assert_eq!(
+        floats(&recv.to_vec().unwrap()),
+        want,
+        "{}",
+        what("all_reduce")
+    );
+
+    let mut buf = DeviceBuffer::from_host(dev, &values::<T>(r, count)).unwrap();
+    c.all_reduce_device_in_place_on(&mut buf, op, s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(floats(&buf.to_vec().unwrap()), want, "{}", what("in place"));
+
+    let root = n - 1;
+    let mut buf = DeviceBuffer::from_host(dev, &values::<T>(r, count)).unwrap();
+    c.broadcast_device_on(&mut buf, root, s).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<f64> = (0..count).map(|i| value(root, i)).collect();
+    assert_eq!(
+        floats(&buf.to_vec().unwrap()),
+        want,
+        "{}",
+        what("broadcast")
+    );
+
+    let mut recv = DeviceBuffer::<T>::new(dev, count).unwrap();
+    c.reduce_device_on(&send, &mut recv, op, 0, s).unwrap();
+    s.synchronize().unwrap();
+    if r == 0 {
+        let want: Vec<f64> = (0..count).map(|i| fold(op, n, i)).collect();
+        assert_eq!(floats(&recv.to_vec().unwrap()), want, "{}", what("reduce"));
+    }
+
+    let mut recv = DeviceBuffer::<T>::new(dev, n * count).unwrap();
+    c.all_gather_device_on(&send, &mut recv, s).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<f64> = (0..n * count)
+        .map(|k| value(k / count, k % count))
+        .collect();
+    assert_eq!(
+        floats(&recv.to_vec().unwrap()),
+        want,
+        "{}",
+        what("all_gather")
+    );
+
+    let big = DeviceBuffer::from_host(dev, &values::<T>(r, n * count)).unwrap();
+    let mut recv = DeviceBuffer::<T>::new(dev, count).unwrap();
+    c.reduce_scatter_device_on(&big, &mut recv, op, s).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<f64> = (0..count).map(|i| fold(op, n, r * count + i)).collect();
+    assert_eq!(
+        floats(&recv.to_vec().unwrap()),
+        want,
+        "{}",
+        what("reduce_scatter")
+    );
+}
+
+#[test]
+fn every_stream_collective_on_1_2_3_thread_ranks() {
+    let dev = host_device();
+    for n in [1, 2, 3] {
+        let comms = Communicator::local_group(n, Config::default()).unwrap();
+        std::thread::scope(|sc| {
+            for c in &comms {
+                sc.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let s = DeviceStream::new(dev).unwrap();
+                    for count in COUNTS {
+                        for op in [ReduceOp::Sum, ReduceOp::Max] {
+                            every_collective::<f32>(c, &s, count, op);
+                            every_collective::<i32>(c, &s, count, op);
+                        }
+                        every_collective::<f64>(c, &s, count, ReduceOp::Min);
+                    }
+                    assert!(c.async_error().is_none());
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn calls_back_to_back_then_one_synchronize_run_in_order() {
+    let dev = host_device();
+    let comms = Communicator::local_group(3, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                let r = c.rank();
+                let mut a = DeviceBuffer::from_host(dev, &values::<f64>(r, 7)).unwrap();
+                let mut b = DeviceBuffer::<f64>::new(dev, 7).unwrap();
+                // a = sum; b = sum of a (= 3 * sum); a = b broadcast from rank 2; b = sum of a.
+                c.all_reduce_device_in_place_on(&mut a, ReduceOp::Sum, &s)
+                    .unwrap();
+                c.all_reduce_device_on(&a, &mut b, ReduceOp::Sum, &s)
+                    .unwrap();
+                let t0 = Instant::now();
+                c.broadcast_device_on(&mut b, 2, &s).unwrap();
+                c.all_reduce_device_on(&b, &mut a, ReduceOp::Sum, &s)
+                    .unwrap();
+                assert!(
+                    t0.elapsed() < Duration::from_secs(2),
+                    "calls return at once"
+                );
+                s.synchronize().unwrap();
+                let want: Vec<f64> = (0..7).map(|i| 9.0 * fold(ReduceOp::Sum, 3, i)).collect();
+                assert_eq!(a.to_vec().unwrap(), want);
+                let want: Vec<f64> = (0..7).map(|i| 3.0 * fold(ReduceOp::Sum, 3, i)).collect();
+                assert_eq!(b.to_vec().unwrap(), want);
+            });
+        }
+    });
+}
+
+#[test]
+fn to_vec_right_after_a_call_waits_for_the_result() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                if c.rank() == 1 {
+                    // Rank 0 reads its buffer long before this rank has joined the collective.
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let mut buf = DeviceBuffer::from_host(dev, &values::<f32>(c.rank(), 1021)).unwrap();
+                c.all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                    .unwrap();
+                // No synchronize: the host read itself waits for the queued job.
+                let want: Vec<f64> = (0..1021).map(|i| fold(ReduceOp::Sum, 2, i)).collect();
+                assert_eq!(floats(&buf.to_vec().unwrap()), want, "rank {}", c.rank());
+                s.synchronize().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn drop_waits_for_the_job_and_forget_only_leaks() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                let late = Duration::from_millis(300);
+                for round in 0..2 {
+                    if c.rank() == 1 {
+                        std::thread::sleep(late);
+                    }
+                    let mut buf = DeviceBuffer::from_host(dev, &values::<f64>(0, 7)).unwrap();
+                    c.all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                        .unwrap();
+                    let t0 = Instant::now();
+                    if round == 0 {
+                        drop(buf);
+                        if c.rank() == 0 {
+                            // The memory is freed only once rank 1 has joined and the job ended.
+                            assert!(t0.elapsed() >= late / 2, "{:?}", t0.elapsed());
+                        }
+                    } else {
+                        // Leaked, never freed: the job may go on writing it.
+                        std::mem::forget(buf);
+                    }
+                    s.synchronize().unwrap();
+                }
+                assert!(c.async_error().is_none());
+            });
+        }
+    });
+}
+
+#[test]
+fn a_blocking_call_after_stream_calls_runs_after_them() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                let mut a = DeviceBuffer::from_host(dev, &values::<f32>(c.rank(), 7)).unwrap();
+                if c.rank() == 1 {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                c.all_reduce_device_in_place_on(&mut a, ReduceOp::Sum, &s)
+                    .unwrap();
+                if c.rank() == 0 {
+                    // Rank 0's job starts first here; rank 1's blocking call would overtake its
+                    // own job, were it not waiting for the queue.
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                // Host and device blocking calls wait for the queued job first, on both ranks.
+                let mut h = [c.rank() as f32; 3];
+                c.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+                assert_eq!(h, [1.0; 3]);
+                c.all_reduce_device_in_place(&mut a, ReduceOp::Max).unwrap();
+                let want: Vec<f64> = (0..7).map(|i| fold(ReduceOp::Sum, 2, i)).collect();
+                assert_eq!(floats(&a.to_vec().unwrap()), want);
+                s.synchronize().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn one_thread_drives_both_ranks_without_blocking() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let streams: Vec<DeviceStream> = comms
+        .iter()
+        .map(|c| {
+            c.set_device(dev).unwrap();
+            DeviceStream::new(dev).unwrap()
+        })
+        .collect();
+    let mut bufs: Vec<DeviceBuffer<i32>> = (0..2)
+        .map(|r| DeviceBuffer::from_host(dev, &values::<i32>(r, 1021)).unwrap())
+        .collect();
+    let mut gathered: Vec<DeviceBuffer<i32>> = (0..2)
+        .map(|_| DeviceBuffer::new(dev, 2 * 1021).unwrap())
+        .collect();
+    // Rank 0's calls, then rank 1's, from this one thread: a blocking call would never return.
+    for (r, ((c, s), (b, g))) in comms
+        .iter()
+        .zip(&streams)
+        .zip(bufs.iter_mut().zip(gathered.iter_mut()))
+        .enumerate()
+    {
+        c.all_reduce_device_in_place_on(b, ReduceOp::Max, s)
+            .unwrap();
+        c.all_gather_device_on(b, g, s).unwrap();
+        assert!(c.async_error().is_none(), "rank {r}");
+    }
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    let max: Vec<f64> = (0..1021).map(|i| fold(ReduceOp::Max, 2, i)).collect();
+    for r in 0..2 {
+        assert_eq!(floats(&bufs[r].to_vec().unwrap()), max, "rank {r}");
+        let both: Vec<f64> = max.iter().chain(&max).copied().collect();
+        assert_eq!(floats(&gathered[r].to_vec().unwrap()), both, "rank {r}");
+    }
+}
+
+#[test]
+fn a_count_mismatch_releases_the_stream_and_becomes_the_async_error() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let s = DeviceStream::new(dev).unwrap();
+                // Each rank's call is valid on its own: only the peers can tell.
+                let n = 4 + c.rank();
+                let mut buf = DeviceBuffer::from_host(dev, &values::<f32>(c.rank(), n)).unwrap();
+                c.all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                    .unwrap();
+                // The stream is released although the job failed.
+                s.synchronize().unwrap();
+                drop(buf.to_vec().unwrap());
+                let e = c
+                    .async_error()
+                    .expect("the failed job is the communicator's error");
+                assert_ne!(e.kind(), ErrorKind::Aborted, "{e}");
+                let (me, peer) = (c.rank(), 1 - c.rank());
+                for part in [
+                    format!("all_reduce #1 on rank {me}"),
+                    format!("rank {peer} sent {} x f32", 4 + peer),
+                    format!("rank {me} expected {n} x f32"),
+                ] {
+                    assert!(e.to_string().contains(&part), "{part}: {e}");
+                }
+                // Later calls fail with it.
+                let later = c
+                    .all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                    .unwrap_err();
+                assert!(later.to_string().contains("all_reduce"), "{later}");
+            });
+        }
+    });
+}
+
+#[test]
+fn a_local_error_is_returned_at_once_with_the_blocking_message() {
+    let dev = host_device();
+    let c = Communicator::local_group(1, Config::default())
+        .unwrap()
+        .pop()
+        .unwrap();
+    let s = DeviceStream::new(dev).unwrap();
+    let send = DeviceBuffer::<f64>::new(dev, 4).unwrap();
+    let mut recv = DeviceBuffer::<f64>::new(dev, 5).unwrap();
+    let e = c
+        .all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(e.to_string().contains("no device is bound"), "{e}");
+    c.set_device(dev).unwrap();
+    let e = c
+        .all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
+        .unwrap_err();
+    let sync = c
+        .all_reduce_device(&send, &mut recv, ReduceOp::Sum)
+        .unwrap_err();
+    assert_eq!(e.to_string(), sync.to_string());
+    assert!(
+        e.to_string()
+            .contains("all_reduce on rank 0: receive buffer has 5 elements"),
+        "{e}"
+    );
+    let other = DeviceStream::new(Device::new(Provider::Host, 1).unwrap()).unwrap();
+    let mut ok = DeviceBuffer::<f64>::new(dev, 4).unwrap();
+    let e = c
+        .all_reduce_device_on(&send, &mut ok, ReduceOp::Sum, &other)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the stream is on host stand-in device 1"),
+        "{e}"
+    );
+    assert!(
+        c.async_error().is_none(),
+        "local errors are not the communicator's"
+    );
+}
+
+#[test]
+fn abort_fails_queued_jobs_and_releases_the_stream() {
+    let dev = host_device();
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let c = &comms[0];
+    c.set_device(dev).unwrap();
+    let s = DeviceStream::new(dev).unwrap();
+    let mut bufs: Vec<DeviceBuffer<f32>> =
+        (0..3).map(|_| DeviceBuffer::new(dev, 7).unwrap()).collect();
+    // Rank 1 never joins: the first job waits for it, the others queue behind it.
+    for b in &mut bufs {
+        c.all_reduce_device_in_place_on(b, ReduceOp::Sum, &s)
+            .unwrap();
+    }
+    let t0 = Instant::now();
+    c.abort();
+    s.synchronize().unwrap();
+    for b in &bufs {
+        b.to_vec().unwrap();
+    }
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    let e = c.async_error().unwrap();
+    assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
+    let e = c
+        .all_reduce_device_in_place_on(&mut bufs[0], ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
+    comms[1].abort();
+}
+
+#[test]
+fn without_a_driver_a_cuda_stream_is_the_clear_error() {
+    if Provider::Cuda.device_count().is_ok() {
+        eprintln!("an NVIDIA driver is present: this test is for machines without one");
+        return;
+    }
+    let e = Device::new(Provider::Cuda, 0)
+        .and_then(DeviceStream::new)
+        .unwrap_err();
+    assert!(e.to_string().contains(DRIVER_MISSING), "{e}");
+}

@@ -29,6 +29,9 @@ use crate::{Error, Result};
 
 /// How long a second claimant waits to learn who claimed the rank first (for its message).
 const WHO_WAIT: Duration = Duration::from_secs(1);
+/// How long a rank 0 whose init failed at the confirmation keeps the store it may host for
+/// the other ranks' last reads.
+const LINGER: Duration = Duration::from_secs(3);
 /// One rank's verdict in the confirm counter: ranks count in the low 32 bits, ranks that found
 /// their number claimed twice in the high bits.
 const DUPLICATE: i64 = 1 << 32;
@@ -108,31 +111,8 @@ pub(super) fn claim(store: &dyn Store, id: u64, rank: usize, deadline: Instant) 
     })
 }
 
-/// Step 3: after connecting, checks that no rank of the communicator was claimed twice.
-pub(super) fn confirm(
-    store: &dyn Store,
-    claim: &Claim,
-    nranks: usize,
-    deadline: Instant,
-) -> Result<()> {
-    let (base, rank) = (&claim.base, claim.rank);
-    let claims = store.add(&format!("{base}/claim/{rank}"), 0)?;
-    let verdict = if claims > 1 { 1 + DUPLICATE } else { 1 };
-    let sid = format!("{base}/{:016x}", claim.comm_id);
-    let total = store.add(&format!("{sid}/confirmed"), verdict)?;
-    if total & (DUPLICATE - 1) == nranks as i64 {
-        store.set(&format!("{sid}/verdict"), total.to_string().as_bytes())?;
-    }
-    if claims > 1 {
-        let second = store
-            .get(
-                &format!("{base}/who/{rank}/2"),
-                left(deadline).min(WHO_WAIT),
-            )
-            .map(|v| text(&v))
-            .unwrap_or_else(|_| "another process".to_string());
-        return Err(claimed_twice(rank, &claim.me, &second, &claim.me));
-    }
+/// Waits for the confirmation total of `sid` and fails if any rank was claimed twice.
+fn verdict_of(store: &dyn Store, sid: &str, rank: usize, deadline: Instant) -> Result<()> {
     let v = store.get(&format!("{sid}/verdict"), left(deadline))?;
     let total: i64 = text(&v).parse().map_err(|_| {
         Error::internal(format!(
@@ -148,13 +128,55 @@ pub(super) fn confirm(
              ranks' errors name the processes"
         )));
     }
-    // No rank leaves init before every rank has read the verdict: a rank that left at once
-    // could fail its first call (a mismatch is found within microseconds) and end its process,
-    // taking down the store it hosts while a slower rank still waits for the verdict there.
-    let read = store.add(&format!("{sid}/read"), 1)?;
-    if read == nranks as i64 {
-        store.set(&format!("{sid}/all_read"), b"1")?;
+    Ok(())
+}
+
+/// Step 3: after connecting, checks that no rank of the communicator was claimed twice.
+pub(super) fn confirm(
+    store: &dyn Store,
+    claim: &Claim,
+    nranks: usize,
+    deadline: Instant,
+) -> Result<()> {
+    let (base, rank) = (&claim.base, claim.rank);
+    let claims = store.add(&format!("{base}/claim/{rank}"), 0)?;
+    let verdict = if claims > 1 { 1 + DUPLICATE } else { 1 };
+    let sid = format!("{base}/{:016x}", claim.comm_id);
+    let total = store.add(&format!("{sid}/confirmed"), verdict)?;
+    if total & (DUPLICATE - 1) == nranks as i64 {
+        store.set(&format!("{sid}/verdict"), total.to_string().as_bytes())?;
     }
+    let outcome = if claims > 1 {
+        let second = store
+            .get(
+                &format!("{base}/who/{rank}/2"),
+                left(deadline).min(WHO_WAIT),
+            )
+            .map(|v| text(&v))
+            .unwrap_or_else(|_| "another process".to_string());
+        Err(claimed_twice(rank, &claim.me, &second, &claim.me))
+    } else {
+        verdict_of(store, &sid, rank, deadline)
+    };
+    // No rank leaves init before every rank has read what it needs from the store: a rank that
+    // left at once could fail its first call (a mismatch is found within microseconds), or
+    // fail here, and end its process, taking down the store it hosts while a slower rank still
+    // reads the verdict or the other claimant's name there.
+    let read = store.add(&format!("{sid}/read"), 1).and_then(|read| {
+        if read == nranks as i64 {
+            store.set(&format!("{sid}/all_read"), b"1")?;
+        }
+        Ok(())
+    });
+    if let Err(e) = outcome {
+        if rank == 0 {
+            // Rank 0 may host the store: it lingers (bounded) for the others' reads.
+            let _ = store.get(&format!("{sid}/all_read"), left(deadline).min(LINGER));
+        }
+        // The reason, not a store that went away meanwhile.
+        return Err(e);
+    }
+    read?;
     store
         .get(&format!("{sid}/all_read"), left(deadline))
         .map_err(|e| {
@@ -227,5 +249,30 @@ mod tests {
         let e0 = confirm(&store, &c0, 2, soon()).unwrap_err();
         assert_eq!(e0.kind(), ErrorKind::InvalidUsage);
         assert!(e0.message().contains("1 rank number(s)"), "{e0}");
+    }
+
+    #[test]
+    fn rank_0_failing_at_the_confirmation_stays_until_the_others_have_read() {
+        let store = MemoryStore::new();
+        let c0 = claim(&store, 12, 0, soon()).unwrap();
+        let c1 = claim(&store, 12, 1, soon()).unwrap();
+        // A second process claims rank 1 and is slow to leave its name.
+        let who = format!("{}/who/1/2", c0.base);
+        store.add(&format!("{}/claim/1", c0.base), 1).unwrap();
+        let read = format!("{}/{:016x}/read", c0.base, c0.comm_id);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| confirm(&store, &c1, 2, soon()));
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                store.set(&who, b"host b pid 2").unwrap();
+            });
+            // Rank 0 (which may host the store) fails at once, but leaves only after rank 1
+            // has read the name.
+            let e0 = confirm(&store, &c0, 2, soon()).unwrap_err();
+            assert!(e0.message().contains("1 rank number(s)"), "{e0}");
+            assert_eq!(store.add(&read, 0).unwrap(), 2);
+            let e1 = t.join().unwrap().unwrap_err();
+            assert!(e1.message().contains("host b pid 2"), "{e1}");
+        });
     }
 }

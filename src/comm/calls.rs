@@ -108,27 +108,11 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         crate::profile::begin();
-        let r = self.run_blocking_inner(name, hkind, kind, send, recv, count, dtype, op);
-        crate::profile::end();
-        r
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    #[inline(always)]
-    fn run_blocking_inner(
-        &self,
-        name: &'static str,
-        hkind: u8,
-        kind: CollKind,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
         // Stream jobs queued earlier run first, on every rank alike.
         self.streams.drain_if_used();
-        blocking_on(&self.inner, name, hkind, kind, send, recv, count, dtype, op)
+        let r = blocking_on(&self.inner, name, hkind, kind, send, recv, count, dtype, op);
+        crate::profile::end();
+        r
     }
 
     // ----- typed collectives -----

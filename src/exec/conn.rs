@@ -66,6 +66,22 @@ impl Conn {
         self.conn.recv(h, payload, p)
     }
 
+    /// Whether the connection lends received bytes ([`Connection::recv_lent`]).
+    pub(crate) fn lends(&self) -> bool {
+        self.conn.lends()
+    }
+
+    pub(crate) fn recv_lent(
+        &mut self,
+        h: &mut Header,
+        len: usize,
+        granule: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        self.conn.recv_lent(h, len, granule, p, sink)
+    }
+
     pub(crate) fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
         self.conn.poll_fds(sending, receiving, out)
     }

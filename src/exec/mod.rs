@@ -100,6 +100,8 @@ pub(crate) struct Engine {
     /// Sequence numbers of point-to-point messages per peer, each direction.
     pub p2p_sent: Vec<u64>,
     pub p2p_recvd: Vec<u64>,
+    /// The last collective's sequence number (collectives count from 1).
+    seq: u64,
     /// Descriptor lists for sleeping in poll(2), kept between steps.
     waits: WaitBuffers,
     /// Per peer: a send was left half-way, so nothing more may be written on the connection.
@@ -173,6 +175,7 @@ impl Engine {
             tuning,
             p2p_sent: vec![0; nranks],
             p2p_recvd: vec![0; nranks],
+            seq: 0,
             waits: WaitBuffers::with_capacity(2 * fds.len().max(1)),
             tx_dirty: vec![false; nranks],
             reducer: Arc::new(HostReducer),
@@ -513,6 +516,13 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The next collective's sequence number. Taken in the collective's turn, so the numbers
+    /// follow issue order, as every rank's do.
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
     }
 
     /// Checks that every rank runs the rooted operation `ctx` with the same root: a tiny

@@ -453,6 +453,32 @@ fn advance<W: Waiter>(
                 len,
                 header,
                 ..
+            } if conn.lends() => {
+                // Reduced straight from the transport's memory: no copy into staging.
+                let (reducer, dtype, op) = (pass.reducer, pass.dtype, pass.op);
+                profile::phase(Phase::Recv);
+                let r = conn.recv_lent(
+                    &mut s.header,
+                    len,
+                    es,
+                    &mut s.progress,
+                    &mut |from, bytes| reduce_range(reducer, dtype, op, src, dst, bytes, from),
+                );
+                profile::phase(Phase::Drive);
+                if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                    if s.header.kind == kind::NOTICE {
+                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
+                    }
+                    check_header(ctx, o.peer(), &s.header, &header)?;
+                }
+                r
+            }
+            RawOp::RecvReduce {
+                src,
+                dst,
+                len,
+                header,
+                ..
             } => {
                 let stage = &mut pass.staging[s.stage][..len];
                 profile::phase(Phase::Recv);

@@ -258,6 +258,36 @@ pub trait Connection: Send + fmt::Debug {
         progress: &mut Progress,
     ) -> Result<bool>;
 
+    /// Whether [`Connection::recv_lent`] works on this connection: the transport holds
+    /// received bytes in memory it can lend to the caller (a shared-memory ring). `false` (the
+    /// default): use [`Connection::recv`].
+    fn lends(&self) -> bool {
+        false
+    }
+
+    /// Moves the next incoming message as [`Connection::recv`] does, but hands the payload to
+    /// `sink` where the transport holds it instead of copying it into a buffer: `sink(off,
+    /// bytes)` gets payload bytes `off..off + bytes.len()`, in order, each byte once, and the
+    /// transport reuses that memory once `sink` returns. Every piece but the message's last is
+    /// a whole number of `granule` bytes (an element never straddles two pieces), so a caller
+    /// can reduce straight from the transport's memory. The header comes first, as with `recv`,
+    /// and must be checked (`len` the message's length) before calling again. An error from
+    /// `sink` ends the call with that error. Only for connections that [`lend`](Self::lends).
+    fn recv_lent(
+        &mut self,
+        header: &mut Header,
+        len: usize,
+        granule: usize,
+        progress: &mut Progress,
+        sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        let _ = (header, len, granule, progress, sink);
+        Err(Error::internal(format!(
+            "the connection to {} does not lend received bytes (use recv)",
+            self.peer()
+        )))
+    }
+
     /// Announces where the next incoming message will land, before its header arrives: a
     /// one-sided transport tells the sender (RDMA's clear-to-send) so that the payload is
     /// written straight there. `region` is `dst`'s registration where the transport needs one.
@@ -309,6 +339,19 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
     }
     fn recv(&mut self, h: &mut Header, payload: PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
         (**self).recv(h, payload, p)
+    }
+    fn lends(&self) -> bool {
+        (**self).lends()
+    }
+    fn recv_lent(
+        &mut self,
+        h: &mut Header,
+        len: usize,
+        granule: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        (**self).recv_lent(h, len, granule, p, sink)
     }
     fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
         (**self).post_recv(dst, region)

@@ -33,6 +33,8 @@ use ferroccl_transport::{
     Progress, Result, SmallLane, HEADER_LEN,
 };
 
+mod lent;
+
 use crate::bell::Bell;
 use crate::cma::{self, CmaError};
 use crate::lane::{LaneBox, LANE_BYTES};
@@ -363,6 +365,49 @@ impl ShmConnection {
         n
     }
 
+    /// Reads the next message's frame into `header` once a whole one has arrived; always
+    /// `Ok(false)`: the caller checks the header before the payload is read.
+    fn read_frame(&mut self, header: &mut Header, p: &mut Progress) -> Result<bool> {
+        if self.ahead_len() < FRAME_LEN {
+            self.read_ahead();
+        }
+        if self.ahead_len() < FRAME_LEN {
+            if let Err(e) = self.check_peer() {
+                // A sender that wrote its last frame and then closed, after the count
+                // above was read, is no error: the close flag's Acquire makes the frame
+                // visible now.
+                self.read_ahead();
+                if self.ahead_len() < FRAME_LEN {
+                    return Err(e);
+                }
+            } else {
+                return Ok(false);
+            }
+        }
+        let mut frame = [0u8; FRAME_LEN];
+        frame.copy_from_slice(&self.ahead[self.ahead_pos..self.ahead_pos + FRAME_LEN]);
+        self.ahead_pos += FRAME_LEN;
+        let mut hb = [0u8; HEADER_LEN];
+        hb.copy_from_slice(&frame[8..48]);
+        let mode = u32_at(&frame, 4);
+        let h = Header::decode(&hb)
+            .filter(|_| u32_at(&frame, 0) == FRAME_MAGIC)
+            .filter(|_| mode == MODE_INLINE || mode == MODE_CMA)
+            .ok_or_else(|| {
+                Error::remote(format!(
+                    "garbled message frame from {} (the ring is out of step)",
+                    self.peer
+                ))
+                .with_peer(self.peer.rank)
+            })?;
+        self.rx_mode = mode;
+        self.rx_addr = u64_at(&frame, 48);
+        self.rx_len = u64_at(&frame, 56);
+        *header = h;
+        p.header_pos = HEADER_LEN;
+        Ok(false)
+    }
+
     fn send_inline(&mut self, payload: &[u8], p: &mut Progress) -> Result<()> {
         let pos = p.parts[0].pos;
         let end = payload.len().min(pos + self.cfg.max_io.max(4096));
@@ -471,45 +516,7 @@ impl Connection for ShmConnection {
             return Err(self.closed_error());
         }
         if !p.header_done() {
-            if self.ahead_len() < FRAME_LEN {
-                self.read_ahead();
-            }
-            if self.ahead_len() < FRAME_LEN {
-                if let Err(e) = self.check_peer() {
-                    // A sender that wrote its last frame and then closed, after the count
-                    // above was read, is no error: the close flag's Acquire makes the frame
-                    // visible now.
-                    self.read_ahead();
-                    if self.ahead_len() < FRAME_LEN {
-                        return Err(e);
-                    }
-                } else {
-                    return Ok(false);
-                }
-            }
-            let mut frame = [0u8; FRAME_LEN];
-            frame.copy_from_slice(&self.ahead[self.ahead_pos..self.ahead_pos + FRAME_LEN]);
-            self.ahead_pos += FRAME_LEN;
-            let mut hb = [0u8; HEADER_LEN];
-            hb.copy_from_slice(&frame[8..48]);
-            let mode = u32_at(&frame, 4);
-            let h = Header::decode(&hb)
-                .filter(|_| u32_at(&frame, 0) == FRAME_MAGIC)
-                .filter(|_| mode == MODE_INLINE || mode == MODE_CMA)
-                .ok_or_else(|| {
-                    Error::remote(format!(
-                        "garbled message frame from {} (the ring is out of step)",
-                        self.peer
-                    ))
-                    .with_peer(self.peer.rank)
-                })?;
-            self.rx_mode = mode;
-            self.rx_addr = u64_at(&frame, 48);
-            self.rx_len = u64_at(&frame, 56);
-            *header = h;
-            p.header_pos = HEADER_LEN;
-            // The caller checks the header before the payload is read.
-            return Ok(false);
+            return self.read_frame(header, p);
         }
         if !p.started {
             if header.len != payload.len() as u64
@@ -610,6 +617,29 @@ impl Connection for ShmConnection {
             self.peer_bell.ring();
         }
         Ok(p.done())
+    }
+
+    fn lends(&self) -> bool {
+        // A receiver that offered cross-memory attach may get payloads read from the sender's
+        // memory, which it cannot lend.
+        !self.cfg.cma
+    }
+
+    fn recv_lent(
+        &mut self,
+        header: &mut Header,
+        len: usize,
+        granule: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    ) -> Result<bool> {
+        if !self.lends() {
+            return Err(Error::internal(format!(
+                "recv from {}: this end offers cross-memory attach and lends nothing (use recv)",
+                self.peer
+            )));
+        }
+        self.receive_lent(header, len, granule, p, sink)
     }
 
     fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}

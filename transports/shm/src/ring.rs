@@ -197,6 +197,39 @@ impl<'a, S: Storage> Consumer<'a, S> {
     }
 }
 
+#[cfg(not(loom))]
+impl<'a> Consumer<'a, RawStorage> {
+    /// The filled bytes from the consumer's position, at most `max`, up to the end of the
+    /// ring's memory (a view never wraps: the bytes after the wrap come in the next view). The
+    /// producer leaves them alone until [`Consumer::release`] hands them back.
+    ///
+    /// # Safety
+    /// The caller stops using the view before it releases any of its bytes.
+    pub unsafe fn filled(&self, max: usize) -> &'a [u8] {
+        let cap = self.data.capacity();
+        // Acquire: the producer's writes of the bytes up to `head` are visible.
+        let head = self.ctl.head.0.load(Ordering::Acquire);
+        // Relaxed: only this side writes `tail`.
+        let tail = self.ctl.tail.0.load(Ordering::Relaxed);
+        let off = (tail as usize) & (cap - 1);
+        let n = ((head - tail) as usize).min(max).min(cap - off);
+        // SAFETY: bytes tail..tail+n are filled and in bounds (`off + n <= cap`); the producer
+        // writes them again only after `tail` moves past them, which the caller does after its
+        // last use of the view; the mapping outlives `'a`.
+        unsafe { std::slice::from_raw_parts(self.data.base.add(off), n) }
+    }
+
+    /// Hands `n` bytes (no more than the last [`Consumer::filled`] view held) back to the
+    /// producer.
+    pub fn release(&self, n: usize) {
+        // Relaxed: only this side writes `tail`.
+        let tail = self.ctl.tail.0.load(Ordering::Relaxed);
+        // Release: the caller's reads of these bytes happen before the producer's Acquire
+        // load of `tail` lets it overwrite them.
+        self.ctl.tail.0.store(tail + n as u64, Ordering::Release);
+    }
+}
+
 /// Ring data in ordinary (or shared) memory behind a raw pointer.
 #[cfg(not(loom))]
 #[derive(Debug)]

@@ -17,6 +17,7 @@
 //! | `dropped_peer` | a peer dropped without shutdown: send and recv fail, no hang |
 //! | `idle_wakes` | an end waiting on its doorbell or descriptors wakes when the peer sends |
 //! | `registration` | regions stay valid while held, [`RegCache`] releases them; posted lengths are enforced by one-sided transports |
+//! | `lent_receive` | where a connection lends received bytes: pieces in order, whole elements, every byte once, mixed with plain receives; a sink's error ends the call; elsewhere `recv_lent` is an error, not a panic |
 
 use ferroccl_transport::{
     Connection, Error, Header, MemRef, Payload, PayloadMut, Progress, RegCache,
@@ -76,6 +77,7 @@ pub const CASES: &[(&str, Case)] = &[
     ("dropped_peer", dropped_peer),
     ("idle_wakes", idle_wakes),
     ("registration", registration),
+    ("lent_receive", lent_receive),
 ];
 
 /// Runs every case of [`CASES`], each on a fresh pair from `factory`; panics at the first
@@ -620,5 +622,137 @@ pub fn registration(opts: &Options, factory: &mut dyn FnMut() -> Pair) {
             && e.message().contains("4095")
             && e.message().contains("rank"),
         "{n}: the error names the peer and both sizes: {e}"
+    );
+}
+
+/// Receives message `seq` of `len` bytes from `b` with [`Connection::recv_lent`] in pieces of
+/// `granule`, while `a` sends `msg`; checks the pieces' order and size and returns the bytes.
+fn lent_message(
+    opts: &Options,
+    a: &mut dyn Connection,
+    b: &mut dyn Connection,
+    msg: &[u8],
+    seq: u64,
+    granule: usize,
+) -> Vec<u8> {
+    let h = header(msg.len(), seq);
+    let (mut sp, mut rp) = (Progress::default(), Progress::default());
+    let mut rh = Header::default();
+    let mut got = Vec::with_capacity(msg.len());
+    let (mut sent, mut recvd) = (false, false);
+    let len = msg.len();
+    wait_for(
+        format_args!("{}: lent message #{seq} ({len} bytes)", opts.name),
+        || {
+            if !sent {
+                sent = a
+                    .send(&h, Payload::Host(msg), &mut sp)
+                    .unwrap_or_else(|e| panic!("send #{seq}: {e}"));
+            }
+            if !recvd {
+                let mut sink = |off: usize, bytes: &[u8]| {
+                    assert_eq!(
+                        off,
+                        got.len(),
+                        "{}: piece of #{seq} out of order",
+                        opts.name
+                    );
+                    assert!(
+                        off + bytes.len() == len || bytes.len().is_multiple_of(granule),
+                        "{}: piece {off}+{} of #{seq} ({len} bytes) is not whole {granule}-byte \
+                         elements",
+                        opts.name,
+                        bytes.len()
+                    );
+                    got.extend_from_slice(bytes);
+                    Ok(())
+                };
+                recvd = b
+                    .recv_lent(&mut rh, len, granule, &mut rp, &mut sink)
+                    .unwrap_or_else(|e| panic!("{}: recv_lent #{seq}: {e}", opts.name));
+                if rp.header_done() && !rp.started {
+                    assert_eq!(rh, h, "header of lent message #{seq}");
+                }
+            }
+            (sent && recvd).then_some(())
+        },
+    );
+    got
+}
+
+/// Where a connection lends received bytes, they arrive in order, in whole elements, each
+/// once, among plain receives (so that messages start at odd ring offsets and elements
+/// straddle the ring's wrap); a sink's error ends the call with it. Elsewhere `recv_lent` is an
+/// error.
+pub fn lent_receive(opts: &Options, factory: &mut dyn FnMut() -> Pair) {
+    let (mut a, mut b) = factory();
+    if !b.lends() {
+        let mut p = Progress::default();
+        let mut h = Header::default();
+        let r = b.recv_lent(&mut h, 8, 4, &mut p, &mut |_, _| Ok(()));
+        assert!(
+            r.is_err(),
+            "{}: recv_lent on a connection that does not lend",
+            opts.name
+        );
+        return;
+    }
+    let lens = [
+        0,
+        1,
+        7,
+        63,
+        64,
+        1000,
+        4099,
+        13,
+        opts.partial_bytes + 5,
+        3,
+        65_537,
+        9,
+    ];
+    let granules = [1, 2, 4, 8, 16];
+    let mut seq = 0u64;
+    for (k, &len) in lens.iter().enumerate() {
+        let g = granules[k % granules.len()];
+        let msg = pattern(len, k);
+        let got = lent_message(opts, &mut *a, &mut *b, &msg, seq, g);
+        assert_same(
+            format_args!("{}: lent #{seq} ({len} bytes, granule {g})", opts.name),
+            &got,
+            &msg,
+        );
+        seq += 1;
+        // A plain message of an odd length between lent ones.
+        let odd = pattern(2 * k + 1, k + 100);
+        let got = exchange(&mut *a, &mut *b, std::slice::from_ref(&odd));
+        assert_same(
+            format_args!("{}: plain message after lent #{}", opts.name, seq - 1),
+            &got[0],
+            &odd,
+        );
+        seq += 1;
+    }
+    // A sink that fails ends the call with its error.
+    let msg = pattern(4096, 7);
+    let h = header(msg.len(), 0);
+    let (mut sp, mut rp) = (Progress::default(), Progress::default());
+    let mut rh = Header::default();
+    let mut sent = false;
+    let err = wait_for(format_args!("{}: a failing sink", opts.name), || {
+        if !sent {
+            sent = a
+                .send(&h, Payload::Host(&msg), &mut sp)
+                .unwrap_or_else(|e| panic!("send: {e}"));
+        }
+        b.recv_lent(&mut rh, msg.len(), 4, &mut rp, &mut |_, _| {
+            Err(Error::internal("the sink refuses"))
+        })
+        .err()
+    });
+    assert!(
+        err.message().contains("the sink refuses"),
+        "{}: a failing sink's error: {err}",
+        opts.name
     );
 }

@@ -53,18 +53,19 @@ impl Communicator {
         if !inner.config.check_root {
             return Ok(());
         }
-        let (ticket, seq) = inner.ticket(true);
-        let ctx = crate::exec::OpContext {
-            name,
-            seq,
-            rank: inner.rank,
-            kind: hkind,
-            dtype,
-            op: crate::wire::op::NONE,
-            count: count as u64,
-            root: root as u32,
-        };
-        inner.execute(ticket, |e| e.agree_on_root(root, &ctx))
+        inner.execute_next(true, |e, seq| {
+            let ctx = crate::exec::OpContext {
+                name,
+                seq,
+                rank: inner.rank,
+                kind: hkind,
+                dtype,
+                op: crate::wire::op::NONE,
+                count: count as u64,
+                root: root as u32,
+            };
+            e.agree_on_root(root, &ctx)
+        })
     }
 
     // ----- collectives on untyped buffers -----
@@ -352,7 +353,7 @@ impl Communicator {
         let (tx, rx) = crossbeam_channel::bounded(1);
         // Stream jobs queued earlier take their turns first, on every rank alike.
         self.streams.drain_if_used();
-        let (ticket, seq) = self.inner.ticket(true);
+        let ticket = self.inner.ticket();
         let inner = Arc::clone(&self.inner);
         let job = Box::new(move || {
             let (ip, il, op, ol) = ptrs(&mut bufs);
@@ -363,7 +364,10 @@ impl Communicator {
                 output_len: ol,
                 in_place,
             };
-            let r = inner.execute(ticket, |e| call.run(e, seq, mem, inner.config.check_root));
+            let r = inner.execute(ticket, |e| {
+                let seq = e.next_seq();
+                call.run(e, seq, mem, inner.config.check_root)
+            });
             let _ = tx.send((r, bufs));
         });
         match self.worker()?.as_ref() {

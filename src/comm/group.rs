@@ -103,7 +103,7 @@ impl<'a> Group<'a> {
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
-        let (ticket, _) = inner.ticket(false);
+        let ticket = inner.ticket();
         let mut ops = self.ops;
         inner.execute(ticket, |engine| {
             // Messages to self are copies, matched in order.

@@ -84,13 +84,6 @@ impl ReduceOp {
     }
 }
 
-/// Issue order: tickets handed out at issue, served in order (`Inner::serving`).
-#[derive(Debug, Default)]
-struct Order {
-    next_ticket: u64,
-    next_seq: u64,
-}
-
 #[derive(Debug)]
 struct Inner {
     rank: usize,
@@ -103,9 +96,14 @@ struct Inner {
     /// Whether `failed` holds an error (set once, after it does).
     has_failed: AtomicBool,
     aborted: Arc<AtomicBool>,
-    order: Mutex<Order>,
+    /// The next ticket: handed out at issue, served in order (`serving`). A collective's
+    /// sequence number is taken in its turn ([`Engine::next_seq`]), so it follows the same
+    /// order without a lock at issue.
+    next_ticket: AtomicU64,
+    /// Held by a thread that waits for its turn on `turn`, and by one that wakes it.
+    order: Mutex<()>,
     /// The ticket whose turn it is. Written at the end of each turn without the `order` lock,
-    /// so a call whose turn comes at once takes that lock once.
+    /// so a call whose turn comes at once takes no lock but the engine's.
     serving: AtomicU64,
     /// Threads waiting on `turn` for their ticket (under the `order` lock): with none,
     /// finishing a call wakes nobody (a condition variable's notify is a system call even
@@ -279,7 +277,7 @@ impl Communicator {
     /// communicator's error if it failed.
     pub fn destroy(self) -> Result<()> {
         self.streams.drain_if_used();
-        let t = self.inner.ticket(false).0;
+        let t = self.inner.ticket();
         let r = self.inner.execute(t, |e| {
             e.shutdown_all();
             Ok(())

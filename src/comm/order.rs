@@ -32,18 +32,11 @@ fn bounded<T: Send + 'static>(
 }
 
 impl Inner {
-    /// Takes the next ticket (and, for collectives, sequence number).
-    pub(super) fn ticket(&self, collective: bool) -> (u64, u64) {
-        let mut o = lock(&self.order);
-        let t = o.next_ticket;
-        o.next_ticket += 1;
-        let seq = if collective {
-            o.next_seq += 1;
-            o.next_seq
-        } else {
-            0
-        };
-        (t, seq)
+    /// Takes the next ticket: the place of an operation in issue order.
+    pub(super) fn ticket(&self) -> u64 {
+        // Relaxed: the count alone orders the tickets; what a turn publishes is ordered by
+        // `serving`.
+        self.next_ticket.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The first failure, if any. The flag spares the lock on every call of a healthy
@@ -76,35 +69,26 @@ impl Inner {
         ticket: u64,
         f: impl FnOnce(&mut Engine) -> Result<()>,
     ) -> Result<()> {
-        self.take_turn(lock(&self.order), ticket, f)
+        self.take_turn(ticket, f)
     }
 
-    /// Takes the next ticket (and, for a collective, sequence number) and runs `f` with the
-    /// sequence number on the engine when the ticket's turn comes: [`Inner::ticket`] then
-    /// [`Inner::execute`] under one lock, for a call that runs on the caller's thread.
+    /// Takes the next ticket and runs `f` on the engine when its turn comes, with the
+    /// collective's sequence number (taken in the turn, so in issue order) where `collective`,
+    /// 0 otherwise: [`Inner::ticket`] then [`Inner::execute`], for a call that runs on the
+    /// caller's thread.
     pub(super) fn execute_next(
         &self,
         collective: bool,
         f: impl FnOnce(&mut Engine, u64) -> Result<()>,
     ) -> Result<()> {
-        let mut o = lock(&self.order);
-        let ticket = o.next_ticket;
-        o.next_ticket += 1;
-        let seq = if collective {
-            o.next_seq += 1;
-            o.next_seq
-        } else {
-            0
-        };
-        self.take_turn(o, ticket, |e| f(e, seq))
+        let ticket = self.ticket();
+        self.take_turn(ticket, |e| {
+            let seq = if collective { e.next_seq() } else { 0 };
+            f(e, seq)
+        })
     }
 
-    fn take_turn(
-        &self,
-        order: MutexGuard<'_, Order>,
-        ticket: u64,
-        f: impl FnOnce(&mut Engine) -> Result<()>,
-    ) -> Result<()> {
+    fn take_turn(&self, ticket: u64, f: impl FnOnce(&mut Engine) -> Result<()>) -> Result<()> {
         struct Turn<'a>(&'a Inner, u64);
         impl Drop for Turn<'_> {
             fn drop(&mut self) {
@@ -118,11 +102,10 @@ impl Inner {
                 }
             }
         }
-        if self.serving.load(Ordering::SeqCst) == ticket {
-            // This call's turn already: the usual case, one lock per call.
-            drop(order);
-        } else {
-            let mut o = order;
+        if self.serving.load(Ordering::SeqCst) != ticket {
+            // Another call's turn: wait for ours (the usual case, a turn that comes at once,
+            // takes no lock here).
+            let mut o = lock(&self.order);
             self.turn_waiters.fetch_add(1, Ordering::SeqCst);
             while self.serving.load(Ordering::SeqCst) != ticket {
                 o = self.turn.wait(o).unwrap_or_else(|p| p.into_inner());

@@ -8,7 +8,22 @@
 # there is no usable GPU. Parts not built yet are listed as such and do not count as passed.
 #
 #     ./gpu-check.sh [--device N] [--bw-mib M] [--iters N]
+#
+# Every step runs under a deadline (FERRO_GPU_STEP_TIMEOUT seconds, default 300): a step that
+# hangs is reported as such and fails the check, and the later steps still run.
 set -uo pipefail
+step_timeout=${FERRO_GPU_STEP_TIMEOUT:-300}
+
+# Runs one step's command under the deadline (`deadline=S step ...` sets another for one
+# step); exit 124 means it ran past it. Prints the wall time it took.
+step() {
+    local t=${deadline:-$step_timeout} start=$SECONDS
+    timeout -k 10 "$t" "$@"
+    local rc=$?
+    [ "$rc" -eq 124 ] && echo "-- ran past its ${t} s deadline (FERRO_GPU_STEP_TIMEOUT)"
+    echo "-- $(basename "$1"): $((SECONDS - start)) s"
+    return "$rc"
+}
 
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=$here
@@ -28,7 +43,7 @@ export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 failed=0
 echo
 echo "== 1. reduction kernels vs the CPU reference (every dtype x op, awkward counts and offsets), bandwidth vs device copy"
-"$bundle/bin/ferro-gpu-check" "$@"
+step "$bundle/bin/ferro-gpu-check" "$@"
 rc=$?
 case $rc in
     0) echo "-- kernels: PASS" ;;
@@ -44,7 +59,7 @@ done
 echo
 echo "== 2. collectives on device buffers (pinned host staging; 1, 2 and 4 ranks as threads on one GPU) vs the same calls on host buffers"
 if [ -x "$bundle/bin/ferroccl-device-check" ]; then
-    FERRO_DEVICE_PROVIDER=cuda "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
+    FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
     rc=$?
     case $rc in
         0) echo "-- device buffers: PASS" ;;
@@ -59,7 +74,7 @@ fi
 echo
 echo "== 3. peer-to-peer transport, cuda provider on device 0: conformance suite (two ranks as threads), two processes over CUDA IPC"
 if [ -x "$bundle/bin/p2p-tests" ]; then
-    FERRO_P2P_GPU_CHECK=1 "$bundle/bin/p2p-tests" --test-threads 1 \
+    FERRO_P2P_GPU_CHECK=1 step "$bundle/bin/p2p-tests" --test-threads 1 \
         conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- p2p: PASS"; else echo "-- p2p: FAIL (exit $rc)"; failed=1; fi
@@ -71,7 +86,8 @@ fi
 echo
 echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused; calls return at once and complete in stream order (cuStreamWaitValue32 on a host-mapped flag; the blocking path where the device lacks it)"
 if [ -x "$bundle/bin/streams" ]; then
-    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 "$bundle/bin/streams" 2
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
+        step "$bundle/bin/streams" 2
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL (exit $rc)"; failed=1; fi
 else
@@ -82,11 +98,28 @@ fi
 echo
 echo "== 5. all_reduce_perf on device buffers (-B 1), 8 B .. 1 GiB, 2 ranks as threads on one GPU, every result checked"
 if [ -x "$bundle/bin/all_reduce_perf" ]; then
-    FERRO_DEVICE_PROVIDER=cuda "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
+    FERRO_DEVICE_PROVIDER=cuda deadline=$((3 * step_timeout)) step "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- all_reduce_perf -B 1: PASS"; else echo "-- all_reduce_perf -B 1: FAIL (exit $rc)"; failed=1; fi
 else
     echo "-- all_reduce_perf -B 1: FAIL (bin/all_reduce_perf missing from the bundle)"
+    failed=1
+fi
+
+echo
+echo "== 6. host-staged device buffers against host buffers: 2 processes over shared memory (ferrorun), all_reduce_perf 8 B .. 64 MiB, host then device buffers, twice (target: device >= 70 % of host busbw at 64 MiB)"
+if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
+    rc=0
+    for round in 1 2; do
+        for b in 0 1; do
+            echo "-- round $round, -B $b"
+            FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferrorun" -n 2 -- \
+                "$bundle/bin/all_reduce_perf" -b 8 -e 64M -f 8 -n 20 -w 5 -B "$b" || rc=1
+        done
+    done
+    if [ "$rc" -eq 0 ]; then echo "-- shm staged: PASS"; else echo "-- shm staged: FAIL"; failed=1; fi
+else
+    echo "-- shm staged: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"
     failed=1
 fi
 

@@ -9,7 +9,7 @@
 use std::process::ExitCode;
 
 use ferroccl::coll::CollKind;
-use ferroccl::device::{Device, DeviceBuffer, Provider};
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
 use ferroccl::{BufMut, BufRef, Communicator, Config, DataType, Element, ReduceOp};
 use ferroccl_kernels::{Fp8E4M3, Fp8E5M2};
 use half::{bf16, f16};
@@ -17,11 +17,12 @@ use half::{bf16, f16};
 const USAGE: &str = "\
 usage: ferroccl-device-check [--device N] [--ranks N,N,..] [--max-count N]
 
-Runs all_reduce (every dtype and op), broadcast, all_gather, reduce_scatter, reduce and
-all_to_all on device buffers of device N (default 0) of the provider FERRO_DEVICE_PROVIDER
-names (cuda, the default, or host), ranks as threads (default 1,2,4), counts 0, 1, 7, 1021,
-65537 and 2^20 (those up to --max-count), and compares every byte with the same call on host
-buffers. Exit 0: all matched; 1: a mismatch or error; 2: no device.";
+Runs stream-ordered all_reduce (all_reduce_device_on, out of place and in place, f32 and
+bf16, queued back to back on one stream per rank), then all_reduce (every dtype and op),
+broadcast, all_gather, reduce_scatter, reduce and all_to_all on device buffers of device N
+(default 0) of the provider FERRO_DEVICE_PROVIDER names (cuda, the default, or host), ranks
+as threads (default 1,2,4), counts 0, 1, 7, 1021, 65537 and 2^20 (those up to --max-count),
+and compares every byte with the same call on host buffers. Exit 0: all matched; 1: a mismatch or error; 2: no device.";
 
 const COUNTS: [usize; 6] = [0, 1, 7, 1021, 65537, 1 << 20];
 const OPS: [ReduceOp; 6] = [
@@ -119,9 +120,43 @@ fn rank_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result<u
     Ok(cases)
 }
 
+/// Stream-ordered calls (`*_device_on`) of dtype `T`: per count, an out-of-place and an
+/// in-place sum queued back to back on one stream of this rank, then one synchronize, both
+/// results compared with the host result; returns how many calls ran.
+fn stream_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result<usize, String> {
+    let stream = DeviceStream::new(dev).map_err(|e| format!("DeviceStream::new: {e}"))?;
+    let mut calls = 0;
+    for count in COUNTS.into_iter().filter(|&k| k <= max) {
+        let label = format!(
+            "all_reduce_device_on {} count {count} rank {}",
+            T::DTYPE,
+            c.rank()
+        );
+        let err = |e: ferroccl::Error| format!("{label}: {e}");
+        let send: Vec<T> = input(c.rank(), count, count + 1);
+        let mut want = vec![T::from_f64(0.0); count];
+        c.all_reduce(&send, &mut want, ReduceOp::Sum).map_err(err)?;
+        let mut d_send = DeviceBuffer::from_host(dev, &send).map_err(err)?;
+        let mut d_recv = DeviceBuffer::<T>::new(dev, count).map_err(err)?;
+        c.all_reduce_device_on(&d_send, &mut d_recv, ReduceOp::Sum, &stream)
+            .map_err(err)?;
+        c.all_reduce_device_in_place_on(&mut d_send, ReduceOp::Sum, &stream)
+            .map_err(err)?;
+        stream.synchronize().map_err(err)?;
+        for (what, b) in [("out of place", &d_recv), ("in place", &d_send)] {
+            let got = b.to_vec().map_err(err)?;
+            if ferroccl_kernels::as_bytes(&got) != ferroccl_kernels::as_bytes(&want) {
+                return Err(format!("{label} ({what}): differs from the host result"));
+            }
+        }
+        calls += 2;
+    }
+    Ok(calls)
+}
+
 fn rank_all(c: &Communicator, dev: Device, max: usize) -> Result<usize, String> {
     c.set_device(dev).map_err(|e| e.to_string())?;
-    let mut cases = 0;
+    let mut cases = stream_cases::<f32>(c, dev, max)? + stream_cases::<bf16>(c, dev, max)?;
     for d in DataType::ALL {
         cases += match d {
             DataType::Int8 => rank_cases::<i8>(c, dev, max)?,
@@ -213,7 +248,7 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         });
         match results.iter().find_map(|r| r.as_ref().err()) {
             None => println!(
-                "  {n} ranks: {} cases per rank matched the host results",
+                "  {n} ranks: {} cases per rank matched the host results (stream-ordered calls included)",
                 results[0].as_ref().map_or(0, |c| *c)
             ),
             Some(e) => {

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{validate, Op};
+use super::ops::{coll_layout, validate, Layout, Op};
 use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
@@ -251,6 +251,35 @@ fn stream_of(op: &Op) -> Option<OnStream> {
     }
 }
 
+/// The most bytes any collective of `ops` stages in and out (gathers, scatters, sends and
+/// receives use host copies of their own); layouts that do not check count nothing.
+fn staged_bytes(ops: &[Op], rank: usize, nranks: usize) -> (usize, usize) {
+    let (mut input, mut output) = (0, 0);
+    for op in ops {
+        if let Op::Coll {
+            api,
+            kind,
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } = *op
+        {
+            let (i, o) = match coll_layout(api, kind, send, recv, count, dtype, rank, nranks) {
+                Ok(Layout::InPlace { len, .. }) => (0, len),
+                Ok(Layout::Apart {
+                    send_len, recv_len, ..
+                }) => (send_len, recv_len),
+                Ok(Layout::Empty) | Err(_) => (0, 0),
+            };
+            input = input.max(i);
+            output = output.max(o);
+        }
+    }
+    (input, output)
+}
+
 /// A batch of one communicator that will run as one stream job.
 struct StreamJob {
     device: Device,
@@ -285,6 +314,13 @@ fn stream_job(
                 streams.push(on.stream);
             }
         }
+    }
+    // What the job's staged calls need is made here, on the caller's thread (see
+    // `Communicator::prepare_stream_job`); a communicator still initialising prepares in
+    // its job.
+    if let Some(Ok(comm)) = shared.try_ready() {
+        let (input, output) = staged_bytes(&ops, comm.rank(), comm.nranks());
+        comm.prepare_stream_job(first.device, input, output)?;
     }
     let gates = record_gates(first.device, &streams)?;
     let s = Arc::clone(shared);

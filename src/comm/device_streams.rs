@@ -85,6 +85,7 @@ impl Communicator {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
+        self.prepare_stream_job(dev, send.map_or(0, |s| s.bytes()), recv.bytes())?;
         let handle = stream.handle();
         let gates = record_gates(dev, &[handle])?;
         let recv = Held::of(recv);

@@ -81,24 +81,57 @@ pub(crate) unsafe fn free_pinned(ordinal: u32, p: *mut u8) -> Result<()> {
     unsafe { d.free_pinned(p) }.map_err(|e| convert(&e))
 }
 
-/// Synchronous copy of host bytes to device memory.
+/// Runs `f` on this process's private non-blocking stream of device `ordinal`, made at its
+/// first use and kept: the copies that must not go through the legacy stream (see [`upload`])
+/// use it, and a stream job's thread never creates a stream (creating one blocks while the
+/// caller's thread is in a synchronous legacy-stream copy that waits for the job: seen on an
+/// H100 with driver 580). [`prepare_private`] makes it on the caller's thread.
+fn with_private<R>(ordinal: u32, f: impl FnOnce(&mut Stream) -> Result<R>) -> Result<R> {
+    static PRIVATE: std::sync::Mutex<Vec<Stream>> = std::sync::Mutex::new(Vec::new());
+    let mut streams = PRIVATE.lock().unwrap_or_else(|p| p.into_inner());
+    let at = match streams.iter().position(|s| s.ordinal == ordinal) {
+        Some(i) => i,
+        None => {
+            streams.push(Stream::new(ordinal)?);
+            streams.len() - 1
+        }
+    };
+    f(&mut streams[at])
+}
+
+/// Makes the private stream of device `ordinal` (see [`with_private`]) if it is not there.
+pub(crate) fn prepare_private(ordinal: u32) -> Result<()> {
+    with_private(ordinal, |_| Ok(()))
+}
+
+/// Copies host bytes to device memory; returns once they are there.
+///
+/// The copy runs on a private non-blocking stream, never the legacy stream: a legacy-stream
+/// copy waits for every blocking stream of the context, among them a caller's stream that may
+/// be waiting on a completion flag of a queued collective, and from pageable memory it may
+/// return before its last bytes reach the device.
 ///
 /// # Safety
 /// `dst` is device memory of `ordinal` writable for `src.len()` bytes.
 pub(crate) unsafe fn upload(ordinal: u32, dst: u64, src: &[u8]) -> Result<()> {
-    let d = bound(ordinal)?;
-    // SAFETY: per the caller.
-    unsafe { d.upload(dst, src) }.map_err(|e| convert(&e))
+    with_private(ordinal, |s| {
+        // SAFETY: per the caller; `src` is borrowed until the synchronize below.
+        unsafe { s.upload(dst, src.as_ptr(), src.len()) }?;
+        s.synchronize()
+    })
 }
 
-/// Synchronous copy of device memory to host bytes.
+/// Copies device memory to host bytes on the private stream (see [`upload`]); returns once
+/// they are there.
 ///
 /// # Safety
 /// `src` is device memory of `ordinal` readable for `dst.len()` bytes.
 pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<()> {
-    let d = bound(ordinal)?;
-    // SAFETY: per the caller.
-    unsafe { d.download(dst, src) }.map_err(|e| convert(&e))
+    with_private(ordinal, |s| {
+        // SAFETY: per the caller; `dst` is borrowed until the synchronize below.
+        unsafe { s.download(dst.as_mut_ptr(), src, dst.len()) }?;
+        s.synchronize()
+    })
 }
 
 /// Waits for the caller's `stream` of device `ordinal` (`cuStreamSynchronize`).
@@ -166,6 +199,16 @@ impl Stream {
         }
         // SAFETY: both handles are live and belong to this device's primary context.
         unsafe { d.record_event(self.events[k], self.handle) }.map_err(|e| convert(&e))
+    }
+
+    /// Creates the events of marks `0..n` now, so that recording them later creates nothing
+    /// (a stream job's marks are made on the caller's thread: see `Staging::prepare`).
+    pub(crate) fn ensure_marks(&mut self, n: usize) -> Result<()> {
+        let d = bound(self.ordinal)?;
+        while self.events.len() < n {
+            self.events.push(d.create_event().map_err(|e| convert(&e))?);
+        }
+        Ok(())
     }
 
     /// Waits until the work queued before mark `k` has run.

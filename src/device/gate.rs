@@ -258,9 +258,18 @@ impl Device {
 }
 
 impl Device {
-    /// Copies `dst.len()` bytes of device memory at `addr` to `dst` on a private non-blocking
-    /// stream (not the legacy stream, which would wait for a caller's stream that is itself
-    /// waiting on a completion flag); returns when done.
+    /// Makes, on the caller's thread, what [`Device::read_private`] and
+    /// [`Device::write_private`] use, so that a stream job's thread creates no stream.
+    pub(crate) fn prepare_private(self) -> Result<()> {
+        match self.provider {
+            Provider::Host => Ok(()),
+            Provider::Cuda => cuda::prepare_private(self.ordinal),
+        }
+    }
+
+    /// Copies `dst.len()` bytes of device memory at `addr` to `dst` on the process's private
+    /// non-blocking stream of the device (not the legacy stream, which would wait for a
+    /// caller's stream that is itself waiting on a completion flag); returns when done.
     ///
     /// # Safety
     /// As for [`Device::read_raw`].
@@ -268,12 +277,8 @@ impl Device {
         match self.provider {
             // SAFETY: per the caller.
             Provider::Host => unsafe { self.read_raw(addr, dst) },
-            Provider::Cuda => {
-                let mut s = cuda::Stream::new(self.ordinal)?;
-                // SAFETY: per the caller; `dst` is borrowed until the synchronize below.
-                unsafe { s.download(dst.as_mut_ptr(), addr, dst.len()) }?;
-                s.synchronize()
-            }
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::download(self.ordinal, dst, addr) },
         }
     }
 
@@ -286,12 +291,8 @@ impl Device {
         match self.provider {
             // SAFETY: per the caller.
             Provider::Host => unsafe { self.write_raw(addr, src) },
-            Provider::Cuda => {
-                let mut s = cuda::Stream::new(self.ordinal)?;
-                // SAFETY: per the caller; `src` is borrowed until the synchronize below.
-                unsafe { s.upload(addr, src.as_ptr(), src.len()) }?;
-                s.synchronize()
-            }
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::upload(self.ordinal, addr, src) },
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use ferroccl_kernels::Element;
 
+use super::stream_queue::trace;
 use super::{cuda, host, Device, DeviceBuffer, Provider};
 use crate::{Error, Result};
 
@@ -115,6 +116,14 @@ impl Stream {
         }
     }
 
+    /// Makes marks `0..n` now (see [`Staging::prepare`]).
+    fn ensure_marks(&mut self, n: usize) -> Result<()> {
+        match self {
+            Stream::Cuda(s) => s.ensure_marks(n),
+            Stream::Host(_) => Ok(()),
+        }
+    }
+
     fn mark(&mut self, k: usize) -> Result<()> {
         match self {
             Stream::Cuda(s) => s.mark(k),
@@ -160,6 +169,8 @@ pub(crate) struct Staging {
     device: Device,
     input: Option<Pinned>,
     output: Option<Pinned>,
+    /// Buffers replaced by larger ones, freed when the staging drops (see `reserve`).
+    retired: Vec<Pinned>,
     /// Pinned allocations made so far (for the no-per-call-allocation test).
     allocations: u64,
 }
@@ -167,11 +178,13 @@ pub(crate) struct Staging {
 impl Staging {
     /// Staging for `device`: its stream now, buffers at the first call.
     pub(crate) fn new(device: Device) -> Result<Staging> {
+        trace(format_args!("staging: new for {device}"));
         Ok(Staging {
             stream: Stream::new(device)?,
             device,
             input: None,
             output: None,
+            retired: Vec::new(),
             allocations: 0,
         })
     }
@@ -200,13 +213,32 @@ impl Staging {
             let device = self.device;
             let cur = self.slot(s).as_ref().map_or(0, |p| p.len);
             if need > cur {
-                *self.slot(s) = None;
+                trace(format_args!(
+                    "staging: allocating {} pinned bytes",
+                    need.next_power_of_two()
+                ));
                 let p = Pinned::new(device, need.next_power_of_two())?;
-                *self.slot(s) = Some(p);
+                // Not freed here: freeing page-locked memory synchronizes the whole device,
+                // and this may run on a stream queue's thread while a caller's stream waits
+                // for the very job that is growing the buffer (a deadlock). Kept until the
+                // staging drops (at most as much again as the largest buffer).
+                if let Some(old) = self.slot(s).replace(p) {
+                    self.retired.push(old);
+                }
                 self.allocations += 1;
             }
         }
         Ok(())
+    }
+
+    /// Everything a later call of up to `input` / `output` bytes in `slices` slices needs,
+    /// made now: the buffers ([`Staging::reserve`]) and the stream's marks. A stream job's
+    /// thread must create no CUDA object and allocate no pinned memory (either can block
+    /// while the caller's thread is in a synchronous legacy-stream call that waits for the
+    /// job), so the caller's thread prepares before it queues the job.
+    pub(crate) fn prepare(&mut self, input: usize, output: usize, slices: usize) -> Result<()> {
+        self.reserve(input, output)?;
+        self.stream.ensure_marks(slices)
     }
 
     fn checked(&mut self, s: Slot, bytes: usize) -> Result<*mut u8> {
@@ -340,8 +372,12 @@ impl Staging {
                 };
                 stream.mark(k)?;
             }
+            trace(format_args!(
+                "staging: {slices} slice(s) queued to the host"
+            ));
             for k in 0..slices {
                 stream.wait_mark(k)?;
+                trace(format_args!("staging: slice {k} on the host"));
                 let (ri, ro) = (range(in_len, k), range(out_len, k));
                 let input: Option<&[T]> = match (in_place, ri.is_empty()) {
                     (true, _) => None,
@@ -363,6 +399,7 @@ impl Staging {
                     }
                 };
                 run(range(count, k).len(), input, output)?;
+                trace(format_args!("staging: slice {k} reduced on the host"));
                 if write {
                     // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
                     // call; the staging range stays untouched until the synchronize below.
@@ -379,6 +416,7 @@ impl Staging {
         });
         let r = std::panic::catch_unwind(body);
         let synced = self.stream.synchronize();
+        trace(format_args!("staging: copies back done"));
         match r {
             Ok(r) => r.and(synced),
             Err(panic) => std::panic::resume_unwind(panic),

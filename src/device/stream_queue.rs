@@ -73,6 +73,9 @@ struct Inner {
 pub(crate) struct StreamQueue {
     inner: Mutex<Inner>,
     progress: Arc<Progress>,
+    /// What the caller's thread has prepared for jobs (device, input and output bytes,
+    /// slices): a call within it prepares nothing and takes no staging lock.
+    prepared: Mutex<Option<(Device, usize, usize, usize)>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -84,11 +87,18 @@ impl std::fmt::Debug for Job {
 /// Whether calls on `device`'s streams can complete asynchronously; where they cannot, says
 /// once per process that stream calls block.
 pub(crate) fn async_supported(device: Device) -> bool {
-    if device.stream_waits_supported() {
+    if device.stream_waits_supported() && !stream_waits_off() {
         return true;
     }
     static SAID: Once = Once::new();
     SAID.call_once(|| {
+        if stream_waits_off() {
+            ferroccl_transport::log_line!(
+                "ferroccl WARN COLL: FERRO_STREAM_WAITS=0: calls with a stream block until \
+                 their collective is done"
+            );
+            return;
+        }
         ferroccl_transport::log_line!(
             "ferroccl WARN COLL: {device} cannot make a stream wait on host-mapped memory \
              (cuStreamWaitValue32: {}; CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY); calls with a \
@@ -207,6 +217,28 @@ impl StreamQueue {
         }
     }
 
+    /// Whether jobs of up to `input` / `output` bytes in `slices` slices on `device` are
+    /// prepared for (see [`StreamQueue::set_prepared`]).
+    pub(crate) fn is_prepared(
+        &self,
+        device: Device,
+        input: usize,
+        output: usize,
+        slices: usize,
+    ) -> bool {
+        lock(&self.prepared)
+            .is_some_and(|(d, i, o, s)| d == device && input <= i && output <= o && slices <= s)
+    }
+
+    /// Records what the caller's thread prepared (kept as the largest of each).
+    pub(crate) fn set_prepared(&self, device: Device, input: usize, output: usize, slices: usize) {
+        let mut p = lock(&self.prepared);
+        *p = Some(match *p {
+            Some((d, i, o, s)) if d == device => (d, i.max(input), o.max(output), s.max(slices)),
+            _ => (device, input, output, slices),
+        });
+    }
+
     /// Waits until every job pushed so far has finished.
     pub(crate) fn drain(&self) {
         let p = &self.progress;
@@ -278,6 +310,26 @@ fn finish(p: &Progress, flag: &Flag, seq: u32) {
     p.idle.notify_all();
 }
 
+/// `FERRO_STREAM_WAITS=0`: calls with a stream block until their collective is done, as
+/// where the device cannot wait on host memory (read once per process).
+fn stream_waits_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("FERRO_STREAM_WAITS").is_ok_and(|v| v.trim() == "0"))
+}
+
+/// Logs `what` when `FERRO_DEBUG=DEBUG` (the steps of stream jobs and device staging).
+pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
+    if trace_jobs() {
+        ferroccl_transport::log_line!("ferroccl pid {} DEBUG DEVICE: {what}", std::process::id());
+    }
+}
+
+/// Whether `FERRO_DEBUG=DEBUG` asks for a line per stream job (read once per process).
+fn trace_jobs() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRO_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("DEBUG")))
+}
+
 /// Runs one job on the worker: gates, work, then its flag, whatever happened.
 fn run_job(p: &Progress, job: Job) {
     let Job {
@@ -286,6 +338,14 @@ fn run_job(p: &Progress, job: Job) {
         work,
         flag,
     } = job;
+    let traced = trace_jobs();
+    if traced {
+        ferroccl_transport::log_line!(
+            "ferroccl pid {} DEBUG COLL: stream job {seq}: waiting for {} gate(s)",
+            std::process::id(),
+            gates.len()
+        );
+    }
     let r = if p.aborted.load(Ordering::SeqCst) {
         Err(Error::new(
             ErrorKind::Aborted,
@@ -297,16 +357,29 @@ fn run_job(p: &Progress, job: Job) {
             .try_for_each(Gate::wait)
             .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
             .and_then(|()| {
+                trace(format_args!("stream job {seq}: gates passed, running"));
                 catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
                     Err(Error::internal("an operation queued on a stream panicked"))
                 })
             })
     };
-    drop(gates);
+    if traced {
+        ferroccl_transport::log_line!(
+            "ferroccl pid {} DEBUG COLL: stream job {seq}: {}; storing the flag",
+            std::process::id(),
+            match &r {
+                Ok(()) => "done".to_string(),
+                Err(e) => format!("failed: {e}"),
+            }
+        );
+    }
     if let Err(e) = r {
         lock(&p.failed).get_or_insert(e);
     }
     finish(p, &flag, seq);
+    // After the flag: destroying an event is a driver call, and the caller's thread may be
+    // in a synchronous call that holds the driver until the stream passes the flag.
+    drop(gates);
 }
 
 #[cfg(test)]

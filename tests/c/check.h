@@ -10,8 +10,18 @@
 
 static int g_rank = -1;
 
+/* FERROCCL_TEST_TRACE set: CHECK names each call on stderr before making it, so a program
+ * that hangs shows where. */
+static inline int trace_calls(void) {
+  static int on = -1;
+  if (on < 0) on = getenv("FERROCCL_TEST_TRACE") != NULL;
+  return on;
+}
+
 #define CHECK(call)                                                                      \
   do {                                                                                   \
+    if (trace_calls()) fprintf(stderr, "rank %d: %s:%d: %s\n", g_rank, __FILE__, __LINE__, \
+                               #call);                                                   \
     ncclResult_t r_ = (call);                                                            \
     if (r_ != ncclSuccess) {                                                             \
       fprintf(stderr, "rank %d: %s:%d: %s returned %d (%s): %s\n", g_rank, __FILE__,     \

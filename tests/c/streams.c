@@ -41,6 +41,8 @@ typedef int (*cu_dtoh_t)(void *, unsigned long long, size_t);
 typedef int (*cu_stream_create_t)(void **, unsigned);
 static cu_htod_t cu_htod_async;
 static cu_dtoh_t cu_dtoh;
+/* cuStreamSynchronize, used before a download when FERROCCL_TEST_SYNC_FIRST is set. */
+static int (*cu_sync)(void *);
 
 /* Opens the driver's copy calls (not with the stand-in). */
 static void open_driver(void) {
@@ -51,6 +53,7 @@ static void open_driver(void) {
   cu_htod_async = (cu_htod_t)dlsym(lib, "cuMemcpyHtoDAsync_v2");
   cu_dtoh = (cu_dtoh_t)dlsym(lib, "cuMemcpyDtoH_v2");
   cu_stream_create_t create = (cu_stream_create_t)dlsym(lib, "cuStreamCreate");
+  cu_sync = (int (*)(void *))dlsym(lib, "cuStreamSynchronize");
   EXPECT(init && cu_htod_async && cu_dtoh && create, "driver symbols");
   EXPECT(init(0) == 0, "cuInit");
   void *s = NULL;
@@ -79,6 +82,8 @@ static void from_dev(void *host, const void *dev, size_t bytes) {
     memcpy(host, dev, bytes); /* stand-in device memory is host heap memory */
     return;
   }
+  if (cu_sync && getenv("FERROCCL_TEST_SYNC_FIRST"))
+    EXPECT(cu_sync(g_stream) == 0, "cuStreamSynchronize");
   EXPECT(cu_dtoh(host, (unsigned long long)(uintptr_t)dev, bytes) == 0, "cuMemcpyDtoH");
 }
 

@@ -482,7 +482,12 @@ impl Driver {
         (s == 0).then_some((start, size))
     }
 
-    /// Copies host bytes to device memory (synchronous).
+    /// Copies host bytes to device memory; returns once they are in device memory.
+    ///
+    /// `cuMemcpyHtoD` from pageable memory may return while the last part of the copy is
+    /// still on its way to the device (up to 64 KiB, or the last staged piece of a larger
+    /// copy), and work on a non-blocking stream is not ordered after it: so the copy is
+    /// followed by a synchronize of the legacy stream, which it was queued on.
     ///
     /// # Safety
     /// `dst` is device memory of at least `src.len()` bytes.
@@ -490,6 +495,10 @@ impl Driver {
         // SAFETY: `src` is readable for its length; the caller vouches for `dst`.
         self.check("cuMemcpyHtoD", unsafe {
             (self.memcpy_htod)(dst, src.as_ptr().cast(), src.len())
+        })?;
+        // SAFETY: the legacy stream (handle 0) always exists in a current context.
+        self.check("cuStreamSynchronize", unsafe {
+            (self.stream_synchronize)(std::ptr::null_mut())
         })
     }
 

@@ -11,6 +11,10 @@ use ferroccl_transport::{Error, Header, Progress, Result};
 
 use super::{ShmConnection, MODE_CMA};
 
+/// Most bytes handed to the sink at once, so that the sender may refill the ring behind a
+/// reduction in progress (a multiple of every element size).
+const PIECE: usize = 64 << 10;
+
 impl ShmConnection {
     /// [`Connection::recv_lent`](ferroccl_transport::Connection::recv_lent) for this
     /// connection (see the module docs).
@@ -68,7 +72,7 @@ impl ShmConnection {
             let consumer = self.consumer();
             // SAFETY: the view is used only by `sink` below, before `release` hands its bytes
             // back; this connection is the ring's only consumer.
-            let view = unsafe { consumer.filled(len - pos) };
+            let view = unsafe { consumer.filled((len - pos).min(PIECE)) };
             if view.is_empty() {
                 break;
             }

@@ -84,21 +84,20 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Whether calls on `device`'s streams can complete asynchronously; where they cannot, says
-/// once per process that stream calls block.
+/// Whether calls on `device`'s streams complete asynchronously (see [`stream_waits`]); where
+/// they were asked to but cannot, says once per process that stream calls block.
 pub(crate) fn async_supported(device: Device) -> bool {
-    if device.stream_waits_supported() && !stream_waits_off() {
+    match stream_waits() {
+        Some(false) => return false,
+        // The default: the host stand-in completes asynchronously; CUDA blocks (below).
+        None if device.provider() == crate::device::Provider::Cuda => return false,
+        _ => {}
+    }
+    if device.stream_waits_supported() {
         return true;
     }
     static SAID: Once = Once::new();
     SAID.call_once(|| {
-        if stream_waits_off() {
-            ferroccl_transport::log_line!(
-                "ferroccl WARN COLL: FERRO_STREAM_WAITS=0: calls with a stream block until \
-                 their collective is done"
-            );
-            return;
-        }
         ferroccl_transport::log_line!(
             "ferroccl WARN COLL: {device} cannot make a stream wait on host-mapped memory \
              (cuStreamWaitValue32: {}; CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY); calls with a \
@@ -310,11 +309,21 @@ fn finish(p: &Progress, flag: &Flag, seq: u32) {
     p.idle.notify_all();
 }
 
-/// `FERRO_STREAM_WAITS=0`: calls with a stream block until their collective is done, as
-/// where the device cannot wait on host memory (read once per process).
-fn stream_waits_off() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("FERRO_STREAM_WAITS").is_ok_and(|v| v.trim() == "0"))
+/// `FERRO_STREAM_WAITS`: `1` makes calls with a stream return at once and complete in stream
+/// order (the caller's stream waits on a host-mapped flag), `0` makes them block until their
+/// collective is done; unset, CUDA devices block and the host stand-in completes in stream
+/// order. On an H100 (driver 580) the stream-ordered form deadlocked when the program's
+/// thread made a synchronous legacy-stream copy (`cudaMemcpy`) right after the call: the
+/// job's own driver calls on the queue thread blocked until that copy returned, and the copy
+/// waited for the job (docs/CUDA.md, "Stream-ordered completion on a GPU"). Read once per
+/// process.
+fn stream_waits() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("FERRO_STREAM_WAITS").as_deref().map(str::trim) {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
 }
 
 /// Logs `what` when `FERRO_DEBUG=DEBUG` (the steps of stream jobs and device staging).

@@ -319,10 +319,15 @@ fn finish(p: &Progress, flag: &Flag, seq: u32) {
 /// process.
 fn stream_waits() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("FERRO_STREAM_WAITS").as_deref().map(str::trim) {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
+    *ON.get_or_init(|| {
+        match std::env::var("FERRO_STREAM_WAITS")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        }
     })
 }
 

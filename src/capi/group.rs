@@ -17,12 +17,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{coll_layout, validate, Layout, Op};
+use super::ops::{coll_layout, rooted_layout, validate, Layout, Op, Reduction};
 use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
 use crate::device::stream_queue::{async_supported, record_gates, Work};
+use crate::device::stream_stage::{Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
 
@@ -195,6 +196,11 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
         shared
             .streams
             .enqueue(job.device, &job.streams, job.gates, job.work)?;
+        for (stream, st) in &job.staged {
+            // SAFETY: the ranges are the call's device memory until the stream has run past
+            // them (NCCL's contract); the arenas live until the queue drops.
+            unsafe { shared.streams.copy_back(job.device, *stream, st) }?;
+        }
     }
     let results: Vec<Result<()>> = if blocking.len() == 1 {
         blocking.into_iter().map(run_blocking).collect()
@@ -251,33 +257,137 @@ fn stream_of(op: &Op) -> Option<OnStream> {
     }
 }
 
-/// The most bytes any collective of `ops` stages in and out (gathers, scatters, sends and
-/// receives use host copies of their own); layouts that do not check count nothing.
-fn staged_bytes(ops: &[Op], rank: usize, nranks: usize) -> (usize, usize) {
-    let (mut input, mut output) = (0, 0);
-    for op in ops {
-        if let Op::Coll {
-            api,
-            kind,
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } = *op
-        {
-            let (i, o) = match coll_layout(api, kind, send, recv, count, dtype, rank, nranks) {
-                Ok(Layout::InPlace { len, .. }) => (0, len),
-                Ok(Layout::Apart {
-                    send_len, recv_len, ..
-                }) => (send_len, recv_len),
-                Ok(Layout::Empty) | Err(_) => (0, 0),
-            };
-            input = input.max(i);
-            output = output.max(o);
+/// Stages the device ranges of `ops` (every one made with a stream) in the arenas of their
+/// streams, queues the copies in, and rewrites the operations to run on the host copies
+/// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
+/// flag waits are.
+fn stage_ops(shared: &Shared, device: Device, ops: &mut [Op]) -> Result<Vec<(usize, Staged)>> {
+    let comm = shared.wait_ready()?;
+    let (rank, nranks) = (comm.rank(), comm.nranks());
+    let span = |addr: *const u8, len: usize, read: bool, written: bool| Span {
+        addr: addr as u64,
+        len,
+        read,
+        written,
+    };
+    // Per stream, the ranges of its operations.
+    let mut by_stream: Vec<(usize, Vec<Span>)> = Vec::new();
+    for op in ops.iter() {
+        let Some(on) = stream_of(op) else { continue };
+        let mut spans = Vec::new();
+        match *op {
+            Op::Coll {
+                api,
+                kind,
+                send,
+                recv,
+                count,
+                dtype,
+                red,
+                ..
+            } => {
+                match coll_layout(api, kind, send, recv, count, dtype, rank, nranks)? {
+                    Layout::Empty => {}
+                    Layout::InPlace { buf, len } => spans.push(span(buf, len, true, true)),
+                    Layout::Apart {
+                        send,
+                        send_len,
+                        recv,
+                        recv_len,
+                    } => {
+                        spans.push(span(send, send_len, true, false));
+                        spans.push(span(recv, recv_len, false, true));
+                    }
+                }
+                if let Reduction::ScalarAt(p, d) = red {
+                    if device.provider().locate(p as u64, d.size()) == Some(device.ordinal()) {
+                        spans.push(span(p, d.size(), true, false));
+                    }
+                }
+            }
+            Op::Rooted {
+                api,
+                which,
+                root,
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
+                let (send, send_len, recv, recv_len, ..) =
+                    rooted_layout(api, which, root, send, recv, count, dtype, rank, nranks)?;
+                spans.push(span(send, send_len, true, false));
+                // Read too: the root's own block may already be there (in place).
+                spans.push(span(recv, recv_len, true, true));
+            }
+            Op::Send {
+                buf, count, dtype, ..
+            } => {
+                spans.push(span(buf, count * dtype.size(), true, false));
+            }
+            Op::Recv {
+                buf, count, dtype, ..
+            } => {
+                spans.push(span(buf, count * dtype.size(), false, true));
+            }
+            Op::Split { .. } => {}
+        }
+        match by_stream.iter_mut().find(|(s, _)| *s == on.stream) {
+            Some((_, v)) => v.extend(spans),
+            None => by_stream.push((on.stream, spans)),
         }
     }
-    (input, output)
+    let mut staged = Vec::with_capacity(by_stream.len());
+    for (stream, spans) in by_stream {
+        // SAFETY: every range was checked as live memory of `device` when its call was made
+        // (`validate`), and NCCL's contract keeps it the operation's until the stream has run
+        // past it; `stream` is the caller's stream of that device.
+        let st = unsafe { shared.streams.stage(device, stream, &spans) }?;
+        staged.push((stream, st));
+    }
+    let host = |stream: usize, p: *const u8| -> *const u8 {
+        staged
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .and_then(|(_, st)| st.host_of(p as u64))
+            .map_or(p, |h| h as *const u8)
+    };
+    for op in ops.iter_mut() {
+        match op {
+            Op::Coll {
+                send,
+                recv,
+                red,
+                on,
+                ..
+            } => {
+                let Some(o) = on.take() else { continue };
+                *send = host(o.stream, *send);
+                *recv = host(o.stream, *recv).cast_mut();
+                if let Reduction::ScalarAt(p, _) = red {
+                    *p = host(o.stream, *p);
+                }
+            }
+            Op::Rooted { send, recv, on, .. } => {
+                let Some(o) = on.take() else { continue };
+                *send = host(o.stream, *send);
+                *recv = host(o.stream, *recv).cast_mut();
+            }
+            Op::Send { buf, on, .. } => {
+                if let Some(o) = on.take() {
+                    *buf = host(o.stream, *buf);
+                }
+            }
+            Op::Recv { buf, on, .. } => {
+                if let Some(o) = on.take() {
+                    *buf = host(o.stream, *buf).cast_mut();
+                }
+            }
+            Op::Split { .. } => {}
+        }
+    }
+    Ok(staged)
 }
 
 /// A batch of one communicator that will run as one stream job.
@@ -286,6 +396,8 @@ struct StreamJob {
     streams: Vec<usize>,
     gates: Vec<Gate>,
     work: Work,
+    /// Per stream, where its device ranges were staged (copied back after the flag wait).
+    staged: Vec<(usize, Staged)>,
 }
 
 /// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, when
@@ -315,20 +427,31 @@ fn stream_job(
             }
         }
     }
-    // What the job's staged calls need is made here, on the caller's thread (see
-    // `Communicator::prepare_stream_job`); a communicator still initialising prepares in
-    // its job.
-    if let Some(Ok(comm)) = shared.try_ready() {
-        let (input, output) = staged_bytes(&ops, comm.rank(), comm.nranks());
-        comm.prepare_stream_job(first.device, input, output)?;
-    }
+    // The device ranges go through pinned arenas, copied on the caller's streams (see
+    // `device::stream_stage`): the job then runs host operations and calls no driver.
+    let staged = stage_ops(shared, first.device, &mut ops)?;
     let gates = record_gates(first.device, &streams)?;
+    // The calls by their NCCL names, for the job's error (its operations now look like host
+    // calls, which name ferroccl's operation only).
+    let mut names: Vec<&str> = Vec::new();
+    for op in &ops {
+        let name = match op {
+            Op::Coll { api, .. } | Op::Rooted { api, .. } => api,
+            Op::Send { .. } => "ncclSend",
+            Op::Recv { .. } => "ncclRecv",
+            Op::Split { .. } => continue,
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let names = names.join(", ");
     let s = Arc::clone(shared);
     let work: Work = Box::new(move || {
         let comm = s.wait_ready()?;
         let rank = comm.rank();
         execute(&comm, ops).map_err(|e| {
-            e.append(format!(
+            e.context(&names).append(format!(
                 "rank {rank}; the operation was queued on a stream and ran after the call \
                  returned"
             ))
@@ -339,5 +462,6 @@ fn stream_job(
         streams,
         gates,
         work,
+        staged,
     }))
 }

@@ -1,17 +1,18 @@
-//! Ordering host work against a caller's stream without blocking the caller: a [`Gate`] is an
-//! event recorded on the stream (the host waits for the work queued before it), and a
+//! Ordering host work against a caller's stream without blocking the caller: a [`Gate`] is a
+//! word the stream writes once the work queued before it is done (the host polls it), and a
 //! [`Flag`] is a 32-bit counter in host-mapped pinned memory that the stream waits on
 //! ([`Device::wait_flag`]) until the host stores a value at least as large.
 //!
-//! With the `cuda` provider these are `cuEventRecord` / `cuEventSynchronize`,
-//! `cuMemHostAlloc(DEVICEMAP)` and `cuStreamWaitValue32` (built, not yet run on a GPU); with
-//! the host stand-in, positions in and wait entries of its stream model (`host_stream`).
+//! With the `cuda` provider these are `cuStreamWriteValue32` and `cuStreamWaitValue32` on
+//! `cuMemHostAlloc(DEVICEMAP)` memory (the wait ran on an H100; the write, which replaced an
+//! event after that run, is built, not yet run on a GPU); with the host stand-in, positions in
+//! and wait entries of its stream model (`host_stream`).
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferroccl_cuda::driver::{driver, Handle};
+use ferroccl_cuda::driver::driver;
 use ferroccl_cuda::mem_ops::mem_ops;
 
 use super::{cuda, host_stream, Device, Provider};
@@ -21,44 +22,105 @@ use crate::{Error, Result};
 /// queued on the stream before it.
 #[derive(Debug)]
 pub(crate) struct Gate {
-    device: Device,
     at: GateAt,
 }
 
 #[derive(Debug)]
 enum GateAt {
-    /// A `CUevent` of the device's primary context, destroyed on drop.
-    Cuda(Handle),
+    /// A word of mapped pinned memory that the stream sets to 1 (`cuStreamWriteValue32`) once
+    /// the work before it is done: waiting polls host memory and makes no driver call, so a
+    /// stream job's thread never blocks on the driver while the program's thread is in a
+    /// synchronous call that waits for the job (docs/CUDA.md, "On a GPU").
+    Cuda { word: GateWord, seen: bool },
     /// A stand-in stream and a position in it.
     Host { stream: usize, position: u64 },
 }
 
-// SAFETY: a CUevent may be waited for and destroyed from any thread once its context is made
-// current there (every use binds it); the handle is owned by this value alone.
-unsafe impl Send for Gate {}
+/// One 32-bit word of the gate pool: mapped pinned memory of one device, host and device
+/// addresses.
+#[derive(Debug, Clone, Copy)]
+struct GateWord {
+    ordinal: u32,
+    host: usize,
+    dev: u64,
+}
+
+/// Free gate words. Pages are made on the caller's thread when the pool is empty and kept for
+/// the process; a word goes back once its stream has written it (a gate dropped before that
+/// leaks its word, which the stream may still write).
+static GATE_WORDS: Mutex<Vec<GateWord>> = Mutex::new(Vec::new());
+
+/// Words per page of the gate pool.
+const GATE_PAGE_WORDS: usize = 1024;
+
+impl GateWord {
+    fn take(ordinal: u32) -> Result<GateWord> {
+        let mut pool = GATE_WORDS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = pool.iter().position(|w| w.ordinal == ordinal) {
+            return Ok(pool.swap_remove(i));
+        }
+        let d = cuda::bound(ordinal)?;
+        let (host, dev) = mem_ops(d)
+            .alloc_mapped(d, GATE_PAGE_WORDS * 4)
+            .map_err(|e| cuda::convert(&e))?;
+        for k in 1..GATE_PAGE_WORDS {
+            pool.push(GateWord {
+                ordinal,
+                host: host as usize + 4 * k,
+                dev: dev + 4 * k as u64,
+            });
+        }
+        Ok(GateWord {
+            ordinal,
+            host: host as usize,
+            dev,
+        })
+    }
+
+    fn atomic(&self) -> &AtomicU32 {
+        // SAFETY: a 4-byte-aligned word of a live page of mapped pinned memory (never freed),
+        // only accessed atomically by the host.
+        unsafe { AtomicU32::from_ptr(self.host as *mut u32) }
+    }
+
+    fn give_back(self) {
+        GATE_WORDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self);
+    }
+}
 
 impl Gate {
     /// Waits until the work queued on the stream before the gate has run.
-    pub(crate) fn wait(&self) -> Result<()> {
-        match self.at {
-            GateAt::Cuda(e) => {
-                let d = cuda::bound(self.device.ordinal)?;
-                // SAFETY: an event created and recorded in `Device::record_gate`, live until
-                // this value drops.
-                unsafe { d.sync_event(e) }.map_err(|e| cuda::convert(&e))
+    pub(crate) fn wait(&mut self) -> Result<()> {
+        match &mut self.at {
+            GateAt::Cuda { word, seen } => {
+                let a = word.atomic();
+                let mut spins = 0u32;
+                while a.load(Ordering::Acquire) == 0 {
+                    spins = spins.saturating_add(1);
+                    if spins < 1 << 10 {
+                        std::hint::spin_loop();
+                    } else if spins < 1 << 12 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                }
+                *seen = true;
+                Ok(())
             }
-            GateAt::Host { stream, position } => host_stream::run_to(stream, position),
+            GateAt::Host { stream, position } => host_stream::run_to(*stream, *position),
         }
     }
 }
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        if let GateAt::Cuda(e) = self.at {
-            if let Ok(d) = cuda::bound(self.device.ordinal) {
-                // SAFETY: created in `record_gate`, destroyed once here; the driver defers
-                // the release until the recorded work is done.
-                let _ = unsafe { d.destroy_event(e) };
+        if let GateAt::Cuda { word, seen } = self.at {
+            if seen || word.atomic().load(Ordering::Acquire) != 0 {
+                word.give_back();
             }
         }
     }
@@ -113,7 +175,7 @@ impl Flag {
 impl Drop for Flag {
     fn drop(&mut self) {
         let passed = std::mem::take(self.passed.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for (_, g) in passed {
+        for (_, mut g) in passed {
             if let Err(e) = g.wait() {
                 ferroccl_transport::log_line!(
                     "ferroccl WARN DEVICE: waiting for a stream to pass a completion flag: {e}"
@@ -178,17 +240,18 @@ impl Device {
             },
             Provider::Cuda => {
                 let d = cuda::bound(self.ordinal)?;
-                let e = d.create_event().map_err(|e| cuda::convert(&e))?;
-                // SAFETY: `e` was just created in the bound context; the stream per the caller.
-                if let Err(err) = unsafe { d.record_event(e, stream) } {
-                    // SAFETY: created above, unused, destroyed once.
-                    let _ = unsafe { d.destroy_event(e) };
-                    return Err(cuda::convert(&err));
+                let word = GateWord::take(self.ordinal)?;
+                word.atomic().store(0, Ordering::Release);
+                // SAFETY: the stream per the caller; the word is mapped pinned memory that is
+                // never freed.
+                if let Err(e) = unsafe { mem_ops(d).write_value32(d, stream, word.dev, 1) } {
+                    word.give_back();
+                    return Err(cuda::convert(&e));
                 }
-                GateAt::Cuda(e)
+                GateAt::Cuda { word, seen: false }
             }
         };
-        Ok(Gate { device: self, at })
+        Ok(Gate { at })
     }
 
     /// Queues on the caller's `stream` a wait until `flag` reaches `value` (wrapping
@@ -315,7 +378,7 @@ mod tests {
         let src = [3u8; 8];
         let mut dst = [0u8; 8];
         // SAFETY: stand-in streams need no live handle; the arrays outlive the waits below.
-        let gate = unsafe {
+        let mut gate = unsafe {
             dev.copy_on_stream(s, dst.as_mut_ptr(), src.as_ptr(), 4)
                 .unwrap();
             let g = dev.record_gate(s).unwrap();

@@ -47,6 +47,7 @@ pub(crate) mod staging;
 mod stream;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod stream_queue;
+pub(crate) mod stream_stage;
 
 use std::fmt;
 use std::marker::PhantomData;

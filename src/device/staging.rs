@@ -19,7 +19,7 @@ use crate::{Error, Result};
 /// Page-locked host memory (plain heap memory with the host stand-in), zeroed at allocation,
 /// freed on drop.
 #[derive(Debug)]
-struct Pinned {
+pub(crate) struct Pinned {
     device: Device,
     ptr: *mut u8,
     len: usize,
@@ -29,7 +29,7 @@ struct Pinned {
 unsafe impl Send for Pinned {}
 
 impl Pinned {
-    fn new(device: Device, len: usize) -> Result<Pinned> {
+    pub(crate) fn new(device: Device, len: usize) -> Result<Pinned> {
         let ptr = match device.provider {
             Provider::Cuda => cuda::alloc_pinned(device.ordinal, len)?,
             Provider::Host => host::alloc_pinned(len)?,
@@ -38,6 +38,11 @@ impl Pinned {
         // below never expose uninitialised memory.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Ok(Pinned { device, ptr, len })
+    }
+
+    /// The start of the memory and its length in bytes.
+    pub(crate) fn raw(&self) -> (*mut u8, usize) {
+        (self.ptr, self.len)
     }
 
     /// The first `n` (`<= len`) bytes as elements of `T`.

@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Sender;
 
 use crate::device::gate::{Flag, Gate};
+use crate::device::stream_stage::{Arenas, Span, Staged};
 use crate::device::Device;
 use crate::{Error, ErrorKind, Result};
 
@@ -76,6 +77,11 @@ pub(crate) struct StreamQueue {
     /// What the caller's thread has prepared for jobs (device, input and output bytes,
     /// slices): a call within it prepares nothing and takes no staging lock.
     prepared: Mutex<Option<(Device, usize, usize, usize)>>,
+    /// Pinned arenas of the jobs staged on the caller's streams (`stream_stage`).
+    arenas: Mutex<Arenas>,
+    /// Per stream, a gate after the last job's copies back: [`StreamQueue::drain`] waits for
+    /// them, so a drained queue's results are in device memory.
+    landed: Mutex<Vec<(usize, Gate)>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -238,12 +244,59 @@ impl StreamQueue {
         });
     }
 
-    /// Waits until every job pushed so far has finished.
+    /// Stages `spans` of a job on the caller's `stream` of `device` (see `stream_stage`): the
+    /// copies in are queued on the stream now; record the job's gates after this.
+    ///
+    /// # Safety
+    /// As for `Arenas::stage`.
+    pub(crate) unsafe fn stage(
+        &self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+    ) -> Result<Staged> {
+        // SAFETY: per the caller.
+        unsafe { lock(&self.arenas).stage(device, stream, spans) }
+    }
+
+    /// Queues `staged`'s copies back on its stream (after the job's flag wait, queued by
+    /// [`StreamQueue::enqueue`]) and a gate after them for [`StreamQueue::drain`].
+    ///
+    /// # Safety
+    /// As for `Staged::copy_back`.
+    pub(crate) unsafe fn copy_back(
+        &self,
+        device: Device,
+        stream: usize,
+        staged: &Staged,
+    ) -> Result<()> {
+        // SAFETY: per the caller.
+        unsafe { staged.copy_back() }?;
+        let handle = std::ptr::without_provenance_mut(stream);
+        // SAFETY: the caller's stream of `device` (as for `copy_back`).
+        let g = unsafe { device.record_gate(handle) }?;
+        let mut landed = lock(&self.landed);
+        landed.retain(|(s, _)| *s != stream);
+        landed.push((stream, g));
+        Ok(())
+    }
+
+    /// Waits until every job pushed so far has finished and its copies back are done.
     pub(crate) fn drain(&self) {
         let p = &self.progress;
-        let mut n = lock(&p.pending);
-        while *n > 0 {
-            n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+        {
+            let mut n = lock(&p.pending);
+            while *n > 0 {
+                n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        let landed = std::mem::take(&mut *lock(&self.landed));
+        for (_, mut g) in landed {
+            if let Err(e) = g.wait() {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN COLL: waiting for a stream job's copies back: {e}"
+                );
+            }
         }
     }
 
@@ -275,6 +328,9 @@ impl StreamQueue {
         if let Some(t) = thread {
             let _ = t.join();
         }
+        // The jobs are done; their copies back land before the flag (and then the arenas)
+        // may go.
+        self.drain();
         drop(flag);
     }
 
@@ -348,7 +404,7 @@ fn trace_jobs() -> bool {
 fn run_job(p: &Progress, job: Job) {
     let Job {
         seq,
-        gates,
+        mut gates,
         work,
         flag,
     } = job;
@@ -367,7 +423,7 @@ fn run_job(p: &Progress, job: Job) {
         ))
     } else {
         gates
-            .iter()
+            .iter_mut()
             .try_for_each(Gate::wait)
             .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
             .and_then(|()| {

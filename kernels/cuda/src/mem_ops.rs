@@ -1,6 +1,7 @@
 //! Stream memory operations: a caller's stream waits until a 32-bit flag in host-mapped pinned
 //! memory reaches a value (`cuStreamWaitValue32`), which the host writes when an operation the
-//! stream depends on is done. This is how a call made with a stream returns at once while work
+//! stream depends on is done (and, the other way, the stream writes a word the host polls,
+//! `cuStreamWriteValue32`, when the work queued before it is done). This is how a call made with a stream returns at once while work
 //! queued on the stream after it still waits for its result.
 //!
 //! The calls are bound on first use, not when the driver loads: a driver without them still
@@ -8,7 +9,8 @@
 //! blocking calls). `cuStreamWaitValue32_v2` is taken where the driver exports it (CUDA 11.7 and
 //! later, where 32-bit waits need no opt-in), else `cuStreamWaitValue32` with the device's
 //! `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1`. Both need
-//! `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`. Built, not yet run on a GPU.
+//! `CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY`. The wait ran on an H100 (driver 580); the write is
+//! built, not yet run on a GPU.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
@@ -29,6 +31,7 @@ pub const MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
 
 type Status = c_int;
 type WaitValue32 = unsafe extern "C" fn(Handle, DevicePtr, u32, c_uint) -> Status;
+type WriteValue32 = unsafe extern "C" fn(Handle, DevicePtr, u32, c_uint) -> Status;
 type HostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> Status;
 type HostDevicePtr = unsafe extern "C" fn(*mut DevicePtr, *mut c_void, c_uint) -> Status;
 
@@ -36,6 +39,7 @@ type HostDevicePtr = unsafe extern "C" fn(*mut DevicePtr, *mut c_void, c_uint) -
 #[derive(Debug)]
 pub struct MemOps {
     wait_value32: Option<(WaitValue32, &'static str)>,
+    write_value32: Option<(WriteValue32, &'static str)>,
     host_alloc: Option<HostAlloc>,
     host_device_ptr: Option<HostDevicePtr>,
 }
@@ -46,15 +50,19 @@ pub fn mem_ops(d: &Driver) -> &'static MemOps {
     OPS.get_or_init(|| {
         let lib = d.library();
         // SAFETY: each type is the C signature of the named driver function (cuda.h):
-        // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) (the
-        // `_v2` name has the same one); cuMemHostAlloc(void **, size_t, unsigned int);
+        // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) and
+        // cuStreamWriteValue32 with the same parameters (the `_v2` names have the same ones); cuMemHostAlloc(void **, size_t, unsigned int);
         // cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned int).
         unsafe {
             let wait = ["cuStreamWaitValue32_v2", "cuStreamWaitValue32"]
                 .into_iter()
                 .find_map(|n| lib.function::<WaitValue32>(n).ok().map(|f| (f, n)));
+            let write = ["cuStreamWriteValue32_v2", "cuStreamWriteValue32"]
+                .into_iter()
+                .find_map(|n| lib.function::<WriteValue32>(n).ok().map(|f| (f, n)));
             MemOps {
                 wait_value32: wait,
+                write_value32: write,
                 host_alloc: lib.function("cuMemHostAlloc").ok(),
                 host_device_ptr: lib.function("cuMemHostGetDevicePointer_v2").ok(),
             }
@@ -73,9 +81,12 @@ impl MemOps {
     /// Whether `device` can wait on a host-mapped flag from a stream: the calls are there and
     /// the device maps host memory (and, with only the first wait call, has opted in).
     pub fn supported(&self, d: &Driver, device: Device) -> bool {
-        let (Some((_, name)), Some(_), Some(_)) =
-            (self.wait_value32, self.host_alloc, self.host_device_ptr)
-        else {
+        let (Some((_, name)), Some(_), Some(_), Some(_)) = (
+            self.wait_value32,
+            self.write_value32,
+            self.host_alloc,
+            self.host_device_ptr,
+        ) else {
             return false;
         };
         let on = |attr| d.attribute(device, attr).is_ok_and(|v| v != 0);
@@ -135,5 +146,26 @@ impl MemOps {
             .ok_or_else(|| missing("cuStreamWaitValue32"))?;
         // SAFETY: per the caller.
         d.check(name, unsafe { wait(stream, addr, value, WAIT_VALUE_GEQ) })
+    }
+
+    /// Queues on `stream` a write of `value` to the 32-bit word at device address `addr`,
+    /// after the work queued before it (with the driver's default memory barrier, so that
+    /// what that work wrote is visible to whoever sees the value).
+    ///
+    /// # Safety
+    /// As for [`MemOps::wait_value32`]: `addr` is mapped host memory that stays allocated
+    /// until the stream has run the write.
+    pub unsafe fn write_value32(
+        &self,
+        d: &Driver,
+        stream: Handle,
+        addr: DevicePtr,
+        value: u32,
+    ) -> Result<()> {
+        let (write, name) = self
+            .write_value32
+            .ok_or_else(|| missing("cuStreamWriteValue32"))?;
+        // SAFETY: per the caller; flags 0 (the default, with a memory barrier).
+        d.check(name, unsafe { write(stream, addr, value, 0) })
     }
 }

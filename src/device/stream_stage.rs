@@ -1,0 +1,194 @@
+//! Staging of a stream job that leaves the queue's thread no driver call.
+//!
+//! A call made with a stream becomes, on the caller's stream and in this order: copies of the
+//! device ranges it reads into pinned host memory (the stream's *arena*), a gate (a word the
+//! stream writes once the copies are done), the wait on the communicator's completion flag,
+//! and copies of the ranges it writes back from the arena. Everything is queued by the
+//! caller's thread during the call. The queue's thread waits for the gate by polling host
+//! memory, runs the operation on the arena as on host buffers, and stores the flag, so it
+//! never calls the driver: on a GPU, a driver call there blocked while the program's thread
+//! was in a synchronous legacy-stream copy that itself waited for the job (docs/CUDA.md, "On
+//! a GPU").
+//!
+//! Jobs on one stream share its arena: the stream runs a job's copies in only after the
+//! previous job's flag and copies back, so the previous job is done with it. A larger job
+//! replaces the arena; the old one is kept until the queue drops (a queued copy may still use
+//! it, and freeing page-locked memory synchronizes the device).
+
+use super::staging::Pinned;
+use super::Device;
+use crate::Result;
+
+/// A range of device memory an operation reads (copied in before it) and/or writes (copied
+/// back after it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub addr: u64,
+    pub len: usize,
+    pub read: bool,
+    pub written: bool,
+}
+
+/// Where the arena places each range, for one stream.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    device: Device,
+    stream: usize,
+    /// Merged ranges: device start, length, host address, written.
+    spans: Vec<(u64, usize, usize, bool)>,
+}
+
+/// Alignment of every range in an arena (any element type, 16-byte vector loads).
+const ALIGN: usize = 256;
+
+impl Staged {
+    /// The host copy of device address `addr`, where a staged range holds it.
+    pub(crate) fn host_of(&self, addr: u64) -> Option<usize> {
+        self.spans
+            .iter()
+            .find(|&&(start, len, ..)| addr >= start && addr < start + len as u64)
+            .map(|&(start, _, host, _)| host + (addr - start) as usize)
+    }
+
+    /// Queues on the stream the copies of the written ranges back to device memory (after the
+    /// job's flag wait, which the caller queued first).
+    ///
+    /// # Safety
+    /// The ranges are still the call's device memory (NCCL's contract), and the arena lives
+    /// until the stream has run the copies (arenas are kept until the queue drops).
+    pub(crate) unsafe fn copy_back(&self) -> Result<()> {
+        let stream = std::ptr::without_provenance_mut(self.stream);
+        for &(dev, len, host, written) in &self.spans {
+            if written && len > 0 {
+                // SAFETY: per the caller.
+                unsafe {
+                    self.device
+                        .copy_on_stream(stream, dev as *mut u8, host as *const u8, len)
+                }?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The arenas of one communicator's stream jobs, by stream.
+#[derive(Debug, Default)]
+pub(crate) struct Arenas {
+    by_stream: Vec<(usize, Pinned)>,
+    /// Arenas replaced by larger ones (see the module docs).
+    retired: Vec<Pinned>,
+}
+
+impl Arenas {
+    /// Places `spans` in the arena of `stream` (grown if needed; overlapping or touching
+    /// ranges share one copy) and queues on the stream the copies of the ranges read.
+    ///
+    /// # Safety
+    /// Every span is live device memory of `device` (checked by the caller) that the call
+    /// owns until the stream has run its copies back; `stream` is the caller's stream of
+    /// `device`.
+    pub(crate) unsafe fn stage(
+        &mut self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+    ) -> Result<Staged> {
+        let mut sorted: Vec<Span> = spans.iter().copied().filter(|s| s.len > 0).collect();
+        sorted.sort_by_key(|s| s.addr);
+        let mut merged: Vec<Span> = Vec::new();
+        for s in sorted {
+            match merged.last_mut() {
+                Some(m) if s.addr <= m.addr + m.len as u64 => {
+                    let end = (m.addr + m.len as u64).max(s.addr + s.len as u64);
+                    m.len = (end - m.addr) as usize;
+                    m.read |= s.read;
+                    m.written |= s.written;
+                }
+                _ => merged.push(s),
+            }
+        }
+        let need: usize = merged.iter().map(|s| s.len.next_multiple_of(ALIGN)).sum();
+        let base = self.arena(device, stream, need)?;
+        let mut out = Staged {
+            device,
+            stream,
+            spans: Vec::with_capacity(merged.len()),
+        };
+        let handle = std::ptr::without_provenance_mut(stream);
+        let mut at = 0;
+        for s in merged {
+            let host = base as usize + at;
+            if s.read {
+                // SAFETY: per the caller for the device range; the host range lies in the
+                // arena (sized above), which lives until the queue drops.
+                unsafe {
+                    device.copy_on_stream(handle, host as *mut u8, s.addr as *const u8, s.len)
+                }?;
+            }
+            out.spans.push((s.addr, s.len, host, s.written));
+            at += s.len.next_multiple_of(ALIGN);
+        }
+        Ok(out)
+    }
+
+    /// The arena of `stream`, at least `need` bytes.
+    fn arena(&mut self, device: Device, stream: usize, need: usize) -> Result<*mut u8> {
+        let i = self.by_stream.iter().position(|(s, _)| *s == stream);
+        if let Some(i) = i {
+            let (ptr, len) = self.by_stream[i].1.raw();
+            if len >= need {
+                return Ok(ptr);
+            }
+        }
+        let p = Pinned::new(device, need.max(ALIGN).next_power_of_two())?;
+        let ptr = p.raw().0;
+        match i {
+            Some(i) => {
+                let old = std::mem::replace(&mut self.by_stream[i].1, p);
+                self.retired.push(old);
+            }
+            None => self.by_stream.push((stream, p)),
+        }
+        Ok(ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{host_stream, DeviceBuffer, Provider};
+
+    #[test]
+    fn overlapping_ranges_share_a_copy_and_addresses_keep_their_offsets() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u8, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let a = src.addr();
+        let stream = 0x5e_0001;
+        let mut arenas = Arenas::default();
+        let spans = [
+            Span {
+                addr: a + 4,
+                len: 4,
+                read: false,
+                written: true,
+            },
+            Span {
+                addr: a,
+                len: 6,
+                read: true,
+                written: false,
+            },
+        ];
+        // SAFETY: both ranges lie in `src`, which outlives the stream's run below.
+        let st = unsafe { arenas.stage(dev, stream, &spans) }.unwrap();
+        assert_eq!(st.spans.len(), 1, "merged into one range");
+        let h = st.host_of(a).unwrap();
+        assert_eq!(st.host_of(a + 5), Some(h + 5));
+        assert_eq!(st.host_of(a + 8), None);
+        // The copy in runs when the stand-in stream is run.
+        host_stream::run_to(stream, host_stream::record(stream)).unwrap();
+        // SAFETY: `h` is the arena's copy of the 8 bytes, which the stream just wrote.
+        let got = unsafe { std::slice::from_raw_parts(h as *const u8, 8) };
+        assert_eq!(got, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+}

@@ -185,36 +185,6 @@ impl Communicator {
         Ok(dev)
     }
 
-    /// Prepares, on the caller's thread, the staging of `dev` and the private stream for a
-    /// stream job whose staged calls read at most `input` and write at most `output` bytes
-    /// (see `Staging::prepare`): the job's thread then creates no CUDA object and allocates no
-    /// pinned memory. Takes the staging lock (waiting for a running job) only when the
-    /// staging must grow.
-    pub(crate) fn prepare_stream_job(
-        &self,
-        dev: Device,
-        input: usize,
-        output: usize,
-    ) -> Result<()> {
-        let per = self
-            .inner
-            .config
-            .device_slice_bytes
-            .saturating_sub(8)
-            .max(1);
-        let slices = input.max(output).div_ceil(per) + 1;
-        if self.streams.is_prepared(dev, input, output, slices) {
-            return Ok(());
-        }
-        dev.prepare_private()?;
-        {
-            let mut st = lock(&self.device);
-            Self::staging(&mut st, dev)?.prepare(input, output, slices)?;
-        }
-        self.streams.set_prepared(dev, input, output, slices);
-        Ok(())
-    }
-
     /// The staging of `dev`, created at the first call.
     fn staging<'a>(
         st: &'a mut MutexGuard<'_, DeviceState>,
@@ -394,7 +364,8 @@ impl Communicator {
 
 /// Runs a checked device collective: stages through the communicator's pinned staging, runs
 /// the host collective slice by slice (or whole), stages back. Called on the caller's thread
-/// by the blocking calls and on the stream queue's thread by the stream-ordered ones.
+/// by the blocking calls (the stream-ordered ones stage through the stream's arena instead:
+/// `device::stream_stage`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn staged<T: Element>(
     inner: &Inner,

@@ -2,11 +2,16 @@
 //! returns as soon as the job is queued; work queued on the stream afterwards sees the result.
 //!
 //! On the caller's thread every check of the blocking form runs first (an error is returned at
-//! once, with the same message), then the communicator's stream queue
-//! (`device::stream_queue`) records a gate on the stream, makes the stream wait for the job's
-//! completion flag, and queues the job; the queue's thread waits for the gate (the work queued
-//! on the stream before the call), runs the collective as the blocking form does (staged
-//! through pinned host memory), and stores the flag, so the stream goes on.
+//! once, with the same message). Then, all on the caller's stream and queued during the call:
+//! copies of the buffers the collective reads into the stream's pinned arena, a gate (a word
+//! the stream writes), the wait for the job's completion flag, and the copies of the result
+//! back (`device::stream_stage`). The queue's thread waits for the gate by polling host
+//! memory, runs the host collective on the arena and stores the flag, so the stream goes on;
+//! it makes no driver call. It then waits, the same way, until the stream has run the copies
+//! back, and only then lets the buffers go (host access and `Drop` wait for that).
+//!
+//! With the CUDA provider the calls block unless `FERRO_STREAM_WAITS=1` (docs/CUDA.md, "On a
+//! GPU"); the host stand-in runs them in stream order.
 //!
 //! | case | what happens |
 //! |---|---|
@@ -21,41 +26,24 @@ use std::sync::Arc;
 use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
-use crate::device::stream_queue::{async_supported, record_gates};
-use crate::device::{Device, DeviceBuffer, DeviceStream, Hold};
+use crate::device::gate::Gate;
+use crate::device::stream_queue::{async_supported, record_gates, After};
+use crate::device::stream_stage::Span;
+use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
-use super::device_calls::staged;
+use super::call::header_kind;
 use super::*;
 
-/// A buffer as a queued job reaches it: its place, and the hold that keeps host access and
-/// `Drop` waiting until the job is over.
+/// The hold that keeps host access to a buffer and its `Drop` waiting until a queued job
+/// and its copies back are over.
 struct Held {
-    addr: u64,
-    len: usize,
     _hold: Hold,
 }
 
 impl Held {
     fn of<T: Element>(b: &DeviceBuffer<T>) -> Held {
-        Held {
-            addr: b.addr(),
-            len: b.len(),
-            _hold: b.hold(),
-        }
-    }
-
-    /// A view of the buffer for the job.
-    ///
-    /// # Safety
-    /// The buffer was live when the hold was taken; while the hold lives, its memory is not
-    /// freed (`Drop` waits, `mem::forget` leaks it) and no host access touches it.
-    unsafe fn view<T: Element>(
-        &self,
-        dev: Device,
-    ) -> Result<std::mem::ManuallyDrop<DeviceBuffer<T>>> {
-        // SAFETY: per the caller.
-        unsafe { DeviceBuffer::<T>::view(dev, self.addr, self.len) }
+        Held { _hold: b.hold() }
     }
 }
 
@@ -85,24 +73,70 @@ impl Communicator {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
-        self.prepare_stream_job(dev, send.map_or(0, |s| s.bytes()), recv.bytes())?;
         let handle = stream.handle();
+        let es = T::DTYPE.size();
+        let is_root = kind.root() == Some(rank);
+        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+        let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
+        let (in_len, out_len) = (send.map_or(0, |s| s.len()), recv.len());
+        let in_place = send.is_none();
+        // The ranges the job reads and writes, staged through the stream's pinned arena by
+        // copies queued on the stream now (`device::stream_stage`): the job runs the host
+        // collective on the arena and makes no driver call.
+        let mut spans = vec![Span {
+            addr: recv.addr(),
+            len: recv.bytes(),
+            read: send.is_none(),
+            written: recv_written,
+        }];
+        if let Some(s) = send.filter(|_| send_read) {
+            spans.push(Span {
+                addr: s.addr(),
+                len: s.bytes(),
+                read: true,
+                written: false,
+            });
+        }
+        // SAFETY: both buffers are live device memory of `dev` (checked above), held below
+        // until the stream has run the copies back; `handle` is a stream of `dev`.
+        let st = unsafe { self.streams.stage(dev, handle, &spans) }?;
+        let recv_at = st.host_of(recv.addr()).unwrap_or(0);
+        let send_at = send
+            .filter(|_| send_read)
+            .map(|s| st.host_of(s.addr()).unwrap_or(0));
         let gates = record_gates(dev, &[handle])?;
-        let recv = Held::of(recv);
-        let send = send.map(Held::of);
+        let holds = (Held::of(recv), send.map(Held::of));
         let inner = Arc::clone(&self.inner);
-        let state = Arc::clone(&self.device);
         let work = Box::new(move || {
             let run = || {
-                // SAFETY: both were live device memory of `dev` (checked above) when their
-                // holds were taken; the holds live as long as this job.
-                let mut r = unsafe { recv.view::<T>(dev) }?;
-                let s = match &send {
-                    // SAFETY: as above; a send buffer is only read.
-                    Some(s) => Some(unsafe { s.view::<T>(dev) }?),
-                    None => None,
+                // SAFETY: `recv_at` and `send_at` are the arena copies of the buffers
+                // (`out_len` and `in_len` elements, 0 where empty), which the stream filled
+                // before the gate the worker waited for, and which no other job uses until
+                // this one's flag (the stream runs the next job's copies after it).
+                let (input, output) = unsafe {
+                    let output: &mut [u8] = if out_len == 0 {
+                        &mut []
+                    } else {
+                        std::slice::from_raw_parts_mut(recv_at as *mut u8, out_len * es)
+                    };
+                    let input: Option<&[u8]> = match (in_len, send_at) {
+                        (_, None) if in_place => None,
+                        (0, _) | (_, None) => Some(&[]),
+                        (n, Some(at)) => Some(std::slice::from_raw_parts(at as *const u8, n * es)),
+                    };
+                    (input, output)
                 };
-                staged(&inner, &state, dev, kind, s.as_deref(), &mut r, count, op)
+                super::calls::blocking_on(
+                    &inner,
+                    kind.name(),
+                    header_kind(kind),
+                    kind,
+                    input,
+                    output,
+                    count,
+                    T::DTYPE,
+                    op,
+                )
             };
             let r = run();
             if let Err(e) = &r {
@@ -110,7 +144,23 @@ impl Communicator {
             }
             r
         });
-        self.streams.enqueue(dev, &[handle], gates, work)
+        // After the job: wait (host memory only) until the stream has run the copies back,
+        // then let the buffers go, so host access and `Drop` see the result.
+        let (tx, rx) = crossbeam_channel::bounded::<Gate>(1);
+        let after: After = Box::new(move || {
+            if let Ok(mut g) = rx.recv() {
+                let _ = g.wait();
+            }
+            drop(holds);
+        });
+        self.streams
+            .enqueue_then(dev, &[handle], gates, work, Some(after))?;
+        // SAFETY: as for the staging above.
+        unsafe { self.streams.copy_back(dev, handle, &st) }?;
+        // SAFETY: `handle` is a stream of `dev`.
+        let landed = unsafe { dev.record_gate(std::ptr::without_provenance_mut(handle)) }?;
+        let _ = tx.send(landed);
+        Ok(())
     }
 
     // ----- typed stream-ordered entries -----

@@ -82,10 +82,8 @@ pub(crate) unsafe fn free_pinned(ordinal: u32, p: *mut u8) -> Result<()> {
 }
 
 /// Runs `f` on this process's private non-blocking stream of device `ordinal`, made at its
-/// first use and kept: the copies that must not go through the legacy stream (see [`upload`])
-/// use it, and a stream job's thread never creates a stream (creating one blocks while the
-/// caller's thread is in a synchronous legacy-stream copy that waits for the job: seen on an
-/// H100 with driver 580). [`prepare_private`] makes it on the caller's thread.
+/// first use and kept (one stream for every copy that must not go through the legacy stream:
+/// see [`upload`]).
 fn with_private<R>(ordinal: u32, f: impl FnOnce(&mut Stream) -> Result<R>) -> Result<R> {
     static PRIVATE: std::sync::Mutex<Vec<Stream>> = std::sync::Mutex::new(Vec::new());
     let mut streams = PRIVATE.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,11 +95,6 @@ fn with_private<R>(ordinal: u32, f: impl FnOnce(&mut Stream) -> Result<R>) -> Re
         }
     };
     f(&mut streams[at])
-}
-
-/// Makes the private stream of device `ordinal` (see [`with_private`]) if it is not there.
-pub(crate) fn prepare_private(ordinal: u32) -> Result<()> {
-    with_private(ordinal, |_| Ok(()))
 }
 
 /// Copies host bytes to device memory; returns once they are there.
@@ -199,16 +192,6 @@ impl Stream {
         }
         // SAFETY: both handles are live and belong to this device's primary context.
         unsafe { d.record_event(self.events[k], self.handle) }.map_err(|e| convert(&e))
-    }
-
-    /// Creates the events of marks `0..n` now, so that recording them later creates nothing
-    /// (a stream job's marks are made on the caller's thread: see `Staging::prepare`).
-    pub(crate) fn ensure_marks(&mut self, n: usize) -> Result<()> {
-        let d = bound(self.ordinal)?;
-        while self.events.len() < n {
-            self.events.push(d.create_event().map_err(|e| convert(&e))?);
-        }
-        Ok(())
     }
 
     /// Waits until the work queued before mark `k` has run.

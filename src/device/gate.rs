@@ -321,15 +321,6 @@ impl Device {
 }
 
 impl Device {
-    /// Makes, on the caller's thread, what [`Device::read_private`] and
-    /// [`Device::write_private`] use, so that a stream job's thread creates no stream.
-    pub(crate) fn prepare_private(self) -> Result<()> {
-        match self.provider {
-            Provider::Host => Ok(()),
-            Provider::Cuda => cuda::prepare_private(self.ordinal),
-        }
-    }
-
     /// Copies `dst.len()` bytes of device memory at `addr` to `dst` on the process's private
     /// non-blocking stream of the device (not the legacy stream, which would wait for a
     /// caller's stream that is itself waiting on a completion flag); returns when done.

@@ -121,14 +121,6 @@ impl Stream {
         }
     }
 
-    /// Makes marks `0..n` now (see [`Staging::prepare`]).
-    fn ensure_marks(&mut self, n: usize) -> Result<()> {
-        match self {
-            Stream::Cuda(s) => s.ensure_marks(n),
-            Stream::Host(_) => Ok(()),
-        }
-    }
-
     fn mark(&mut self, k: usize) -> Result<()> {
         match self {
             Stream::Cuda(s) => s.mark(k),
@@ -234,16 +226,6 @@ impl Staging {
             }
         }
         Ok(())
-    }
-
-    /// Everything a later call of up to `input` / `output` bytes in `slices` slices needs,
-    /// made now: the buffers ([`Staging::reserve`]) and the stream's marks. A stream job's
-    /// thread must create no CUDA object and allocate no pinned memory (either can block
-    /// while the caller's thread is in a synchronous legacy-stream call that waits for the
-    /// job), so the caller's thread prepares before it queues the job.
-    pub(crate) fn prepare(&mut self, input: usize, output: usize, slices: usize) -> Result<()> {
-        self.reserve(input, output)?;
-        self.stream.ensure_marks(slices)
     }
 
     fn checked(&mut self, s: Slot, bytes: usize) -> Result<*mut u8> {

@@ -36,12 +36,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The work of one job: runs on the worker after the gates; its error is the job's.
 pub(crate) type Work = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 
+/// What runs on the worker after a job's flag is stored, whatever happened to the job (the
+/// Rust API's calls wait there for their copies back, then let their buffers go).
+pub(crate) type After = Box<dyn FnOnce() + Send + 'static>;
+
 /// One queued job.
 struct Job {
     seq: u32,
     gates: Vec<Gate>,
     work: Work,
     flag: Arc<Flag>,
+    after: Option<After>,
 }
 
 /// What the worker and the callers share.
@@ -74,9 +79,6 @@ struct Inner {
 pub(crate) struct StreamQueue {
     inner: Mutex<Inner>,
     progress: Arc<Progress>,
-    /// What the caller's thread has prepared for jobs (device, input and output bytes,
-    /// slices): a call within it prepares nothing and takes no staging lock.
-    prepared: Mutex<Option<(Device, usize, usize, usize)>>,
     /// Pinned arenas of the jobs staged on the caller's streams (`stream_stage`).
     arenas: Mutex<Arenas>,
     /// Per stream, a gate after the last job's copies back: [`StreamQueue::drain`] waits for
@@ -125,6 +127,20 @@ impl StreamQueue {
         streams: &[usize],
         gates: Vec<Gate>,
         work: Work,
+    ) -> Result<()> {
+        self.enqueue_then(device, streams, gates, work, None)
+    }
+
+    /// [`StreamQueue::enqueue`], with `after` run on the worker once the job's flag is stored
+    /// (also when the job fails or is aborted; dropped unrun when the job never reaches the
+    /// worker).
+    pub(crate) fn enqueue_then(
+        &self,
+        device: Device,
+        streams: &[usize],
+        gates: Vec<Gate>,
+        work: Work,
+        after: Option<After>,
     ) -> Result<()> {
         let p = &self.progress;
         let mut inner = lock(&self.inner);
@@ -180,6 +196,7 @@ impl StreamQueue {
                     gates: Vec::new(),
                     work: Box::new(|| Ok(())),
                     flag,
+                    after,
                 };
                 self.push(&mut inner, job)?;
                 return Err(e);
@@ -191,6 +208,7 @@ impl StreamQueue {
             gates,
             work,
             flag,
+            after,
         };
         self.push(&mut inner, job)
     }
@@ -220,28 +238,6 @@ impl StreamQueue {
                 ))
             }
         }
-    }
-
-    /// Whether jobs of up to `input` / `output` bytes in `slices` slices on `device` are
-    /// prepared for (see [`StreamQueue::set_prepared`]).
-    pub(crate) fn is_prepared(
-        &self,
-        device: Device,
-        input: usize,
-        output: usize,
-        slices: usize,
-    ) -> bool {
-        lock(&self.prepared)
-            .is_some_and(|(d, i, o, s)| d == device && input <= i && output <= o && slices <= s)
-    }
-
-    /// Records what the caller's thread prepared (kept as the largest of each).
-    pub(crate) fn set_prepared(&self, device: Device, input: usize, output: usize, slices: usize) {
-        let mut p = lock(&self.prepared);
-        *p = Some(match *p {
-            Some((d, i, o, s)) if d == device => (d, i.max(input), o.max(output), s.max(slices)),
-            _ => (device, input, output, slices),
-        });
     }
 
     /// Stages `spans` of a job on the caller's `stream` of `device` (see `stream_stage`): the
@@ -407,6 +403,7 @@ fn run_job(p: &Progress, job: Job) {
         mut gates,
         work,
         flag,
+        after,
     } = job;
     let traced = trace_jobs();
     if traced {
@@ -447,9 +444,10 @@ fn run_job(p: &Progress, job: Job) {
         lock(&p.failed).get_or_insert(e);
     }
     finish(p, &flag, seq);
-    // After the flag: destroying an event is a driver call, and the caller's thread may be
-    // in a synchronous call that holds the driver until the stream passes the flag.
     drop(gates);
+    if let Some(a) = after {
+        a();
+    }
 }
 
 #[cfg(test)]

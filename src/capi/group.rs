@@ -414,17 +414,9 @@ fn stream_job(
         return Ok(Err(ops));
     }
     let mut streams: Vec<usize> = Vec::new();
-    for op in &mut ops {
-        if let Op::Coll { on: Some(on), .. }
-        | Op::Rooted { on: Some(on), .. }
-        | Op::Send { on: Some(on), .. }
-        | Op::Recv { on: Some(on), .. } = op
-        {
-            // The job waits for the stream's earlier work (its gate) before it runs.
-            on.waited = true;
-            if !streams.contains(&on.stream) {
-                streams.push(on.stream);
-            }
+    for on in ops.iter().filter_map(stream_of) {
+        if !streams.contains(&on.stream) {
+            streams.push(on.stream);
         }
     }
     // The device ranges go through pinned arenas, copied on the caller's streams (see

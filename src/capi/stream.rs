@@ -56,10 +56,6 @@ pub(crate) struct OnStream {
     pub device: Device,
     /// The caller's `cudaStream_t`, as a number (never dereferenced here).
     pub stream: usize,
-    /// Whether the work queued on the stream before the call is already done (a stream job
-    /// waited for its gate): the operation then does not synchronize the stream (which waits
-    /// for the job itself).
-    pub waited: bool,
 }
 
 /// A device-layer failure as the C ABI reports it: a missing driver (or device) is a system
@@ -105,7 +101,6 @@ pub(crate) fn stream_arg(
     Ok(Some(OnStream {
         device,
         stream: stream as usize,
-        waited: false,
     }))
 }
 
@@ -257,12 +252,9 @@ unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> 
     unsafe { on.device.write_private(p as u64, src) }.map_err(|e| system(api, e))
 }
 
-/// Waits for the work queued on the caller's stream before the call (nothing when a stream
-/// job already did).
+/// Waits for the work queued on the caller's stream before the call (the blocking form; a
+/// stream job runs on host copies instead, `device::stream_stage`).
 fn wait_stream(api: &str, on: OnStream) -> Result<()> {
-    if on.waited {
-        return Ok(());
-    }
     let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
     // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
     // stream argument), or a special handle; never dereferenced by ferroccl.
@@ -535,7 +527,6 @@ mod tests {
         let on = OnStream {
             device: Device::new(Provider::Host, 0).unwrap(),
             stream: 1,
-            waited: false,
         };
         let v = [0u8; 64];
         let e = check_span("ncclAllReduce", 1, "sendbuff", v.as_ptr(), 64, on).unwrap_err();

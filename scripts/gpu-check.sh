@@ -127,14 +127,16 @@ else
 fi
 
 echo
-echo "== 6. host-staged device buffers against host buffers: 2 processes over shared memory (ferrorun), all_reduce_perf 8 B .. 64 MiB, host then device buffers, twice (target: device >= 70 % of host busbw at 64 MiB)"
+echo "== 6. host-staged device buffers against host buffers: 2 processes over shared memory (ferrorun), all_reduce_perf 8 B, then 1 MiB .. 64 MiB by x4, host then device buffers, twice (target: device >= 70 % of host busbw at 64 MiB)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     for round in 1 2; do
         for b in 0 1; do
             echo "-- round $round, -B $b"
             FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferrorun" -n 2 -- \
-                "$bundle/bin/all_reduce_perf" -b 8 -e 64M -f 8 -n 20 -w 5 -B "$b" || rc=1
+                "$bundle/bin/all_reduce_perf" -b 8 -e 8 -n 1000 -w 100 -B "$b" || rc=1
+            FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferrorun" -n 2 -- \
+                "$bundle/bin/all_reduce_perf" -b 1M -e 64M -f 4 -n 20 -w 5 -B "$b" || rc=1
         done
     done
     if [ "$rc" -eq 0 ]; then echo "-- shm staged: PASS"; else echo "-- shm staged: FAIL"; failed=1; fi

@@ -23,6 +23,7 @@ pub(crate) fn convert(e: &CudaError) -> Error {
 }
 
 fn loaded() -> Result<&'static Driver> {
+    super::no_driver_here("a CUDA driver call")?;
     driver().map_err(|e| convert(&e))
 }
 

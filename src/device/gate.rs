@@ -233,6 +233,7 @@ impl Device {
     /// With `Cuda`, `stream` is a live stream of this device's primary context, or one of the
     /// special handles `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2).
     pub(crate) unsafe fn record_gate(self, stream: *mut c_void) -> Result<Gate> {
+        super::no_driver_here("record_gate")?;
         let at = match self.provider {
             Provider::Host => GateAt::Host {
                 stream: stream as usize,
@@ -266,6 +267,7 @@ impl Device {
         flag: &Flag,
         value: u32,
     ) -> Result<()> {
+        super::no_driver_here("wait_flag")?;
         if flag.device != self {
             return Err(Error::internal(format!(
                 "a completion flag of {} waited on from a stream of {self}",
@@ -306,6 +308,7 @@ impl Device {
         src: *const u8,
         len: usize,
     ) -> Result<()> {
+        super::no_driver_here("copy_on_stream")?;
         match self.provider {
             // SAFETY: per the caller.
             Provider::Host => unsafe { host_stream::copy(stream as usize, dst, src, len) },
@@ -328,6 +331,7 @@ impl Device {
     /// # Safety
     /// As for [`Device::read_raw`].
     pub(crate) unsafe fn read_private(self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        super::no_driver_here("read_private")?;
         match self.provider {
             // SAFETY: per the caller.
             Provider::Host => unsafe { self.read_raw(addr, dst) },
@@ -342,6 +346,7 @@ impl Device {
     /// # Safety
     /// As for [`Device::write_raw`].
     pub(crate) unsafe fn write_private(self, addr: u64, src: &[u8]) -> Result<()> {
+        super::no_driver_here("write_private")?;
         match self.provider {
             // SAFETY: per the caller.
             Provider::Host => unsafe { self.write_raw(addr, src) },

@@ -49,6 +49,38 @@ mod stream;
 pub(crate) mod stream_queue;
 pub(crate) mod stream_stage;
 
+thread_local! {
+    /// Set while a stream job's work runs on its queue's thread (see [`no_driver_here`]).
+    static IN_STREAM_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` marked as a stream job's work: device calls in it fail ([`no_driver_here`]).
+pub(crate) fn as_stream_job<R>(f: impl FnOnce() -> R) -> R {
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            IN_STREAM_JOB.with(|m| m.set(false));
+        }
+    }
+    IN_STREAM_JOB.with(|m| m.set(true));
+    let _unmark = Unmark;
+    f()
+}
+
+/// An error where the calling thread runs a stream job's work: a job must make no driver
+/// call (nor, with the stand-in, its equivalent), since on a GPU one blocked while the
+/// program's thread was in a synchronous call that waited for the job (docs/CUDA.md, "On a
+/// GPU"). Every CUDA driver use and the stand-in's stream and copy calls check it.
+pub(crate) fn no_driver_here(what: &str) -> crate::Result<()> {
+    if IN_STREAM_JOB.with(std::cell::Cell::get) {
+        return Err(crate::Error::internal(format!(
+            "{what} on a stream job's thread: a stream job must make no device call (one can \
+             block while the program's thread waits for the job)"
+        )));
+    }
+    Ok(())
+}
+
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Once;
@@ -390,6 +422,33 @@ impl<T: Element> Drop for DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_jobs_work_may_make_no_device_call() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let stream = std::ptr::without_provenance_mut(0x5e_0002);
+        // SAFETY: a stand-in stream handle, never dereferenced.
+        assert!(
+            unsafe { dev.sync_stream(stream) }.is_ok(),
+            "allowed outside a job"
+        );
+        let e = as_stream_job(|| {
+            // SAFETY: as above.
+            unsafe { dev.sync_stream(stream) }.unwrap_err()
+        });
+        assert!(e.to_string().contains("stream job's thread"), "{e}");
+        // SAFETY: as above.
+        assert!(
+            unsafe { dev.sync_stream(stream) }.is_ok(),
+            "the mark ends with the job"
+        );
+        let panicked = std::panic::catch_unwind(|| as_stream_job(|| panic!("job panics")));
+        assert!(panicked.is_err());
+        assert!(
+            no_driver_here("a call").is_ok(),
+            "the mark ends when the job panics"
+        );
+    }
 
     #[test]
     fn host_provider_buffers_round_trip_and_are_located() {

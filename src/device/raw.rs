@@ -109,6 +109,7 @@ impl Device {
     /// With `Cuda`, `stream` is a live stream of this device's primary context, or one of the
     /// special handles `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2).
     pub unsafe fn sync_stream(self, stream: *mut c_void) -> Result<()> {
+        super::no_driver_here("sync_stream")?;
         match self.provider {
             // SAFETY: per the caller.
             Provider::Cuda => unsafe { cuda::sync_foreign_stream(self.ordinal, stream) },

@@ -85,6 +85,7 @@ enum Stream {
 
 impl Stream {
     fn new(device: Device) -> Result<Stream> {
+        super::no_driver_here("a staging stream")?;
         Ok(match device.provider {
             Provider::Cuda => Stream::Cuda(cuda::Stream::new(device.ordinal)?),
             Provider::Host => Stream::Host(host::Queue::default()),
@@ -95,6 +96,7 @@ impl Stream {
     /// `src` device memory of the stream's device, `dst` host memory, both live for `len`
     /// bytes until [`Stream::synchronize`] returns.
     unsafe fn download(&mut self, dst: *mut u8, src: u64, len: usize) -> Result<()> {
+        super::no_driver_here("a staging copy")?;
         match self {
             // SAFETY: per the caller.
             Stream::Cuda(s) => unsafe { s.download(dst, src, len) },
@@ -110,6 +112,7 @@ impl Stream {
     /// `src` host memory, `dst` device memory of the stream's device, both live for `len`
     /// bytes until [`Stream::synchronize`] returns.
     unsafe fn upload(&mut self, dst: u64, src: *const u8, len: usize) -> Result<()> {
+        super::no_driver_here("a staging copy")?;
         match self {
             // SAFETY: per the caller.
             Stream::Cuda(s) => unsafe { s.upload(dst, src, len) },

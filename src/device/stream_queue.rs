@@ -425,9 +425,10 @@ fn run_job(p: &Progress, job: Job) {
             .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
             .and_then(|()| {
                 trace(format_args!("stream job {seq}: gates passed, running"));
-                catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|_| {
-                    Err(Error::internal("an operation queued on a stream panicked"))
-                })
+                catch_unwind(AssertUnwindSafe(|| crate::device::as_stream_job(work)))
+                    .unwrap_or_else(|_| {
+                        Err(Error::internal("an operation queued on a stream panicked"))
+                    })
             })
     };
     if traced {

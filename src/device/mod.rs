@@ -428,20 +428,16 @@ mod tests {
         let dev = Device::new(Provider::Host, 0).unwrap();
         let stream = std::ptr::without_provenance_mut(0x5e_0002);
         // SAFETY: a stand-in stream handle, never dereferenced.
-        assert!(
-            unsafe { dev.sync_stream(stream) }.is_ok(),
-            "allowed outside a job"
-        );
+        let outside = unsafe { dev.sync_stream(stream) };
+        assert!(outside.is_ok(), "allowed outside a job");
         let e = as_stream_job(|| {
             // SAFETY: as above.
             unsafe { dev.sync_stream(stream) }.unwrap_err()
         });
         assert!(e.to_string().contains("stream job's thread"), "{e}");
         // SAFETY: as above.
-        assert!(
-            unsafe { dev.sync_stream(stream) }.is_ok(),
-            "the mark ends with the job"
-        );
+        let after = unsafe { dev.sync_stream(stream) };
+        assert!(after.is_ok(), "the mark ends with the job");
         let panicked = std::panic::catch_unwind(|| as_stream_job(|| panic!("job panics")));
         assert!(panicked.is_err());
         assert!(

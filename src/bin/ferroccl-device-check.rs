@@ -22,7 +22,8 @@ bf16, queued back to back on one stream per rank), then all_reduce (every dtype 
 broadcast, all_gather, reduce_scatter, reduce and all_to_all on device buffers of device N
 (default 0) of the provider FERRO_DEVICE_PROVIDER names (cuda, the default, or host), ranks
 as threads (default 1,2,4), counts 0, 1, 7, 1021, 65537 and 2^20 (those up to --max-count),
-and compares every byte with the same call on host buffers. Exit 0: all matched; 1: a mismatch or error; 2: no device.";
+and compares every byte with the same call on host buffers. Exit 0: all matched; 1: a
+mismatch or error; 2: no device.";
 
 const COUNTS: [usize; 6] = [0, 1, 7, 1021, 65537, 1 << 20];
 const OPS: [ReduceOp; 6] = [

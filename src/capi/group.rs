@@ -22,7 +22,7 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
-use crate::device::stream_queue::{async_supported, record_gates, Work};
+use crate::device::stream_queue::{async_supported, landing, record_gates, Work};
 use crate::device::stream_stage::{Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
@@ -193,14 +193,19 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
     // Every gate of the group is recorded before any wait is queued: communicators of the
     // group that share a stream must not wait for each other's jobs.
     for (shared, job) in stream_jobs {
+        // The job's after-step waits for its copies back, so that a drained queue (destroy,
+        // finalize, a NULL-stream call) has its results in device memory.
+        let (landed, after) = landing(());
         shared
             .streams
-            .enqueue(job.device, &job.streams, job.gates, job.work)?;
+            .enqueue(job.device, &job.streams, job.gates, job.work, Some(after))?;
+        let mut gates = Vec::with_capacity(job.staged.len());
         for (stream, st) in &job.staged {
             // SAFETY: the ranges are the call's device memory until the stream has run past
             // them (NCCL's contract); the arenas live until the queue drops.
-            unsafe { shared.streams.copy_back(job.device, *stream, st) }?;
+            gates.push(unsafe { shared.streams.copy_back(job.device, *stream, st) }?);
         }
+        let _ = landed.send(gates);
     }
     let results: Vec<Result<()>> = if blocking.len() == 1 {
         blocking.into_iter().map(run_blocking).collect()

@@ -26,8 +26,7 @@ use std::sync::Arc;
 use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
-use crate::device::gate::Gate;
-use crate::device::stream_queue::{async_supported, record_gates, After};
+use crate::device::stream_queue::{async_supported, landing, record_gates};
 use crate::device::stream_stage::Span;
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
@@ -86,7 +85,7 @@ impl Communicator {
         let mut spans = vec![Span {
             addr: recv.addr(),
             len: recv.bytes(),
-            read: send.is_none(),
+            read: in_place,
             written: recv_written,
         }];
         if let Some(s) = send.filter(|_| send_read) {
@@ -144,22 +143,14 @@ impl Communicator {
             }
             r
         });
-        // After the job: wait (host memory only) until the stream has run the copies back,
-        // then let the buffers go, so host access and `Drop` see the result.
-        let (tx, rx) = crossbeam_channel::bounded::<Gate>(1);
-        let after: After = Box::new(move || {
-            if let Ok(mut g) = rx.recv() {
-                let _ = g.wait();
-            }
-            drop(holds);
-        });
+        // After the job: wait until the stream has run the copies back, then let the buffers
+        // go, so host access and `Drop` see the result.
+        let (landed, after) = landing(holds);
         self.streams
-            .enqueue_then(dev, &[handle], gates, work, Some(after))?;
+            .enqueue(dev, &[handle], gates, work, Some(after))?;
         // SAFETY: as for the staging above.
-        unsafe { self.streams.copy_back(dev, handle, &st) }?;
-        // SAFETY: `handle` is a stream of `dev`.
-        let landed = unsafe { dev.record_gate(std::ptr::without_provenance_mut(handle)) }?;
-        let _ = tx.send(landed);
+        let g = unsafe { self.streams.copy_back(dev, handle, &st) }?;
+        let _ = landed.send(vec![g]);
         Ok(())
     }
 

@@ -12,7 +12,6 @@
 
 use ferroccl_kernels::Element;
 
-use super::stream_queue::trace;
 use super::{cuda, host, Device, DeviceBuffer, Provider};
 use crate::{Error, Result};
 
@@ -178,7 +177,6 @@ pub(crate) struct Staging {
 impl Staging {
     /// Staging for `device`: its stream now, buffers at the first call.
     pub(crate) fn new(device: Device) -> Result<Staging> {
-        trace(format_args!("staging: new for {device}"));
         Ok(Staging {
             stream: Stream::new(device)?,
             device,
@@ -213,15 +211,11 @@ impl Staging {
             let device = self.device;
             let cur = self.slot(s).as_ref().map_or(0, |p| p.len);
             if need > cur {
-                trace(format_args!(
-                    "staging: allocating {} pinned bytes",
-                    need.next_power_of_two()
-                ));
                 let p = Pinned::new(device, need.next_power_of_two())?;
                 // Not freed here: freeing page-locked memory synchronizes the whole device,
-                // and this may run on a stream queue's thread while a caller's stream waits
-                // for the very job that is growing the buffer (a deadlock). Kept until the
-                // staging drops (at most as much again as the largest buffer).
+                // which waits for any caller's stream held at a stream job's flag, and that
+                // job may need a rank this thread has yet to drive. Kept until the staging
+                // drops (at most as much again as the largest buffer).
                 if let Some(old) = self.slot(s).replace(p) {
                     self.retired.push(old);
                 }
@@ -362,12 +356,8 @@ impl Staging {
                 };
                 stream.mark(k)?;
             }
-            trace(format_args!(
-                "staging: {slices} slice(s) queued to the host"
-            ));
             for k in 0..slices {
                 stream.wait_mark(k)?;
-                trace(format_args!("staging: slice {k} on the host"));
                 let (ri, ro) = (range(in_len, k), range(out_len, k));
                 let input: Option<&[T]> = match (in_place, ri.is_empty()) {
                     (true, _) => None,
@@ -389,7 +379,6 @@ impl Staging {
                     }
                 };
                 run(range(count, k).len(), input, output)?;
-                trace(format_args!("staging: slice {k} reduced on the host"));
                 if write {
                     // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
                     // call; the staging range stays untouched until the synchronize below.
@@ -406,7 +395,6 @@ impl Staging {
         });
         let r = std::panic::catch_unwind(body);
         let synced = self.stream.synchronize();
-        trace(format_args!("staging: copies back done"));
         match r {
             Ok(r) => r.and(synced),
             Err(panic) => std::panic::resume_unwind(panic),

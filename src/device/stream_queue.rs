@@ -36,8 +36,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The work of one job: runs on the worker after the gates; its error is the job's.
 pub(crate) type Work = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 
-/// What runs on the worker after a job's flag is stored, whatever happened to the job (the
-/// Rust API's calls wait there for their copies back, then let their buffers go).
+/// What runs on the worker after a job's flag is stored, whatever happened to the job, before
+/// the job stops counting as pending (staged jobs wait there for their copies back:
+/// [`landing`]).
 pub(crate) type After = Box<dyn FnOnce() + Send + 'static>;
 
 /// One queued job.
@@ -81,9 +82,6 @@ pub(crate) struct StreamQueue {
     progress: Arc<Progress>,
     /// Pinned arenas of the jobs staged on the caller's streams (`stream_stage`).
     arenas: Mutex<Arenas>,
-    /// Per stream, a gate after the last job's copies back: [`StreamQueue::drain`] waits for
-    /// them, so a drained queue's results are in device memory.
-    landed: Mutex<Vec<(usize, Gate)>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -119,22 +117,11 @@ pub(crate) fn async_supported(device: Device) -> bool {
 impl StreamQueue {
     /// Queues `work` on the streams `streams` of `device` (see the module docs), with `gates`
     /// recorded on them by [`record_gates`] (a group records every communicator's gates before
-    /// it queues any wait, so communicators sharing a stream do not wait for each other). An
-    /// error here (the thread, a driver call) is returned at once and nothing of `work` runs.
+    /// it queues any wait, so communicators sharing a stream do not wait for each other), and
+    /// `after` run on the worker once the job's flag is stored (also when the job fails or is
+    /// aborted; dropped unrun when the job never reaches the worker). An error here (the
+    /// thread, a driver call) is returned at once and nothing of `work` runs.
     pub(crate) fn enqueue(
-        &self,
-        device: Device,
-        streams: &[usize],
-        gates: Vec<Gate>,
-        work: Work,
-    ) -> Result<()> {
-        self.enqueue_then(device, streams, gates, work, None)
-    }
-
-    /// [`StreamQueue::enqueue`], with `after` run on the worker once the job's flag is stored
-    /// (also when the job fails or is aborted; dropped unrun when the job never reaches the
-    /// worker).
-    pub(crate) fn enqueue_then(
         &self,
         device: Device,
         streams: &[usize],
@@ -256,7 +243,7 @@ impl StreamQueue {
     }
 
     /// Queues `staged`'s copies back on its stream (after the job's flag wait, queued by
-    /// [`StreamQueue::enqueue`]) and a gate after them for [`StreamQueue::drain`].
+    /// [`StreamQueue::enqueue`]) and returns a gate after them, for the job's [`landing`].
     ///
     /// # Safety
     /// As for `Staged::copy_back`.
@@ -265,34 +252,21 @@ impl StreamQueue {
         device: Device,
         stream: usize,
         staged: &Staged,
-    ) -> Result<()> {
+    ) -> Result<Gate> {
         // SAFETY: per the caller.
         unsafe { staged.copy_back() }?;
         let handle = std::ptr::without_provenance_mut(stream);
         // SAFETY: the caller's stream of `device` (as for `copy_back`).
-        let g = unsafe { device.record_gate(handle) }?;
-        let mut landed = lock(&self.landed);
-        landed.retain(|(s, _)| *s != stream);
-        landed.push((stream, g));
-        Ok(())
+        unsafe { device.record_gate(handle) }
     }
 
-    /// Waits until every job pushed so far has finished and its copies back are done.
+    /// Waits until every job pushed so far has finished, its after-step included (so a
+    /// staged job's copies back are in device memory: [`landing`]).
     pub(crate) fn drain(&self) {
         let p = &self.progress;
-        {
-            let mut n = lock(&p.pending);
-            while *n > 0 {
-                n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        let landed = std::mem::take(&mut *lock(&self.landed));
-        for (_, mut g) in landed {
-            if let Err(e) = g.wait() {
-                ferroccl_transport::log_line!(
-                    "ferroccl WARN COLL: waiting for a stream job's copies back: {e}"
-                );
-            }
+        let mut n = lock(&p.pending);
+        while *n > 0 {
+            n = p.idle.wait(n).unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -324,9 +298,6 @@ impl StreamQueue {
         if let Some(t) = thread {
             let _ = t.join();
         }
-        // The jobs are done; their copies back land before the flag (and then the arenas)
-        // may go.
-        self.drain();
         drop(flag);
     }
 
@@ -356,9 +327,33 @@ pub(crate) fn record_gates(device: Device, streams: &[usize]) -> Result<Vec<Gate
 /// Stores `seq` in `flag` and counts the job finished.
 fn finish(p: &Progress, flag: &Flag, seq: u32) {
     flag.release(seq);
+    count_finished(p);
+}
+
+fn count_finished(p: &Progress) {
     let mut n = lock(&p.pending);
     *n = n.saturating_sub(1);
     p.idle.notify_all();
+}
+
+/// A job's after-step that waits (polling host memory, no driver call) for the gates sent on
+/// the returned channel, those after the job's copies back ([`StreamQueue::copy_back`]), then
+/// drops `keep` (the Rust API's holds on its buffers). A channel dropped unsent waits for
+/// nothing. Since the job counts as pending until its after-step is done,
+/// [`StreamQueue::drain`] returns only once the results are in device memory.
+pub(crate) fn landing<K: Send + 'static>(keep: K) -> (Sender<Vec<Gate>>, After) {
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<Gate>>(1);
+    let after: After = Box::new(move || {
+        for mut g in rx.recv().unwrap_or_default() {
+            if let Err(e) = g.wait() {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN COLL: waiting for a stream job's copies back: {e}"
+                );
+            }
+        }
+        drop(keep);
+    });
+    (tx, after)
 }
 
 /// `FERRO_STREAM_WAITS`: `1` makes calls with a stream return at once and complete in stream
@@ -367,7 +362,7 @@ fn finish(p: &Progress, flag: &Flag, seq: u32) {
 /// order. On an H100 (driver 580) the stream-ordered form deadlocked when the program's
 /// thread made a synchronous legacy-stream copy (`cudaMemcpy`) right after the call: the
 /// job's own driver calls on the queue thread blocked until that copy returned, and the copy
-/// waited for the job (docs/CUDA.md, "Stream-ordered completion on a GPU"). Read once per
+/// waited for the job (docs/CUDA.md, "On a GPU"). Read once per
 /// process.
 fn stream_waits() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
@@ -381,13 +376,6 @@ fn stream_waits() -> Option<bool> {
             _ => None,
         }
     })
-}
-
-/// Logs `what` when `FERRO_DEBUG=DEBUG` (the steps of stream jobs and device staging).
-pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
-    if trace_jobs() {
-        ferroccl_transport::log_line!("ferroccl pid {} DEBUG DEVICE: {what}", std::process::id());
-    }
 }
 
 /// Whether `FERRO_DEBUG=DEBUG` asks for a line per stream job (read once per process).
@@ -424,7 +412,12 @@ fn run_job(p: &Progress, job: Job) {
             .try_for_each(Gate::wait)
             .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
             .and_then(|()| {
-                trace(format_args!("stream job {seq}: gates passed, running"));
+                if traced {
+                    ferroccl_transport::log_line!(
+                        "ferroccl pid {} DEBUG COLL: stream job {seq}: gates passed, running",
+                        std::process::id()
+                    );
+                }
                 catch_unwind(AssertUnwindSafe(|| crate::device::as_stream_job(work)))
                     .unwrap_or_else(|_| {
                         Err(Error::internal("an operation queued on a stream panicked"))
@@ -444,11 +437,12 @@ fn run_job(p: &Progress, job: Job) {
     if let Err(e) = r {
         lock(&p.failed).get_or_insert(e);
     }
-    finish(p, &flag, seq);
+    flag.release(seq);
     drop(gates);
     if let Some(a) = after {
         a();
     }
+    count_finished(p);
 }
 
 #[cfg(test)]
@@ -480,6 +474,7 @@ mod tests {
                     lock(&o).push(i);
                     Ok(())
                 }),
+                None,
             )
             .unwrap();
             assert!(t0.elapsed() < Duration::from_millis(25), "returned at once");
@@ -509,6 +504,7 @@ mod tests {
             &[s],
             record_gates(dev, &[s]).unwrap(),
             Box::new(|| Err(Error::remote("all_reduce on rank 1: peer 0 disagrees"))),
+            None,
         )
         .unwrap();
         let r = Arc::clone(&ran);
@@ -520,6 +516,7 @@ mod tests {
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }),
+            None,
         )
         .unwrap();
         // SAFETY: stand-in streams need no live handle.
@@ -549,6 +546,7 @@ mod tests {
                 let _ = go_rx.recv();
                 Ok(())
             }),
+            None,
         )
         .unwrap();
         let r = Arc::clone(&ran);
@@ -560,6 +558,7 @@ mod tests {
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }),
+            None,
         )
         .unwrap();
         q.abort();
@@ -571,7 +570,7 @@ mod tests {
         let e = q.failed().unwrap();
         assert_eq!(e.kind(), ErrorKind::Aborted, "{e}");
         let e = q
-            .enqueue(dev, &[s], Vec::new(), Box::new(|| Ok(())))
+            .enqueue(dev, &[s], Vec::new(), Box::new(|| Ok(())), None)
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Aborted);
     }
@@ -607,6 +606,7 @@ mod tests {
                     Err(Error::internal(format!("ran before the earlier copy: {v}")))
                 }
             }),
+            None,
         )
         .unwrap();
         // SAFETY: stand-in streams need no live handle.

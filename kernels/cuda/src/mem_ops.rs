@@ -1,8 +1,9 @@
 //! Stream memory operations: a caller's stream waits until a 32-bit flag in host-mapped pinned
 //! memory reaches a value (`cuStreamWaitValue32`), which the host writes when an operation the
-//! stream depends on is done (and, the other way, the stream writes a word the host polls,
-//! `cuStreamWriteValue32`, when the work queued before it is done). This is how a call made with a stream returns at once while work
-//! queued on the stream after it still waits for its result.
+//! stream depends on is done; the other way, the stream writes a word the host polls
+//! (`cuStreamWriteValue32`) once the work queued before it is done. This is how a call made
+//! with a stream returns at once while work queued on the stream after it still waits for its
+//! result.
 //!
 //! The calls are bound on first use, not when the driver loads: a driver without them still
 //! serves everything else, and [`MemOps::supported`] says no (the C ABI then falls back to
@@ -51,7 +52,8 @@ pub fn mem_ops(d: &Driver) -> &'static MemOps {
         let lib = d.library();
         // SAFETY: each type is the C signature of the named driver function (cuda.h):
         // CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) and
-        // cuStreamWriteValue32 with the same parameters (the `_v2` names have the same ones); cuMemHostAlloc(void **, size_t, unsigned int);
+        // cuStreamWriteValue32 with the same parameters (the `_v2` names have the same ones);
+        // cuMemHostAlloc(void **, size_t, unsigned int);
         // cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned int).
         unsafe {
             let wait = ["cuStreamWaitValue32_v2", "cuStreamWaitValue32"]

@@ -10,6 +10,7 @@
 //! | errors naming operation, rank and peer | [`Error`], [`ErrorKind`] |
 //! | an operation running in the background | [`Work`] |
 //! | sends and receives that run together | [`Group`] |
+//! | host buffers that peers on the host read without a copy | [`SharedBuf`] |
 //! | buffers on a GPU (or the host stand-in) for every collective | [`device`] ([`device::DeviceBuffer`], [`BufRef`], [`BufMut`]) |
 //!
 //! Ranks are usually processes started by a launcher (`ferrorun`, torchrun, srun, mpirun), each
@@ -51,12 +52,14 @@ mod exec;
 pub mod plan;
 pub mod profile;
 mod reduce;
+mod shared_buf;
 pub mod sim;
 pub mod topo;
 pub mod trace;
 mod wire;
 
 pub use comm::{BufMut, BufRef, Communicator, Config, Group, ReduceOp, Work};
+pub use shared_buf::SharedBuf;
 
 // The README's Rust examples compile as doctests (`cargo test --doc`).
 #[cfg(doctest)]

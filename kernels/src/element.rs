@@ -45,6 +45,32 @@ pub fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), len) }
 }
 
+/// Views bytes as elements: `None` unless `bytes` starts at an address aligned for `T` and
+/// holds a whole number of elements.
+pub fn from_bytes_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+        return None;
+    }
+    // SAFETY: aligned for `T` and a whole number of `T`s long (checked above); `Element`
+    // guarantees every bit pattern is a valid `T`; the mutable borrow of `bytes` is held for
+    // the lifetime of the result.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size)
+    })
+}
+
+/// Views bytes as elements (see [`from_bytes_mut`]).
+pub fn from_bytes<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+        return None;
+    }
+    // SAFETY: aligned for `T` and a whole number of `T`s long (checked above); `Element`
+    // guarantees every bit pattern is a valid `T`.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
 /// Reads one element from the start of `bytes` (any alignment).
 ///
 /// # Panics

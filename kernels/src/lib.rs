@@ -58,7 +58,7 @@ pub mod reference;
 pub mod simd;
 pub mod types;
 
-pub use element::{as_bytes, as_bytes_mut, Element};
+pub use element::{as_bytes, as_bytes_mut, from_bytes, from_bytes_mut, Element};
 pub use fp8::{Fp8E4M3, Fp8E5M2};
 pub use types::{DataType, ElemOp};
 

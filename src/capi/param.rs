@@ -86,6 +86,11 @@ static PARAMS: &[Param] = &[
         value: |c| c.shm_cma_min.to_string(),
     },
     Param {
+        key: "FERRO_SHM_MAPPED_MIN",
+        about: "smallest shm message read straight from a shared buffer, bytes",
+        value: |c| c.shm_mapped_min.to_string(),
+    },
+    Param {
         key: "FERRO_SHM_DIR",
         about: "directory of shared-memory segments",
         value: |c| c.shm_dir.display().to_string(),

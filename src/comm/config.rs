@@ -51,6 +51,10 @@ pub struct Config {
     /// `FERRO_SHM_CMA_MIN`: messages of at least this many bytes use cross-memory attach.
     /// Default 256 KiB.
     pub shm_cma_min: usize,
+    /// `FERRO_SHM_MAPPED_MIN` (`off` disables): messages of at least this many bytes that lie
+    /// in a shared buffer ([`crate::SharedBuf`]) are read by the receiver straight from it.
+    /// Default 64 KiB.
+    pub shm_mapped_min: usize,
     /// `FERRO_SHM_DIR`: where shared-memory segments are created. Default `/dev/shm`.
     pub shm_dir: PathBuf,
     /// `FERRO_SMALL_LANE_BYTES` (`0` disables): an allreduce of at most this many bytes on a
@@ -115,6 +119,7 @@ impl Default for Config {
             shm_ring_bytes: 4 << 20,
             shm_cma: false,
             shm_cma_min: 256 << 10,
+            shm_mapped_min: 64 << 10,
             shm_dir: PathBuf::from("/dev/shm"),
             small_lane_bytes: 96,
             check_root: true,
@@ -228,6 +233,14 @@ impl Config {
         if let Some(v) = var("FERRO_SHM_CMA_MIN") {
             c.shm_cma_min =
                 parse_size(&v).ok_or_else(|| bad("FERRO_SHM_CMA_MIN", &v, "a size like 256K"))?;
+        }
+        if let Some(v) = var("FERRO_SHM_MAPPED_MIN") {
+            c.shm_mapped_min = if v.trim().eq_ignore_ascii_case("off") {
+                usize::MAX
+            } else {
+                parse_size(&v)
+                    .ok_or_else(|| bad("FERRO_SHM_MAPPED_MIN", &v, "a size like 64K, or off"))?
+            };
         }
         if let Some(v) = var("FERRO_CHECK_ROOT") {
             c.check_root = flag(&v, "FERRO_CHECK_ROOT")?;
@@ -385,6 +398,16 @@ mod tests {
         assert!(with(&[("FERRO_SHM_CMA", "maybe")]).is_err());
         assert!(!Config::default().shm_cma);
         assert!(with(&[("FERRO_SHM_CMA", "1")]).unwrap().shm_cma);
+        assert_eq!(Config::default().shm_mapped_min, 64 << 10);
+        let off = with(&[("FERRO_SHM_MAPPED_MIN", "off")]).unwrap();
+        assert_eq!(off.shm_mapped_min, usize::MAX);
+        assert_eq!(
+            with(&[("FERRO_SHM_MAPPED_MIN", "1M")])
+                .unwrap()
+                .shm_mapped_min,
+            1 << 20
+        );
+        assert!(with(&[("FERRO_SHM_MAPPED_MIN", "soon")]).is_err());
         assert!(Config::default().check_root);
         assert!(!with(&[("FERRO_CHECK_ROOT", "0")]).unwrap().check_root);
     }

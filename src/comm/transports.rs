@@ -28,6 +28,7 @@ impl Settings<'_> {
             ring_bytes: c.shm_ring_bytes,
             cma: c.shm_cma,
             cma_min: c.shm_cma_min,
+            mapped_min: c.shm_mapped_min,
             dir: c.shm_dir.clone(),
             ..ShmConfig::default()
         }

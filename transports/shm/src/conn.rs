@@ -19,10 +19,17 @@
 //! read (one `tail` publication, one ring), and takes frames and small payloads from there; the
 //! bytes in the ring are the same either way.
 //!
+//! Large payloads (at least `mapped_min` bytes) that lie in a [`SharedMem`](crate::SharedMem)
+//! are not copied through the ring either: the frame names the buffer, and the receiver copies
+//! or reduces straight from its own mapping of it (`conn/mapped.rs`), acknowledging through
+//! `cma_acked` as for cross-memory attach. If the receiver cannot map it, it sets
+//! `MAPPED_DENIED` and the sender streams the rest through the ring.
+//!
 //! Flags in each ring's control block (all Release stores / Acquire loads):
 //! `PRODUCER_CLOSED` / `CONSUMER_CLOSED` — that side shut the connection down;
 //! `CMA_OK` — set by the consumer at setup when it can read the producer's memory;
-//! `CMA_DENIED` — set by the consumer when a read was refused.
+//! `CMA_DENIED` — set by the consumer when a read was refused;
+//! `MAPPED_DENIED` — set by the consumer when it could not map a shared buffer.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
@@ -34,12 +41,14 @@ use ferroccl_transport::{
 };
 
 mod lent;
+mod mapped;
 
 use crate::bell::Bell;
 use crate::cma::{self, CmaError};
 use crate::lane::{LaneBox, LANE_BYTES};
 use crate::ring::{Consumer, Producer, RawStorage, RingCtl};
 use crate::segment::{Mapping, OwnSegment, PeerSegment};
+use crate::shared::{self, PeerMaps};
 use crate::sync::Ordering;
 use crate::watch::{pidfd_open, PeerWatch};
 use crate::ShmConfig;
@@ -48,11 +57,13 @@ const PRODUCER_CLOSED: usize = 0;
 const CONSUMER_CLOSED: usize = 1;
 const CMA_OK: usize = 2;
 const CMA_DENIED: usize = 3;
+const MAPPED_DENIED: usize = 4;
 
 const FRAME_LEN: usize = 64;
 const FRAME_MAGIC: u32 = 0x4d53_5246; // "FRSM"
 const MODE_INLINE: u32 = 1;
 const MODE_CMA: u32 = 2;
+const MODE_MAPPED: u32 = 3;
 
 /// The largest payload written together with its frame in one ring write.
 const SMALL_PAYLOAD: usize = 448;
@@ -140,6 +151,9 @@ pub struct ShmConnection {
     rx_addr: u64,
     rx_len: u64,
     rx_cma_warned: bool,
+    rx_mapped_warned: bool,
+    /// The sender's shared buffers this rank has mapped.
+    rx_maps: PeerMaps,
     /// Bytes taken from the rx ring and not yet delivered: `ahead[ahead_pos..ahead_end]`.
     ahead: Box<[u8; READ_AHEAD]>,
     ahead_pos: usize,
@@ -208,6 +222,8 @@ impl ShmConnection {
             rx_addr: 0,
             rx_len: 0,
             rx_cma_warned: false,
+            rx_mapped_warned: false,
+            rx_maps: PeerMaps::new(peer_seg.owner_pid),
             ahead: Box::new([0u8; READ_AHEAD]),
             ahead_pos: 0,
             ahead_end: 0,
@@ -392,7 +408,7 @@ impl ShmConnection {
         let mode = u32_at(&frame, 4);
         let h = Header::decode(&hb)
             .filter(|_| u32_at(&frame, 0) == FRAME_MAGIC)
-            .filter(|_| mode == MODE_INLINE || mode == MODE_CMA)
+            .filter(|_| matches!(mode, MODE_INLINE | MODE_CMA | MODE_MAPPED))
             .ok_or_else(|| {
                 Error::remote(format!(
                     "garbled message frame from {} (the ring is out of step)",
@@ -423,6 +439,29 @@ impl ShmConnection {
             self.check_peer()
         }
     }
+
+    /// Acknowledges `n` bytes read from the sender's memory (cross-memory attach or a shared
+    /// buffer); `last`: they end the message.
+    fn acknowledge(&self, n: usize, last: bool) -> Result<()> {
+        // A sender that closed before the last acknowledgement below gave up (and may have
+        // reused its buffer) before we finished: what we read cannot be trusted. The flag is
+        // read before that acknowledgement is published: once the sender sees it, its send is
+        // complete and it may close (say, at the end of its last collective) while this rank
+        // is still here, which is no error. The Release below keeps this load before it.
+        let gave_up = last && self.rx.flag(PRODUCER_CLOSED);
+        // Release: only this side writes `cma_acked`; the sender may reuse its buffer once it
+        // sees the count.
+        self.rx
+            .ctl()
+            .cma_acked
+            .0
+            .fetch_add(n as u64, Ordering::Release);
+        self.peer_bell.ring();
+        if gave_up {
+            return Err(self.closed_error());
+        }
+        Ok(())
+    }
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -452,17 +491,31 @@ impl Connection for ShmConnection {
                 return Ok(false);
             }
             let cma = payload.len() >= self.cfg.cma_min.max(1) && self.cma_enabled();
-            if !cma && payload.len() <= SMALL_PAYLOAD {
+            let mapped = (!cma
+                && payload.len() >= self.cfg.mapped_min.max(SMALL_PAYLOAD + 1)
+                && !self.tx.flag(MAPPED_DENIED))
+            .then(|| shared::locate(payload.as_ptr() as usize, payload.len()))
+            .flatten();
+            if !cma && mapped.is_none() && payload.len() <= SMALL_PAYLOAD {
                 return self.send_small(header, payload, p);
             }
             let mut frame = [0u8; FRAME_LEN];
             frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
-            let mode = if cma { MODE_CMA } else { MODE_INLINE };
+            let words = match mapped {
+                _ if cma => Some((payload.as_ptr() as u64, payload.len() as u64)),
+                Some(at) => Some(at.encode()),
+                None => None,
+            };
+            let mode = match (cma, mapped) {
+                (true, _) => MODE_CMA,
+                (false, Some(_)) => MODE_MAPPED,
+                (false, None) => MODE_INLINE,
+            };
             frame[4..8].copy_from_slice(&mode.to_le_bytes());
             frame[8..48].copy_from_slice(&header.encode());
-            if cma {
-                frame[48..56].copy_from_slice(&(payload.as_ptr() as u64).to_le_bytes());
-                frame[56..64].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+            if let Some((a, b)) = words {
+                frame[48..56].copy_from_slice(&a.to_le_bytes());
+                frame[56..64].copy_from_slice(&b.to_le_bytes());
                 // Acquire: the receiver's acknowledgements so far; read before the frame is
                 // published, since the receiver may acknowledge this message right after.
                 self.tx_cma_base = self.tx.ctl().cma_acked.0.load(Ordering::Acquire);
@@ -478,9 +531,13 @@ impl Connection for ShmConnection {
             Self::start(p, payload.len());
             self.peer_bell.ring();
         }
-        if self.tx_mode == MODE_CMA {
+        if self.tx_mode == MODE_CMA || self.tx_mode == MODE_MAPPED {
             // Denied is read before the acknowledgement count, which the receiver stored first.
-            let denied = self.tx.flag(CMA_DENIED);
+            let denied = self.tx.flag(if self.tx_mode == MODE_CMA {
+                CMA_DENIED
+            } else {
+                MAPPED_DENIED
+            });
             let before = p.parts[0].pos;
             self.take_acks(payload.len(), p);
             if p.parts[0].pos < payload.len() {
@@ -531,6 +588,9 @@ impl Connection for ShmConnection {
             }
             Self::start(p, payload.len());
         }
+        if self.rx_mode == MODE_MAPPED && self.recv_mapped(payload, p)? {
+            return Ok(p.done());
+        }
         let pos = p.parts[0].pos;
         let end = payload.len().min(pos + self.cfg.max_io.max(4096));
         if pos == end {
@@ -545,24 +605,7 @@ impl Connection for ShmConnection {
                 Ok(0) => self.check_peer()?,
                 Ok(n) => {
                     p.parts[0].pos += n;
-                    // A sender that closed before the last acknowledgement below gave up
-                    // (and may have released its buffer) before we finished: what we read
-                    // cannot be trusted. The flag is read before that acknowledgement is
-                    // published: once the sender sees it, its send is complete and it may
-                    // close (say, at the end of its last collective) while this rank is still
-                    // here, which is no error. The Release below keeps this load before it.
-                    let gave_up = p.done() && self.rx.flag(PRODUCER_CLOSED);
-                    // Release: only this side writes `cma_acked`; the sender may reuse its
-                    // buffer once it sees the count.
-                    self.rx
-                        .ctl()
-                        .cma_acked
-                        .0
-                        .fetch_add(n as u64, Ordering::Release);
-                    self.peer_bell.ring();
-                    if gave_up {
-                        return Err(self.closed_error());
-                    }
+                    self.acknowledge(n, p.done())?;
                 }
                 Err(CmaError::Denied(errno)) => {
                     if !self.rx_cma_warned {

@@ -7,7 +7,8 @@
 //! | [`PeerSegment`] | a peer's segment, mapped by this rank to produce into its ring |
 //! | [`ShmConnection`] | one peer pair: the two rings, doorbells, cross-memory attach for large payloads |
 //! | [`ShmTransport`] | setup: segment names as connect handles, connections where both sides mapped |
-//! | [`ShmConfig`] | ring size, cross-memory attach threshold, directory |
+//! | [`SharedMem`] | a host buffer that peers on the host read straight from when it is sent |
+//! | [`ShmConfig`] | ring size, cross-memory attach and shared-buffer thresholds, directory |
 //! | [`sweep_dead_segments`] | removes segments whose owner process is gone |
 //!
 //! Setup, per communicator: every rank that has peers on its host creates its segment and
@@ -40,6 +41,8 @@ mod segment;
 #[cfg(not(loom))]
 mod setup;
 #[cfg(not(loom))]
+mod shared;
+#[cfg(not(loom))]
 mod sweep;
 #[cfg(not(loom))]
 mod watch;
@@ -56,6 +59,8 @@ pub use lane::LANE_BYTES;
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
 #[cfg(not(loom))]
 pub use setup::ShmTransport;
+#[cfg(not(loom))]
+pub use shared::SharedMem;
 #[cfg(not(loom))]
 pub use sweep::sweep_dead_segments;
 #[cfg(not(loom))]
@@ -74,6 +79,10 @@ pub struct ShmConfig {
     /// Payloads of at least this many bytes use cross-memory attach. `FERRO_SHM_CMA_MIN`,
     /// default 256 KiB.
     pub cma_min: usize,
+    /// Payloads of at least this many bytes that lie in a [`SharedMem`] are read by the receiver
+    /// straight from it instead of through the ring; `usize::MAX` turns that off.
+    /// `FERRO_SHM_MAPPED_MIN`, default 64 KiB.
+    pub mapped_min: usize,
     /// Most bytes one `send`/`recv` call moves, so that the executor can interleave work (reduce
     /// what arrived while it is in cache). Default 512 KiB.
     pub max_io: usize,
@@ -87,6 +96,7 @@ impl Default for ShmConfig {
             ring_bytes: 4 << 20,
             cma: false,
             cma_min: 256 << 10,
+            mapped_min: 64 << 10,
             max_io: 512 << 10,
             dir: PathBuf::from("/dev/shm"),
         }

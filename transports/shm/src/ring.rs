@@ -33,9 +33,10 @@ pub(crate) struct RingCtl {
     /// Bytes ever read by the consumer.
     pub tail: Padded<AtomicU64>,
     /// Connection-level flags (see the connection module): closed by either side, cross-memory
-    /// attach allowed / denied.
-    pub flags: Padded<[AtomicU32; 4]>,
-    /// Cross-memory attach: payload bytes the consumer has read from the producer's memory, ever.
+    /// attach allowed / denied, shared-buffer reads denied.
+    pub flags: Padded<[AtomicU32; 5]>,
+    /// Cross-memory attach and shared buffers: payload bytes the consumer has read from the
+    /// producer's memory, ever.
     pub cma_acked: Padded<AtomicU64>,
 }
 
@@ -47,6 +48,7 @@ impl RingCtl {
             head: Padded(AtomicU64::new(0)),
             tail: Padded(AtomicU64::new(0)),
             flags: Padded([
+                AtomicU32::new(0),
                 AtomicU32::new(0),
                 AtomicU32::new(0),
                 AtomicU32::new(0),

@@ -32,7 +32,7 @@ use crate::lane::LaneBox;
 use crate::ring::RingCtl;
 
 const SEG_MAGIC: u64 = 0x4d48_5353_4c43_5246; // "FRCLSSHM"
-const SEG_VERSION: u32 = 2;
+const SEG_VERSION: u32 = 3;
 /// Bytes before the first slot.
 pub(crate) const HDR_BYTES: usize = 4096;
 /// Bytes of a slot's control page.

@@ -75,6 +75,7 @@ fn conformance_cross_memory_attach() {
         cma_min: 1 << 14,
         max_io: 1 << 16,
         dir: dir.clone(),
+        ..ShmConfig::default()
     };
     let opts = Options {
         threads: true,
@@ -115,6 +116,7 @@ fn large_messages_by_cross_memory_attach() {
         cma_min: 10_000,
         max_io: 1 << 16,
         dir: dir.clone(),
+        ..ShmConfig::default()
     };
     let (mut a, mut b) = pair(&cfg);
     if !a.cma_enabled() {
@@ -284,6 +286,7 @@ fn a_peer_that_closes_right_after_its_last_message_is_no_error() {
         cma_min: 1 << 12,
         max_io: 1 << 16,
         dir: dir.clone(),
+        ..ShmConfig::default()
     };
     for i in 0..400 {
         // The receiver acknowledges the last piece and closes; the sender, still waiting
@@ -307,6 +310,7 @@ fn queued_small_and_large_messages_arrive_whole_and_in_order() {
             cma_min: 1 << 13,
             max_io: 1 << 16,
             dir: dir.clone(),
+            ..ShmConfig::default()
         };
         let (mut a, mut b) = pair(&cfg);
         let cycle = [0, 1, 7, 63, 64, 65, 447, 448, 449, 960, 1000, 5000, 9000];
@@ -344,4 +348,145 @@ fn queued_small_and_large_messages_arrive_whole_and_in_order() {
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Messages whose payload lies in a [`SharedMem`]: the receiver reads them from its mapping of
+/// the sender's buffer (copied out, or lent to a sink), or, where it cannot map it, through the
+/// ring; every byte arrives either way.
+mod shared_buffers {
+    use super::*;
+
+    fn cfg(dir: &std::path::Path) -> ShmConfig {
+        ShmConfig {
+            ring_bytes: 1 << 16,
+            mapped_min: 1 << 12,
+            max_io: 1 << 16,
+            dir: dir.to_path_buf(),
+            ..ShmConfig::default()
+        }
+    }
+
+    /// Sends `sizes` from one shared buffer, each message at its own offset; the receiver
+    /// takes the odd ones with `recv` and the even ones with `recv_lent` (4-byte elements).
+    fn send_from_shared(a: &mut ShmConnection, b: &mut ShmConnection, sizes: &[usize]) {
+        let total: usize = sizes.iter().sum::<usize>() + 3;
+        let mut buf = SharedMem::new(total).unwrap();
+        for (i, x) in buf.as_mut_slice().iter_mut().enumerate() {
+            *x = (i * 7 % 253) as u8;
+        }
+        let buf = &buf;
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                // Odd offsets too: a payload need not start where the buffer does.
+                let mut off = 3;
+                for (k, &n) in sizes.iter().enumerate() {
+                    let m = &buf.as_slice()[off..off + n];
+                    let mut p = Progress::default();
+                    let t = Instant::now();
+                    while !a
+                        .send(&header(n, k as u64), Payload::Host(m), &mut p)
+                        .unwrap()
+                    {
+                        assert!(t.elapsed() < Duration::from_secs(20), "send {k} stuck");
+                    }
+                    off += n;
+                }
+            });
+            let mut off = 3;
+            for (k, &n) in sizes.iter().enumerate() {
+                let want = &buf.as_slice()[off..off + n];
+                let mut got = vec![0u8; n];
+                let mut h = Header::default();
+                let mut p = Progress::default();
+                let t = Instant::now();
+                loop {
+                    let done = if k % 2 == 1 {
+                        b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap()
+                    } else {
+                        let got = &mut got;
+                        b.recv_lent(&mut h, n, 4, &mut p, &mut |at, bytes| {
+                            assert!(at % 4 == 0 && (bytes.len() % 4 == 0 || at + bytes.len() == n));
+                            got[at..at + bytes.len()].copy_from_slice(bytes);
+                            Ok(())
+                        })
+                        .unwrap()
+                    };
+                    if done {
+                        break;
+                    }
+                    assert!(t.elapsed() < Duration::from_secs(20), "recv {k} stuck");
+                }
+                assert_eq!(h.len, n as u64, "message {k}: header");
+                assert!(got == want, "message {k} of {n} bytes differs");
+                off += n;
+            }
+        });
+    }
+
+    const SIZES: [usize; 9] = [4095, 4096, 1 << 20, 5, 300_001, 4097, 1 << 16, 0, 70_000];
+
+    #[test]
+    fn are_read_straight_from_the_senders_buffer() {
+        let dir = tmp_dir("mapped");
+        let (mut a, mut b) = pair(&cfg(&dir));
+        send_from_shared(&mut a, &mut b, &SIZES);
+        assert_eq!(
+            b.mapped_buffers(),
+            1,
+            "the receiver mapped the sender's buffer"
+        );
+        send_from_shared(&mut b, &mut a, &SIZES);
+        // A second buffer after the first was freed: the first one's mapping goes.
+        send_from_shared(&mut a, &mut b, &[1 << 17]);
+        assert_eq!(b.mapped_buffers(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn go_through_the_ring_when_the_receiver_cannot_map_them() {
+        let dir = tmp_dir("mapped-denied");
+        let (mut a, mut b) = pair(&cfg(&dir));
+        b.lose_peer_buffers_for_test();
+        send_from_shared(&mut a, &mut b, &SIZES);
+        assert_eq!(b.mapped_buffers(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn go_through_the_ring_when_turned_off() {
+        let dir = tmp_dir("mapped-off");
+        let c = ShmConfig {
+            mapped_min: usize::MAX,
+            ..cfg(&dir)
+        };
+        let (mut a, mut b) = pair(&c);
+        send_from_shared(&mut a, &mut b, &SIZES);
+        assert_eq!(b.mapped_buffers(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_receiver_that_closes_after_the_last_acknowledgement_is_no_error() {
+        let dir = tmp_dir("mapped-close");
+        for i in 0..200 {
+            let (mut a, mut b) = pair(&cfg(&dir));
+            let n = (1 << 12) + i * 37;
+            let mut buf = SharedMem::new(n).unwrap();
+            buf.as_mut_slice().fill(i as u8);
+            let mut got = vec![0u8; n];
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let mut p = Progress::default();
+                    let m = buf.as_slice();
+                    while !a.send(&header(n, 1), Payload::Host(m), &mut p).unwrap() {}
+                });
+                let mut h = Header::default();
+                let mut p = Progress::default();
+                while !b.recv(&mut h, PayloadMut::Host(&mut got), &mut p).unwrap() {}
+                b.shutdown();
+            });
+            assert!(got == buf.as_slice(), "{n} bytes differ");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -2,6 +2,9 @@
 //! ring ([`Connection::recv_lent`](ferroccl_transport::Connection::recv_lent)), so a
 //! receive-reduce reads each byte once, where it landed, instead of copying it out first.
 //!
+//! A payload left in a shared buffer is lent from the receiver's mapping of that buffer instead
+//! (`mapped.rs`).
+//!
 //! Pieces are whole elements (`granule` bytes): where an element straddles the ring's wrap, or
 //! the producer has written only part of one, the bytes go through the read-ahead buffer, which
 //! joins them. Bytes already in the read-ahead buffer (taken with a frame) are handed from
@@ -9,11 +12,11 @@
 
 use ferroccl_transport::{Error, Header, Progress, Result};
 
-use super::{ShmConnection, MODE_CMA};
+use super::{ShmConnection, MODE_CMA, MODE_MAPPED};
 
 /// Most bytes handed to the sink at once, so that the sender may refill the ring behind a
 /// reduction in progress (a multiple of every element size).
-const PIECE: usize = 64 << 10;
+pub(super) const PIECE: usize = 64 << 10;
 
 impl ShmConnection {
     /// [`Connection::recv_lent`](ferroccl_transport::Connection::recv_lent) for this
@@ -46,6 +49,9 @@ impl ShmConnection {
                 )));
             }
             Self::start(p, len);
+        }
+        if self.rx_mode == MODE_MAPPED && self.lend_mapped(len, granule, p, sink)? {
+            return Ok(p.done());
         }
         let g = granule.max(1);
         let start = p.parts[0].pos;
@@ -109,7 +115,7 @@ impl ShmConnection {
 
 /// How many of `avail` bytes at payload offset `pos` (of `len`) may go out as one piece: a
 /// whole number of `granule`-byte elements, or everything up to the end of the message.
-fn whole(avail: usize, pos: usize, len: usize, granule: usize) -> usize {
+pub(super) fn whole(avail: usize, pos: usize, len: usize, granule: usize) -> usize {
     if pos + avail == len {
         avail
     } else {

@@ -93,6 +93,10 @@ pub struct Args {
     /// `FERRO_DEVICE_PROVIDER` (default `cuda`) and run the device collectives. Off (host
     /// buffers) by default.
     pub device_buffers: bool,
+    /// `-R 1` / `-R 2` (nccl-tests' buffer registration): host buffers in shared memory
+    /// ([`ferroccl::SharedBuf`]), which the shared-memory transport lets peers on the host
+    /// read without copying them through its rings. With `-B 1` it has no effect. Default 0.
+    pub local_register: u32,
     /// Minimum average bus bandwidth in GB/s (nccl-tests' `NCCL_TESTS_MIN_BW`): below 90 %
     /// of it the run fails. Not a flag: see [`min_bw_from_env`].
     pub min_busbw: Option<f64>,
@@ -125,6 +129,7 @@ impl Default for Args {
             ignored: Vec::new(),
             argv: Vec::new(),
             device_buffers: false,
+            local_register: 0,
             min_busbw: None,
         }
     }
@@ -199,7 +204,7 @@ const FLAGS: &[Flag] = &[
     gpu('S', "report_timestamps"),
     flag('J', "output_file"),
     flag('a', "average"),
-    gpu('R', "local_register"),
+    flag('R', "local_register"),
     gpu('x', "cta_policy"),
     gpu('D', "device_implementation"),
     gpu('V', "device_cta_count"),
@@ -251,7 +256,7 @@ pub fn usage(program: &str) -> String {
 [-S,--report_timestamps <0/1>] (ignored) \n\t\
 [-J,--output_file <file> write results as JSON to this file] \n\t\
 [-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>] \n\t\
-[-R,--local_register <0/1/2>] (ignored: GPU only) \n\t\
+[-R,--local_register <0/1/2> 1 or 2: host buffers in shared memory, read by peers without a copy] \n\t\
 [-x,--cta_policy <0/1/2>] (ignored: GPU only) \n\t\
 [-D,--device_implementation <n>] (ignored: GPU only) \n\t\
 [-V,--device_cta_count <n>] (ignored: GPU only) \n\t\
@@ -462,6 +467,7 @@ impl Args {
             }
             'u' => self.unalign = size()?,
             'B' => self.device_buffers = int(0, 1)? == 1,
+            'R' => self.local_register = int(0, 2)? as u32,
             'J' => {
                 if value.is_empty() {
                     return Err(invalid("empty file name for 'output_file'".into()));
@@ -605,7 +611,11 @@ mod tests {
     #[test]
     fn gpu_only_flags_are_recorded() {
         let a = parse("-G 1 -R 2 -g 4 -y 1 --cta_policy=1").unwrap();
-        assert_eq!(a.ignored, ["-G 1", "-R 2", "-g 4", "-y 1", "-x 1"]);
+        assert_eq!(a.ignored, ["-G 1", "-g 4", "-y 1", "-x 1"]);
+        assert_eq!(a.local_register, 2);
+        assert_eq!(parse("").unwrap().local_register, 0);
+        assert_eq!(parse("--local_register=1").unwrap().local_register, 1);
+        assert!(parse("-R 3").is_err());
         assert_eq!(a.ngpus, 4);
     }
 

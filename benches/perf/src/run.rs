@@ -7,9 +7,10 @@ use crate::data::{self, DataSpec, TestBuffers};
 use crate::json::{self, Json};
 use crate::report::{self, Measure, Row};
 use crate::sizes;
-use ferroccl::{DataType, Error, Result};
+use ferroccl::{DataType, Error, Result, SharedBuf};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -223,25 +224,71 @@ fn open_json(path: &Path) -> std::io::Result<(File, PathBuf)> {
     ))
 }
 
+/// A send or receive buffer: ordinary memory, or shared memory (`-R 1`).
+enum Bytes {
+    Plain(Vec<u8>),
+    Shared(SharedBuf<u8>),
+}
+
+impl Default for Bytes {
+    fn default() -> Self {
+        Bytes::Plain(Vec::new())
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Plain(v) => v,
+            Bytes::Shared(b) => b,
+        }
+    }
+}
+
+impl DerefMut for Bytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Bytes::Plain(v) => v,
+            Bytes::Shared(b) => b,
+        }
+    }
+}
+
+impl Bytes {
+    /// At least `n` bytes (contents are not kept: every test fills its buffers).
+    fn reserve(&mut self, n: usize, shared: bool) -> Result<()> {
+        if self.len() >= n {
+            return Ok(());
+        }
+        *self = if shared {
+            Bytes::Shared(SharedBuf::zeroed(n)?)
+        } else {
+            Bytes::Plain(vec![0; n])
+        };
+        Ok(())
+    }
+}
+
 /// Reusable buffers of one rank.
 #[derive(Default)]
 struct Buffers {
-    send: Vec<u8>,
-    recv: Vec<u8>,
+    /// Send and receive buffers in shared memory (`-R`).
+    shared: bool,
+    send: Bytes,
+    recv: Bytes,
     expected: Vec<u8>,
 }
 
 impl Buffers {
-    fn reserve(&mut self, send: usize, recv: usize, expected: usize) {
-        for (v, n) in [
-            (&mut self.send, send),
-            (&mut self.recv, recv),
-            (&mut self.expected, expected),
-        ] {
-            if v.len() < n {
-                v.resize(n, 0);
-            }
+    fn reserve(&mut self, send: usize, recv: usize, expected: usize) -> Result<()> {
+        self.send.reserve(send, self.shared)?;
+        self.recv.reserve(recv, self.shared)?;
+        if self.expected.len() < expected {
+            self.expected.resize(expected, 0);
         }
+        Ok(())
     }
 }
 
@@ -317,6 +364,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
             send,
             recv,
             expected,
+            ..
         } = &mut self.bufs;
         data::prepare(
             t.coll,
@@ -429,7 +477,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
             recv_max = recv_max.max(layout.inplace_count() * es);
         }
         self.bufs
-            .reserve(send_max + args.unalign, recv_max + args.unalign, recv_max);
+            .reserve(send_max + args.unalign, recv_max + args.unalign, recv_max)?;
 
         self.comm.barrier()?;
         for layout in &warmup_layouts {
@@ -542,7 +590,10 @@ pub fn run_perf<C: PerfComm>(
     let mut driver = Driver {
         comm,
         args,
-        bufs: Buffers::default(),
+        bufs: Buffers {
+            shared: args.local_register > 0 && !args.device_buffers,
+            ..Buffers::default()
+        },
         rep: 0,
         local_errors: 0,
         wrong_total: 0,

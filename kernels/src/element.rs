@@ -49,7 +49,9 @@ pub fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 /// holds a whole number of elements.
 pub fn from_bytes_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+    if !bytes.len().is_multiple_of(size)
+        || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
+    {
         return None;
     }
     // SAFETY: aligned for `T` and a whole number of `T`s long (checked above); `Element`
@@ -63,7 +65,9 @@ pub fn from_bytes_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
 /// Views bytes as elements (see [`from_bytes_mut`]).
 pub fn from_bytes<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+    if !bytes.len().is_multiple_of(size)
+        || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
+    {
         return None;
     }
     // SAFETY: aligned for `T` and a whole number of `T`s long (checked above); `Element`

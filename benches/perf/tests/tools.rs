@@ -510,3 +510,49 @@ fn wrong_flag_exits_2() {
     assert_eq!(outs[0].status.code(), Some(2), "{}", lossy(&outs[0].stderr));
     assert!(lossy(&outs[0].stderr).contains("invalid datatype 'float128'"));
 }
+
+/// `-R 1`: buffers in shared memory, ranks as processes over the shared-memory transport, so
+/// every message of 64 KiB or more is read by the receiving process straight from the
+/// sender's buffer (mapped through `/proc/<pid>/fd`). Sizes up to 4 MiB (beyond one ring),
+/// misaligned buffers, 2 and 3 ranks; no rank may have fallen back to the ring.
+#[test]
+fn shared_buffers_across_processes() {
+    let tools = [
+        ("all_reduce_perf", &["-d", "float", "-o", "sum"][..]),
+        ("all_reduce_perf", &["-d", "int64", "-o", "max"][..]),
+        ("reduce_scatter_perf", &["-d", "float"][..]),
+        ("all_gather_perf", &[][..]),
+        ("broadcast_perf", &["-r", "all"][..]),
+        ("alltoall_perf", &[][..]),
+        ("sendrecv_perf", &[][..]),
+    ];
+    for (name, flags) in tools {
+        for n in [2, 3] {
+            let what = format!("{name} -R 1 as {n} processes");
+            let mut args = vec![
+                "-b", "8", "-e", "4M", "-f", "8", "-n", "2", "-w", "1", "-u", "4", "-R", "1",
+            ];
+            args.extend(flags);
+            let store_env = ferro_env(n, name);
+            let env = move |r| {
+                let mut e = store_env(r);
+                e.retain(|(k, _)| k != "FERRO_TRANSPORTS");
+                e.push(("FERRO_TRANSPORTS".into(), "shm".into()));
+                e
+            };
+            let tool = Tool {
+                bin: name,
+                thread_flags: &[],
+                process_flags: &[],
+                rank_counts: &[],
+            };
+            let outs = run_processes(exe(&tool), &args, n, &env, &what);
+            // 8 B .. 2 MiB by 8: 7 sizes.
+            check_outputs(&outs, 7 * rows(flags, n) / SIZES, &what);
+            for (r, o) in outs.iter().enumerate() {
+                let err = lossy(&o.stderr);
+                assert!(!err.contains("cannot map"), "{what}: rank {r}\n{err}");
+            }
+        }
+    }
+}

@@ -22,6 +22,21 @@ fn c_program_runs_every_collective_on_1_2_3_processes() {
 
 /// `tests/c/streams.c` on the host stand-in: device buffers with a non-NULL stream on 1-3
 /// processes, one thread driving 3 communicators through groups, and the no-driver errors.
+/// `ferroccl.h`'s shared memory: buffers from `ferrocclMemAllocShared`, read by the other
+/// processes straight from the sender's block (4 MiB messages over shm), on 1-3 processes.
+#[test]
+fn c_program_runs_collectives_on_shared_memory_buffers() {
+    let exe = gcc(
+        "collectives.c",
+        "collectives_shared",
+        &[&our_include()],
+        true,
+    );
+    for n in ["1", "2", "3"] {
+        run_c(&exe, &[n, "shared"], &[("FERRO_TRANSPORTS", "shm")]);
+    }
+}
+
 #[test]
 fn c_program_runs_collectives_on_streams_and_device_buffers() {
     let exe = gcc("streams.c", "streams", &[&our_include()], true);

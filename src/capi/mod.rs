@@ -21,6 +21,7 @@
 //! | `ncclParam*` | `param` |
 //! | non-NULL streams (device buffers), `ncclMemAlloc`, device binding at init | `stream` |
 //! | stream-ordered completion of calls with a stream (a queue per communicator) | `device::stream_queue` |
+//! | ferroccl's additions (`include/ferroccl.h`): host memory in shared memory | `shared` |
 //! | what is refused with a reason (device signals, encryption keys) | `unsupported` |
 //!
 //! Semantics on host memory:
@@ -97,6 +98,7 @@ mod life;
 mod ops;
 mod param;
 mod run;
+mod shared;
 mod simulate;
 mod stream;
 pub mod types;

@@ -7,6 +7,8 @@
  *   collectives NRANKS mismatch ranks disagree on a count: every rank gets an error naming the
  *                               counts (no hang), the async error stays set, abort succeeds
  *   collectives NRANKS rootmismatch  ranks disagree on a gather's root: every rank gets an error
+ *   collectives NRANKS shared   allreduce and sends of buffers from ferrocclMemAllocShared
+ *                               (ferroccl.h; built against another header, the mode is absent)
  *
  * Exit status 0 when every check passed. */
 #include <nccl.h>
@@ -18,6 +20,11 @@
 #include <unistd.h>
 
 #include "check.h"
+
+#if __has_include(<ferroccl.h>)
+#include <ferroccl.h>
+#define HAVE_FERROCCL_H 1
+#endif
 
 /* Every collective, on one communicator. */
 static void collectives(ncclComm_t comm) {
@@ -354,6 +361,49 @@ static int run_timeout(int rank, int n, ncclUniqueId id) {
   return 0;
 }
 
+#ifdef HAVE_FERROCCL_H
+/* Buffers in shared memory: a 4 MiB allreduce out of place and in place, and a ring of
+ * sends, every element checked; then the allocation's argument errors. */
+static int run_shared(int rank, int n, ncclUniqueId id) {
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  enum { C = 1 << 20 };
+  float *s, *r;
+  CHECK(ferrocclMemAllocShared((void **)&s, C * sizeof(float)));
+  CHECK(ferrocclMemAllocShared((void **)&r, C * sizeof(float) + 3));
+  EXPECT(s[0] == 0 && r[C - 1] == 0, "shared memory starts zeroed");
+  for (int i = 0; i < C; i++) s[i] = (float)(rank * 7 + i % 1000);
+  CHECK(ncclAllReduce(s, r, C, ncclFloat, ncclSum, comm, NULL));
+  for (int i = 0; i < C; i++) {
+    float want = (float)(7 * n * (n - 1) / 2 + n * (i % 1000));
+    EXPECT(r[i] == want, "shared allreduce [%d] = %f, want %f", i, r[i], want);
+  }
+  CHECK(ncclAllReduce(r, r, C, ncclFloat, ncclMax, comm, NULL));
+  EXPECT(r[C - 1] == (float)(7 * n * (n - 1) / 2 + n * ((C - 1) % 1000)), "in place max");
+  if (n > 1) {
+    for (int i = 0; i < C; i++) s[i] = (float)(rank + i);
+    CHECK(ncclGroupStart());
+    CHECK(ncclSend(s, C, ncclFloat, (rank + 1) % n, comm, NULL));
+    CHECK(ncclRecv(r, C, ncclFloat, (rank + n - 1) % n, comm, NULL));
+    CHECK(ncclGroupEnd());
+    int from = (rank + n - 1) % n;
+    for (int i = 0; i < C; i++)
+      EXPECT(r[i] == (float)(from + i), "shared recv [%d] = %f", i, r[i]);
+  }
+  CHECK(ferrocclMemFreeShared(s));
+  CHECK(ferrocclMemFreeShared(r));
+  CHECK(ferrocclMemFreeShared(NULL));
+  EXPECT_ERR(ferrocclMemFreeShared(s), ncclInvalidArgument, "ferrocclMemAllocShared");
+  int local = 0;
+  EXPECT_ERR(ferrocclMemFreeShared(&local), ncclInvalidArgument, "not allocated");
+  EXPECT_ERR(ferrocclMemAllocShared(NULL, 8), ncclInvalidArgument, "ptr");
+  void *p = NULL;
+  EXPECT_ERR(ferrocclMemAllocShared(&p, 0), ncclInvalidArgument, "size is 0");
+  CHECK(ncclCommDestroy(comm));
+  return 0;
+}
+#endif
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "pipe";
@@ -381,6 +431,9 @@ int main(int argc, char **argv) {
     fflush(stdout);
     if (strcmp(mode, "rootmismatch") == 0) _exit(run_root_mismatch(r, n, id));
     if (strcmp(mode, "timeout") == 0) _exit(run_timeout(r, n, id));
+#ifdef HAVE_FERROCCL_H
+    if (strcmp(mode, "shared") == 0) _exit(run_shared(r, n, id));
+#endif
     _exit(mismatch ? run_mismatch(r, n, id) : run_rank(r, n, id));
   }
   int failed = 0;

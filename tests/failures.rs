@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::child::{
     self, ferrorun_self, field, free_port, now_ms, self_command, serial, Finished, Running,
 };
-use ferroccl::{Communicator, ReduceOp};
+use ferroccl::{Communicator, ReduceOp, SharedBuf};
 
 /// The `FERRO_*` environment of rank `rank` of a hand-started job.
 fn rank_env(
@@ -64,8 +64,19 @@ fn child_dies_mid_allreduce() {
     }
     let comm = Communicator::from_env().expect("from_env");
     let r = comm.rank();
-    let send: Vec<f32> = (0..BIG).map(|i| ((i % 4096) * (r + 1)) as f32).collect();
-    let mut recv = vec![0f32; BIG];
+    let data: Vec<f32> = (0..BIG).map(|i| ((i % 4096) * (r + 1)) as f32).collect();
+    // SHARED_BUFFERS=1: the buffers are in shared memory, so peers read rank 2's messages
+    // straight from its buffer when it dies.
+    let shared = std::env::var("SHARED_BUFFERS").is_ok_and(|v| v == "1");
+    let mut send_shared = SharedBuf::from_slice(&data).expect("shared buffer");
+    let mut recv_shared = SharedBuf::<f32>::zeroed(BIG).expect("shared buffer");
+    let (mut send_vec, mut recv_vec) = (data.clone(), vec![0f32; BIG]);
+    let (send, mut recv): (&mut [f32], &mut [f32]) = if shared {
+        (&mut send_shared, &mut recv_shared)
+    } else {
+        (&mut send_vec, &mut recv_vec)
+    };
+    let send = &*send;
     for k in 0..3 {
         comm.all_reduce(&send, &mut recv, ReduceOp::Sum)
             .unwrap_or_else(|e| panic!("rank {r}, warm-up {k}: {e}"));
@@ -74,15 +85,22 @@ fn child_dies_mid_allreduce() {
         }
     }
     if r == 2 {
+        if shared {
+            // Blocking, from the shared buffers, on a thread, so the peers are reading this
+            // process's buffer when it dies.
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    let _ = comm.all_reduce(send, &mut *recv, ReduceOp::Sum);
+                });
+                std::thread::sleep(Duration::from_millis(30));
+                kill_self(r);
+            });
+        }
         let _work = comm
-            .all_reduce_async(send.clone(), ReduceOp::Sum)
+            .all_reduce_async(data.clone(), ReduceOp::Sum)
             .expect("issue");
         std::thread::sleep(Duration::from_millis(30));
-        println!("KILLING rank={r} at_ms={}", now_ms());
-        let _ = std::io::stdout().flush();
-        // SAFETY: kill(2) on this process; no memory is involved. It does not return.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        unreachable!("SIGKILL did not end the process");
+        kill_self(r);
     }
     for iter in 0..1000 {
         let t = Instant::now();
@@ -101,6 +119,15 @@ fn child_dies_mid_allreduce() {
         }
     }
     panic!("rank {r}: 1000 allreduces succeeded although rank 2 was killed");
+}
+
+/// Says when, then ends this process with SIGKILL.
+fn kill_self(r: usize) -> ! {
+    println!("KILLING rank={r} at_ms={}", now_ms());
+    let _ = std::io::stdout().flush();
+    // SAFETY: kill(2) on this process; no memory is involved. It does not return.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL did not end the process");
 }
 
 /// FERRO_TIMEOUT of the kill tests' ranks.
@@ -584,6 +611,17 @@ fn shm_files_of(pid: u32) -> Vec<String> {
 /// deadline naming the dead rank, and no segment of the job is left in /dev/shm.
 #[test]
 fn killed_rank_over_shared_memory_fails_survivors_and_leaves_no_segments() {
+    killed_rank_over_shared_memory(false);
+}
+
+/// The same with the buffers in shared memory ([`SharedBuf`]): the survivors are reading the
+/// dead rank's buffer, mapped into their own address space, when it dies.
+#[test]
+fn killed_rank_with_shared_buffers_fails_survivors() {
+    killed_rank_over_shared_memory(true);
+}
+
+fn killed_rank_over_shared_memory(shared: bool) {
     let _serial = serial();
     let store = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let job = job_id("dies-shm");
@@ -591,6 +629,7 @@ fn killed_rank_over_shared_memory_fails_survivors_and_leaves_no_segments() {
         .map(|r| {
             let mut env = rank_env(r, 3, store, &job, KILL_TIMEOUT_S);
             env.push(("FERRO_TRANSPORTS", "shm".to_string()));
+            env.push(("SHARED_BUFFERS", if shared { "1" } else { "0" }.to_string()));
             Running::spawn(self_command("child_dies_mid_allreduce", "dies", &env))
         })
         .collect();

@@ -78,7 +78,7 @@ fn child_dies_mid_allreduce() {
     };
     let send = &*send;
     for k in 0..3 {
-        comm.all_reduce(&send, &mut recv, ReduceOp::Sum)
+        comm.all_reduce(send, &mut *recv, ReduceOp::Sum)
             .unwrap_or_else(|e| panic!("rank {r}, warm-up {k}: {e}"));
         for i in [0, 1, 4095, 4097, BIG - 1] {
             assert_eq!(recv[i], ((i % 4096) * 6) as f32, "rank {r}, element {i}");
@@ -104,7 +104,7 @@ fn child_dies_mid_allreduce() {
     }
     for iter in 0..1000 {
         let t = Instant::now();
-        if let Err(e) = comm.all_reduce(&send, &mut recv, ReduceOp::Sum) {
+        if let Err(e) = comm.all_reduce(send, &mut *recv, ReduceOp::Sum) {
             println!(
                 "FAILED rank={r} iter={iter} call_ms={} at_ms={} error={e}",
                 t.elapsed().as_millis(),

@@ -71,7 +71,7 @@ fn child_dies_mid_allreduce() {
     let mut send_shared = SharedBuf::from_slice(&data).expect("shared buffer");
     let mut recv_shared = SharedBuf::<f32>::zeroed(BIG).expect("shared buffer");
     let (mut send_vec, mut recv_vec) = (data.clone(), vec![0f32; BIG]);
-    let (send, mut recv): (&mut [f32], &mut [f32]) = if shared {
+    let (send, recv): (&mut [f32], &mut [f32]) = if shared {
         (&mut send_shared, &mut recv_shared)
     } else {
         (&mut send_vec, &mut recv_vec)

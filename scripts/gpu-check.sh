@@ -72,6 +72,16 @@ if [ -x "$bundle/bin/ferroccl-device-check" ]; then
         step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 1,2
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- device buffers, stream order: PASS"; else echo "-- device buffers, stream order: FAIL (exit $rc)"; failed=1; fi
+    # 2c, a diagnostic that does not fail the check: 4 ranks in one process in stream order.
+    # Each rank's stream waits on a flag in host memory; when more streams than the device's
+    # hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) share queues, one rank's
+    # wait can hold back another rank's copies queued behind it. With 32 queues that cannot
+    # happen for 4 ranks: a pass here and a timeout without it points at queue sharing.
+    echo "-- 2c (diagnostic): stream-ordered, 4 ranks, CUDA_DEVICE_MAX_CONNECTIONS=32"
+    CUDA_DEVICE_MAX_CONNECTIONS=32 FERRO_DEVICE_PROVIDER=cuda FERRO_STREAM_WAITS=1 deadline=60 \
+        step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 4
+    rc=$?
+    if [ "$rc" -eq 0 ]; then echo "-- 2c: PASS"; else echo "-- 2c: FAIL (exit $rc; diagnostic only)"; fi
 else
     echo "-- device buffers: FAIL (bin/ferroccl-device-check missing from the bundle)"
     failed=1

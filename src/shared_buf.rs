@@ -20,6 +20,11 @@ use crate::Result;
 /// one process would. This is what NCCL's registered buffers (`ncclMemAlloc` with
 /// `ncclCommRegister`) are for on GPUs.
 ///
+/// A send from a `SharedBuf` completes when the peer has read it, not when the bytes are in
+/// the ring: two ranks that each [`send`](crate::Communicator::send) to the other before
+/// they receive need a [`Group`](crate::Group), as in NCCL (the same holds for any message
+/// larger than the ring). The asynchronous calls take a `SharedBuf` like a `Vec`.
+///
 /// ```
 /// use ferroccl::{Communicator, Config, ReduceOp, SharedBuf};
 ///
@@ -74,6 +79,18 @@ impl<T: Element> DerefMut for SharedBuf<T> {
     }
 }
 
+impl<T: Element> AsRef<[T]> for SharedBuf<T> {
+    fn as_ref(&self) -> &[T] {
+        self
+    }
+}
+
+impl<T: Element> AsMut<[T]> for SharedBuf<T> {
+    fn as_mut(&mut self) -> &mut [T] {
+        self
+    }
+}
+
 impl<T: Element> fmt::Debug for SharedBuf<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SharedBuf<{:?}>({} elements)", T::DTYPE, self.len())
@@ -96,5 +113,8 @@ mod tests {
         assert!(SharedBuf::<u8>::zeroed(0).unwrap().is_empty());
         assert!(SharedBuf::<u64>::zeroed(usize::MAX).is_err());
         assert!(format!("{c:?}").contains("2 elements"));
+        let mut d = c;
+        d.as_mut()[0] = 9.0;
+        assert_eq!(d.as_ref(), &[9.0, 2.5]);
     }
 }

@@ -7,6 +7,8 @@
 #   limit-shm  two threads of one process summing two f32 buffers out of place with no
 #              transport (allreduce_limit.c): the most a 2-rank shared-memory allreduce can do;
 #   shm        ferroccl, 2 processes, FERRO_TRANSPORTS=shm, out-of-place busbw;
+#   shared     the same with the buffers in shared memory (all_reduce_perf -R 1), which the
+#              peer reads straight from instead of through the rings;
 #   limit-tcp  two opposite single-stream iperf3 flows over loopback at once, per direction
 #              (the mean of the two): a 2-rank allreduce sends and receives its buffer's size
 #              on each rank, both ways at once;
@@ -38,10 +40,12 @@ ITERS=$((MIB >= 16 ? 20 : 200))
 
 limit_shm() { "$WORK/limit" "$MIB" 20 | sed -n 's/.*median \([0-9.]*\) GB.*/\1/p'; }
 
-# Out-of-place busbw (GB/s) of ferroccl's all_reduce_perf over transport $1.
+# Out-of-place busbw (GB/s) of ferroccl's all_reduce_perf over transport $1 (more flags after).
 ferro() {
-    FERRO_TRANSPORTS=$1 $BIN/ferrorun -n 2 -- $BIN/all_reduce_perf -b "$BYTES" -e "$BYTES" \
-        -n $ITERS -w 3 2>&1 | awk -v b="$BYTES" '$1 == "[0]" && $2 == b { print $8 }'
+    local transport=$1
+    shift
+    FERRO_TRANSPORTS=$transport $BIN/ferrorun -n 2 -- $BIN/all_reduce_perf -b "$BYTES" \
+        -e "$BYTES" -n $ITERS -w 3 "$@" 2>&1 | awk -v b="$BYTES" '$1 == "[0]" && $2 == b { print $8 }'
 }
 
 # Two opposite iperf3 flows over loopback at once, 4 s each; prints the mean receiver rate of
@@ -62,12 +66,15 @@ limit_tcp() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0 && a + 0 > 0) printf "%.0f %%", 100 * a / b; else print "-" }'; }
 
 echo "# $(nproc) cores, load at start: $(cut -d' ' -f1-3 /proc/loadavg); $MIB MiB, f32 sum, 2 ranks, out of place"
-printf '%-6s %10s %8s %8s %10s %8s %8s\n' round limit-shm shm ratio limit-tcp tcp ratio
+printf '%-6s %10s %8s %8s %8s %8s %10s %8s %8s\n' round limit-shm shm ratio shared ratio \
+    limit-tcp tcp ratio
 for r in $(seq 1 "$ROUNDS"); do
     ls=$(limit_shm)
     s=$(ferro shm)
+    sh=$(ferro shm -R 1)
     lt=$(limit_tcp)
     t=$(ferro tcp)
-    printf '%-6s %10s %8s %8s %10s %8s %8s\n' "$r" "$ls" "$s" "$(ratio "$s" "$ls")" "$lt" "$t" "$(ratio "$t" "$lt")"
+    printf '%-6s %10s %8s %8s %8s %8s %10s %8s %8s\n' "$r" "$ls" "$s" "$(ratio "$s" "$ls")" \
+        "$sh" "$(ratio "$sh" "$ls")" "$lt" "$t" "$(ratio "$t" "$lt")"
 done
 echo "# GB/s; load at end: $(cut -d' ' -f1-3 /proc/loadavg)"

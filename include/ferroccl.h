@@ -12,7 +12,7 @@ extern "C" {
 #endif
 
 /* Host memory in shared memory. Use it for host buffers (NULL stream) like any other memory;
- * ranks on the same host then read large messages (FERRO_SHM_MAPPED_MIN, default 64 KiB)
+ * ranks on the same host then read large messages (FERRO_SHM_MAPPED_MIN, default 512 KiB)
  * straight from it instead of through the shared-memory transport's rings, one copy fewer
  * per byte. The memory is zero-filled. ncclInvalidArgument for a NULL ptr or a size of 0;
  * ncclSystemError when the system refuses the memory. */

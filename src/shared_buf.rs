@@ -15,7 +15,7 @@ use crate::Result;
 /// Collectives and sends on ordinary slices work unchanged; when the slice lies in a
 /// `SharedBuf` and the peer is a rank on the same host, the shared-memory transport lets the
 /// peer read it straight from this buffer (for messages of at least `FERRO_SHM_MAPPED_MIN`
-/// bytes, default 64 KiB) instead of copying it through its ring first. That saves one pass
+/// bytes, default 512 KiB) instead of copying it through its ring first. That saves one pass
 /// over memory per byte sent: a 2-rank allreduce of two `SharedBuf`s moves what two threads of
 /// one process would. This is what NCCL's registered buffers (`ncclMemAlloc` with
 /// `ncclCommRegister`) are for on GPUs.

@@ -53,7 +53,7 @@ pub struct Config {
     pub shm_cma_min: usize,
     /// `FERRO_SHM_MAPPED_MIN` (`off` disables): messages of at least this many bytes that lie
     /// in a shared buffer ([`crate::SharedBuf`]) are read by the receiver straight from it.
-    /// Default 64 KiB.
+    /// Default 512 KiB.
     pub shm_mapped_min: usize,
     /// `FERRO_SHM_DIR`: where shared-memory segments are created. Default `/dev/shm`.
     pub shm_dir: PathBuf,
@@ -119,7 +119,7 @@ impl Default for Config {
             shm_ring_bytes: 4 << 20,
             shm_cma: false,
             shm_cma_min: 256 << 10,
-            shm_mapped_min: 64 << 10,
+            shm_mapped_min: 512 << 10,
             shm_dir: PathBuf::from("/dev/shm"),
             small_lane_bytes: 96,
             check_root: true,
@@ -398,7 +398,7 @@ mod tests {
         assert!(with(&[("FERRO_SHM_CMA", "maybe")]).is_err());
         assert!(!Config::default().shm_cma);
         assert!(with(&[("FERRO_SHM_CMA", "1")]).unwrap().shm_cma);
-        assert_eq!(Config::default().shm_mapped_min, 64 << 10);
+        assert_eq!(Config::default().shm_mapped_min, 512 << 10);
         let off = with(&[("FERRO_SHM_MAPPED_MIN", "off")]).unwrap();
         assert_eq!(off.shm_mapped_min, usize::MAX);
         assert_eq!(

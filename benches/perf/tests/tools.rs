@@ -512,7 +512,7 @@ fn wrong_flag_exits_2() {
 }
 
 /// `-R 1`: buffers in shared memory, ranks as processes over the shared-memory transport, so
-/// every message of 64 KiB or more is read by the receiving process straight from the
+/// every message of 512 KiB or more is read by the receiving process straight from the
 /// sender's buffer (mapped through `/proc/<pid>/fd`). Sizes up to 4 MiB (beyond one ring),
 /// misaligned buffers, 2 and 3 ranks; no rank may have fallen back to the ring.
 #[test]

@@ -81,7 +81,7 @@ pub struct ShmConfig {
     pub cma_min: usize,
     /// Payloads of at least this many bytes that lie in a [`SharedMem`] are read by the receiver
     /// straight from it instead of through the ring; `usize::MAX` turns that off.
-    /// `FERRO_SHM_MAPPED_MIN`, default 64 KiB.
+    /// `FERRO_SHM_MAPPED_MIN`, default 512 KiB.
     pub mapped_min: usize,
     /// Most bytes one `send`/`recv` call moves, so that the executor can interleave work (reduce
     /// what arrived while it is in cache). Default 512 KiB.
@@ -96,7 +96,7 @@ impl Default for ShmConfig {
             ring_bytes: 4 << 20,
             cma: false,
             cma_min: 256 << 10,
-            mapped_min: 64 << 10,
+            mapped_min: 512 << 10,
             max_io: 512 << 10,
             dir: PathBuf::from("/dev/shm"),
         }

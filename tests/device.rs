@@ -357,6 +357,110 @@ fn device_buffers_over_tcp_2_processes() {
     device_job(2, "tcp");
 }
 
+// ----- send/recv groups on device buffers -----
+
+/// Element `i` of what rank `r` sends in message `k`: distinct in every element.
+fn p2p_value(r: usize, k: usize, i: usize) -> f32 {
+    (r * 1_000_003 + k * 10_007 + i) as f32
+}
+
+/// Counts of the messages of the device send/recv job (the 2^20 + 3 one is larger than a
+/// p2p slot, so it takes several).
+const P2P_COUNTS: [usize; 5] = [0, 1, 7, (1 << 20) + 3, 65537];
+
+/// A rank of a device send/recv job: every message of [`P2P_COUNTS`] to the next rank in a
+/// ring, from the previous one, and to itself, in one group each, every element checked.
+#[test]
+fn child_device_groups() {
+    if !child::is_role("device-groups") {
+        return;
+    }
+    let comm = Communicator::from_env().expect("from_env");
+    let dev = Device::from_env(0).expect("device 0");
+    comm.set_device(dev).unwrap();
+    let (r, n) = (comm.rank(), comm.nranks());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    for (k, &count) in P2P_COUNTS.iter().enumerate() {
+        let mine: Vec<f32> = (0..count).map(|i| p2p_value(r, k, i)).collect();
+        let send = DeviceBuffer::from_host(dev, &mine).unwrap();
+        let mut from_prev = DeviceBuffer::<f32>::new(dev, count).unwrap();
+        let mut from_self = DeviceBuffer::<f32>::new(dev, count).unwrap();
+        let mut g = comm.group();
+        g.send_device(&send, next)
+            .recv_device(&mut from_prev, prev)
+            .send_device(&send, r)
+            .recv_device(&mut from_self, r);
+        g.run()
+            .unwrap_or_else(|e| panic!("rank {r}, {count} elements: {e}"));
+        let got = from_prev.to_vec().unwrap();
+        for (i, &v) in got.iter().enumerate() {
+            assert_eq!(v, p2p_value(prev, k, i), "rank {r}, {count} elements, element {i}");
+        }
+        assert_eq!(from_self.to_vec().unwrap(), mine, "rank {r}: to self");
+    }
+    // A receive of the wrong length is an error naming both lengths, not a wild write.
+    if n == 2 {
+        let send = DeviceBuffer::from_host(dev, &[1.0f32; 8]).unwrap();
+        let mut short = DeviceBuffer::<f32>::new(dev, 4).unwrap();
+        let mut g = comm.group();
+        if r == 0 {
+            g.send_device(&send, 1);
+        } else {
+            g.recv_device(&mut short, 0);
+        }
+        let e = g.run();
+        if r == 1 {
+            let e = e.expect_err("a short receive must fail");
+            assert!(e.to_string().contains("32"), "{e}");
+        }
+        println!("DEVICE-GROUPS rank={r} transport={} short=ok", comm.transport(1 - r).unwrap_or("self"));
+        return;
+    }
+    println!("DEVICE-GROUPS rank={r} transport={}", comm.transport(next).unwrap_or("self"));
+    comm.destroy().expect("destroy");
+}
+
+fn device_groups_job(n: usize, transport: &str) {
+    let _serial = child::serial();
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_TRANSPORTS", transport.to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+    ];
+    let out = ferrorun_self(n, None, "child_device_groups", "device-groups", &env, JOB_LIMIT);
+    let lines = out.tagged("DEVICE-GROUPS ");
+    if n == 2 {
+        // The short receive fails rank 1 (and so the job), after the good messages.
+        assert_eq!(lines.len(), 2, "{}", out.dump());
+    } else {
+        assert!(out.success(), "{}", out.dump());
+        assert_eq!(lines.len(), n, "{}", out.dump());
+    }
+    for l in &lines {
+        println!("{l}");
+        assert_eq!(field::<String>(l, "transport"), transport, "{l}");
+    }
+}
+
+/// Over the GPU peer-to-peer transport (its host provider, which reaches the stand-in's device
+/// memory): the group hands the device buffers to the transport itself.
+#[test]
+fn device_send_recv_groups_over_p2p_3_processes() {
+    device_groups_job(3, "p2p");
+}
+
+#[test]
+fn device_send_recv_groups_over_p2p_2_processes_and_a_short_receive() {
+    device_groups_job(2, "p2p");
+}
+
+/// Over shared memory, which reaches host memory only: through host copies.
+#[test]
+fn device_send_recv_groups_over_shm_3_processes() {
+    device_groups_job(3, "shm");
+}
+
 // ----- no driver -----
 
 /// A process without an NVIDIA driver and without the stand-in: allocating fails with the

@@ -161,7 +161,7 @@ impl Communicator {
     }
 
     /// The bound device, checked against a buffer's (`what`: send, receive).
-    fn device_for<T: Element>(
+    pub(super) fn device_for<T: Element>(
         &self,
         name: &str,
         what: &str,

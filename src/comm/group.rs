@@ -1,11 +1,52 @@
 //! Groups of point-to-point operations that run together.
+//!
+//! Device buffers go straight to a transport that reads and writes their memory (the GPU
+//! peer-to-peer transport); to any other, through host copies made before the group's step
+//! (sends) and after it (receives).
 
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
+use ferroccl_transport::MemRef;
 
 use super::Communicator;
+use crate::device::DeviceBuffer;
 use crate::exec::{OpContext, RawOp};
 use crate::wire::{kind, op};
 use crate::{Error, Result};
+
+/// A device buffer of any element type, as a group handles it.
+trait DeviceBytes: std::fmt::Debug {
+    /// Where it is.
+    fn mem(&self) -> MemRef;
+    /// Checks it is live memory of the communicator's device; waits for queued stream jobs
+    /// that use it.
+    fn ready(&self, comm: &Communicator, what: &str) -> Result<()>;
+    /// Its bytes, copied to the host.
+    fn to_host(&self) -> Result<Vec<u8>>;
+    /// Overwrites it with `src` (exactly its size).
+    fn from_host(&mut self, src: &[u8]) -> Result<()>;
+}
+
+impl<T: Element> DeviceBytes for DeviceBuffer<T> {
+    fn mem(&self) -> MemRef {
+        DeviceBuffer::mem(self)
+    }
+
+    fn ready(&self, comm: &Communicator, what: &str) -> Result<()> {
+        comm.device_for("send/recv group", what, self)?;
+        self.wait_idle();
+        Ok(())
+    }
+
+    fn to_host(&self) -> Result<Vec<u8>> {
+        Ok(as_bytes(&self.to_vec()?).to_vec())
+    }
+
+    fn from_host(&mut self, src: &[u8]) -> Result<()> {
+        let mut v: Vec<T> = self.to_vec()?;
+        as_bytes_mut(&mut v).copy_from_slice(src);
+        self.copy_from_host(&v)
+    }
+}
 
 #[derive(Debug)]
 enum P2p<'a> {
@@ -16,6 +57,16 @@ enum P2p<'a> {
     },
     Recv {
         buf: &'a mut [u8],
+        dtype: DataType,
+        peer: usize,
+    },
+    SendDevice {
+        buf: &'a dyn DeviceBytes,
+        dtype: DataType,
+        peer: usize,
+    },
+    RecvDevice {
+        buf: &'a mut dyn DeviceBytes,
         dtype: DataType,
         peer: usize,
     },
@@ -78,6 +129,32 @@ impl<'a> Group<'a> {
         self
     }
 
+    /// Adds a send of the device buffer `buf` to `peer` (the communicator's device, bound with
+    /// [`Communicator::set_device`]). Over a transport that reaches device memory (the GPU
+    /// peer-to-peer transport) it leaves from the buffer itself; otherwise through a host copy.
+    pub fn send_device<T: Element>(&mut self, buf: &'a DeviceBuffer<T>, peer: usize) -> &mut Self {
+        self.ops.push(P2p::SendDevice {
+            buf,
+            dtype: T::DTYPE,
+            peer,
+        });
+        self
+    }
+
+    /// Adds a receive from `peer` into the device buffer `buf` (see [`Group::send_device`]).
+    pub fn recv_device<T: Element>(
+        &mut self,
+        buf: &'a mut DeviceBuffer<T>,
+        peer: usize,
+    ) -> &mut Self {
+        self.ops.push(P2p::RecvDevice {
+            buf,
+            dtype: T::DTYPE,
+            peer,
+        });
+        self
+    }
+
     /// Runs every operation of the group and waits for all of them.
     pub fn run(self) -> Result<()> {
         // Stream jobs queued earlier run first, on every rank alike.
@@ -90,8 +167,8 @@ impl<'a> Group<'a> {
             + 1;
         for o in &self.ops {
             let (peer, what) = match o {
-                P2p::Send { peer, .. } => (*peer, "send"),
-                P2p::Recv { peer, .. } => (*peer, "recv"),
+                P2p::Send { peer, .. } | P2p::SendDevice { peer, .. } => (*peer, "send"),
+                P2p::Recv { peer, .. } | P2p::RecvDevice { peer, .. } => (*peer, "recv"),
             };
             if peer >= n {
                 return Err(Error::invalid_argument(format!(
@@ -103,15 +180,74 @@ impl<'a> Group<'a> {
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
+        for o in &self.ops {
+            match o {
+                P2p::SendDevice { buf, .. } => buf.ready(self.comm, "send")?,
+                P2p::RecvDevice { buf, .. } => buf.ready(self.comm, "receive")?,
+                _ => {}
+            }
+        }
         let ticket = inner.ticket();
         let mut ops = self.ops;
         inner.execute(ticket, |engine| {
+            // Device buffers that go through host copies: the copies, kept for the call.
+            let mut sent_copies: Vec<Vec<u8>> = Vec::new();
+            let mut recv_copies: Vec<(usize, Vec<u8>)> = Vec::new();
+            let direct = |engine: &crate::exec::Engine, peer: usize, mem: &MemRef| {
+                peer != rank && engine.accepts(peer, mem.space)
+            };
+            for o in ops.iter() {
+                if let P2p::SendDevice { buf, peer, .. } = o {
+                    if !direct(engine, *peer, &buf.mem()) {
+                        sent_copies.push(buf.to_host()?);
+                    }
+                }
+            }
+            for (i, o) in ops.iter().enumerate() {
+                if let P2p::RecvDevice { buf, peer, .. } = o {
+                    if !direct(engine, *peer, &buf.mem()) {
+                        recv_copies.push((i, vec![0u8; buf.mem().len]));
+                    }
+                }
+            }
+            let mut next_copy = 0;
             // Messages to self are copies, matched in order.
             let mut self_sends: Vec<&[u8]> = Vec::new();
             let mut raw = engine.take_ops();
             let mut dtype = DataType::Uint8;
             for o in ops.iter_mut() {
                 match o {
+                    P2p::SendDevice { buf, dtype: d, peer } => {
+                        let mem = buf.mem();
+                        let host: Option<&[u8]> = if direct(engine, *peer, &mem) {
+                            None
+                        } else {
+                            next_copy += 1;
+                            Some(&sent_copies[next_copy - 1])
+                        };
+                        match host {
+                            Some(h) if *peer == rank => self_sends.push(h),
+                            Some(h) => {
+                                engine.p2p_sent[*peer] += 1;
+                                dtype = *d;
+                                raw.push(RawOp::Send {
+                                    peer: *peer,
+                                    ptr: h.as_ptr(),
+                                    len: h.len(),
+                                    header: p2p_header(*d, h.len(), engine.p2p_sent[*peer]),
+                                });
+                            }
+                            None => {
+                                engine.p2p_sent[*peer] += 1;
+                                dtype = *d;
+                                raw.push(RawOp::SendDevice {
+                                    peer: *peer,
+                                    mem,
+                                    header: p2p_header(*d, mem.len, engine.p2p_sent[*peer]),
+                                });
+                            }
+                        }
+                    }
                     P2p::Send { buf, peer, .. } if *peer == rank => self_sends.push(buf),
                     P2p::Send { buf, dtype: d, peer } => {
                         engine.p2p_sent[*peer] += 1;
@@ -123,12 +259,29 @@ impl<'a> Group<'a> {
                             header: p2p_header(*d, buf.len(), engine.p2p_sent[*peer]),
                         });
                     }
-                    P2p::Recv { .. } => {}
+                    P2p::Recv { .. } | P2p::RecvDevice { .. } => {}
                 }
             }
             let mut self_recv = 0;
-            for o in ops.iter_mut() {
-                if let P2p::Recv { buf, dtype: d, peer } = o {
+            let mut copies = recv_copies.iter_mut().peekable();
+            for (i, o) in ops.iter_mut().enumerate() {
+                let staged = copies.next_if(|(at, _)| *at == i).map(|(_, v)| v);
+                let (buf, d, peer): (&mut [u8], &DataType, &usize) = match (o, staged) {
+                    (P2p::Recv { buf, dtype, peer }, _) => (buf, dtype, peer),
+                    (P2p::RecvDevice { dtype, peer, .. }, Some(copy)) => (copy, dtype, peer),
+                    (P2p::RecvDevice { buf, dtype, peer }, None) => {
+                        engine.p2p_recvd[*peer] += 1;
+                        let mem = buf.mem();
+                        raw.push(RawOp::RecvDevice {
+                            peer: *peer,
+                            mem,
+                            header: p2p_header(*dtype, mem.len, engine.p2p_recvd[*peer]),
+                        });
+                        continue;
+                    }
+                    _ => continue,
+                };
+                {
                     if *peer == rank {
                         let src = self_sends.get(self_recv).ok_or_else(|| {
                             Error::invalid_usage(format!(
@@ -161,10 +314,7 @@ impl<'a> Group<'a> {
                     self_sends.len()
                 )));
             }
-            if raw.is_empty() {
-                engine.return_ops(raw);
-                return Ok(());
-            }
+            drop(copies);
             let ctx = OpContext {
                 name: "send/recv group",
                 seq: gno,
@@ -175,9 +325,19 @@ impl<'a> Group<'a> {
                 count: 0,
                 root: u32::MAX,
             };
-            let r = engine.run_step(&raw, DataType::Uint8, ElemOp::Sum, &ctx);
+            let r = if raw.is_empty() {
+                Ok(())
+            } else {
+                engine.run_step(&raw, DataType::Uint8, ElemOp::Sum, &ctx)
+            };
             engine.return_ops(raw);
-            r
+            r?;
+            for (i, copy) in &recv_copies {
+                if let P2p::RecvDevice { buf, .. } = &mut ops[*i] {
+                    buf.from_host(copy)?;
+                }
+            }
+            Ok(())
         })
     }
 }

@@ -273,6 +273,14 @@ impl Engine {
         }
     }
 
+    /// Whether the connection to `peer` reads and writes memory of `space` itself.
+    pub(crate) fn accepts(&self, peer: usize, space: ferroccl_transport::MemSpace) -> bool {
+        self.conns
+            .get(peer)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.props.spaces.accepts(space))
+    }
+
     /// The cost model's link for the connection to `peer`.
     pub(crate) fn link_to(&self, peer: usize) -> Option<crate::plan::Link> {
         self.conns.get(peer)?.as_ref().map(|c| c.props.link)

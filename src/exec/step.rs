@@ -78,6 +78,19 @@ pub(crate) enum RawOp {
         len: usize,
         header: Header,
     },
+    /// Send the bytes of `mem`, memory the CPU may not read (device memory), through a
+    /// transport whose spaces include `mem.space`.
+    SendDevice {
+        peer: usize,
+        mem: MemRef,
+        header: Header,
+    },
+    /// Receive into `mem` (device memory), through a transport whose spaces include its space.
+    RecvDevice {
+        peer: usize,
+        mem: MemRef,
+        header: Header,
+    },
     /// Receive `len` bytes and store `src (op) incoming` at `dst` (`src` may equal `dst`).
     RecvReduce {
         peer: usize,
@@ -93,12 +106,14 @@ impl RawOp {
         match *self {
             RawOp::Send { peer, .. }
             | RawOp::Recv { peer, .. }
+            | RawOp::SendDevice { peer, .. }
+            | RawOp::RecvDevice { peer, .. }
             | RawOp::RecvReduce { peer, .. } => peer,
         }
     }
 
     pub(crate) fn is_send(&self) -> bool {
-        matches!(self, RawOp::Send { .. })
+        matches!(self, RawOp::Send { .. } | RawOp::SendDevice { .. })
     }
 
     fn len(&self) -> usize {
@@ -106,6 +121,7 @@ impl RawOp {
             RawOp::Send { len, .. } | RawOp::Recv { len, .. } | RawOp::RecvReduce { len, .. } => {
                 len
             }
+            RawOp::SendDevice { mem, .. } | RawOp::RecvDevice { mem, .. } => mem.len,
         }
     }
 }
@@ -224,8 +240,9 @@ fn post_receives(
 ) -> Result<()> {
     for (o, s) in ops.iter().zip(st) {
         let dst = match *o {
-            RawOp::Send { .. } => continue,
+            RawOp::Send { .. } | RawOp::SendDevice { .. } => continue,
             RawOp::Recv { ptr, len, .. } => MemRef::host(ptr, len),
+            RawOp::RecvDevice { mem, .. } => mem,
             RawOp::RecvReduce { len, .. } => MemRef::host(staging[s.stage].as_ptr(), len),
         };
         let peer = o.peer();
@@ -438,6 +455,24 @@ fn advance<W: Waiter>(
                 let payload = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
                 profile::phase(Phase::Recv);
                 let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
+                profile::phase(Phase::Drive);
+                if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                    if s.header.kind == kind::NOTICE {
+                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
+                    }
+                    check_header(ctx, o.peer(), &s.header, &header)?;
+                }
+                r
+            }
+            RawOp::SendDevice { mem, header, .. } => {
+                profile::phase(Phase::Send);
+                let r = conn.send(&header, Payload::Device(mem), &mut s.progress);
+                profile::phase(Phase::Drive);
+                r
+            }
+            RawOp::RecvDevice { mem, header, .. } => {
+                profile::phase(Phase::Recv);
+                let r = conn.recv(&mut s.header, PayloadMut::Device(mem), &mut s.progress);
                 profile::phase(Phase::Drive);
                 if r.is_ok() && s.progress.header_done() && !s.progress.started {
                     if s.header.kind == kind::NOTICE {

@@ -120,6 +120,12 @@ pub(crate) fn put(
 ) -> Result<()> {
     let src = match src {
         Payload::Host(b) => *b,
+        // SAFETY: with the host stand-in device provider, device memory is heap memory of this
+        // process (see `stand_in_device`); the caller vouches that `m` is live for the call,
+        // as for any payload.
+        Payload::Device(m) if super::stand_in_device() => unsafe {
+            std::slice::from_raw_parts(m.addr as *const u8, m.len)
+        },
         Payload::Device(m) => return Err(no_device(m.space)),
     };
     let from = src
@@ -142,6 +148,10 @@ pub(crate) fn get(
 ) -> Result<()> {
     let dst = match dst {
         PayloadMut::Host(b) => &mut **b,
+        // SAFETY: as in `put`; the receive's destination is written by nothing else during it.
+        PayloadMut::Device(m) if super::stand_in_device() => unsafe {
+            std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len)
+        },
         PayloadMut::Device(m) => return Err(no_device(m.space)),
     };
     let to = dst

@@ -38,6 +38,14 @@ impl ProviderKind {
     }
 }
 
+/// Whether this process's "device memory" is ferroccl's host stand-in
+/// (`FERRO_DEVICE_PROVIDER=host`): heap memory of the process, which the host provider may then
+/// copy as host memory. Test tooling only, like the host provider itself.
+pub(crate) fn stand_in_device() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRO_DEVICE_PROVIDER").is_ok_and(|v| v.trim() == "host"))
+}
+
 /// An opened provider.
 #[derive(Debug)]
 pub(crate) enum Provider {
@@ -69,9 +77,15 @@ impl Provider {
     }
 
     /// What it reads and writes directly: the cuda provider copies with unified addressing, so
-    /// host buffers work too; the host provider reaches host memory only.
+    /// host buffers work too; the host provider reaches host memory, and the device memory of
+    /// ferroccl's host stand-in device provider when that is the one in use
+    /// ([`stand_in_device`]).
     pub fn spaces(&self) -> Spaces {
         match self {
+            Provider::Host if stand_in_device() => Spaces {
+                host: true,
+                cuda: true,
+            },
             Provider::Host => Spaces::HOST,
             Provider::Cuda(_) => Spaces {
                 host: true,

@@ -394,7 +394,11 @@ fn child_device_groups() {
             .unwrap_or_else(|e| panic!("rank {r}, {count} elements: {e}"));
         let got = from_prev.to_vec().unwrap();
         for (i, &v) in got.iter().enumerate() {
-            assert_eq!(v, p2p_value(prev, k, i), "rank {r}, {count} elements, element {i}");
+            assert_eq!(
+                v,
+                p2p_value(prev, k, i),
+                "rank {r}, {count} elements, element {i}"
+            );
         }
         assert_eq!(from_self.to_vec().unwrap(), mine, "rank {r}: to self");
     }
@@ -413,10 +417,16 @@ fn child_device_groups() {
             let e = e.expect_err("a short receive must fail");
             assert!(e.to_string().contains("32"), "{e}");
         }
-        println!("DEVICE-GROUPS rank={r} transport={} short=ok", comm.transport(1 - r).unwrap_or("self"));
+        println!(
+            "DEVICE-GROUPS rank={r} transport={} short=ok",
+            comm.transport(1 - r).unwrap_or("self")
+        );
         return;
     }
-    println!("DEVICE-GROUPS rank={r} transport={}", comm.transport(next).unwrap_or("self"));
+    println!(
+        "DEVICE-GROUPS rank={r} transport={}",
+        comm.transport(next).unwrap_or("self")
+    );
     comm.destroy().expect("destroy");
 }
 
@@ -428,7 +438,14 @@ fn device_groups_job(n: usize, transport: &str) {
         ("FERRO_P2P_PROVIDER", "host".to_string()),
         ("FERRO_TIMEOUT", "60".to_string()),
     ];
-    let out = ferrorun_self(n, None, "child_device_groups", "device-groups", &env, JOB_LIMIT);
+    let out = ferrorun_self(
+        n,
+        None,
+        "child_device_groups",
+        "device-groups",
+        &env,
+        JOB_LIMIT,
+    );
     let lines = out.tagged("DEVICE-GROUPS ");
     if n == 2 {
         // The short receive fails rank 1 (and so the job), after the good messages.

@@ -23,7 +23,7 @@ trait DeviceBytes: std::fmt::Debug {
     /// Its bytes, copied to the host.
     fn to_host(&self) -> Result<Vec<u8>>;
     /// Overwrites it with `src` (exactly its size).
-    fn from_host(&mut self, src: &[u8]) -> Result<()>;
+    fn fill_from_host(&mut self, src: &[u8]) -> Result<()>;
 }
 
 impl<T: Element> DeviceBytes for DeviceBuffer<T> {
@@ -41,8 +41,8 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
         Ok(as_bytes(&self.to_vec()?).to_vec())
     }
 
-    fn from_host(&mut self, src: &[u8]) -> Result<()> {
-        let mut v: Vec<T> = self.to_vec()?;
+    fn fill_from_host(&mut self, src: &[u8]) -> Result<()> {
+        let mut v = vec![T::from_f64(0.0); self.len()];
         as_bytes_mut(&mut v).copy_from_slice(src);
         self.copy_from_host(&v)
     }
@@ -334,7 +334,7 @@ impl<'a> Group<'a> {
             r?;
             for (i, copy) in &recv_copies {
                 if let P2p::RecvDevice { buf, .. } = &mut ops[*i] {
-                    buf.from_host(copy)?;
+                    buf.fill_from_host(copy)?;
                 }
             }
             Ok(())

@@ -201,6 +201,60 @@ impl<T: Element> DeviceBuffer<T> {
 }
 
 impl Communicator {
+    /// Sends bytes `send.1` of a device buffer to rank `to` and receives bytes `recv.1` of
+    /// another from rank `from`, in one group (see [`crate::Group::send_device`]): the perf
+    /// tools' send/recv on device buffers. Both ranges must have the same length.
+    pub fn raw_send_recv_device(
+        &self,
+        send: (&DeviceBuffer<u8>, Range<usize>),
+        to: usize,
+        recv: (&mut DeviceBuffer<u8>, Range<usize>),
+        from: usize,
+    ) -> Result<()> {
+        let rank = self.rank();
+        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
+            if r.start > r.end || r.end > b.len {
+                return Err(Error::invalid_argument(format!(
+                    "send/recv on rank {rank}: {what} bytes {r:?} lie outside a device buffer of \
+                     {} bytes",
+                    b.len
+                )));
+            }
+            Ok(())
+        };
+        check(send.0, &send.1, "send")?;
+        check(recv.0, &recv.1, "receive")?;
+        if send.1.len() != recv.1.len() {
+            return Err(Error::invalid_argument(format!(
+                "send/recv on rank {rank}: {} bytes sent, {} received",
+                send.1.len(),
+                recv.1.len()
+            )));
+        }
+        send.0.wait_idle();
+        recv.0.wait_idle();
+        // SAFETY: each range lies inside its buffer (checked above), whose memory on its device
+        // stays live while the buffers are borrowed here; `recv` is borrowed mutably, so
+        // nothing else uses its range, and `send` is a distinct buffer, borrowed shared.
+        let (s, mut r) = unsafe {
+            (
+                DeviceBuffer::<u8>::view(
+                    send.0.device,
+                    send.0.addr + send.1.start as u64,
+                    send.1.len(),
+                )?,
+                DeviceBuffer::<u8>::view(
+                    recv.0.device,
+                    recv.0.addr + recv.1.start as u64,
+                    recv.1.len(),
+                )?,
+            )
+        };
+        let mut g = self.group();
+        g.send_device(&s, to).recv_device(&mut r, from);
+        g.run()
+    }
+
     /// Runs collective `kind` on byte ranges of device buffers holding elements of `dtype`
     /// (`send: None`: in place), as [`Communicator::collective`] does on typed buffers: the
     /// perf tools' entry, whose buffers serve every data type.

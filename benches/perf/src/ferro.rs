@@ -96,14 +96,16 @@ impl FerroComm {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        let off = self.unalign;
+        if coll == Coll::SendRecv {
+            return self.send_recv_device(bufs, send, recv);
+        }
         let Some(kind) = scheduled_kind(coll, root) else {
             return Err(Error::invalid_usage(format!(
-                "{}: device buffers (-B 1) are not built yet for the point-to-point tools \
-                 (sendrecv, gather, scatter, hypercube)",
+                "{}: device buffers (-B 1) are not built yet for gather, scatter and hypercube",
                 coll.program_name()
             )));
         };
-        let off = self.unalign;
         bufs.reserve(off + send.unwrap_or(0), off + recv)?;
         let DeviceBufs {
             send: ds, recv: dr, ..
@@ -114,6 +116,34 @@ impl FerroComm {
             (dr, off..off + recv),
             dtype,
             op,
+        )
+    }
+
+    /// send/recv on the device buffers: to the next rank, from the previous one (in place:
+    /// what the receive buffer held, copied to the send buffer first, as the host form does).
+    fn send_recv_device(
+        &self,
+        bufs: &mut DeviceBufs,
+        send: Option<usize>,
+        recv: usize,
+    ) -> Result<()> {
+        let c = &self.comm;
+        let (r, n) = (c.rank(), c.nranks());
+        let off = self.unalign;
+        bufs.reserve(off + recv, off + recv)?;
+        let DeviceBufs {
+            send: ds, recv: dr, ..
+        } = bufs;
+        if send.is_none() {
+            let mut own = vec![0u8; recv];
+            dr.read_at(off, &mut own)?;
+            ds.write_at(off, &own)?;
+        }
+        c.raw_send_recv_device(
+            (&*ds, off..off + recv),
+            (r + 1) % n,
+            (dr, off..off + recv),
+            (r + n - 1) % n,
         )
     }
 

@@ -117,7 +117,7 @@ fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
 /// every dtype and op and misaligned buffers (`-u 3`).
 #[test]
 fn every_collective_tool_on_stand_in_device_buffers() {
-    let tools: [(&str, &str, &[&str]); 6] = [
+    let tools: [(&str, &str, &[&str]); 7] = [
         (
             "all_reduce_perf",
             env!("CARGO_BIN_EXE_all_reduce_perf"),
@@ -144,6 +144,11 @@ fn every_collective_tool_on_stand_in_device_buffers() {
             &[],
         ),
         ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf"), &[]),
+        (
+            "sendrecv_perf",
+            env!("CARGO_BIN_EXE_sendrecv_perf"),
+            &["-u", "3"],
+        ),
     ];
     for (name, bin, extra) in tools {
         let out = command(Path::new(bin))
@@ -167,6 +172,40 @@ fn every_collective_tool_on_stand_in_device_buffers() {
     }
 }
 
+/// sendrecv_perf on device buffers as processes: over shared memory (host copies) and over
+/// the GPU peer-to-peer transport's host provider, which takes the stand-in's device memory
+/// itself.
+#[test]
+fn sendrecv_perf_on_device_buffers_over_shm_and_p2p() {
+    for transport in ["shm", "p2p"] {
+        for n in ["2", "3"] {
+            let out = command(ferrorun())
+                .args(["-n", n, "--"])
+                .arg(env!("CARGO_BIN_EXE_sendrecv_perf"))
+                .args([
+                    "-b", "8", "-e", "4M", "-f", "8", "-n", "2", "-w", "1", "-B", "1",
+                ])
+                .args(["-u", "4"])
+                .env("FERRO_DEVICE_PROVIDER", "host")
+                .env("FERRO_P2P_PROVIDER", "host")
+                .env("FERRO_TRANSPORTS", transport)
+                .output()
+                .expect("running ferrorun");
+            let t = text(&out);
+            assert!(
+                out.status.success(),
+                "{transport}, {n} ranks: {}\n{t}",
+                out.status
+            );
+            assert!(
+                t.lines()
+                    .any(|l| l.ends_with("# Out of bounds values : 0 OK")),
+                "{transport}, {n} ranks\n{t}"
+            );
+        }
+    }
+}
+
 #[test]
 fn device_buffers_without_a_driver_or_on_p2p_tools_are_clear_errors() {
     let out = command(Path::new(env!("CARGO_BIN_EXE_all_reduce_perf")))
@@ -183,11 +222,11 @@ fn device_buffers_without_a_driver_or_on_p2p_tools_are_clear_errors() {
     );
     assert!(!t.contains("panicked"), "{t}");
 
-    let out = command(Path::new(env!("CARGO_BIN_EXE_sendrecv_perf")))
+    let out = command(Path::new(env!("CARGO_BIN_EXE_gather_perf")))
         .args(["-b", "8", "-e", "8", "-B", "1"])
         .env("FERRO_DEVICE_PROVIDER", "host")
         .output()
-        .expect("running sendrecv_perf");
+        .expect("running gather_perf");
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(t.contains("not built yet"), "{t}");

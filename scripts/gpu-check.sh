@@ -156,9 +156,24 @@ else
 fi
 
 echo
+echo "== 7. send/recv of device buffers handed straight to the peer-to-peer transport (CUDA IPC), 2 processes on one GPU: sendrecv_perf -B 1, 8 B .. 256 MiB by x4, every result checked; then the same over shared memory (host copies) for comparison"
+if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/sendrecv_perf" ]; then
+    rc=0
+    for t in p2p shm; do
+        echo "-- FERRO_TRANSPORTS=$t"
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=$t step "$bundle/bin/ferrorun" -n 2 -- \
+            "$bundle/bin/sendrecv_perf" -b 8 -e 256M -f 4 -n 10 -w 3 -B 1 || rc=1
+    done
+    if [ "$rc" -eq 0 ]; then echo "-- device send/recv: PASS"; else echo "-- device send/recv: FAIL"; failed=1; fi
+else
+    echo "-- device send/recv: FAIL (bin/ferrorun or bin/sendrecv_perf missing from the bundle)"
+    failed=1
+fi
+
+echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - device buffers handed to the peer-to-peer transport directly (they are staged through host memory); reductions on the GPU (CudaReducer) inside collectives"
-echo "   - the point-to-point perf tools (sendrecv, gather, scatter, hypercube) on device buffers"
+echo "   - collectives on device buffers handed to the peer-to-peer transport directly (they are staged through host memory); reductions on the GPU (CudaReducer) inside collectives"
+echo "   - gather, scatter and hypercube perf tools on device buffers; the C ABI's send/recv on streams straight to the p2p transport (host copies)"
 
 if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"

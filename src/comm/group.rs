@@ -38,13 +38,13 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
     }
 
     fn to_host(&self) -> Result<Vec<u8>> {
-        Ok(as_bytes(&self.to_vec()?).to_vec())
+        let mut v = vec![0u8; self.bytes()];
+        self.read_bytes(&mut v)?;
+        Ok(v)
     }
 
     fn fill_from_host(&mut self, src: &[u8]) -> Result<()> {
-        let mut v = vec![T::from_f64(0.0); self.len()];
-        as_bytes_mut(&mut v).copy_from_slice(src);
-        self.copy_from_host(&v)
+        self.write_bytes(src)
     }
 }
 
@@ -190,86 +190,72 @@ impl<'a> Group<'a> {
         let ticket = inner.ticket();
         let mut ops = self.ops;
         inner.execute(ticket, |engine| {
-            // Device buffers that go through host copies: the copies, kept for the call.
+            // Device buffers that the peer's transport cannot reach (and any to or from self)
+            // go through host copies: made here for sends, written back after the step for
+            // receives (with the index of their op).
+            let staged = |engine: &crate::exec::Engine, peer: usize, mem: MemRef| {
+                peer == rank || !engine.accepts(peer, mem.space)
+            };
             let mut sent_copies: Vec<Vec<u8>> = Vec::new();
             let mut recv_copies: Vec<(usize, Vec<u8>)> = Vec::new();
-            let direct = |engine: &crate::exec::Engine, peer: usize, mem: &MemRef| {
-                peer != rank && engine.accepts(peer, mem.space)
-            };
-            for o in ops.iter() {
-                if let P2p::SendDevice { buf, peer, .. } = o {
-                    if !direct(engine, *peer, &buf.mem()) {
-                        sent_copies.push(buf.to_host()?);
-                    }
-                }
-            }
             for (i, o) in ops.iter().enumerate() {
-                if let P2p::RecvDevice { buf, peer, .. } = o {
-                    if !direct(engine, *peer, &buf.mem()) {
-                        recv_copies.push((i, vec![0u8; buf.mem().len]));
+                match o {
+                    P2p::SendDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
+                        sent_copies.push(buf.to_host()?)
                     }
+                    P2p::RecvDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
+                        recv_copies.push((i, vec![0u8; buf.mem().len]))
+                    }
+                    _ => {}
                 }
             }
-            let mut next_copy = 0;
             // Messages to self are copies, matched in order.
             let mut self_sends: Vec<&[u8]> = Vec::new();
             let mut raw = engine.take_ops();
             let mut dtype = DataType::Uint8;
-            for o in ops.iter_mut() {
-                match o {
-                    P2p::SendDevice { buf, dtype: d, peer } => {
-                        let mem = buf.mem();
-                        let host: Option<&[u8]> = if direct(engine, *peer, &mem) {
-                            None
-                        } else {
-                            next_copy += 1;
-                            Some(&sent_copies[next_copy - 1])
-                        };
-                        match host {
-                            Some(h) if *peer == rank => self_sends.push(h),
-                            Some(h) => {
-                                engine.p2p_sent[*peer] += 1;
-                                dtype = *d;
-                                raw.push(RawOp::Send {
-                                    peer: *peer,
-                                    ptr: h.as_ptr(),
-                                    len: h.len(),
-                                    header: p2p_header(*d, h.len(), engine.p2p_sent[*peer]),
-                                });
-                            }
-                            None => {
-                                engine.p2p_sent[*peer] += 1;
-                                dtype = *d;
-                                raw.push(RawOp::SendDevice {
-                                    peer: *peer,
-                                    mem,
-                                    header: p2p_header(*d, mem.len, engine.p2p_sent[*peer]),
-                                });
-                            }
-                        }
+            let mut copies = sent_copies.iter();
+            for o in ops.iter() {
+                let (buf, d, peer): (&[u8], DataType, usize) = match o {
+                    P2p::Send { buf, dtype, peer } => (buf, *dtype, *peer),
+                    P2p::SendDevice { buf, dtype, peer } if staged(engine, *peer, buf.mem()) => {
+                        (copies.next().expect("one copy per staged send"), *dtype, *peer)
                     }
-                    P2p::Send { buf, peer, .. } if *peer == rank => self_sends.push(buf),
-                    P2p::Send { buf, dtype: d, peer } => {
+                    P2p::SendDevice { buf, dtype: d, peer } => {
                         engine.p2p_sent[*peer] += 1;
                         dtype = *d;
-                        raw.push(RawOp::Send {
+                        let mem = buf.mem();
+                        raw.push(RawOp::SendDevice {
                             peer: *peer,
-                            ptr: buf.as_ptr(),
-                            len: buf.len(),
-                            header: p2p_header(*d, buf.len(), engine.p2p_sent[*peer]),
+                            mem,
+                            header: p2p_header(*d, mem.len, engine.p2p_sent[*peer]),
                         });
+                        continue;
                     }
-                    P2p::Recv { .. } | P2p::RecvDevice { .. } => {}
+                    P2p::Recv { .. } | P2p::RecvDevice { .. } => continue,
+                };
+                if peer == rank {
+                    self_sends.push(buf);
+                } else {
+                    engine.p2p_sent[peer] += 1;
+                    dtype = d;
+                    raw.push(RawOp::Send {
+                        peer,
+                        ptr: buf.as_ptr(),
+                        len: buf.len(),
+                        header: p2p_header(d, buf.len(), engine.p2p_sent[peer]),
+                    });
                 }
             }
             let mut self_recv = 0;
-            let mut copies = recv_copies.iter_mut().peekable();
-            for (i, o) in ops.iter_mut().enumerate() {
-                let staged = copies.next_if(|(at, _)| *at == i).map(|(_, v)| v);
-                let (buf, d, peer): (&mut [u8], &DataType, &usize) = match (o, staged) {
-                    (P2p::Recv { buf, dtype, peer }, _) => (buf, dtype, peer),
-                    (P2p::RecvDevice { dtype, peer, .. }, Some(copy)) => (copy, dtype, peer),
-                    (P2p::RecvDevice { buf, dtype, peer }, None) => {
+            let mut copies = recv_copies.iter_mut();
+            for o in ops.iter_mut() {
+                let (buf, d, peer): (&mut [u8], DataType, usize) = match o {
+                    P2p::Recv { buf, dtype, peer } => (buf, *dtype, *peer),
+                    P2p::RecvDevice { buf, dtype, peer } if staged(engine, *peer, buf.mem()) => {
+                        let (_, copy) = copies.next().expect("one copy per staged receive");
+                        (copy, *dtype, *peer)
+                    }
+                    P2p::RecvDevice { buf, dtype, peer } => {
                         engine.p2p_recvd[*peer] += 1;
                         let mem = buf.mem();
                         raw.push(RawOp::RecvDevice {
@@ -279,33 +265,31 @@ impl<'a> Group<'a> {
                         });
                         continue;
                     }
-                    _ => continue,
+                    P2p::Send { .. } | P2p::SendDevice { .. } => continue,
                 };
-                {
-                    if *peer == rank {
-                        let src = self_sends.get(self_recv).ok_or_else(|| {
-                            Error::invalid_usage(format!(
-                                "group on rank {rank}: a receive from self has no matching send to self"
-                            ))
-                        })?;
-                        if src.len() != buf.len() {
-                            return Err(Error::invalid_argument(format!(
-                                "group on rank {rank}: send to self of {} bytes, receive from self of {} bytes",
-                                src.len(),
-                                buf.len()
-                            )));
-                        }
-                        buf.copy_from_slice(src);
-                        self_recv += 1;
-                    } else {
-                        engine.p2p_recvd[*peer] += 1;
-                        raw.push(RawOp::Recv {
-                            peer: *peer,
-                            ptr: buf.as_mut_ptr(),
-                            len: buf.len(),
-                            header: p2p_header(*d, buf.len(), engine.p2p_recvd[*peer]),
-                        });
+                if peer == rank {
+                    let src = self_sends.get(self_recv).ok_or_else(|| {
+                        Error::invalid_usage(format!(
+                            "group on rank {rank}: a receive from self has no matching send to self"
+                        ))
+                    })?;
+                    if src.len() != buf.len() {
+                        return Err(Error::invalid_argument(format!(
+                            "group on rank {rank}: send to self of {} bytes, receive from self of {} bytes",
+                            src.len(),
+                            buf.len()
+                        )));
                     }
+                    buf.copy_from_slice(src);
+                    self_recv += 1;
+                } else {
+                    engine.p2p_recvd[peer] += 1;
+                    raw.push(RawOp::Recv {
+                        peer,
+                        ptr: buf.as_mut_ptr(),
+                        len: buf.len(),
+                        header: p2p_header(d, buf.len(), engine.p2p_recvd[peer]),
+                    });
                 }
             }
             if self_recv != self_sends.len() {
@@ -314,7 +298,6 @@ impl<'a> Group<'a> {
                     self_sends.len()
                 )));
             }
-            drop(copies);
             let ctx = OpContext {
                 name: "send/recv group",
                 seq: gno,

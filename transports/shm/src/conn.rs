@@ -496,21 +496,20 @@ impl Connection for ShmConnection {
                 && !self.tx.flag(MAPPED_DENIED))
             .then(|| shared::locate(payload.as_ptr() as usize, payload.len()))
             .flatten();
-            if !cma && mapped.is_none() && payload.len() <= SMALL_PAYLOAD {
-                return self.send_small(header, payload, p);
-            }
+            // The mode, and the two frame words that say where the receiver reads the payload.
+            let (mode, words) = match mapped {
+                _ if cma => (
+                    MODE_CMA,
+                    Some((payload.as_ptr() as u64, payload.len() as u64)),
+                ),
+                Some(at) => (MODE_MAPPED, Some(at.encode())),
+                None if payload.len() <= SMALL_PAYLOAD => {
+                    return self.send_small(header, payload, p)
+                }
+                None => (MODE_INLINE, None),
+            };
             let mut frame = [0u8; FRAME_LEN];
             frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
-            let words = match mapped {
-                _ if cma => Some((payload.as_ptr() as u64, payload.len() as u64)),
-                Some(at) => Some(at.encode()),
-                None => None,
-            };
-            let mode = match (cma, mapped) {
-                (true, _) => MODE_CMA,
-                (false, Some(_)) => MODE_MAPPED,
-                (false, None) => MODE_INLINE,
-            };
             frame[4..8].copy_from_slice(&mode.to_le_bytes());
             frame[8..48].copy_from_slice(&header.encode());
             if let Some((a, b)) = words {

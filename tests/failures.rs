@@ -68,15 +68,16 @@ fn child_dies_mid_allreduce() {
     // SHARED_BUFFERS=1: the buffers are in shared memory, so peers read rank 2's messages
     // straight from its buffer when it dies.
     let shared = std::env::var("SHARED_BUFFERS").is_ok_and(|v| v == "1");
-    let mut send_shared = SharedBuf::from_slice(&data).expect("shared buffer");
-    let mut recv_shared = SharedBuf::<f32>::zeroed(BIG).expect("shared buffer");
-    let (mut send_vec, mut recv_vec) = (data.clone(), vec![0f32; BIG]);
-    let (send, recv): (&mut [f32], &mut [f32]) = if shared {
-        (&mut send_shared, &mut recv_shared)
+    type Buf = Box<dyn std::ops::DerefMut<Target = [f32]>>;
+    let (send, mut recv): (Buf, Buf) = if shared {
+        (
+            Box::new(SharedBuf::from_slice(&data).expect("shared buffer")),
+            Box::new(SharedBuf::<f32>::zeroed(BIG).expect("shared buffer")),
+        )
     } else {
-        (&mut send_vec, &mut recv_vec)
+        (Box::new(data.clone()), Box::new(vec![0f32; BIG]))
     };
-    let send = &*send;
+    let (send, recv): (&[f32], &mut [f32]) = (&send, &mut recv);
     for k in 0..3 {
         comm.all_reduce(send, &mut *recv, ReduceOp::Sum)
             .unwrap_or_else(|e| panic!("rank {r}, warm-up {k}: {e}"));

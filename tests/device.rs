@@ -304,6 +304,40 @@ fn process_sweep() -> Sweep {
     }
 }
 
+/// Every collective on device buffers run straight on them (the p2p transport): the
+/// schedules' own copies, scratch and receive stages, every reduction, in place and out of
+/// place, with counts that cut into pipelined slices.
+fn direct_sweep() -> Sweep {
+    Sweep {
+        dtypes: vec![
+            DataType::Float32,
+            DataType::Uint8,
+            DataType::Float16,
+            DataType::Bfloat16,
+            DataType::Int64,
+            DataType::Float8E4M3,
+        ],
+        ops: all_ops(),
+        counts: vec![0, 1, 7, 65537],
+        colls: vec![
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "reduce_scatter",
+            "all_to_all",
+        ],
+    }
+}
+
+/// The sweep a device job runs (`FERRO_TEST_SWEEP=direct`: [`direct_sweep`]).
+fn job_sweep() -> Sweep {
+    match std::env::var("FERRO_TEST_SWEEP").as_deref() {
+        Ok("direct") => direct_sweep(),
+        _ => process_sweep(),
+    }
+}
+
 /// A rank of a device job: device 0 of the provider `FERRO_DEVICE_PROVIDER` names.
 #[test]
 fn child_device() {
@@ -313,18 +347,23 @@ fn child_device() {
     let comm = Communicator::from_env().expect("from_env");
     let dev = Device::from_env(0).expect("device 0");
     comm.set_device(dev).unwrap();
-    let cases = run_sweep_on(&comm, Mem::Device(dev), &process_sweep(), 99)
+    let cases = run_sweep_on(&comm, Mem::Device(dev), &job_sweep(), 99)
         .unwrap_or_else(|e| panic!("rank {}: {e}", comm.rank()));
     let peer = (comm.rank() + 1) % comm.nranks();
     println!(
-        "DEVICE rank={} cases={cases} transport={}",
+        "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={}",
         comm.rank(),
-        comm.transport(peer).unwrap_or("self")
+        comm.transport(peer).unwrap_or("self"),
+        comm.device_direct(),
+        comm.staging_allocations(),
+        comm.device_arena_allocations()
     );
     comm.destroy().expect("destroy");
 }
 
-fn device_job(n: usize, transport: &str) {
+/// Runs `sweep` (by [`job_sweep`]'s name) on device buffers of `n` processes over
+/// `transport`; `direct`: whether the collectives must run on the device buffers themselves.
+fn device_job(n: usize, transport: &str, sweep: &str, direct: bool) {
     let _serial = child::serial();
     let env = [
         (PROVIDER_ENV, "host".to_string()),
@@ -332,29 +371,60 @@ fn device_job(n: usize, transport: &str) {
         // 65537 elements run as 5 (f32) or 3 (f16, u8) pipelined slices.
         ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
         ("FERRO_TIMEOUT", "60".to_string()),
+        ("FERRO_TEST_SWEEP", sweep.to_string()),
+        (
+            "FERRO_DEVICE_DIRECT",
+            if direct { "1" } else { "0" }.to_string(),
+        ),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
     ];
     let out = ferrorun_self(n, None, "child_device", "device", &env, JOB_LIMIT);
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("DEVICE ");
     assert_eq!(lines.len(), n, "{}", out.dump());
+    let want = if sweep == "direct" {
+        direct_sweep()
+    } else {
+        process_sweep()
+    };
     for l in &lines {
-        assert_eq!(
-            field::<usize>(l, "cases"),
-            expected_cases(&process_sweep()),
-            "{l}"
-        );
+        assert_eq!(field::<usize>(l, "cases"), expected_cases(&want), "{l}");
         assert_eq!(field::<String>(l, "transport"), transport, "{l}");
+        assert_eq!(field::<bool>(l, "direct"), direct, "{l}");
+        if direct {
+            // Nothing went through host staging; the engine's device buffers were made.
+            assert_eq!(field::<u64>(l, "staging"), 0, "{l}");
+            assert!(field::<u64>(l, "arena") > 0, "{l}");
+        } else {
+            assert!(field::<u64>(l, "staging") > 0, "{l}");
+            assert_eq!(field::<u64>(l, "arena"), 0, "{l}");
+        }
     }
 }
 
 #[test]
 fn device_buffers_over_shm_3_processes() {
-    device_job(3, "shm");
+    device_job(3, "shm", "process", false);
 }
 
 #[test]
 fn device_buffers_over_tcp_2_processes() {
-    device_job(2, "tcp");
+    device_job(2, "tcp", "process", false);
+}
+
+#[test]
+fn device_collectives_straight_on_device_buffers_over_p2p_3_processes() {
+    device_job(3, "p2p", "direct", true);
+}
+
+#[test]
+fn device_collectives_straight_on_device_buffers_over_p2p_2_processes() {
+    device_job(2, "p2p", "direct", true);
+}
+
+#[test]
+fn device_collectives_over_p2p_staged_when_direct_is_off() {
+    device_job(2, "p2p", "process", false);
 }
 
 // ----- send/recv groups on device buffers -----

@@ -1,10 +1,10 @@
 //! One collective call: its arguments checked, then run on the engine.
 
 use ferroccl_kernels::DataType;
-use ferroccl_transport::PayloadMut;
+use ferroccl_transport::{MemRef, MemSpace, PayloadMut};
 
 use crate::coll::{CollArgs, CollKind};
-use crate::exec::{Engine, Memory, OpContext};
+use crate::exec::{DeviceArena, Engine, Memory, OpContext};
 use crate::wire::{self, kind};
 use crate::{Error, Result};
 
@@ -123,8 +123,21 @@ impl Call {
         &self,
         e: &mut Engine,
         seq: u64,
+        mem: Memory,
+        check_root: bool,
+    ) -> Result<()> {
+        self.run_in(e, seq, mem, check_root, None)
+    }
+
+    /// [`Call::run`] on buffers in `mem.space` (device memory needs `arena`; see
+    /// [`Engine::run_collective_in`]).
+    pub(super) fn run_in(
+        &self,
+        e: &mut Engine,
+        seq: u64,
         mut mem: Memory,
         check_root: bool,
+        mut arena: Option<&mut (dyn DeviceArena + 'static)>,
     ) -> Result<()> {
         let reduces = self.args.kind.reduces();
         let ctx = OpContext {
@@ -158,7 +171,15 @@ impl Call {
         if let Some(root) = self.args.kind.root().filter(|_| check_root) {
             e.agree_on_root(root, &ctx)?;
         }
-        e.run_collective(&self.args, self.dtype, self.op.elem_op(), premul, mem, &ctx)?;
+        e.run_collective_in(
+            &self.args,
+            self.dtype,
+            self.op.elem_op(),
+            premul,
+            mem,
+            &ctx,
+            arena.as_deref_mut(),
+        )?;
         if self.op == ReduceOp::Avg && reduces {
             let es = self.dtype.size();
             let (_, out_len) = self.args.kind.buffer_lens(self.args.count, self.nranks);
@@ -171,7 +192,17 @@ impl Call {
                 0
             };
             let writes = !matches!(self.args.kind, CollKind::Reduce { .. }) || is_root;
-            if writes && out_len > 0 {
+            if writes && out_len > 0 && mem.space != MemSpace::Host {
+                let out = MemRef {
+                    space: mem.space,
+                    addr: mem.output as usize + out_off * es,
+                    len: out_len * es,
+                };
+                let reducer = arena
+                    .as_deref()
+                    .map_or_else(|| e.shared_reducer(), |a| a.reducer());
+                reducer.divide(self.dtype, PayloadMut::Device(out), self.nranks as u64)?;
+            } else if writes && out_len > 0 {
                 // SAFETY: the output (at `out_off` in the one buffer when in place) holds
                 // `out_len` elements: `Call::check` verified the buffer lengths, and the
                 // caller holds the buffer for the whole call.

@@ -363,6 +363,7 @@ impl Communicator {
                 output: op,
                 output_len: ol,
                 in_place,
+                space: ferroccl_transport::MemSpace::Host,
             };
             let r = inner.execute(ticket, |e| {
                 let seq = e.next_seq();
@@ -515,13 +516,7 @@ pub(super) fn blocking_on(
         dtype,
         op,
     )?;
-    let mem = Memory {
-        input: send.map_or(recv.as_ptr(), <[u8]>::as_ptr),
-        input_len: send.map_or(0, <[u8]>::len),
-        output: recv.as_mut_ptr(),
-        output_len: recv.len(),
-        in_place: send.is_none(),
-    };
+    let mem = Memory::host(send, recv);
     inner.execute_next(true, |e, seq| {
         call.run(e, seq, mem, inner.config.check_root)
     })

@@ -28,6 +28,12 @@ pub struct Config {
     /// broadcast, reduce) are cut for pipelined staging: one collective per slice, the copies
     /// of the other slices overlapping it. Must be equal on every rank. Default 4 MiB.
     pub device_slice_bytes: usize,
+    /// `FERRO_DEVICE_DIRECT` (`1` default, `0`): device collectives run straight on the device
+    /// buffers (the schedules' copies and reductions on the device, the transports moving
+    /// device memory themselves) where every connection of the rank carries device memory
+    /// (the GPU peer-to-peer transport); `0` stages them through pinned host memory always.
+    /// Ranks may differ: the messages are the same either way.
+    pub device_direct: bool,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins (and yields) before it sleeps on the
     /// doorbell or in `poll`. Default 50.
     pub spin: Duration,
@@ -112,6 +118,7 @@ impl Default for Config {
             socket_ifname: None,
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
             device_slice_bytes: 4 << 20,
+            device_direct: true,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: super::transports::defaults(),
@@ -178,6 +185,9 @@ impl Config {
                 return Err(bad("FERRO_DEVICE_SLICE_BYTES", &v, "at least 64 bytes"));
             }
             c.device_slice_bytes = n;
+        }
+        if let Some(v) = var("FERRO_DEVICE_DIRECT") {
+            c.device_direct = flag(&v, "FERRO_DEVICE_DIRECT")?;
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);
@@ -348,6 +358,9 @@ mod tests {
         assert_eq!(with(&[]).unwrap().device_slice_bytes, 4 << 20);
         let c = with(&[("FERRO_DEVICE_SLICE_BYTES", "64K")]).unwrap();
         assert_eq!(c.device_slice_bytes, 64 << 10);
+        assert!(with(&[]).unwrap().device_direct);
+        assert!(!with(&[("FERRO_DEVICE_DIRECT", "0")]).unwrap().device_direct);
+        assert!(with(&[("FERRO_DEVICE_DIRECT", "maybe")]).is_err());
         let e = with(&[("FERRO_DEVICE_SLICE_BYTES", "8")]).unwrap_err();
         assert!(
             e.message().contains("FERRO_DEVICE_SLICE_BYTES=\"8\""),

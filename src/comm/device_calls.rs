@@ -15,16 +15,23 @@
 use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
+use crate::device::direct::DirectArena;
 use crate::device::{Device, DeviceBuffer, Staging};
+use crate::exec::Memory;
 use crate::{Error, Result};
 
 use super::*;
 
-/// A communicator's device binding and its cached staging.
+/// A communicator's device binding, its cached staging and its arena for collectives that
+/// run straight on device buffers.
 #[derive(Debug, Default)]
 pub(super) struct DeviceState {
     device: Option<Device>,
     staging: Option<Staging>,
+    arena: Option<DirectArena>,
+    /// Whether collectives on the bound device run on the device buffers themselves (every
+    /// connection carries its memory); asked once per binding.
+    direct: Option<bool>,
 }
 
 /// A buffer a collective reads: host memory or a device buffer.
@@ -97,6 +104,8 @@ impl Communicator {
         let mut st = lock(&self.device);
         if st.device != Some(device) {
             st.staging = None;
+            st.arena = None;
+            st.direct = None;
             st.device = Some(device);
         }
         Ok(())
@@ -105,6 +114,37 @@ impl Communicator {
     /// The device bound with [`Communicator::set_device`], if any.
     pub fn device(&self) -> Option<Device> {
         lock(&self.device).device
+    }
+
+    /// Whether collectives on device buffers of the bound device run on the buffers
+    /// themselves: every connection of this rank carries device memory (the GPU peer-to-peer
+    /// transport), and `FERRO_DEVICE_DIRECT` is not `0`. Otherwise (or with no device bound)
+    /// they are staged through pinned host memory.
+    pub fn device_direct(&self) -> bool {
+        let mut st = lock(&self.device);
+        self.direct_for(&mut st)
+    }
+
+    fn direct_for(&self, st: &mut MutexGuard<'_, DeviceState>) -> bool {
+        let Some(dev) = st.device else {
+            return false;
+        };
+        if !self.inner.config.device_direct {
+            return false;
+        }
+        *st.direct.get_or_insert_with(|| {
+            let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            engine.accepts_all(dev.space())
+        })
+    }
+
+    /// Device allocations made for collectives that run straight on device buffers (the
+    /// engine's scratch and receive stages; cached like the staging).
+    pub fn device_arena_allocations(&self) -> u64 {
+        lock(&self.device)
+            .arena
+            .as_ref()
+            .map_or(0, DirectArena::allocations)
     }
 
     /// Pinned staging allocations this communicator has made (they are cached: a repeated
@@ -242,6 +282,15 @@ impl Communicator {
         if let Some(s) = send {
             s.wait_idle();
         }
+        let mut st = lock(&self.device);
+        if self.direct_for(&mut st) {
+            if st.arena.as_ref().map(DirectArena::device) != Some(dev) {
+                st.arena = Some(DirectArena::new(dev)?);
+            }
+            let arena = st.arena.as_mut().expect("set above");
+            return direct(&self.inner, arena, kind, send, recv, count, op);
+        }
+        drop(st);
         staged(&self.inner, &self.device, dev, kind, send, recv, count, op)
     }
 
@@ -362,6 +411,88 @@ impl Communicator {
     }
 }
 
+/// How a device collective is cut into slices, the same whether it is staged or runs on the
+/// device buffers (so that ranks taking either path exchange the same messages): element-wise
+/// collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole. Returns
+/// the number of slices and the element range of slice `k` of a buffer of `len` elements.
+fn slicing(
+    inner: &Inner,
+    kind: CollKind,
+    count: usize,
+    es: usize,
+) -> (usize, impl Fn(usize, usize) -> std::ops::Range<usize>) {
+    let elementwise = matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+    );
+    let slices = if elementwise {
+        let per = (inner.config.device_slice_bytes / es).max(1);
+        count.div_ceil(per).max(1)
+    } else {
+        1
+    };
+    let per = count.div_ceil(slices).max(1);
+    let range = move |len: usize, k: usize| {
+        if slices == 1 {
+            0..len
+        } else {
+            (k * per).min(len)..((k + 1) * per).min(len)
+        }
+    };
+    (slices, range)
+}
+
+/// Runs a checked device collective on the device buffers themselves: every connection
+/// carries device memory, the schedule's copies and reductions run on the device through
+/// `arena`'s reducer, and nothing passes through host memory. Slice by slice as the staged
+/// path cuts it.
+fn direct<T: Element>(
+    inner: &Inner,
+    arena: &mut DirectArena,
+    kind: CollKind,
+    send: Option<&DeviceBuffer<T>>,
+    recv: &mut DeviceBuffer<T>,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let es = T::DTYPE.size();
+    let is_root = kind.root() == Some(inner.rank);
+    let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+    let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
+    let out_len = recv.len();
+    let (slices, range) = slicing(inner, kind, count, es);
+    let (name, hkind) = (kind.name(), header_kind(kind));
+    let space = recv.device().space();
+    for k in 0..slices {
+        let (ri, ro) = (range(in_len, k), range(out_len, k));
+        let call = Call::check(
+            inner,
+            name,
+            hkind,
+            kind,
+            send.map(|_| ri.len() * es),
+            ro.len() * es,
+            range(count, k).len(),
+            T::DTYPE,
+            op,
+        )?;
+        let out = recv.addr() as usize + ro.start * es;
+        let mem = Memory {
+            input: send.map_or(out, |s| s.addr() as usize + ri.start * es) as *const u8,
+            input_len: ri.len() * es,
+            output: out as *mut u8,
+            output_len: ro.len() * es,
+            in_place: send.is_none(),
+            space,
+        };
+        let arena = &mut *arena;
+        inner.execute_next(true, |e, seq| {
+            call.run_in(e, seq, mem, inner.config.check_root, Some(arena))
+        })?;
+    }
+    Ok(())
+}
+
 /// Runs a checked device collective: stages through the communicator's pinned staging, runs
 /// the host collective slice by slice (or whole), stages back. Called on the caller's thread
 /// by the blocking calls (the stream-ordered ones stage through the stream's arena instead:
@@ -386,16 +517,7 @@ pub(super) fn staged<T: Element>(
     // Element-wise collectives run slice by slice, each slice's copies overlapping the
     // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
     // staged whole.
-    let elementwise = matches!(
-        kind,
-        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-    );
-    let slices = if elementwise {
-        let per = (inner.config.device_slice_bytes / es).max(1);
-        count.div_ceil(per).max(1)
-    } else {
-        1
-    };
+    let (slices, _) = slicing(inner, kind, count, es);
     let mut st = lock(state);
     let staging = Communicator::staging(&mut st, dev)?;
     staging.reserve(in_len * es, recv.bytes())?;

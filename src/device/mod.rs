@@ -35,6 +35,7 @@
 //! ```
 
 mod cuda;
+pub(crate) mod direct;
 // Stream gates and completion flags serve the C ABI's stream-ordered calls.
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod gate;

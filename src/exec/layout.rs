@@ -1,6 +1,6 @@
 //! Resolving a schedule's spans to the call's memory, bounds checked.
 
-use ferroccl_transport::Result;
+use ferroccl_transport::{MemRef, MemSpace, Result};
 
 use super::step::{OpContext, RawOp};
 use super::Memory;
@@ -40,13 +40,25 @@ impl Layout {
                 limit
             )));
         }
-        // SAFETY: `start + len <= limit`, the length of the buffer (caller-checked) or of the
-        // engine's scratch.
-        let p = unsafe { base.add(start) };
-        Ok((p, len))
+        // `start + len <= limit`, the length of the buffer (caller-checked) or of the
+        // engine's scratch; device addresses are only carried, never dereferenced here.
+        Ok((base.wrapping_add(start), len))
+    }
+
+    /// `span` as memory of the call's space.
+    fn mem_ref(&self, span: &Span, ctx: &OpContext) -> Result<MemRef> {
+        let (p, len) = self.resolve(span, ctx)?;
+        Ok(MemRef {
+            space: self.mem.space,
+            addr: p as usize,
+            len,
+        })
     }
 
     pub(super) fn raw_op(&self, op: &Op, ctx: &OpContext) -> Result<RawOp> {
+        if self.mem.space != MemSpace::Host {
+            return self.device_op(op, ctx);
+        }
         Ok(match *op {
             Op::Send { peer, src } => {
                 let (p, len) = self.resolve(&src, ctx)?;
@@ -75,6 +87,49 @@ impl Layout {
                     dst: d,
                     len,
                     header: ctx.header(len),
+                }
+            }
+            Op::Copy { .. } => {
+                return Err(ferroccl_transport::Error::internal(
+                    "copy is not a communication op",
+                ))
+            }
+        })
+    }
+
+    /// [`Layout::raw_op`] on device memory: the transports move it themselves; a receive-reduce
+    /// lands in a stage buffer the engine assigns (`stage` names only its length here).
+    fn device_op(&self, op: &Op, ctx: &OpContext) -> Result<RawOp> {
+        Ok(match *op {
+            Op::Send { peer, src } => {
+                let mem = self.mem_ref(&src, ctx)?;
+                RawOp::SendDevice {
+                    peer,
+                    mem,
+                    header: ctx.header(mem.len),
+                }
+            }
+            Op::Recv { peer, dst } => {
+                let mem = self.mem_ref(&dst, ctx)?;
+                RawOp::RecvDevice {
+                    peer,
+                    mem,
+                    header: ctx.header(mem.len),
+                }
+            }
+            Op::RecvReduce { peer, src, dst } => {
+                let src = self.mem_ref(&src, ctx)?;
+                let dst = self.mem_ref(&dst, ctx)?;
+                RawOp::RecvReduceDevice {
+                    peer,
+                    src,
+                    dst,
+                    stage: MemRef {
+                        space: self.mem.space,
+                        addr: 0,
+                        len: src.len,
+                    },
+                    header: ctx.header(src.len),
                 }
             }
             Op::Copy { .. } => {

@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Doorbell, Header, MemRef, Payload, PayloadMut, Progress, RegCache, Region, Result,
+    Doorbell, Error, Header, MemRef, MemSpace, Payload, PayloadMut, Progress, RegCache, Region,
+    Result,
 };
 
 use crate::coll::{self, CollArgs, Op, Schedule};
@@ -75,6 +76,49 @@ pub(crate) struct Memory {
     pub output_len: usize,
     /// Whether input and output are one buffer (`output`).
     pub in_place: bool,
+    /// Where the buffers are: host memory, or device memory (the addresses are then device
+    /// addresses, never dereferenced on the host; see [`DeviceArena`]).
+    pub space: MemSpace,
+}
+
+impl Memory {
+    /// Host buffers.
+    pub(crate) fn host(input: Option<&[u8]>, output: &mut [u8]) -> Memory {
+        Memory {
+            input: input.map_or(output.as_ptr(), <[u8]>::as_ptr),
+            input_len: input.map_or(0, <[u8]>::len),
+            output: output.as_mut_ptr(),
+            output_len: output.len(),
+            in_place: input.is_none(),
+            space: MemSpace::Host,
+        }
+    }
+}
+
+/// What a collective on device memory needs besides the engine: the reducer that reaches the
+/// device, and device buffers for the engine's own use (scratch, received slices awaiting
+/// their reduction, a pre-multiplied input). The communicator owns it; the engine borrows it
+/// for one call.
+pub(crate) trait DeviceArena: Send {
+    /// The reducer for the device's memory.
+    fn reducer(&self) -> Arc<dyn Reducer>;
+
+    /// Device memory of at least `bytes` for `use_`, live until the arena drops; the same
+    /// memory for the same use while no larger one is asked for.
+    fn buffer(&mut self, use_: ArenaUse, bytes: usize) -> Result<MemRef>;
+}
+
+/// What an arena buffer is for (each use has its own buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ArenaUse {
+    /// The schedule's scratch.
+    Scratch,
+    /// A scaled copy of the input (pre-multiplied sums).
+    PreMul,
+    /// Bytes of one receive-reduce of a step, by its index in the step.
+    Stage(usize),
+    /// A copy whose source and destination overlap goes through it.
+    Bounce,
 }
 
 /// One rank's state for running schedules.
@@ -316,14 +360,14 @@ impl Engine {
         mem: Memory,
         ctx: &OpContext,
     ) -> Result<()> {
-        if self.trace.is_none() {
-            return self.collective(args, dtype, op, premul, mem, ctx, None);
-        }
-        self.traced_collective(args, dtype, op, premul, mem, ctx)
+        self.run_collective_in(args, dtype, op, premul, mem, ctx, None)
     }
 
-    /// [`Engine::run_collective`] with its steps timed per peer and written to the trace.
-    fn traced_collective(
+    /// [`Engine::run_collective`] on buffers in `mem.space`: buffers in device memory need
+    /// `arena` (its reducer runs the element-wise steps, its buffers hold the engine's
+    /// scratch), and every connection must carry that space itself.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_collective_in(
         &mut self,
         args: &CollArgs,
         dtype: DataType,
@@ -331,11 +375,16 @@ impl Engine {
         premul: Option<f64>,
         mem: Memory,
         ctx: &OpContext,
+        arena: Option<&mut (dyn DeviceArena + 'static)>,
     ) -> Result<()> {
+        if self.trace.is_none() {
+            return self.collective(args, dtype, op, premul, mem, ctx, arena, None);
+        }
         let mut waits = vec![0u64; self.nranks];
-        let lane = self.lane_fits(args, dtype.size(), premul.is_some());
+        let lane =
+            mem.space == MemSpace::Host && self.lane_fits(args, dtype.size(), premul.is_some());
         let start = std::time::Instant::now();
-        let r = self.collective(args, dtype, op, premul, mem, ctx, Some(&mut waits));
+        let r = self.collective(args, dtype, op, premul, mem, ctx, arena, Some(&mut waits));
         let end = std::time::Instant::now();
         let algorithm = if lane {
             "lane".to_string()
@@ -363,6 +412,15 @@ impl Engine {
         r
     }
 
+    /// Whether every connection carries `space` itself (device collectives run straight on
+    /// device buffers only then).
+    pub(crate) fn accepts_all(&self, space: MemSpace) -> bool {
+        self.conns
+            .iter()
+            .flatten()
+            .all(|c| c.props.spaces.accepts(space))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn collective(
         &mut self,
@@ -372,17 +430,31 @@ impl Engine {
         premul: Option<f64>,
         mem: Memory,
         ctx: &OpContext,
+        mut arena: Option<&mut (dyn DeviceArena + 'static)>,
         waits: Option<&mut [u64]>,
     ) -> Result<()> {
-        if !self.reducer.serves(ferroccl_transport::MemSpace::Host) {
-            return Err(ferroccl_transport::Error::internal(format!(
-                "{}: the {} reducer cannot reach host memory",
+        let reducer = match arena.as_deref() {
+            Some(a) => a.reducer(),
+            None => Arc::clone(&self.reducer),
+        };
+        if !reducer.serves(mem.space) {
+            return Err(Error::internal(format!(
+                "{}: the {} reducer cannot reach {} memory",
                 ctx.label(),
-                self.reducer.name()
+                reducer.name(),
+                mem.space
+            )));
+        }
+        let device = mem.space != MemSpace::Host;
+        if device && (arena.is_none() || !self.accepts_all(mem.space)) {
+            return Err(Error::internal(format!(
+                "{}: {} memory needs a device arena and connections that carry it",
+                ctx.label(),
+                mem.space
             )));
         }
         let es = dtype.size();
-        if self.lane_fits(args, es, premul.is_some()) {
+        if !device && self.lane_fits(args, es, premul.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);
             let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits);
             crate::profile::phase(crate::profile::Phase::Leave);
@@ -394,9 +466,6 @@ impl Engine {
         if let Some(factor) = premul {
             // Reduce a scaled copy of the input, out of place.
             let in_bytes = in_len * es;
-            if self.premul.len() < in_bytes {
-                self.premul.resize(in_bytes, 0);
-            }
             let (in_off, _) = args.kind.in_place_offsets(args.count, self.rank);
             let (src, avail) = if mem.in_place {
                 (mem.output as *const u8, mem.output_len)
@@ -405,23 +474,45 @@ impl Engine {
             };
             let off = if mem.in_place { in_off * es } else { 0 };
             if off + in_bytes > avail {
-                return Err(ferroccl_transport::Error::internal(format!(
+                return Err(Error::internal(format!(
                     "{}: input of {avail} bytes is too short",
                     ctx.label()
                 )));
             }
-            // SAFETY: `off + in_bytes <= avail`, the input's length checked above.
-            let src = unsafe { src.add(off) };
-            // SAFETY: `src` holds `in_bytes` readable bytes (checked by the caller), and
-            // `premul` is engine-owned memory that no one else references.
-            let src = unsafe { std::slice::from_raw_parts(src, in_bytes) };
-            self.reducer.scale_into(
-                dtype,
-                PayloadMut::Host(&mut self.premul[..in_bytes]),
-                Payload::Host(src),
-                factor,
-            )?;
-            mem.input = self.premul.as_ptr();
+            let src = src.wrapping_add(off);
+            mem.input = match arena.as_deref_mut() {
+                Some(a) => {
+                    let dst = a.buffer(ArenaUse::PreMul, in_bytes)?.sub(0, in_bytes);
+                    let src = MemRef {
+                        space: mem.space,
+                        addr: src as usize,
+                        len: in_bytes,
+                    };
+                    reducer.scale_into(
+                        dtype,
+                        PayloadMut::Device(dst),
+                        Payload::Device(src),
+                        factor,
+                    )?;
+                    dst.addr as *const u8
+                }
+                None => {
+                    if self.premul.len() < in_bytes {
+                        self.premul.resize(in_bytes, 0);
+                    }
+                    // SAFETY: `src` holds `in_bytes` readable host bytes (checked by the
+                    // caller and above), and `premul` is engine-owned memory that no one else
+                    // references.
+                    let src = unsafe { std::slice::from_raw_parts(src, in_bytes) };
+                    reducer.scale_into(
+                        dtype,
+                        PayloadMut::Host(&mut self.premul[..in_bytes]),
+                        Payload::Host(src),
+                        factor,
+                    )?;
+                    self.premul.as_ptr()
+                }
+            };
             mem.input_len = in_bytes;
             if mem.in_place {
                 mem.in_place = false;
@@ -429,8 +520,7 @@ impl Engine {
                 // In place, the output starts at the output offset inside the one buffer.
                 let (_, out_off) = args.kind.in_place_offsets(args.count, self.rank);
                 let out_bytes = (out_off * es).min(mem.output_len);
-                // SAFETY: `out_bytes <= output_len`, so the pointer stays in the buffer.
-                mem.output = unsafe { mem.output.add(out_bytes) };
+                mem.output = mem.output.wrapping_add(out_bytes);
                 mem.output_len -= out_bytes;
             }
         }
@@ -438,9 +528,16 @@ impl Engine {
         let sched = self.plan(&args, es);
         crate::profile::phase(crate::profile::Phase::Drive);
         let need = sched.scratch * es;
-        if self.scratch.len() < need {
-            self.scratch.resize(need, 0);
-        }
+        let scratch = match arena.as_deref_mut() {
+            Some(a) if need > 0 => a.buffer(ArenaUse::Scratch, need)?.addr as *mut u8,
+            Some(_) => std::ptr::null_mut(),
+            None => {
+                if self.scratch.len() < need {
+                    self.scratch.resize(need, 0);
+                }
+                self.scratch.as_mut_ptr()
+            }
+        };
         let (in_off, out_off) = if args.in_place {
             args.kind.in_place_offsets(args.count, self.rank)
         } else {
@@ -448,14 +545,21 @@ impl Engine {
         };
         let layout = Layout {
             es,
-            scratch_len: sched.scratch * es,
+            scratch_len: need,
             in_off,
             out_off,
             mem,
-            scratch: self.scratch.as_mut_ptr(),
+            scratch,
         };
         let mut raw = std::mem::take(&mut self.raw.0);
-        let r = self.run_steps(&sched, &layout, &mut raw, dtype, op, ctx, waits);
+        let mut run = Run {
+            reducer: &*reducer,
+            arena,
+            dtype,
+            op,
+            ctx,
+        };
+        let r = self.run_steps(&sched, &layout, &mut raw, &mut run, waits);
         crate::profile::phase(crate::profile::Phase::Leave);
         raw.clear();
         self.raw.0 = raw;
@@ -465,61 +569,49 @@ impl Engine {
     /// Runs the steps of `sched` over `layout`, resolving each step's ops into `raw`. With
     /// `waits`, each step's time is added to the peers it received from (or, for a step that
     /// only sends, sent to).
-    #[allow(clippy::too_many_arguments)]
     fn run_steps(
         &mut self,
         sched: &Schedule,
         layout: &Layout,
         raw: &mut Vec<RawOp>,
-        dtype: DataType,
-        op: ElemOp,
-        ctx: &OpContext,
+        run: &mut Run<'_, '_>,
         mut waits: Option<&mut [u64]>,
     ) -> Result<()> {
+        let ctx = run.ctx;
         for st in &sched.steps {
             raw.clear();
+            let mut stages = 0;
             for o in &st.ops {
                 if let Op::Copy { src, dst } = *o {
                     let (s, n) = layout.resolve(&src, ctx)?;
                     let (d, m) = layout.resolve(&dst, ctx)?;
                     debug_assert_eq!(n, m);
-                    let n = n.min(m);
-                    if s == d || n == 0 {
-                        continue;
-                    }
-                    let (su, du) = (s as usize, d as usize);
-                    if su < du + n && du < su + n {
-                        // SAFETY: both ranges are in bounds (resolve checked them); `copy`
-                        // allows the overlap that two slices could not express.
-                        unsafe { std::ptr::copy(s, d, n) };
-                    } else {
-                        // SAFETY: both ranges are in bounds (resolve checked them), disjoint
-                        // (checked above), and no other reference to them is live here.
-                        let (s, d) = unsafe {
-                            (
-                                std::slice::from_raw_parts(s, n),
-                                std::slice::from_raw_parts_mut(d, n),
-                            )
-                        };
-                        self.reducer.copy(PayloadMut::Host(d), Payload::Host(s))?;
-                    }
+                    run.copy(layout.mem.space, s, d, n.min(m))?;
                     continue;
                 }
-                raw.push(layout.raw_op(o, ctx)?);
+                let mut r = layout.raw_op(o, ctx)?;
+                if let RawOp::RecvReduceDevice { ref mut stage, .. } = r {
+                    // A received slice lands in the arena, then is reduced from there.
+                    let a = run.arena.as_deref_mut().ok_or_else(|| {
+                        Error::internal(format!("{}: no device arena", ctx.label()))
+                    })?;
+                    *stage = a
+                        .buffer(ArenaUse::Stage(stages), stage.len)?
+                        .sub(0, stage.len);
+                    stages += 1;
+                }
+                raw.push(r);
             }
             if raw.is_empty() {
                 continue;
             }
-            match waits.as_deref_mut() {
-                None => self.run_step(raw, dtype, op, ctx)?,
-                Some(w) => {
-                    let t = std::time::Instant::now();
-                    self.run_step(raw, dtype, op, ctx)?;
-                    let ns = t.elapsed().as_nanos() as u64;
-                    let receives = raw.iter().any(|o| !o.is_send());
-                    for o in raw.iter().filter(|o| o.is_send() != receives) {
-                        w[o.peer()] += ns;
-                    }
+            let t = waits.is_some().then(std::time::Instant::now);
+            self.run_step_with(raw, run.dtype, run.op, ctx, run.reducer)?;
+            if let (Some(w), Some(t)) = (waits.as_deref_mut(), t) {
+                let ns = t.elapsed().as_nanos() as u64;
+                let receives = raw.iter().any(|o| !o.is_send());
+                for o in raw.iter().filter(|o| o.is_send() != receives) {
+                    w[o.peer()] += ns;
                 }
             }
         }
@@ -548,13 +640,7 @@ impl Engine {
             count: 2,
             in_place: true,
         };
-        let mem = Memory {
-            input: std::ptr::null(),
-            input_len: 0,
-            output: v.as_mut_ptr().cast(),
-            output_len: std::mem::size_of_val(&v),
-            in_place: true,
-        };
+        let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(&mut v));
         self.run_collective(&args, DataType::Uint32, ElemOp::Max, None, mem, ctx)?;
         let (highest, lowest) = (v[0], u32::MAX - v[1]);
         if highest != lowest || highest != mine {
@@ -576,6 +662,19 @@ impl Engine {
         op: ElemOp,
         ctx: &OpContext,
     ) -> Result<()> {
+        let reducer = Arc::clone(&self.reducer);
+        self.run_step_with(ops, dtype, op, ctx, &*reducer)
+    }
+
+    /// [`Engine::run_step`] with received bytes reduced by `reducer`.
+    fn run_step_with(
+        &mut self,
+        ops: &[RawOp],
+        dtype: DataType,
+        op: ElemOp,
+        ctx: &OpContext,
+        reducer: &dyn Reducer,
+    ) -> Result<()> {
         let nstage = ops
             .iter()
             .filter(|o| matches!(o, RawOp::RecvReduce { .. }))
@@ -588,12 +687,74 @@ impl Engine {
             conns: &mut self.conns,
             staging: &mut self.staging,
             states: &mut self.states,
-            reducer: &*self.reducer,
+            reducer,
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
             regs: self.one_sided.then_some(&mut self.regs),
         };
         step::run(env, &mut waiter, ops, dtype, op, ctx)
+    }
+}
+
+/// One collective's element-wise context: its reducer, its device arena (device memory) and
+/// what it reduces.
+struct Run<'r, 'a> {
+    reducer: &'r dyn Reducer,
+    arena: Option<&'a mut (dyn DeviceArena + 'static)>,
+    dtype: DataType,
+    op: ElemOp,
+    ctx: &'r OpContext,
+}
+
+impl Run<'_, '_> {
+    /// A schedule's local copy of `n` bytes from `s` to `d` (addresses in `space`; the
+    /// ranges may overlap).
+    fn copy(&mut self, space: MemSpace, s: *mut u8, d: *mut u8, n: usize) -> Result<()> {
+        if s == d || n == 0 {
+            return Ok(());
+        }
+        if space != MemSpace::Host {
+            let (s, d) = (
+                MemRef {
+                    space,
+                    addr: s as usize,
+                    len: n,
+                },
+                MemRef {
+                    space,
+                    addr: d as usize,
+                    len: n,
+                },
+            );
+            if !s.overlaps(&d) {
+                return self.reducer.copy(PayloadMut::Device(d), Payload::Device(s));
+            }
+            // Device copies may not overlap: through a bounce buffer.
+            let a = self
+                .arena
+                .as_deref_mut()
+                .ok_or_else(|| Error::internal(format!("{}: no device arena", self.ctx.label())))?;
+            let b = a.buffer(ArenaUse::Bounce, n)?.sub(0, n);
+            self.reducer
+                .copy(PayloadMut::Device(b), Payload::Device(s))?;
+            return self.reducer.copy(PayloadMut::Device(d), Payload::Device(b));
+        }
+        let (su, du) = (s as usize, d as usize);
+        if su < du + n && du < su + n {
+            // SAFETY: both ranges are in bounds (the layout resolved them); `copy` allows the
+            // overlap that two slices could not express.
+            unsafe { std::ptr::copy(s, d, n) };
+            return Ok(());
+        }
+        // SAFETY: both ranges are in bounds (the layout resolved them), disjoint (checked
+        // above), and no other reference to them is live here.
+        let (s, d) = unsafe {
+            (
+                std::slice::from_raw_parts(s, n),
+                std::slice::from_raw_parts_mut(d, n),
+            )
+        };
+        self.reducer.copy(PayloadMut::Host(d), Payload::Host(s))
     }
 }

@@ -91,6 +91,15 @@ pub(crate) enum RawOp {
         mem: MemRef,
         header: Header,
     },
+    /// Receive `src.len` bytes into `stage` and store `src (op) incoming` at `dst`, all in
+    /// device memory (`src` may equal `dst`), through a transport whose spaces include it.
+    RecvReduceDevice {
+        peer: usize,
+        src: MemRef,
+        dst: MemRef,
+        stage: MemRef,
+        header: Header,
+    },
     /// Receive `len` bytes and store `src (op) incoming` at `dst` (`src` may equal `dst`).
     RecvReduce {
         peer: usize,
@@ -108,6 +117,7 @@ impl RawOp {
             | RawOp::Recv { peer, .. }
             | RawOp::SendDevice { peer, .. }
             | RawOp::RecvDevice { peer, .. }
+            | RawOp::RecvReduceDevice { peer, .. }
             | RawOp::RecvReduce { peer, .. } => peer,
         }
     }
@@ -122,6 +132,7 @@ impl RawOp {
                 len
             }
             RawOp::SendDevice { mem, .. } | RawOp::RecvDevice { mem, .. } => mem.len,
+            RawOp::RecvReduceDevice { src, .. } => src.len,
         }
     }
 }
@@ -243,6 +254,7 @@ fn post_receives(
             RawOp::Send { .. } | RawOp::SendDevice { .. } => continue,
             RawOp::Recv { ptr, len, .. } => MemRef::host(ptr, len),
             RawOp::RecvDevice { mem, .. } => mem,
+            RawOp::RecvReduceDevice { stage, .. } => stage,
             RawOp::RecvReduce { len, .. } => MemRef::host(staging[s.stage].as_ptr(), len),
         };
         let peer = o.peer();
@@ -479,6 +491,56 @@ fn advance<W: Waiter>(
                         return Err(read_notice(conn, s, o.peer(), ctx, waiter));
                     }
                     check_header(ctx, o.peer(), &s.header, &header)?;
+                }
+                r
+            }
+            RawOp::RecvReduceDevice {
+                src,
+                dst,
+                stage,
+                header,
+                ..
+            } => {
+                profile::phase(Phase::Recv);
+                let r = conn.recv(&mut s.header, PayloadMut::Device(stage), &mut s.progress);
+                profile::phase(Phase::Drive);
+                if r.is_ok() && s.progress.header_done() && !s.progress.started {
+                    if s.header.kind == kind::NOTICE {
+                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
+                    }
+                    check_header(ctx, o.peer(), &s.header, &header)?;
+                }
+                if r.is_ok() && s.progress.started {
+                    // Reduce what has landed in the stage (whole elements).
+                    for (j, part) in s.progress.parts().iter().enumerate() {
+                        let from = s.reduced[j].max(part.start);
+                        let avail = part.pos - part.pos % es;
+                        if avail > from {
+                            let n = avail - from;
+                            profile::phase(Phase::Reduce);
+                            let (d, a, b) =
+                                (dst.sub(from, n), src.sub(from, n), stage.sub(from, n));
+                            let rr = if src == dst {
+                                pass.reducer.reduce_inplace(
+                                    pass.dtype,
+                                    pass.op,
+                                    PayloadMut::Device(d),
+                                    Payload::Device(b),
+                                )
+                            } else {
+                                pass.reducer.reduce(
+                                    pass.dtype,
+                                    pass.op,
+                                    PayloadMut::Device(d),
+                                    Payload::Device(a),
+                                    Payload::Device(b),
+                                )
+                            };
+                            profile::phase(Phase::Drive);
+                            rr.map_err(|e| e.context(ctx.label()))?;
+                            s.reduced[j] = avail;
+                        }
+                    }
                 }
                 r
             }

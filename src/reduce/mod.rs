@@ -14,8 +14,6 @@
 //! [`HostReducer`] runs the host SIMD kernels of `ferroccl-kernels`; `CudaReducer` (cuda.rs)
 //! runs the NVRTC-compiled kernels of `ferroccl-cuda` on device memory. The executor and the communicator call kernels only through a reducer.
 
-// The engine takes the CUDA reducer with the device-buffer executor; until then only its tests do.
-#[allow(dead_code)]
 mod cuda;
 mod host;
 
@@ -24,6 +22,7 @@ use std::fmt;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{MemSpace, Payload, PayloadMut, Result};
 
+pub(crate) use cuda::CudaReducer;
 pub(crate) use host::HostReducer;
 
 /// Element-wise steps on typed memory. Every method checks that its operands lie in a space it

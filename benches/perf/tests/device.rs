@@ -71,13 +71,20 @@ fn text(o: &Output) -> String {
 #[test]
 fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
     let sweep = ["-b", "8", "-e", "1M", "-f", "2", "-n", "2", "-w", "1"];
-    for (n, dtype) in [("2", "float"), ("3", "int64")] {
+    // Over p2p the collectives run on the device buffers themselves (no host staging).
+    for (n, dtype, transports) in [
+        ("2", "float", "shm"),
+        ("3", "int64", "shm"),
+        ("3", "float", "p2p"),
+    ] {
         let out = command(ferrorun())
             .args(["-n", n, "--"])
             .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
             .args(sweep)
             .args(["-d", dtype, "-B", "1"])
             .env("FERRO_DEVICE_PROVIDER", "host")
+            .env("FERRO_P2P_PROVIDER", "host")
+            .env("FERRO_TRANSPORTS", transports)
             .output()
             .expect("running ferrorun");
         // ferrorun prefixes every line with `[rank] `.

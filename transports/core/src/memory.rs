@@ -59,6 +59,16 @@ impl MemRef {
         self.addr.saturating_add(self.len)
     }
 
+    /// Bytes `off..off + len` of it, clamped to its end (the same space).
+    pub fn sub(&self, off: usize, len: usize) -> MemRef {
+        let off = off.min(self.len);
+        MemRef {
+            space: self.space,
+            addr: self.addr + off,
+            len: len.min(self.len - off),
+        }
+    }
+
     /// Whether every byte of `other` lies in `self` (same space).
     pub fn contains(&self, other: &MemRef) -> bool {
         self.space == other.space && other.addr >= self.addr && other.end() <= self.end()

@@ -1,0 +1,306 @@
+//! Device collectives run straight on device buffers: the arena a communicator lends the
+//! executor (the device's reducer and the engine's own device buffers), and the host stand-in
+//! provider's reducer.
+//!
+//! Where every connection of a rank carries device memory itself (the GPU peer-to-peer
+//! transport), a device collective needs no host copy: the transports send from and receive
+//! into device memory, and the schedule's copies and reductions run on the device (the CUDA
+//! reducer's kernels; on the stand-in, the host kernels on its heap "device memory").
+
+use std::sync::Arc;
+
+use ferroccl_kernels::{DataType, ElemOp};
+use ferroccl_transport::{MemRef, MemSpace, Payload, PayloadMut};
+
+use super::{host, Device, DeviceBuffer, Provider};
+use crate::exec::{ArenaUse, DeviceArena};
+use crate::reduce::{CudaReducer, HostReducer, Reducer};
+use crate::{Error, Result};
+
+/// Smallest arena buffer (a larger request takes at least twice the buffer it replaces).
+const MIN_BUFFER: usize = 64 << 10;
+
+/// A communicator's device arena: the reducer of its device and one buffer per use, grown as
+/// needed and kept between calls (a repeated call of the same size allocates nothing).
+#[derive(Debug)]
+pub(crate) struct DirectArena {
+    device: Device,
+    reducer: Arc<dyn Reducer>,
+    buffers: Vec<(ArenaUse, DeviceBuffer<u8>)>,
+    allocations: u64,
+}
+
+impl DirectArena {
+    /// The arena of `device`: its reducer is made (and, with CUDA, the driver checked) now.
+    pub(crate) fn new(device: Device) -> Result<DirectArena> {
+        let reducer: Arc<dyn Reducer> = match device.provider() {
+            Provider::Cuda => Arc::new(CudaReducer::new(device.ordinal())?),
+            Provider::Host => Arc::new(StandInReducer {
+                ordinal: device.ordinal(),
+            }),
+        };
+        Ok(DirectArena {
+            device,
+            reducer,
+            buffers: Vec::new(),
+            allocations: 0,
+        })
+    }
+
+    /// Its device.
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Device allocations it has made.
+    pub(crate) fn allocations(&self) -> u64 {
+        self.allocations
+    }
+}
+
+impl DeviceArena for DirectArena {
+    fn reducer(&self) -> Arc<dyn Reducer> {
+        Arc::clone(&self.reducer)
+    }
+
+    fn buffer(&mut self, use_: ArenaUse, bytes: usize) -> Result<MemRef> {
+        let at = self.buffers.iter().position(|(u, _)| *u == use_);
+        if let Some(i) = at {
+            if self.buffers[i].1.len() >= bytes {
+                return Ok(self.buffers[i].1.mem());
+            }
+        }
+        let old = at.map_or(0, |i| self.buffers[i].1.len());
+        let len = bytes.max(old.saturating_mul(2)).max(MIN_BUFFER);
+        // The old buffer goes first: no step uses it any more (each use asks again per call).
+        if let Some(i) = at {
+            self.buffers.swap_remove(i);
+        }
+        let buf = DeviceBuffer::<u8>::new(self.device, len)?;
+        self.allocations += 1;
+        let mem = buf.mem();
+        self.buffers.push((use_, buf));
+        Ok(mem)
+    }
+}
+
+/// The stand-in provider's reducer: the host kernels on the stand-in's "device memory" (host
+/// heap memory), every operand checked to be a live stand-in allocation of its device first.
+#[derive(Debug)]
+pub(crate) struct StandInReducer {
+    ordinal: u32,
+}
+
+impl StandInReducer {
+    fn check(&self, what: &str, m: &MemRef) -> Result<()> {
+        if m.space != MemSpace::Cuda(self.ordinal) {
+            return Err(Error::invalid_argument(format!(
+                "host stand-in reducer (device {}): the {what} operand is {} memory",
+                self.ordinal, m.space
+            )));
+        }
+        if m.len > 0 && host::locate(m.addr as u64, m.len) != Some(self.ordinal) {
+            return Err(Error::invalid_argument(format!(
+                "host stand-in reducer (device {}): the {what} operand (0x{:x}, {} bytes) is \
+                 not live memory of the device",
+                self.ordinal, m.addr, m.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn read<'a>(&self, what: &str, p: Payload<'a>) -> Result<(MemRef, Payload<'a>)> {
+        let Payload::Device(m) = p else {
+            return Err(Error::invalid_argument(format!(
+                "host stand-in reducer: the {what} operand is host memory"
+            )));
+        };
+        self.check(what, &m)?;
+        if m.len == 0 {
+            return Ok((m, Payload::Host(&[])));
+        }
+        // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that the
+        // executor's caller holds for the call; no operand written by the same step overlaps
+        // it (checked by `disjoint` before any slice is made).
+        let s = unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) };
+        Ok((m, Payload::Host(s)))
+    }
+
+    fn write<'a>(&self, p: PayloadMut<'a>) -> Result<(MemRef, PayloadMut<'a>)> {
+        let PayloadMut::Device(m) = p else {
+            return Err(Error::invalid_argument(
+                "host stand-in reducer: the destination is host memory",
+            ));
+        };
+        self.check("destination", &m)?;
+        if m.len == 0 {
+            return Ok((m, PayloadMut::Host(&mut [])));
+        }
+        // SAFETY: as in `read`; the destination is used by nothing else during the step.
+        let s = unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) };
+        Ok((m, PayloadMut::Host(s)))
+    }
+}
+
+/// Refuses a destination that overlaps a source (the slices would alias).
+fn disjoint(dst: &PayloadMut<'_>, srcs: &[&Payload<'_>]) -> Result<()> {
+    let d = dst.mem();
+    if srcs.iter().any(|s| s.mem().overlaps(&d)) {
+        return Err(Error::internal(format!(
+            "host stand-in reducer: the destination (0x{:x}, {} bytes) overlaps a source",
+            d.addr, d.len
+        )));
+    }
+    Ok(())
+}
+
+impl Reducer for StandInReducer {
+    fn name(&self) -> &'static str {
+        "host stand-in"
+    }
+
+    fn serves(&self, space: MemSpace) -> bool {
+        space == MemSpace::Cuda(self.ordinal)
+    }
+
+    fn reduce(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Payload<'_>,
+        b: Payload<'_>,
+    ) -> Result<()> {
+        if dst.mem() == a.mem() {
+            return self.reduce_inplace(dtype, op, dst, b);
+        }
+        disjoint(&dst, &[&a, &b])?;
+        let (_, a) = self.read("first", a)?;
+        let (_, b) = self.read("second", b)?;
+        let (_, d) = self.write(dst)?;
+        HostReducer.reduce(dtype, op, d, a, b)
+    }
+
+    fn reduce_inplace(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        src: Payload<'_>,
+    ) -> Result<()> {
+        disjoint(&dst, &[&src])?;
+        let (_, s) = self.read("source", src)?;
+        let (_, d) = self.write(dst)?;
+        HostReducer.reduce_inplace(dtype, op, d, s)
+    }
+
+    fn scale_into(
+        &self,
+        dtype: DataType,
+        dst: PayloadMut<'_>,
+        src: Payload<'_>,
+        factor: f64,
+    ) -> Result<()> {
+        disjoint(&dst, &[&src])?;
+        let (_, s) = self.read("source", src)?;
+        let (_, d) = self.write(dst)?;
+        HostReducer.scale_into(dtype, d, s, factor)
+    }
+
+    fn divide(&self, dtype: DataType, buf: PayloadMut<'_>, n: u64) -> Result<()> {
+        let (_, d) = self.write(buf)?;
+        HostReducer.divide(dtype, d, n)
+    }
+
+    fn copy(&self, dst: PayloadMut<'_>, src: Payload<'_>) -> Result<()> {
+        disjoint(&dst, &[&src])?;
+        let (_, s) = self.read("source", src)?;
+        let (_, d) = self.write(dst)?;
+        HostReducer.copy(d, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(ordinal: u32) -> Device {
+        Device::new(Provider::Host, ordinal).unwrap()
+    }
+
+    #[test]
+    fn arena_buffers_are_kept_and_grow() {
+        let mut a = DirectArena::new(dev(1)).unwrap();
+        let s1 = a.buffer(ArenaUse::Scratch, 100).unwrap();
+        assert_eq!(s1.space, MemSpace::Cuda(1));
+        assert!(s1.len >= 100);
+        assert_eq!(a.buffer(ArenaUse::Scratch, 100).unwrap(), s1);
+        let st = a.buffer(ArenaUse::Stage(0), 10).unwrap();
+        assert!(!st.overlaps(&s1));
+        assert_eq!(a.allocations(), 2);
+        let big = a.buffer(ArenaUse::Scratch, MIN_BUFFER + 1).unwrap();
+        assert!(big.len > MIN_BUFFER);
+        assert_eq!(a.allocations(), 3);
+        assert_eq!(a.device(), dev(1));
+    }
+
+    #[test]
+    fn stand_in_reducer_reduces_device_memory_and_refuses_anything_else() {
+        let d = dev(2);
+        let r = StandInReducer { ordinal: 2 };
+        let a = DeviceBuffer::from_host(d, &[1f32, 2.0, 3.0]).unwrap();
+        let b = DeviceBuffer::from_host(d, &[10f32, 20.0, 30.0]).unwrap();
+        let out = DeviceBuffer::<f32>::new(d, 3).unwrap();
+        let (pa, pb, po) = (a.mem(), b.mem(), out.mem());
+        r.reduce(
+            DataType::Float32,
+            ElemOp::Sum,
+            PayloadMut::Device(po),
+            Payload::Device(pa),
+            Payload::Device(pb),
+        )
+        .unwrap();
+        assert_eq!(out.to_vec().unwrap(), [11.0, 22.0, 33.0]);
+        // dst == a: in place.
+        r.reduce(
+            DataType::Float32,
+            ElemOp::Max,
+            PayloadMut::Device(po),
+            Payload::Device(po),
+            Payload::Device(pa),
+        )
+        .unwrap();
+        assert_eq!(out.to_vec().unwrap(), [11.0, 22.0, 33.0]);
+        r.divide(DataType::Float32, PayloadMut::Device(po), 11)
+            .unwrap();
+        assert_eq!(out.to_vec().unwrap(), [1.0, 2.0, 3.0]);
+        // Another device's memory, host memory, a range past the end, overlapping operands.
+        let other = DeviceBuffer::from_host(dev(3), &[0f32; 3]).unwrap();
+        let e = r
+            .copy(PayloadMut::Device(po), Payload::Device(other.mem()))
+            .unwrap_err();
+        assert!(e.to_string().contains("cuda device 3"), "{e}");
+        let host = [0u8; 12];
+        let e = r
+            .copy(PayloadMut::Device(po), Payload::Host(&host))
+            .unwrap_err();
+        assert!(e.to_string().contains("host memory"), "{e}");
+        let past = MemRef {
+            len: pa.len + 4,
+            ..pa
+        };
+        let e = r
+            .copy(PayloadMut::Device(po), Payload::Device(past))
+            .unwrap_err();
+        assert!(e.to_string().contains("not live memory"), "{e}");
+        let e = r
+            .copy(
+                PayloadMut::Device(po.sub(4, 8)),
+                Payload::Device(po.sub(0, 8)),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("overlaps"), "{e}");
+        assert!(r.serves(MemSpace::Cuda(2)) && !r.serves(MemSpace::Host));
+        drop(out);
+    }
+}

@@ -5,7 +5,8 @@
 #     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
 #
 # It holds stripped release binaries (bin/ferro-gpu-check, bin/ferroccl-device-check,
-# bin/all_reduce_perf, bin/sendrecv_perf, bin/ferrorun, bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
+# bin/all_reduce_perf and the other collectives' perf tools, bin/sendrecv_perf, bin/ferrorun,
+# bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
 # test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2),
 # lib/libnccl.so.2,
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
@@ -21,7 +22,9 @@ eval "$(scripts/nvrtc-env.sh)"
 echo "== building release binaries" >&2
 cargo build --release --quiet -p ferroccl-cuda --bin ferro-gpu-check
 cargo build --release --quiet -p ferroccl --bin ferroccl-device-check --bin ferrorun
-cargo build --release --quiet -p ferroccl-perf --bin all_reduce_perf --bin sendrecv_perf
+perf_tools="all_reduce_perf sendrecv_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf"
+# shellcheck disable=SC2046 # one --bin per tool
+cargo build --release --quiet -p ferroccl-perf $(printf -- '--bin %s ' $perf_tools)
 # The p2p transport's unit tests (cuda provider under FERRO_P2P_GPU_CHECK=1), as bin/p2p-tests.
 p2p_tests=$(cargo test --release --no-run -p ferroccl-transport-p2p --lib 2>&1 |
     sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))$/\1/p' | tail -1)
@@ -31,8 +34,8 @@ lib=$(scripts/build-capi.sh)
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/kernels" "$out/kernel-cache"
 cp "$target/release/ferro-gpu-check" "$target/release/ferroccl-device-check" \
-    "$target/release/all_reduce_perf" "$target/release/sendrecv_perf" "$target/release/ferrorun" \
-    "$out/bin/"
+    "$target/release/ferrorun" "$out/bin/"
+for t in $perf_tools; do cp "$target/release/$t" "$out/bin/"; done
 cp "$p2p_tests" "$out/bin/p2p-tests"
 cp "$lib" "$out/lib/libnccl.so.2"
 # The C ABI on streams: tests/c/streams.c, linked by path (its soname makes it load

@@ -330,12 +330,29 @@ fn direct_sweep() -> Sweep {
     }
 }
 
-/// The sweep a device job runs (`FERRO_TEST_SWEEP=direct`: [`direct_sweep`]).
-fn job_sweep() -> Sweep {
-    match std::env::var("FERRO_TEST_SWEEP").as_deref() {
-        Ok("direct") => direct_sweep(),
+/// Messages of several MiB, uncut (a 16 MiB device slice): a receive-reduce on device memory
+/// reduces in batches of landed bytes as they arrive, not only at the end.
+fn direct_large_sweep() -> Sweep {
+    Sweep {
+        dtypes: vec![DataType::Float32, DataType::Bfloat16],
+        ops: vec![ReduceOp::Sum, ReduceOp::Avg],
+        counts: vec![(3 << 20) + 5],
+        colls: vec!["all_reduce", "reduce_scatter", "reduce"],
+    }
+}
+
+/// A device job's sweep by name (`FERRO_TEST_SWEEP`).
+fn sweep_named(name: &str) -> Sweep {
+    match name {
+        "direct" => direct_sweep(),
+        "direct-large" => direct_large_sweep(),
         _ => process_sweep(),
     }
+}
+
+/// The sweep a device job runs.
+fn job_sweep() -> Sweep {
+    sweep_named(&std::env::var("FERRO_TEST_SWEEP").unwrap_or_default())
 }
 
 /// A rank of a device job: device 0 of the provider `FERRO_DEVICE_PROVIDER` names.
@@ -343,6 +360,10 @@ fn job_sweep() -> Sweep {
 fn child_device() {
     if !child::is_role("device") {
         return;
+    }
+    if std::env::var("FERRO_TEST_STAGE_RANK").ok() == std::env::var("FERRO_RANK").ok() {
+        // This rank stages while its peers run on the device buffers themselves.
+        std::env::set_var("FERRO_DEVICE_DIRECT", "0");
     }
     let comm = Communicator::from_env().expect("from_env");
     let dev = Device::from_env(0).expect("device 0");
@@ -364,12 +385,31 @@ fn child_device() {
 /// Runs `sweep` (by [`job_sweep`]'s name) on device buffers of `n` processes over
 /// `transport`; `direct`: whether the collectives must run on the device buffers themselves.
 fn device_job(n: usize, transport: &str, sweep: &str, direct: bool) {
+    device_job_staging_rank(n, transport, sweep, direct, None);
+}
+
+/// [`device_job`], with rank `stage` (if any) staging through host memory whatever `direct`.
+fn device_job_staging_rank(
+    n: usize,
+    transport: &str,
+    sweep: &str,
+    direct: bool,
+    stage: Option<usize>,
+) {
     let _serial = child::serial();
     let env = [
         (PROVIDER_ENV, "host".to_string()),
         ("FERRO_TRANSPORTS", transport.to_string()),
         // 65537 elements run as 5 (f32) or 3 (f16, u8) pipelined slices.
-        ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
+        (
+            "FERRO_DEVICE_SLICE_BYTES",
+            if sweep == "direct-large" {
+                "16M"
+            } else {
+                "64K"
+            }
+            .to_string(),
+        ),
         ("FERRO_TIMEOUT", "60".to_string()),
         ("FERRO_TEST_SWEEP", sweep.to_string()),
         (
@@ -377,19 +417,20 @@ fn device_job(n: usize, transport: &str, sweep: &str, direct: bool) {
             if direct { "1" } else { "0" }.to_string(),
         ),
         ("FERRO_P2P_PROVIDER", "host".to_string()),
+        (
+            "FERRO_TEST_STAGE_RANK",
+            stage.map_or_else(|| "none".to_string(), |r| r.to_string()),
+        ),
     ];
     let out = ferrorun_self(n, None, "child_device", "device", &env, JOB_LIMIT);
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("DEVICE ");
     assert_eq!(lines.len(), n, "{}", out.dump());
-    let want = if sweep == "direct" {
-        direct_sweep()
-    } else {
-        process_sweep()
-    };
+    let want = sweep_named(sweep);
     for l in &lines {
         assert_eq!(field::<usize>(l, "cases"), expected_cases(&want), "{l}");
         assert_eq!(field::<String>(l, "transport"), transport, "{l}");
+        let direct = direct && stage != Some(field::<usize>(l, "rank"));
         assert_eq!(field::<bool>(l, "direct"), direct, "{l}");
         if direct {
             // Nothing went through host staging; the engine's device buffers were made.
@@ -420,6 +461,18 @@ fn device_collectives_straight_on_device_buffers_over_p2p_3_processes() {
 #[test]
 fn device_collectives_straight_on_device_buffers_over_p2p_2_processes() {
     device_job(2, "p2p", "direct", true);
+}
+
+#[test]
+fn large_device_collectives_straight_on_device_buffers_over_p2p_3_processes() {
+    device_job(3, "p2p", "direct-large", true);
+}
+
+/// The messages are the same either way: one rank staging beside two running on the device
+/// buffers gives the same results.
+#[test]
+fn device_collectives_with_one_rank_staged_and_two_direct_over_p2p() {
+    device_job_staging_rank(3, "p2p", "direct", true, Some(1));
 }
 
 #[test]

@@ -220,6 +220,10 @@ fn conn_of<'a>(
         .ok_or_else(|| Error::internal(format!("{}: no connection to rank {peer}", ctx.label())))
 }
 
+/// Fewest landed bytes a receive-reduce on device memory reduces at once (besides a part's
+/// last bytes): a device reduction is a kernel launch and a wait, some microseconds each.
+const DEVICE_REDUCE_BATCH: usize = 1 << 20;
+
 /// What a step borrows from its engine.
 pub(crate) struct StepEnv<'a> {
     /// Connection to each peer (None for self).
@@ -511,11 +515,14 @@ fn advance<W: Waiter>(
                     check_header(ctx, o.peer(), &s.header, &header)?;
                 }
                 if r.is_ok() && s.progress.started {
-                    // Reduce what has landed in the stage (whole elements).
+                    // Reduce what has landed in the stage (whole elements), in batches: each
+                    // device reduction is a kernel launch, worth it only for enough bytes.
                     for (j, part) in s.progress.parts().iter().enumerate() {
                         let from = s.reduced[j].max(part.start);
                         let avail = part.pos - part.pos % es;
-                        if avail > from {
+                        if avail > from
+                            && (avail - from >= DEVICE_REDUCE_BATCH || part.pos == part.end)
+                        {
                             let n = avail - from;
                             profile::phase(Phase::Reduce);
                             let (d, a, b) =

@@ -472,12 +472,7 @@ fn advance<W: Waiter>(
                 profile::phase(Phase::Recv);
                 let r = conn.recv(&mut s.header, PayloadMut::Host(payload), &mut s.progress);
                 profile::phase(Phase::Drive);
-                if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                    if s.header.kind == kind::NOTICE {
-                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
-                    }
-                    check_header(ctx, o.peer(), &s.header, &header)?;
-                }
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 r
             }
             RawOp::SendDevice { mem, header, .. } => {
@@ -490,12 +485,7 @@ fn advance<W: Waiter>(
                 profile::phase(Phase::Recv);
                 let r = conn.recv(&mut s.header, PayloadMut::Device(mem), &mut s.progress);
                 profile::phase(Phase::Drive);
-                if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                    if s.header.kind == kind::NOTICE {
-                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
-                    }
-                    check_header(ctx, o.peer(), &s.header, &header)?;
-                }
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 r
             }
             RawOp::RecvReduceDevice {
@@ -508,12 +498,7 @@ fn advance<W: Waiter>(
                 profile::phase(Phase::Recv);
                 let r = conn.recv(&mut s.header, PayloadMut::Device(stage), &mut s.progress);
                 profile::phase(Phase::Drive);
-                if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                    if s.header.kind == kind::NOTICE {
-                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
-                    }
-                    check_header(ctx, o.peer(), &s.header, &header)?;
-                }
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 if r.is_ok() && s.progress.started {
                     // Reduce what has landed in the stage (whole elements), in batches: each
                     // device reduction is a kernel launch, worth it only for enough bytes.
@@ -569,12 +554,7 @@ fn advance<W: Waiter>(
                     &mut |from, bytes| reduce_range(reducer, dtype, op, src, dst, bytes, from),
                 );
                 profile::phase(Phase::Drive);
-                if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                    if s.header.kind == kind::NOTICE {
-                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
-                    }
-                    check_header(ctx, o.peer(), &s.header, &header)?;
-                }
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 r
             }
             RawOp::RecvReduce {
@@ -592,12 +572,7 @@ fn advance<W: Waiter>(
                     &mut s.progress,
                 );
                 profile::phase(Phase::Drive);
-                if r.is_ok() && s.progress.header_done() && !s.progress.started {
-                    if s.header.kind == kind::NOTICE {
-                        return Err(read_notice(conn, s, o.peer(), ctx, waiter));
-                    }
-                    check_header(ctx, o.peer(), &s.header, &header)?;
-                }
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 if r.is_ok() && s.progress.started {
                     for (j, part) in s.progress.parts().iter().enumerate() {
                         let from = s.reduced[j].max(part.start);
@@ -636,6 +611,26 @@ fn advance<W: Waiter>(
     } else {
         Moved::Nothing
     })
+}
+
+/// After a receive call: a header that has just arrived is a failure notice (read, and the
+/// step fails with its reason) or is checked against `want`.
+fn arrived<W: Waiter>(
+    r: &Result<bool>,
+    conn: &mut Conn,
+    s: &mut OpState,
+    peer: usize,
+    want: &Header,
+    ctx: &OpContext,
+    waiter: &mut W,
+) -> Result<()> {
+    if r.is_ok() && s.progress.header_done() && !s.progress.started {
+        if s.header.kind == kind::NOTICE {
+            return Err(read_notice(conn, s, peer, ctx, waiter));
+        }
+        check_header(ctx, peer, &s.header, want)?;
+    }
+    Ok(())
 }
 
 /// The longest reason a failure notice carries, in bytes.

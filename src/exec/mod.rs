@@ -410,6 +410,17 @@ impl Engine {
         mut arena: Option<&mut (dyn DeviceArena + 'static)>,
         waits: Option<&mut [u64]>,
     ) -> Result<()> {
+        let es = dtype.size();
+        if mem.space == MemSpace::Host
+            && arena.is_none()
+            && self.reducer.serves(MemSpace::Host)
+            && self.lane_fits(args, es, premul.is_some())
+        {
+            crate::profile::phase(crate::profile::Phase::Drive);
+            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits);
+            crate::profile::phase(crate::profile::Phase::Leave);
+            return r;
+        }
         let reducer = match arena.as_deref() {
             Some(a) => a.reducer(),
             None => Arc::clone(&self.reducer),
@@ -429,13 +440,6 @@ impl Engine {
                 ctx.label(),
                 mem.space
             )));
-        }
-        let es = dtype.size();
-        if !device && self.lane_fits(args, es, premul.is_some()) {
-            crate::profile::phase(crate::profile::Phase::Drive);
-            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits);
-            crate::profile::phase(crate::profile::Phase::Leave);
-            return r;
         }
         let (in_len, _) = args.kind.buffer_lens(args.count, self.nranks);
         let mut mem = mem;
@@ -583,7 +587,7 @@ impl Engine {
                 continue;
             }
             let t = waits.is_some().then(std::time::Instant::now);
-            self.run_step_with(raw, run.dtype, run.op, ctx, run.reducer)?;
+            self.run_step_with(raw, run.dtype, run.op, ctx, Some(run.reducer))?;
             if let (Some(w), Some(t)) = (waits.as_deref_mut(), t) {
                 let ns = t.elapsed().as_nanos() as u64;
                 let receives = raw.iter().any(|o| !o.is_send());
@@ -639,18 +643,17 @@ impl Engine {
         op: ElemOp,
         ctx: &OpContext,
     ) -> Result<()> {
-        let reducer = Arc::clone(&self.reducer);
-        self.run_step_with(ops, dtype, op, ctx, &*reducer)
+        self.run_step_with(ops, dtype, op, ctx, None)
     }
 
-    /// [`Engine::run_step`] with received bytes reduced by `reducer`.
+    /// [`Engine::run_step`] with received bytes reduced by `reducer` (`None`: the engine's).
     fn run_step_with(
         &mut self,
         ops: &[RawOp],
         dtype: DataType,
         op: ElemOp,
         ctx: &OpContext,
-        reducer: &dyn Reducer,
+        reducer: Option<&dyn Reducer>,
     ) -> Result<()> {
         let nstage = ops
             .iter()
@@ -664,7 +667,7 @@ impl Engine {
             conns: &mut self.conns,
             staging: &mut self.staging,
             states: &mut self.states,
-            reducer,
+            reducer: reducer.unwrap_or(&*self.reducer),
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,

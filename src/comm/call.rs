@@ -131,6 +131,7 @@ impl Call {
 
     /// [`Call::run`] on buffers in `mem.space` (device memory needs `arena`; see
     /// [`Engine::run_collective_in`]).
+    #[inline]
     pub(super) fn run_in(
         &self,
         e: &mut Engine,

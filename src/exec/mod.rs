@@ -344,6 +344,7 @@ impl Engine {
     /// `arena` (its reducer runs the element-wise steps, its buffers hold the engine's
     /// scratch), and every connection must carry that space itself.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn run_collective_in(
         &mut self,
         args: &CollArgs,

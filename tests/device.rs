@@ -370,6 +370,29 @@ fn child_device() {
     comm.set_device(dev).unwrap();
     let cases = run_sweep_on(&comm, Mem::Device(dev), &job_sweep(), 99)
         .unwrap_or_else(|e| panic!("rank {}: {e}", comm.rank()));
+    let (r, n) = (comm.rank(), comm.nranks());
+    if n > 1 {
+        // A ring of blocking device sends and receives (even ranks send first).
+        let value = |from: usize, i: usize| (from * 1_000_003 + i) as f32;
+        let len = 100_003;
+        let out: Vec<f32> = (0..len).map(|i| value(r, i)).collect();
+        let out = DeviceBuffer::from_host(dev, &out).unwrap();
+        let mut inb = DeviceBuffer::<f32>::new(dev, len).unwrap();
+        let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+        if r % 2 == 0 {
+            comm.send_device(&out, to).unwrap();
+            comm.recv_device(&mut inb, from).unwrap();
+        } else {
+            comm.recv_device(&mut inb, from).unwrap();
+            comm.send_device(&out, to).unwrap();
+        }
+        let got = inb.to_vec().unwrap();
+        let wrong = (0..len).filter(|&i| got[i] != value(from, i)).count();
+        assert_eq!(
+            wrong, 0,
+            "rank {r}: {wrong} wrong elements from rank {from}"
+        );
+    }
     let peer = (comm.rank() + 1) % comm.nranks();
     println!(
         "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={}",

@@ -381,11 +381,26 @@ impl Communicator {
         )
     }
 
-    /// [`Communicator::send`] of a device buffer (staged through pinned host memory; the peer
-    /// may receive into host or device memory).
+    /// Whether a send or receive of a device buffer to `peer` goes straight through its
+    /// transport (one that carries device memory itself, with `FERRO_DEVICE_DIRECT` on).
+    fn direct_to(&self, peer: usize, dev: Device) -> bool {
+        self.inner.config.device_direct && peer != self.inner.rank && {
+            let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
+            engine.accepts(peer, dev.space())
+        }
+    }
+
+    /// [`Communicator::send`] of a device buffer: straight from it where the peer's transport
+    /// carries device memory (the GPU peer-to-peer transport), else staged through pinned host
+    /// memory. The peer may receive into host or device memory.
     pub fn send_device<T: Element>(&self, buf: &DeviceBuffer<T>, peer: usize) -> Result<()> {
         use crate::device::staging::Slot;
         let dev = self.device_for("send", "send", buf)?;
+        if self.direct_to(peer, dev) {
+            let mut g = self.group();
+            g.send_device(buf, peer);
+            return g.run();
+        }
         self.streams.drain_if_used();
         buf.wait_idle();
         let mut st = lock(&self.device);
@@ -396,10 +411,16 @@ impl Communicator {
         self.send(&*input, peer)
     }
 
-    /// [`Communicator::recv`] into a device buffer.
+    /// [`Communicator::recv`] into a device buffer (straight into it where the peer's
+    /// transport carries device memory; see [`Communicator::send_device`]).
     pub fn recv_device<T: Element>(&self, buf: &mut DeviceBuffer<T>, peer: usize) -> Result<()> {
         use crate::device::staging::Slot;
         let dev = self.device_for("recv", "receive", buf)?;
+        if self.direct_to(peer, dev) {
+            let mut g = self.group();
+            g.recv_device(buf, peer);
+            return g.run();
+        }
         self.streams.drain_if_used();
         buf.wait_idle();
         let mut st = lock(&self.device);

@@ -243,47 +243,82 @@ impl Communicator {
         recv: (&mut DeviceBuffer<u8>, Range<usize>),
         from: usize,
     ) -> Result<()> {
-        let rank = self.rank();
-        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
-            if r.start > r.end || r.end > b.len {
-                return Err(Error::invalid_argument(format!(
-                    "send/recv on rank {rank}: {what} bytes {r:?} lie outside a device buffer of \
-                     {} bytes",
-                    b.len
-                )));
-            }
-            Ok(())
-        };
-        check(send.0, &send.1, "send")?;
-        check(recv.0, &recv.1, "receive")?;
         if send.1.len() != recv.1.len() {
             return Err(Error::invalid_argument(format!(
-                "send/recv on rank {rank}: {} bytes sent, {} received",
+                "send/recv on rank {}: {} bytes sent, {} received",
+                self.rank(),
                 send.1.len(),
                 recv.1.len()
             )));
         }
-        send.0.wait_idle();
-        recv.0.wait_idle();
-        // SAFETY: each range lies inside its buffer (checked above), whose memory on its device
-        // stays live while the buffers are borrowed here; `recv` is borrowed mutably, so
-        // nothing else uses its range, and `send` is a distinct buffer, borrowed shared.
-        let (s, mut r) = unsafe {
-            (
-                DeviceBuffer::<u8>::view(
-                    send.0.device,
-                    send.0.addr + send.1.start as u64,
-                    send.1.len(),
-                )?,
-                DeviceBuffer::<u8>::view(
-                    recv.0.device,
-                    recv.0.addr + recv.1.start as u64,
-                    recv.1.len(),
-                )?,
-            )
+        let ops = [
+            RawDeviceP2p::send(to, false, send.1),
+            RawDeviceP2p::recv(from, recv.1),
+        ];
+        self.raw_group_device(send.0, recv.0, &ops)
+    }
+
+    /// Runs sends and receives of byte ranges of two device buffers as one group (see
+    /// [`crate::Group::send_device`]): the perf tools' point-to-point patterns on device
+    /// buffers (gather, scatter, hypercube). Sends read either buffer; receives write `recv`.
+    /// Every range must lie in its buffer, and no receive range may overlap another receive's
+    /// or a send's range of `recv`. A send to this rank and a receive from it copy locally.
+    pub fn raw_group_device(
+        &self,
+        send: &DeviceBuffer<u8>,
+        recv: &mut DeviceBuffer<u8>,
+        ops: &[RawDeviceP2p],
+    ) -> Result<()> {
+        let rank = self.rank();
+        let bad = |what: String| {
+            Err(Error::invalid_argument(format!(
+                "send/recv on rank {rank}: {what}"
+            )))
         };
+        for (i, o) in ops.iter().enumerate() {
+            let (r, len) = (&o.range, if o.in_recv { recv.len } else { send.len });
+            if r.start > r.end || r.end > len {
+                return bad(format!(
+                    "bytes {r:?} lie outside the device buffer of {len} bytes they name"
+                ));
+            }
+            if !o.send && !o.in_recv {
+                return bad("a receive into the send buffer".to_string());
+            }
+            let clash = ops[..i].iter().any(|p| {
+                p.in_recv
+                    && o.in_recv
+                    && (!p.send || !o.send)
+                    && p.range.start < r.end
+                    && r.start < p.range.end
+            });
+            if clash {
+                return bad(format!(
+                    "receive bytes {r:?} overlap another range of the receive buffer"
+                ));
+            }
+        }
+        send.wait_idle();
+        recv.wait_idle();
+        let view = |o: &RawDeviceP2p| {
+            let b: &DeviceBuffer<u8> = if o.in_recv { recv } else { send };
+            // SAFETY: the range lies inside its buffer (checked above), whose memory on its
+            // device stays live while the buffers are borrowed here; receive ranges lie in
+            // `recv`, borrowed mutably, and overlap no other op's range (checked above), so
+            // nothing else writes or reads them during the group.
+            unsafe {
+                DeviceBuffer::<u8>::view(b.device, b.addr + o.range.start as u64, o.range.len())
+            }
+        };
+        let mut views = ops.iter().map(view).collect::<Result<Vec<_>>>()?;
         let mut g = self.group();
-        g.send_device(&s, to).recv_device(&mut r, from);
+        for (o, v) in ops.iter().zip(views.iter_mut()) {
+            if o.send {
+                g.send_device(&**v, o.peer);
+            } else {
+                g.recv_device(&mut **v, o.peer);
+            }
+        }
         g.run()
     }
 
@@ -391,6 +426,41 @@ impl Communicator {
             BufMut::Device(&mut r),
             op,
         )
+    }
+}
+
+/// One send or receive of [`Communicator::raw_group_device`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDeviceP2p {
+    /// A send (`false`: a receive).
+    pub send: bool,
+    /// The peer rank (this rank: a local copy).
+    pub peer: usize,
+    /// Whether `range` lies in the group's receive buffer (receives always do).
+    pub in_recv: bool,
+    /// Its bytes.
+    pub range: Range<usize>,
+}
+
+impl RawDeviceP2p {
+    /// A send of bytes `range` of the send buffer, or of the receive buffer (`in_recv`).
+    pub fn send(peer: usize, in_recv: bool, range: Range<usize>) -> RawDeviceP2p {
+        RawDeviceP2p {
+            send: true,
+            peer,
+            in_recv,
+            range,
+        }
+    }
+
+    /// A receive into bytes `range` of the receive buffer.
+    pub fn recv(peer: usize, range: Range<usize>) -> RawDeviceP2p {
+        RawDeviceP2p {
+            send: false,
+            peer,
+            in_recv: true,
+            range,
+        }
     }
 }
 

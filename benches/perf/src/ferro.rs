@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferroccl::coll::CollKind;
-use ferroccl::device::{Device, DeviceBuffer, Provider};
+use ferroccl::device::{Device, DeviceBuffer, Provider, RawDeviceP2p};
 use ferroccl::{bootstrap, Communicator, Config, DataType, Error, ReduceOp, Result};
 
 use crate::{report, run::hostname, run_perf, Args, Coll, PerfComm, PerfOp};
@@ -92,19 +92,14 @@ impl FerroComm {
         coll: Coll,
         send: Option<usize>,
         recv: usize,
+        bytes: usize,
         dtype: DataType,
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
         let off = self.unalign;
-        if coll == Coll::SendRecv {
-            return self.send_recv_device(bufs, send, recv);
-        }
         let Some(kind) = scheduled_kind(coll, root) else {
-            return Err(Error::invalid_usage(format!(
-                "{}: device buffers (-B 1) are not built yet for gather, scatter and hypercube",
-                coll.program_name()
-            )));
+            return self.p2p_device(bufs, coll, send, recv, bytes, root);
         };
         bufs.reserve(off + send.unwrap_or(0), off + recv)?;
         let DeviceBufs {
@@ -121,30 +116,111 @@ impl FerroComm {
 
     /// send/recv on the device buffers: to the next rank, from the previous one (in place:
     /// what the receive buffer held, copied to the send buffer first, as the host form does).
-    fn send_recv_device(
+    /// The point-to-point patterns (send/recv, gather, scatter, hypercube) on the device
+    /// buffers: the same messages as the host forms below, as groups of byte ranges
+    /// (`Communicator::raw_group_device`); a rank's own block is a send to itself.
+    fn p2p_device(
         &self,
         bufs: &mut DeviceBufs,
+        coll: Coll,
         send: Option<usize>,
         recv: usize,
+        bytes: usize,
+        root: usize,
     ) -> Result<()> {
         let c = &self.comm;
         let (r, n) = (c.rank(), c.nranks());
         let off = self.unalign;
-        bufs.reserve(off + recv, off + recv)?;
+        if coll == Coll::SendRecv && send.is_none() {
+            // In place: the bytes to send are the receive buffer's, copied aside first.
+            bufs.reserve(off + recv, off + recv)?;
+            let mut own = vec![0u8; recv];
+            bufs.recv.read_at(off, &mut own)?;
+            bufs.send.write_at(off, &own)?;
+        }
+        bufs.reserve(off + send.unwrap_or(recv), off + recv)?;
         let DeviceBufs {
             send: ds, recv: dr, ..
         } = bufs;
-        if send.is_none() {
-            let mut own = vec![0u8; recv];
-            dr.read_at(off, &mut own)?;
-            ds.write_at(off, &own)?;
+        let block = |p: usize| off + p * bytes..off + (p + 1) * bytes;
+        let first = off..off + bytes;
+        let mut ops = Vec::new();
+        match coll {
+            Coll::SendRecv => {
+                ops.push(RawDeviceP2p::send((r + 1) % n, false, off..off + recv));
+                ops.push(RawDeviceP2p::recv((r + n - 1) % n, off..off + recv));
+            }
+            Coll::Gather if bytes == 0 => {}
+            Coll::Gather if r == root => {
+                if send.is_some() {
+                    ops.push(RawDeviceP2p::send(r, false, first));
+                    ops.push(RawDeviceP2p::recv(r, block(r)));
+                }
+                ops.extend(
+                    (0..n)
+                        .filter(|&p| p != root)
+                        .map(|p| RawDeviceP2p::recv(p, block(p))),
+                );
+            }
+            Coll::Gather => ops.push(match send {
+                Some(_) => RawDeviceP2p::send(root, false, first),
+                None => RawDeviceP2p::send(root, true, block(r)),
+            }),
+            Coll::Scatter if bytes == 0 => {}
+            Coll::Scatter if r == root => {
+                let in_recv = send.is_none();
+                ops.extend(
+                    (0..n)
+                        .filter(|&p| p != root)
+                        .map(|p| RawDeviceP2p::send(p, in_recv, block(p))),
+                );
+                if !in_recv {
+                    ops.push(RawDeviceP2p::send(r, false, block(r)));
+                    ops.push(RawDeviceP2p::recv(r, first));
+                }
+            }
+            Coll::Scatter => ops.push(match send {
+                Some(_) => RawDeviceP2p::recv(root, first),
+                None => RawDeviceP2p::recv(root, block(r)),
+            }),
+            Coll::HyperCube => {
+                if !n.is_power_of_two() {
+                    return Err(Error::invalid_argument(format!(
+                        "hypercube on rank {r}: nranks {n} is not a power of two"
+                    )));
+                }
+                if send.is_some() {
+                    let own = [
+                        RawDeviceP2p::send(r, false, first),
+                        RawDeviceP2p::recv(r, block(r)),
+                    ];
+                    c.raw_group_device(ds, dr, &own)?;
+                }
+                let mut width = 1;
+                while width < n {
+                    let partner = r ^ width;
+                    let (mine, theirs) = (r & !(width - 1), partner & !(width - 1));
+                    let span = |from: usize| off + from * bytes..off + (from + width) * bytes;
+                    let step = [
+                        RawDeviceP2p::send(partner, true, span(mine)),
+                        RawDeviceP2p::recv(partner, span(theirs)),
+                    ];
+                    c.raw_group_device(ds, dr, &step)?;
+                    width *= 2;
+                }
+                return Ok(());
+            }
+            _ => {
+                return Err(Error::internal(format!(
+                    "{}: not a point-to-point pattern",
+                    coll.program_name()
+                )))
+            }
         }
-        c.raw_send_recv_device(
-            (&*ds, off..off + recv),
-            (r + 1) % n,
-            (dr, off..off + recv),
-            (r + n - 1) % n,
-        )
+        if ops.is_empty() {
+            return Ok(());
+        }
+        c.raw_group_device(ds, dr, &ops)
     }
 
     /// The communicator.
@@ -201,7 +277,8 @@ impl PerfComm for FerroComm {
         let rop = reduce_op(op, c.rank());
         if let Some(mut bufs) = self.device_bufs() {
             let send = send.map(<[u8]>::len);
-            return self.run_device(&mut bufs, coll, send, recv.len(), dtype, rop, root);
+            let bytes = count * dtype.size();
+            return self.run_device(&mut bufs, coll, send, recv.len(), bytes, dtype, rop, root);
         }
         let bytes = count * dtype.size();
         match (scheduled_kind(coll, root), coll) {

@@ -22,7 +22,7 @@ eval "$(scripts/nvrtc-env.sh)"
 echo "== building release binaries" >&2
 cargo build --release --quiet -p ferroccl-cuda --bin ferro-gpu-check
 cargo build --release --quiet -p ferroccl --bin ferroccl-device-check --bin ferrorun
-perf_tools="all_reduce_perf sendrecv_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf"
+perf_tools="all_reduce_perf sendrecv_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf gather_perf scatter_perf"
 # shellcheck disable=SC2046 # one --bin per tool
 cargo build --release --quiet -p ferroccl-perf $(printf -- '--bin %s ' $perf_tools)
 # The p2p transport's unit tests (cuda provider under FERRO_P2P_GPU_CHECK=1), as bin/p2p-tests.

@@ -180,7 +180,7 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
             step "$bundle/bin/ferrorun" -n 2 -- \
             "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 4 -n 10 -w 3 -B 1 || rc=1
     done
-    for t in all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf; do
+    for t in all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf gather_perf scatter_perf; do
         if [ -x "$bundle/bin/$t" ]; then
             echo "-- $t"
             FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p step "$bundle/bin/ferrorun" -n 2 -- \

@@ -330,8 +330,9 @@ fn direct_sweep() -> Sweep {
     }
 }
 
-/// Messages of several MiB, uncut (a 16 MiB device slice): a receive-reduce on device memory
-/// reduces in batches of landed bytes as they arrive, not only at the end.
+/// Messages of several MiB, uncut (a 16 MiB device slice), over slots the transport does not
+/// lend: a receive-reduce on device memory reduces from its stage in batches of landed bytes
+/// as they arrive, not only at the end.
 fn direct_large_sweep() -> Sweep {
     Sweep {
         dtypes: vec![DataType::Float32, DataType::Bfloat16],
@@ -440,6 +441,18 @@ fn device_job_staging_rank(
             if direct { "1" } else { "0" }.to_string(),
         ),
         ("FERRO_P2P_PROVIDER", "host".to_string()),
+        // The large sweep's slots are not whole 16-byte units, so the transport does not lend
+        // them: received slices land in a device stage and are reduced in batches from there.
+        // The other sweeps reduce straight from the slots.
+        (
+            "FERRO_P2P_SLOT_BYTES",
+            if sweep == "direct-large" {
+                "1000008"
+            } else {
+                "524288"
+            }
+            .to_string(),
+        ),
         (
             "FERRO_TEST_STAGE_RANK",
             stage.map_or_else(|| "none".to_string(), |r| r.to_string()),

@@ -85,7 +85,8 @@ impl DeviceArena for DirectArena {
 }
 
 /// The stand-in provider's reducer: the host kernels on the stand-in's "device memory" (host
-/// heap memory), every operand checked to be a live stand-in allocation of its device first.
+/// heap memory), every device operand checked to be a live stand-in allocation of its device
+/// first. Sources may also be host memory; destinations are always device memory.
 #[derive(Debug)]
 pub(crate) struct StandInReducer {
     ordinal: u32,
@@ -109,11 +110,12 @@ impl StandInReducer {
         Ok(())
     }
 
+    /// A source: stand-in device memory, or host memory (a transport's receive buffer lent
+    /// to the reduction: the p2p transport's host provider keeps its slots there).
     fn read<'a>(&self, what: &str, p: Payload<'a>) -> Result<(MemRef, Payload<'a>)> {
-        let Payload::Device(m) = p else {
-            return Err(Error::invalid_argument(format!(
-                "host stand-in reducer: the {what} operand is host memory"
-            )));
+        let m = match p {
+            Payload::Host(b) => return Ok((MemRef::host(b.as_ptr(), b.len()), p)),
+            Payload::Device(m) => m,
         };
         self.check(what, &m)?;
         if m.len == 0 {
@@ -280,9 +282,17 @@ mod tests {
             .copy(PayloadMut::Device(po), Payload::Device(other.mem()))
             .unwrap_err();
         assert!(e.to_string().contains("cuda device 3"), "{e}");
-        let host = [0u8; 12];
+        // A host source (a transport's lent buffer) is read; a host destination is refused.
+        let host: Vec<u8> = [5f32, 6.0, 7.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        r.copy(PayloadMut::Device(po), Payload::Host(&host))
+            .unwrap();
+        assert_eq!(out.to_vec().unwrap(), [5.0, 6.0, 7.0]);
+        let mut h = [0u8; 12];
         let e = r
-            .copy(PayloadMut::Device(po), Payload::Host(&host))
+            .copy(PayloadMut::Host(&mut h), Payload::Device(pa))
             .unwrap_err();
         assert!(e.to_string().contains("host memory"), "{e}");
         let past = MemRef {

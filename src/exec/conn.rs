@@ -82,6 +82,22 @@ impl Conn {
         self.conn.recv_lent(h, len, granule, p, sink)
     }
 
+    /// Whether the connection lends received device memory
+    /// ([`Connection::recv_lent_device`]).
+    pub(crate) fn lends_device(&self) -> bool {
+        self.conn.lends_device()
+    }
+
+    pub(crate) fn recv_lent_device(
+        &mut self,
+        h: &mut Header,
+        len: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, ferroccl_transport::Payload<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        self.conn.recv_lent_device(h, len, p, sink)
+    }
+
     pub(crate) fn poll_fds(&self, sending: bool, receiving: bool, out: &mut Vec<PollFd>) {
         self.conn.poll_fds(sending, receiving, out)
     }

@@ -572,7 +572,18 @@ impl Engine {
                     continue;
                 }
                 let mut r = layout.raw_op(o, ctx)?;
-                if let RawOp::RecvReduceDevice { ref mut stage, .. } = r {
+                if let RawOp::RecvReduceDevice {
+                    peer,
+                    ref mut stage,
+                    ..
+                } = r
+                {
+                    let lends = self.conns.get(peer).and_then(Option::as_ref);
+                    if lends.is_some_and(Conn::lends_device) {
+                        // Reduced straight from the transport's memory: no stage.
+                        raw.push(r);
+                        continue;
+                    }
                     // A received slice lands in the arena, then is reduced from there.
                     let a = run.arena.as_deref_mut().ok_or_else(|| {
                         Error::internal(format!("{}: no device arena", ctx.label()))

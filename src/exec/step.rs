@@ -489,6 +489,22 @@ fn advance<W: Waiter>(
                 r
             }
             RawOp::RecvReduceDevice {
+                src, dst, header, ..
+            } if conn.lends_device() => {
+                // Reduced straight from the transport's memory: no copy into a stage.
+                let (reducer, dtype, op) = (pass.reducer, pass.dtype, pass.op);
+                profile::phase(Phase::Recv);
+                let r = conn.recv_lent_device(
+                    &mut s.header,
+                    src.len,
+                    &mut s.progress,
+                    &mut |from, piece| reduce_piece(reducer, dtype, op, src, dst, from, piece),
+                );
+                profile::phase(Phase::Drive);
+                arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
+                r
+            }
+            RawOp::RecvReduceDevice {
                 src,
                 dst,
                 stage,
@@ -508,28 +524,9 @@ fn advance<W: Waiter>(
                         if avail > from
                             && (avail - from >= DEVICE_REDUCE_BATCH || part.pos == part.end)
                         {
-                            let n = avail - from;
-                            profile::phase(Phase::Reduce);
-                            let (d, a, b) =
-                                (dst.sub(from, n), src.sub(from, n), stage.sub(from, n));
-                            let rr = if src == dst {
-                                pass.reducer.reduce_inplace(
-                                    pass.dtype,
-                                    pass.op,
-                                    PayloadMut::Device(d),
-                                    Payload::Device(b),
-                                )
-                            } else {
-                                pass.reducer.reduce(
-                                    pass.dtype,
-                                    pass.op,
-                                    PayloadMut::Device(d),
-                                    Payload::Device(a),
-                                    Payload::Device(b),
-                                )
-                            };
-                            profile::phase(Phase::Drive);
-                            rr.map_err(|e| e.context(ctx.label()))?;
+                            let piece = Payload::Device(stage.sub(from, avail - from));
+                            reduce_piece(pass.reducer, pass.dtype, pass.op, src, dst, from, piece)
+                                .map_err(|e| e.context(ctx.label()))?;
                             s.reduced[j] = avail;
                         }
                     }
@@ -695,6 +692,29 @@ fn reduce_range(
 ) -> Result<()> {
     profile::phase(Phase::Reduce);
     let r = reduce_bytes(reducer, dtype, op, src, dst, incoming, from);
+    profile::phase(Phase::Drive);
+    r
+}
+
+/// Reduces `piece`, bytes `from..from + piece.len()` of a device receive-reduce's message
+/// (in the transport's memory or a stage), with the same bytes of `src` into `dst`.
+fn reduce_piece(
+    reducer: &dyn Reducer,
+    dtype: DataType,
+    op: ElemOp,
+    src: MemRef,
+    dst: MemRef,
+    from: usize,
+    piece: Payload<'_>,
+) -> Result<()> {
+    let n = piece.len();
+    let d = PayloadMut::Device(dst.sub(from, n));
+    profile::phase(Phase::Reduce);
+    let r = if src == dst {
+        reducer.reduce_inplace(dtype, op, d, piece)
+    } else {
+        reducer.reduce(dtype, op, d, Payload::Device(src.sub(from, n)), piece)
+    };
     profile::phase(Phase::Drive);
     r
 }

@@ -288,6 +288,33 @@ pub trait Connection: Send + fmt::Debug {
         )))
     }
 
+    /// Whether [`Connection::recv_lent_device`] works on this connection: the transport
+    /// receives into memory of a device (or host memory standing in for it) that it can lend
+    /// to a device reducer. `false` (the default): receive into a buffer.
+    fn lends_device(&self) -> bool {
+        false
+    }
+
+    /// [`Connection::recv_lent`] for device reductions: `sink(off, piece)` gets payload bytes
+    /// `off..off + piece.len()` where the transport holds them (its device memory, as a
+    /// `Payload::Device`; host memory as a `Payload::Host`), in order, each byte once, and the
+    /// transport reuses that memory once `sink` returns (so `sink` must have finished reading
+    /// it: a device reduction waits for its kernel). Every piece but the last is a whole
+    /// number of 16 bytes. Only for connections that [`lend device memory`](Self::lends_device).
+    fn recv_lent_device(
+        &mut self,
+        header: &mut Header,
+        len: usize,
+        progress: &mut Progress,
+        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        let _ = (header, len, progress, sink);
+        Err(Error::internal(format!(
+            "the connection to {} does not lend received device memory (use recv)",
+            self.peer()
+        )))
+    }
+
     /// Announces where the next incoming message will land, before its header arrives: a
     /// one-sided transport tells the sender (RDMA's clear-to-send) so that the payload is
     /// written straight there. `region` is `dst`'s registration where the transport needs one.
@@ -352,6 +379,18 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
         sink: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
     ) -> Result<bool> {
         (**self).recv_lent(h, len, granule, p, sink)
+    }
+    fn lends_device(&self) -> bool {
+        (**self).lends_device()
+    }
+    fn recv_lent_device(
+        &mut self,
+        h: &mut Header,
+        len: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        (**self).recv_lent_device(h, len, p, sink)
     }
     fn post_recv(&mut self, dst: MemRef, region: Option<&Region>) -> Result<()> {
         (**self).post_recv(dst, region)

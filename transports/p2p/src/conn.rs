@@ -91,6 +91,39 @@ impl Mover for RxMover<'_, '_> {
     }
 }
 
+/// Hands each slot's bytes to a sink where they lie, instead of copying them out: done as
+/// soon as the sink returns.
+struct LentMover<'a> {
+    c: &'a Copier,
+    sink: &'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    slot_bytes: usize,
+}
+
+impl Mover for LentMover<'_> {
+    fn start(&mut self, slot: usize, off: usize, n: usize) -> Result<()> {
+        let piece = self.c.lend(slot * self.slot_bytes, n)?;
+        (self.sink)(off, piece)
+    }
+    fn done(&mut self, _slot: usize) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// Where a receive's bytes go: copied into a buffer, or lent to a sink.
+enum Rx<'a, 'b> {
+    Copy(&'a mut PayloadMut<'b>),
+    Lend(&'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>),
+}
+
+impl Rx<'_, '_> {
+    fn len(&self, lent_len: usize) -> usize {
+        match self {
+            Rx::Copy(p) => p.len(),
+            Rx::Lend(_) => lent_len,
+        }
+    }
+}
+
 /// What setup hands a connection.
 #[derive(Debug)]
 pub(crate) struct Parts {
@@ -187,15 +220,84 @@ impl P2pConnection {
             .progress(&self.p.layout, &self.p.tx, &mut m, header, p)
     }
 
-    fn rx_progress(&mut self, payload: &mut PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
-        let len = payload.len();
-        let mut m = RxMover {
-            c: &mut self.p.rx_copier,
-            payload,
-            slot_bytes: self.p.layout.slot_bytes,
+    fn rx_progress(&mut self, rx: &mut Rx<'_, '_>, len: usize, p: &mut Progress) -> Result<bool> {
+        let slot_bytes = self.p.layout.slot_bytes;
+        match rx {
+            Rx::Copy(payload) => {
+                let mut m = RxMover {
+                    c: &mut self.p.rx_copier,
+                    payload,
+                    slot_bytes,
+                };
+                self.recv
+                    .progress(&self.p.layout, &self.p.rx, &mut m, len, p)
+            }
+            Rx::Lend(sink) => {
+                let mut m = LentMover {
+                    c: &self.p.rx_copier,
+                    sink: &mut **sink,
+                    slot_bytes,
+                };
+                self.recv
+                    .progress(&self.p.layout, &self.p.rx, &mut m, len, p)
+            }
+        }
+    }
+
+    /// A receive, its bytes copied into a buffer or lent (`len`: the lent message's length).
+    fn receive(
+        &mut self,
+        header: &mut Header,
+        mut rx: Rx<'_, '_>,
+        lent_len: usize,
+        p: &mut Progress,
+    ) -> Result<bool> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        let peer = self.p.peer.clone();
+        let ctx = |e: Error| {
+            e.context(format_args!("recv from {peer}"))
+                .with_peer(peer.rank)
         };
-        self.recv
-            .progress(&self.p.layout, &self.p.rx, &mut m, len, p)
+        if !p.header_done() {
+            let mut h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
+            if h.is_none() {
+                if let Err(e) = self.check_peer() {
+                    // A sender that published its last message and then closed is no error:
+                    // the close flag's Acquire makes the message's flag visible now.
+                    h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
+                    if h.is_none() {
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(h) = h {
+                *header = h;
+                p.header_pos = HEADER_LEN;
+            }
+            // The caller checks the header before the payload moves.
+            return Ok(false);
+        }
+        let len = rx.len(lent_len);
+        if !p.started {
+            header.check_recv_len(&self.p.peer, len)?;
+            self.recv.start(p, len);
+        }
+        let mut moved = self.rx_progress(&mut rx, len, p).map_err(ctx)?;
+        if !moved && !self.recv.complete() {
+            if let Err(e) = self.check_peer() {
+                // As for the header: slots published just before the close still count.
+                moved = self.rx_progress(&mut rx, len, p).map_err(ctx)?;
+                if !moved {
+                    return Err(e);
+                }
+            }
+        }
+        if moved {
+            self.p.peer_bell.ring();
+        }
+        Ok(self.recv.complete())
     }
 }
 
@@ -226,51 +328,22 @@ impl Connection for P2pConnection {
         mut payload: PayloadMut<'_>,
         p: &mut Progress,
     ) -> Result<bool> {
-        if self.closed {
-            return Err(self.closed_error());
-        }
-        let peer = self.p.peer.clone();
-        let ctx = |e: Error| {
-            e.context(format_args!("recv from {peer}"))
-                .with_peer(peer.rank)
-        };
-        if !p.header_done() {
-            let mut h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
-            if h.is_none() {
-                if let Err(e) = self.check_peer() {
-                    // A sender that published its last message and then closed is no error:
-                    // the close flag's Acquire makes the message's flag visible now.
-                    h = self.recv.header(&self.p.layout, &self.p.rx).map_err(ctx)?;
-                    if h.is_none() {
-                        return Err(e);
-                    }
-                }
-            }
-            if let Some(h) = h {
-                *header = h;
-                p.header_pos = HEADER_LEN;
-            }
-            // The caller checks the header before the payload moves.
-            return Ok(false);
-        }
-        if !p.started {
-            header.check_recv_len(&self.p.peer, payload.len())?;
-            self.recv.start(p, payload.len());
-        }
-        let mut moved = self.rx_progress(&mut payload, p).map_err(ctx)?;
-        if !moved && !self.recv.complete() {
-            if let Err(e) = self.check_peer() {
-                // As for the header: slots published just before the close still count.
-                moved = self.rx_progress(&mut payload, p).map_err(ctx)?;
-                if !moved {
-                    return Err(e);
-                }
-            }
-        }
-        if moved {
-            self.p.peer_bell.ring();
-        }
-        Ok(self.recv.complete())
+        self.receive(header, Rx::Copy(&mut payload), 0, p)
+    }
+
+    fn lends_device(&self) -> bool {
+        // Every piece but a message's last must be whole 16-byte units (whole elements).
+        self.p.layout.slot_bytes.is_multiple_of(16)
+    }
+
+    fn recv_lent_device(
+        &mut self,
+        header: &mut Header,
+        len: usize,
+        p: &mut Progress,
+        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    ) -> Result<bool> {
+        self.receive(header, Rx::Lend(sink), len, p)
     }
 
     fn describe(&self) -> String {

@@ -360,3 +360,63 @@ fn two_processes_exchange_through_the_provider() {
     assert!(out.status.success(), "child failed: {text}");
     assert!(text.contains(&format!("CHILD DONE messages={n}")), "{text}");
 }
+
+/// A lent device receive hands every byte over once, in order, in whole 16-byte units but
+/// for a message's last piece, straight from the slots; messages larger than the ring keep
+/// flowing (each slot is handed back once its piece's sink has returned).
+#[test]
+fn lent_device_receives_hand_over_every_byte_once_in_whole_units() {
+    let cfg = P2pConfig {
+        nslots: 2,
+        slot_bytes: 4096,
+        ..P2pConfig::host()
+    };
+    let (mut a, mut b) = host_pair(&cfg).unwrap();
+    assert!(b.lends_device());
+    let msgs = patterns(&[0, 1, 16, 4096, 4097, 3 * 4096 + 5, 40_000]);
+    std::thread::scope(|s| {
+        let sent = &msgs;
+        s.spawn(move || {
+            for (k, m) in sent.iter().enumerate() {
+                ferroccl_transport_testkit::drive::send_all(&mut *a, m, k as u64);
+            }
+        });
+        for (k, m) in msgs.iter().enumerate() {
+            let (mut h, mut p) = (Header::default(), Progress::default());
+            let mut got = Vec::new();
+            let mut pieces = Vec::new();
+            let mut sink = |off: usize, piece: Payload<'_>| {
+                let Payload::Host(bytes) = piece else {
+                    panic!("the host provider lends host memory");
+                };
+                assert_eq!(
+                    off,
+                    got.len(),
+                    "message {k}: pieces in order, each byte once"
+                );
+                got.extend_from_slice(bytes);
+                pieces.push(bytes.len());
+                Ok(())
+            };
+            ferroccl_transport_testkit::drive::wait_for(format_args!("message {k}"), || {
+                b.recv_lent_device(&mut h, m.len(), &mut p, &mut sink)
+                    .unwrap_or_else(|e| panic!("message {k}: {e}"))
+                    .then_some(())
+            });
+            assert_eq!(h.len as usize, m.len(), "message {k}: header");
+            assert_same(format_args!("message {k}"), &got, m);
+            let whole = pieces.len().saturating_sub(1);
+            assert!(
+                pieces[..whole].iter().all(|n| n % 16 == 0),
+                "message {k}: pieces {pieces:?}"
+            );
+        }
+    });
+    // Slots that are not whole 16-byte units are not lent.
+    let odd = P2pConfig {
+        slot_bytes: 4104,
+        ..cfg
+    };
+    let (_c, d) = host_pair(&odd).unwrap();
+    assert!(!d.lends_device());
+}

@@ -350,6 +350,16 @@ impl DevCopier {
         self.copy(slot, to, from, n)
     }
 
+    /// The `n` bytes at `at` of the slots, as device memory of this device.
+    pub fn lend(&self, at: usize, n: usize) -> Result<Payload<'_>> {
+        let addr = self.slot_addr(at, n)?;
+        Ok(Payload::Device(ferroccl_transport::MemRef {
+            space: ferroccl_transport::MemSpace::Cuda(self.dev.ordinal),
+            addr: addr as usize,
+            len: n,
+        }))
+    }
+
     /// Whether the copy last queued for `slot` is done.
     pub fn done(&mut self, slot: usize) -> Result<bool> {
         if !self.busy[slot] {

@@ -164,6 +164,17 @@ pub(crate) fn get(
     Ok(())
 }
 
+/// The `n` bytes at `at` of the mapping, lent to the caller.
+pub(crate) fn lend(map: &Arc<HostMap>, at: usize, n: usize) -> Result<Payload<'_>> {
+    let from = map.range(at, n)?;
+    // SAFETY: `from..from + n` lies in the mapping (checked), alive while `map` is borrowed;
+    // the slot's flag is out and the sender does not touch it until it is handed back (ring
+    // protocol), which happens only after the borrow ends.
+    Ok(Payload::Host(unsafe {
+        std::slice::from_raw_parts(from, n)
+    }))
+}
+
 fn no_device(space: ferroccl_transport::MemSpace) -> Error {
     Error::internal(format!(
         "the p2p transport's host provider (a test stand-in) cannot reach {space} memory"

@@ -251,6 +251,15 @@ impl Copier {
         }
     }
 
+    /// The `n` bytes at byte `at` of this rank's slots, where they are (for a reduction
+    /// straight from them; valid until the slot is handed back).
+    pub fn lend(&self, at: usize, n: usize) -> Result<Payload<'_>> {
+        match self {
+            Copier::Host { map, base } => host::lend(map, *base + at, n),
+            Copier::Cuda { c, base } => c.lend(*base + at, n),
+        }
+    }
+
     /// Whether the copy last started on `slot` is done.
     pub fn done(&mut self, slot: usize) -> Result<bool> {
         match self {

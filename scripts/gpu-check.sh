@@ -198,7 +198,7 @@ fi
 
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - reductions straight from the peer's memory (a received slice lands in a device stage before its kernel reduces it); stream-ordered device collectives straight on the device (they stage through the stream's pinned arena)"
+echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait)"
 echo "   - the C ABI's send/recv on streams straight to the p2p transport (host copies)"
 
 if [ "$failed" -ne 0 ]; then

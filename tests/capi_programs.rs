@@ -45,6 +45,20 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
         run_c(&exe, &[n], &host);
     }
     run_c(&exe, &["3", "all"], &host);
+    // Over the p2p transport alone: blocking calls run straight on the device buffers,
+    // stream-ordered ones stage through their stream's arena.
+    for waits in ["0", "1"] {
+        run_c(
+            &exe,
+            &["2"],
+            &[
+                ("FERRO_DEVICE_PROVIDER", "host"),
+                ("FERRO_TRANSPORTS", "p2p"),
+                ("FERRO_P2P_PROVIDER", "host"),
+                ("FERRO_STREAM_WAITS", waits),
+            ],
+        );
+    }
     run_c(
         &exe,
         &["1", "nodriver"],

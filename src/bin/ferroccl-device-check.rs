@@ -226,6 +226,17 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let mut failed = false;
     for n in ranks {
         let comms = Communicator::local_group(n, Config::default()).map_err(|e| e.to_string())?;
+        // Which path the blocking calls take: straight on the device buffers, or staged.
+        let path = comms
+            .first()
+            .map_or("staged through pinned host memory", |c| {
+                let _ = c.set_device(dev);
+                if c.device_direct() {
+                    "straight on the device buffers"
+                } else {
+                    "staged through pinned host memory"
+                }
+            });
         let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
             let hs: Vec<_> = comms
                 .iter()
@@ -249,7 +260,8 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         });
         match results.iter().find_map(|r| r.as_ref().err()) {
             None => println!(
-                "  {n} ranks: {} cases per rank matched the host results (stream-ordered calls included)",
+                "  {n} ranks: {} cases per rank matched the host results (stream-ordered calls \
+                 included; blocking calls {path})",
                 results[0].as_ref().map_or(0, |c| *c)
             ),
             Some(e) => {

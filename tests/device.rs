@@ -687,6 +687,29 @@ fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_devic
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("cases per rank matched the host results");
     assert_eq!(lines.len(), 2, "{}", out.dump());
+    assert!(
+        lines[1].ends_with("blocking calls staged through pinned host memory)"),
+        "{}",
+        out.dump()
+    );
+
+    // Thread ranks joined by the p2p transport: every case straight on the device buffers.
+    let mut cmd = std::process::Command::new(DEVICE_CHECK);
+    cmd.args(["--ranks", "2,3", "--max-count", "65537"])
+        .env(PROVIDER_ENV, "host")
+        .env("FERRO_TRANSPORTS", "p2p")
+        .env("FERRO_P2P_PROVIDER", "host");
+    let out = Running::spawn(cmd).finish(Duration::from_secs(120));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("cases per rank matched the host results");
+    assert_eq!(lines.len(), 2, "{}", out.dump());
+    for l in &lines {
+        assert!(
+            l.ends_with("blocking calls straight on the device buffers)"),
+            "{}",
+            out.dump()
+        );
+    }
 
     let mut cmd = std::process::Command::new(DEVICE_CHECK);
     cmd.env_remove(PROVIDER_ENV).env(

@@ -225,7 +225,10 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     println!("ferroccl-device-check: {dev}");
     let mut failed = false;
     for n in ranks {
-        let comms = Communicator::local_group(n, Config::default()).map_err(|e| e.to_string())?;
+        // The environment's settings (FERRO_TRANSPORTS=p2p: the ranks join over the GPU
+        // peer-to-peer transport and the collectives run straight on the device buffers).
+        let config = Config::from_env().map_err(|e| e.to_string())?;
+        let comms = Communicator::local_group(n, config).map_err(|e| e.to_string())?;
         // Which path the blocking calls take: straight on the device buffers, or staged.
         let path = comms
             .first()

@@ -207,7 +207,7 @@ fi
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
 echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait)"
-echo "   - the C ABI's send/recv on streams straight to the p2p transport (host copies)"
+echo "   - the C ABI's stream-ordered send/recv straight to the p2p transport (FERRO_STREAM_WAITS=1 stages them; the blocking default goes straight)"
 
 if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"

@@ -45,6 +45,17 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
         run_c(&exe, &[n], &host);
     }
     run_c(&exe, &["3", "all"], &host);
+    // The blocking form (the CUDA default) over shared memory: host copies of device sends
+    // and receives in one group.
+    run_c(
+        &exe,
+        &["3"],
+        &[
+            ("FERRO_DEVICE_PROVIDER", "host"),
+            ("FERRO_TRANSPORTS", "shm"),
+            ("FERRO_STREAM_WAITS", "0"),
+        ],
+    );
     // Over the p2p transport alone: blocking calls run straight on the device buffers,
     // stream-ordered ones stage through their stream's arena.
     for waits in ["0", "1"] {

@@ -360,6 +360,16 @@ pub(crate) unsafe fn p2p_on_streams(
             waited.push(s.3.stream);
         }
     }
+    if let Some(dev) = one_device(&spans) {
+        if spans.len() == ops.len() {
+            // Device buffers alone, on one device: a group of device sends and receives, each
+            // straight to its peer's transport where it carries device memory (p2p), through
+            // a host copy otherwise.
+            // SAFETY: per this function's contract; the spans were checked as live memory of
+            // `dev` and no receive overlaps another span.
+            return unsafe { device_group(comm, dev, &ops) };
+        }
+    }
     // Host copies, then the operations on them; received copies go back afterwards.
     let mut copies: Vec<Vec<u8>> = Vec::new();
     let mut back: Vec<(*mut u8, usize, OnStream)> = Vec::new();
@@ -415,6 +425,60 @@ pub(crate) unsafe fn p2p_on_streams(
         unsafe { upload("ncclRecv", dst, &copies[i], on) }?;
     }
     Ok(())
+}
+
+/// The device of every span, if they share one.
+fn one_device(spans: &[(*const u8, usize, bool, OnStream)]) -> Option<Device> {
+    let dev = spans.first()?.3.device;
+    spans.iter().all(|s| s.3.device == dev).then_some(dev)
+}
+
+/// Runs sends and receives of device buffers of `dev` as one group of device operations.
+///
+/// # Safety
+/// Every operation is a send or receive with a stream, its buffer live memory of `dev` for
+/// its bytes and the group's alone until it completes; no receive buffer overlaps another
+/// operation's buffer.
+unsafe fn device_group(comm: &Communicator, dev: Device, ops: &[Op]) -> Result<()> {
+    if comm.device() != Some(dev) {
+        comm.set_device(dev)?;
+    }
+    let mut views = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (send, buf, bytes, peer) = match *op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                ..
+            } => (true, buf, count * dtype.size(), peer),
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                ..
+            } => (false, buf.cast_const(), count * dtype.size(), peer),
+            _ => {
+                return Err(Error::internal(
+                    "a device group holds sends and receives only",
+                ))
+            }
+        };
+        // SAFETY: per this function's contract.
+        let v = unsafe { crate::device::DeviceBuffer::<u8>::view(dev, buf as u64, bytes) }?;
+        views.push((send, peer, v));
+    }
+    let mut g = comm.group();
+    for (send, peer, v) in views.iter_mut() {
+        if *send {
+            g.send_device(&**v, *peer);
+        } else {
+            g.recv_device(&mut **v, *peer);
+        }
+    }
+    g.run()
 }
 
 /// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.

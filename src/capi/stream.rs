@@ -443,42 +443,37 @@ unsafe fn device_group(comm: &Communicator, dev: Device, ops: &[Op]) -> Result<(
     if comm.device() != Some(dev) {
         comm.set_device(dev)?;
     }
-    let mut views = Vec::with_capacity(ops.len());
+    let span = |addr: *const u8, bytes: usize| Span {
+        device: dev,
+        addr: addr as u64,
+        bytes,
+    };
+    let mut spans = Vec::with_capacity(ops.len());
     for op in ops {
-        let (send, buf, bytes, peer) = match *op {
+        spans.push(match *op {
             Op::Send {
                 buf,
                 count,
                 dtype,
                 peer,
                 ..
-            } => (true, buf, count * dtype.size(), peer),
+            } => (true, peer, span(buf, count * dtype.size())),
             Op::Recv {
                 buf,
                 count,
                 dtype,
                 peer,
                 ..
-            } => (false, buf.cast_const(), count * dtype.size(), peer),
+            } => (false, peer, span(buf.cast_const(), count * dtype.size())),
             _ => {
                 return Err(Error::internal(
                     "a device group holds sends and receives only",
                 ))
             }
-        };
-        // SAFETY: per this function's contract.
-        let v = unsafe { crate::device::DeviceBuffer::<u8>::view(dev, buf as u64, bytes) }?;
-        views.push((send, peer, v));
+        });
     }
-    let mut g = comm.group();
-    for (send, peer, v) in views.iter_mut() {
-        if *send {
-            g.send_device(&**v, *peer);
-        } else {
-            g.recv_device(&mut **v, *peer);
-        }
-    }
-    g.run()
+    // SAFETY: per this function's contract.
+    unsafe { comm.group_at(&spans) }
 }
 
 /// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.

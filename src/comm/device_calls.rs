@@ -16,6 +16,7 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
+use crate::device::staging::slice_range;
 use crate::device::{Device, DeviceBuffer, Staging};
 use crate::exec::Memory;
 use crate::{Error, Result};
@@ -432,35 +433,21 @@ impl Communicator {
     }
 }
 
-/// How a device collective is cut into slices, the same whether it is staged or runs on the
-/// device buffers (so that ranks taking either path exchange the same messages): element-wise
-/// collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole. Returns
-/// the number of slices and the element range of slice `k` of a buffer of `len` elements.
-fn slicing(
-    inner: &Inner,
-    kind: CollKind,
-    count: usize,
-    es: usize,
-) -> (usize, impl Fn(usize, usize) -> std::ops::Range<usize>) {
+/// How many slices a device collective is cut into, the same whether it is staged or runs on
+/// the device buffers (so that ranks taking either path exchange the same messages):
+/// element-wise collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole
+/// (each slice's elements: [`slice_range`]).
+fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
     let elementwise = matches!(
         kind,
         CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
     );
-    let slices = if elementwise {
+    if elementwise {
         let per = (inner.config.device_slice_bytes / es).max(1);
         count.div_ceil(per).max(1)
     } else {
         1
-    };
-    let per = count.div_ceil(slices).max(1);
-    let range = move |len: usize, k: usize| {
-        if slices == 1 {
-            0..len
-        } else {
-            (k * per).min(len)..((k + 1) * per).min(len)
-        }
-    };
-    (slices, range)
+    }
 }
 
 /// Runs a checked device collective on the device buffers themselves: every connection
@@ -481,7 +468,8 @@ fn direct<T: Element>(
     let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
     let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
     let out_len = recv.len();
-    let (slices, range) = slicing(inner, kind, count, es);
+    let slices = slices(inner, kind, count, es);
+    let range = |len: usize, k: usize| slice_range(count, slices, len, k);
     let (name, hkind) = (kind.name(), header_kind(kind));
     let space = recv.device().space();
     for k in 0..slices {
@@ -538,7 +526,7 @@ pub(super) fn staged<T: Element>(
     // Element-wise collectives run slice by slice, each slice's copies overlapping the
     // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
     // staged whole.
-    let (slices, _) = slicing(inner, kind, count, es);
+    let slices = slices(inner, kind, count, es);
     let mut st = lock(state);
     let staging = Communicator::staging(&mut st, dev)?;
     staging.reserve(in_len * es, recv.bytes())?;

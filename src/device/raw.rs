@@ -300,23 +300,43 @@ impl Communicator {
         }
         send.wait_idle();
         recv.wait_idle();
-        let view = |o: &RawDeviceP2p| {
-            let b: &DeviceBuffer<u8> = if o.in_recv { recv } else { send };
-            // SAFETY: the range lies inside its buffer (checked above), whose memory on its
-            // device stays live while the buffers are borrowed here; receive ranges lie in
-            // `recv`, borrowed mutably, and overlap no other op's range (checked above), so
-            // nothing else writes or reads them during the group.
-            unsafe {
-                DeviceBuffer::<u8>::view(b.device, b.addr + o.range.start as u64, o.range.len())
-            }
+        let ops: Vec<(bool, usize, Span)> = ops
+            .iter()
+            .map(|o| {
+                let b: &DeviceBuffer<u8> = if o.in_recv { recv } else { send };
+                let span = Span {
+                    device: b.device,
+                    addr: b.addr + o.range.start as u64,
+                    bytes: o.range.len(),
+                };
+                (o.send, o.peer, span)
+            })
+            .collect();
+        // SAFETY: each range lies inside its buffer (checked above), whose memory on its device
+        // stays live while the buffers are borrowed here; receive ranges lie in `recv`,
+        // borrowed mutably, and overlap no other op's range (checked above).
+        unsafe { self.group_at(&ops) }
+    }
+
+    /// Runs sends (`true`) and receives of device memory named by address as one group of
+    /// device operations ([`crate::Group::send_device`]): the entry of
+    /// [`Communicator::raw_group_device`] and of the C ABI's send/recv on device buffers.
+    ///
+    /// # Safety
+    /// Each span is device memory of its device, live while the call runs; a receive's span
+    /// is used by nothing else meanwhile (no other op's span overlaps it).
+    pub(crate) unsafe fn group_at(&self, ops: &[(bool, usize, Span)]) -> Result<()> {
+        let view = |&(_, _, sp): &(bool, usize, Span)| {
+            // SAFETY: per this function's contract.
+            unsafe { DeviceBuffer::<u8>::view(sp.device, sp.addr, sp.bytes) }
         };
         let mut views = ops.iter().map(view).collect::<Result<Vec<_>>>()?;
         let mut g = self.group();
-        for (o, v) in ops.iter().zip(views.iter_mut()) {
-            if o.send {
-                g.send_device(&**v, o.peer);
+        for (&(send, peer, _), v) in ops.iter().zip(views.iter_mut()) {
+            if send {
+                g.send_device(&**v, peer);
             } else {
-                g.recv_device(&mut **v, o.peer);
+                g.recv_device(&mut **v, peer);
             }
         }
         g.run()

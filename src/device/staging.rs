@@ -10,6 +10,8 @@
 //! ([`Staging::stage_in`], [`Staging::stage_out`]). Completion is synchronous: every call
 //! waits for its copies before returning.
 
+use std::ops::Range;
+
 use ferroccl_kernels::Element;
 
 use super::{cuda, host, Device, DeviceBuffer, Provider};
@@ -324,15 +326,7 @@ impl Staging {
         }
         let in_ptr = self.checked(Slot::Input, in_len * es)?;
         let out_ptr = self.checked(Slot::Output, out_len * es)?;
-        // Element range of slice `k` of a buffer of `len` elements.
-        let per = count.div_ceil(slices).max(1);
-        let range = |len: usize, k: usize| {
-            if slices == 1 {
-                0..len
-            } else {
-                (k * per).min(len)..((k + 1) * per).min(len)
-            }
-        };
+        let range = |len: usize, k: usize| slice_range(count, slices, len, k);
         let (read_ptr, read_addr, read_len) = match src {
             None => (out_ptr, dst.addr, out_len),
             Some(s) if read => (in_ptr, s.addr, in_len),
@@ -410,6 +404,18 @@ impl Staging {
         }
         Ok(())
     }
+}
+
+/// Elements of slice `k` of a buffer of `len` elements, when a call of `count` elements is cut
+/// into `slices`: the whole buffer for one slice; otherwise `k * per .. (k + 1) * per` with
+/// `per = count / slices` rounded up, clipped to `len`. Staged and direct device collectives
+/// both cut calls this way, so their messages are the same.
+pub(crate) fn slice_range(count: usize, slices: usize, len: usize, k: usize) -> Range<usize> {
+    if slices <= 1 {
+        return 0..len;
+    }
+    let per = count.div_ceil(slices).max(1);
+    (k * per).min(len)..((k + 1) * per).min(len)
 }
 
 #[cfg(test)]

@@ -154,6 +154,25 @@ impl OpState {
     pub(crate) fn is_done(&self) -> bool {
         self.done
     }
+
+    /// Calls `reduce(from, to)` on the received bytes of a receive-reduce not yet reduced:
+    /// whole elements of `es` bytes, at least `batch` bytes at once unless a part is complete.
+    fn reduce_landed(
+        &mut self,
+        es: usize,
+        batch: usize,
+        mut reduce: impl FnMut(usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        for (j, part) in self.progress.parts().iter().enumerate() {
+            let from = self.reduced[j].max(part.start);
+            let avail = part.pos - part.pos % es;
+            if avail > from && (avail - from >= batch || part.pos == part.end) {
+                reduce(from, avail)?;
+                self.reduced[j] = avail;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn dtype_name(code: u8) -> String {
@@ -516,20 +535,13 @@ fn advance<W: Waiter>(
                 profile::phase(Phase::Drive);
                 arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 if r.is_ok() && s.progress.started {
-                    // Reduce what has landed in the stage (whole elements), in batches: each
-                    // device reduction is a kernel launch, worth it only for enough bytes.
-                    for (j, part) in s.progress.parts().iter().enumerate() {
-                        let from = s.reduced[j].max(part.start);
-                        let avail = part.pos - part.pos % es;
-                        if avail > from
-                            && (avail - from >= DEVICE_REDUCE_BATCH || part.pos == part.end)
-                        {
-                            let piece = Payload::Device(stage.sub(from, avail - from));
-                            reduce_piece(pass.reducer, pass.dtype, pass.op, src, dst, from, piece)
-                                .map_err(|e| e.context(ctx.label()))?;
-                            s.reduced[j] = avail;
-                        }
-                    }
+                    // In batches: each device reduction is a kernel launch, worth it only for
+                    // enough bytes.
+                    s.reduce_landed(es, DEVICE_REDUCE_BATCH, |from, to| {
+                        let piece = Payload::Device(stage.sub(from, to - from));
+                        reduce_piece(pass.reducer, pass.dtype, pass.op, src, dst, from, piece)
+                            .map_err(|e| e.context(ctx.label()))
+                    })?;
                 }
                 r
             }
@@ -571,23 +583,11 @@ fn advance<W: Waiter>(
                 profile::phase(Phase::Drive);
                 arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
                 if r.is_ok() && s.progress.started {
-                    for (j, part) in s.progress.parts().iter().enumerate() {
-                        let from = s.reduced[j].max(part.start);
-                        let avail = part.pos - part.pos % es;
-                        if avail > from {
-                            reduce_range(
-                                pass.reducer,
-                                pass.dtype,
-                                pass.op,
-                                src,
-                                dst,
-                                &stage[from..avail],
-                                from,
-                            )
-                            .map_err(|e| e.context(ctx.label()))?;
-                            s.reduced[j] = avail;
-                        }
-                    }
+                    let (reducer, dtype, op) = (pass.reducer, pass.dtype, pass.op);
+                    s.reduce_landed(es, 0, |from, to| {
+                        reduce_range(reducer, dtype, op, src, dst, &stage[from..to], from)
+                            .map_err(|e| e.context(ctx.label()))
+                    })?;
                 }
                 r
             }

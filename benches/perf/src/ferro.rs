@@ -114,11 +114,10 @@ impl FerroComm {
         )
     }
 
-    /// send/recv on the device buffers: to the next rank, from the previous one (in place:
-    /// what the receive buffer held, copied to the send buffer first, as the host form does).
     /// The point-to-point patterns (send/recv, gather, scatter, hypercube) on the device
     /// buffers: the same messages as the host forms below, as groups of byte ranges
-    /// (`Communicator::raw_group_device`); a rank's own block is a send to itself.
+    /// (`Communicator::raw_group_device`); a rank's own block is a send to itself. In-place
+    /// send/recv sends what the receive buffer held, copied to the send buffer first.
     fn p2p_device(
         &self,
         bufs: &mut DeviceBufs,

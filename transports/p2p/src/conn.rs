@@ -109,17 +109,21 @@ impl Mover for LentMover<'_> {
     }
 }
 
-/// Where a receive's bytes go: copied into a buffer, or lent to a sink.
+/// Where a receive's bytes go: copied into a buffer, or lent to a sink (a message of `len`
+/// bytes).
 enum Rx<'a, 'b> {
     Copy(&'a mut PayloadMut<'b>),
-    Lend(&'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>),
+    Lend {
+        len: usize,
+        sink: &'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    },
 }
 
 impl Rx<'_, '_> {
-    fn len(&self, lent_len: usize) -> usize {
+    fn len(&self) -> usize {
         match self {
             Rx::Copy(p) => p.len(),
-            Rx::Lend(_) => lent_len,
+            Rx::Lend { len, .. } => *len,
         }
     }
 }
@@ -232,7 +236,7 @@ impl P2pConnection {
                 self.recv
                     .progress(&self.p.layout, &self.p.rx, &mut m, len, p)
             }
-            Rx::Lend(sink) => {
+            Rx::Lend { sink, .. } => {
                 let mut m = LentMover {
                     c: &self.p.rx_copier,
                     sink: &mut **sink,
@@ -244,12 +248,11 @@ impl P2pConnection {
         }
     }
 
-    /// A receive, its bytes copied into a buffer or lent (`len`: the lent message's length).
+    /// A receive, its bytes copied into a buffer or lent.
     fn receive(
         &mut self,
         header: &mut Header,
         mut rx: Rx<'_, '_>,
-        lent_len: usize,
         p: &mut Progress,
     ) -> Result<bool> {
         if self.closed {
@@ -279,7 +282,7 @@ impl P2pConnection {
             // The caller checks the header before the payload moves.
             return Ok(false);
         }
-        let len = rx.len(lent_len);
+        let len = rx.len();
         if !p.started {
             header.check_recv_len(&self.p.peer, len)?;
             self.recv.start(p, len);
@@ -328,7 +331,7 @@ impl Connection for P2pConnection {
         mut payload: PayloadMut<'_>,
         p: &mut Progress,
     ) -> Result<bool> {
-        self.receive(header, Rx::Copy(&mut payload), 0, p)
+        self.receive(header, Rx::Copy(&mut payload), p)
     }
 
     fn lends_device(&self) -> bool {
@@ -343,7 +346,7 @@ impl Connection for P2pConnection {
         p: &mut Progress,
         sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
     ) -> Result<bool> {
-        self.receive(header, Rx::Lend(sink), len, p)
+        self.receive(header, Rx::Lend { len, sink }, p)
     }
 
     fn describe(&self) -> String {

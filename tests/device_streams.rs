@@ -1,6 +1,6 @@
 //! Stream-ordered collectives on device buffers (`*_device_on`) with the host stand-in
 //! provider, whose streams run only when they are waited for: ranks as threads (1, 2, 3),
-//! ordering on one stream, one thread driving two ranks, failures, and the missing driver.
+//! sends and receives in groups on a stream, ordering on one stream, one thread driving two ranks, failures, and the missing driver.
 
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,22 @@ fn every_collective<T: Element>(c: &Communicator, s: &DeviceStream, count: usize
         what("all_gather")
     );
 
+    // Block j of rank r's input holds values(r, j * count ..); rank r receives block r of
+    // every rank.
     let big = DeviceBuffer::from_host(dev, &values::<T>(r, n * count)).unwrap();
+    let mut recv = DeviceBuffer::<T>::new(dev, n * count).unwrap();
+    c.all_to_all_device_on(&big, &mut recv, s).unwrap();
+    s.synchronize().unwrap();
+    let want: Vec<f64> = (0..n * count)
+        .map(|k| value(k / count.max(1), r * count + k % count.max(1)))
+        .collect();
+    assert_eq!(
+        floats(&recv.to_vec().unwrap()),
+        want,
+        "{}",
+        what("all_to_all")
+    );
+
     let mut recv = DeviceBuffer::<T>::new(dev, count).unwrap();
     c.reduce_scatter_device_on(&big, &mut recv, op, s).unwrap();
     s.synchronize().unwrap();
@@ -127,6 +142,117 @@ fn every_stream_collective_on_1_2_3_thread_ranks() {
             }
         });
     }
+}
+
+/// Rank `r`'s message to `to`: distinct per element, sender and receiver.
+fn message(r: usize, to: usize, len: usize) -> Vec<i64> {
+    (0..len)
+        .map(|i| (r * 1_000_000 + to * 10_000 + i) as i64)
+        .collect()
+}
+
+#[test]
+fn stream_groups_and_sends_run_in_stream_order_on_1_2_3_thread_ranks() {
+    let dev = host_device();
+    for n in [1, 2, 3] {
+        let comms = Communicator::local_group(n, Config::default()).unwrap();
+        std::thread::scope(|sc| {
+            for c in &comms {
+                sc.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let s = DeviceStream::new(dev).unwrap();
+                    let r = c.rank();
+                    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+                    for count in COUNTS {
+                        // A ring in one group: send right, receive from the left (to and from
+                        // self on one rank).
+                        let mine = DeviceBuffer::from_host(dev, &message(r, right, count)).unwrap();
+                        let mut got = DeviceBuffer::<i64>::new(dev, count).unwrap();
+                        let mut g = c.group();
+                        g.send_device(&mine, right);
+                        g.recv_device(&mut got, left);
+                        let t0 = Instant::now();
+                        g.run_on(&s).unwrap();
+                        assert!(t0.elapsed() < Duration::from_secs(2), "returns once queued");
+                        // Queued behind the group on the same stream: sees its result.
+                        c.all_reduce_device_in_place_on(&mut got, ReduceOp::Sum, &s)
+                            .unwrap();
+                        s.synchronize().unwrap();
+                        let want: Vec<i64> = (0..count)
+                            .map(|i| (0..n).map(|q| message(q, (q + 1) % n, count)[i]).sum())
+                            .collect();
+                        assert_eq!(
+                            got.to_vec().unwrap(),
+                            want,
+                            "ring, count {count} rank {r}/{n}"
+                        );
+
+                        // Single sends and receives, rank 0 to every other rank in turn.
+                        if r == 0 {
+                            for to in 1..n {
+                                let b =
+                                    DeviceBuffer::from_host(dev, &message(0, to, count)).unwrap();
+                                c.send_device_on(&b, to, &s).unwrap();
+                            }
+                            s.synchronize().unwrap();
+                        } else {
+                            let mut b = DeviceBuffer::<i64>::new(dev, count).unwrap();
+                            c.recv_device_on(&mut b, 0, &s).unwrap();
+                            // The host read waits for the queued receive.
+                            assert_eq!(b.to_vec().unwrap(), message(0, r, count), "rank {r}");
+                            s.synchronize().unwrap();
+                        }
+                    }
+                    assert!(c.async_error().is_none());
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn a_stream_group_refuses_host_memory_overlaps_bad_peers_and_other_streams_at_once() {
+    let dev = host_device();
+    let c = Communicator::local_group(1, Config::default())
+        .unwrap()
+        .pop()
+        .unwrap();
+    c.set_device(dev).unwrap();
+    let s = DeviceStream::new(dev).unwrap();
+    let host = [1u32; 4];
+    let buf = DeviceBuffer::from_host(dev, &[2u32; 8]).unwrap();
+    let mut g = c.group();
+    g.send_device(&buf, 0).send(&host, 0);
+    let e = g.run_on(&s).unwrap_err();
+    assert!(
+        e.to_string().contains("operation 1 is on host memory"),
+        "{e}"
+    );
+    let e = c.send_device_on(&buf, 1, &s).unwrap_err();
+    assert!(e.to_string().contains("invalid peer 1"), "{e}");
+    let other = DeviceStream::new(Device::new(Provider::Host, 1).unwrap()).unwrap();
+    let e = c.send_device_on(&buf, 0, &other).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the stream is on host stand-in device 1"),
+        "{e}"
+    );
+    // A receive into the upper half of the buffer that is sent.
+    // SAFETY: the view lies in `buf`, and the group is refused before it touches either.
+    let mut upper = unsafe { DeviceBuffer::<u32>::view(dev, buf.addr() + 16, 4) }.unwrap();
+    let mut g = c.group();
+    g.send_device(&buf, 0).recv_device(&mut upper, 0);
+    let e = g.run_on(&s).unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    let e = c
+        .all_to_all_device_on(&buf, &mut DeviceBuffer::new(dev, 8).unwrap(), &s)
+        .map(|_| ());
+    assert!(e.is_ok(), "one rank: any length splits into one block");
+    s.synchronize().unwrap();
+    assert!(
+        c.async_error().is_none(),
+        "local errors are not the communicator's"
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use ferroccl_kernels::Element;
+use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
 use crate::device::stream_queue::{async_supported, landing, record_gates};
@@ -32,6 +32,7 @@ use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
 use super::call::header_kind;
+use super::group::{check_peers, DeviceBytes, P2p};
 use super::*;
 
 /// The hold that keeps host access to a buffer and its `Drop` waiting until a queued job
@@ -217,6 +218,52 @@ impl Communicator {
         self.run_device_on(kind, Some(send), recv, count, ReduceOp::Sum, stream)
     }
 
+    /// [`Communicator::all_to_all_device`] ordered on `stream`: `send` holds `nranks` blocks
+    /// of `send.len() / nranks` elements, block `j` going to rank `j`; `recv` the same size.
+    pub fn all_to_all_device_on<T: Element>(
+        &self,
+        send: &DeviceBuffer<T>,
+        recv: &mut DeviceBuffer<T>,
+        stream: &DeviceStream,
+    ) -> Result<()> {
+        let (rank, n) = (self.inner.rank, self.inner.nranks);
+        if !send.len().is_multiple_of(n) {
+            return Err(Error::invalid_argument(format!(
+                "all_to_all on rank {rank}: buffer of {} elements is not a multiple of nranks {n}",
+                send.len()
+            )));
+        }
+        let count = send.len() / n;
+        let kind = CollKind::AllToAll;
+        self.run_device_on(kind, Some(send), recv, count, ReduceOp::Sum, stream)
+    }
+
+    /// [`Communicator::send_device`] ordered on `stream`: returns once queued; the peer may
+    /// receive in any form.
+    pub fn send_device_on<T: Element>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        peer: usize,
+        stream: &DeviceStream,
+    ) -> Result<()> {
+        let mut g = self.group();
+        g.send_device(buf, peer);
+        g.run_on(stream)
+    }
+
+    /// [`Communicator::recv_device`] ordered on `stream`: later work on the stream sees the
+    /// received bytes.
+    pub fn recv_device_on<T: Element>(
+        &self,
+        buf: &mut DeviceBuffer<T>,
+        peer: usize,
+        stream: &DeviceStream,
+    ) -> Result<()> {
+        let mut g = self.group();
+        g.recv_device(buf, peer);
+        g.run_on(stream)
+    }
+
     /// [`Communicator::reduce_scatter_device`] ordered on `stream`.
     pub fn reduce_scatter_device_on<T: Element>(
         &self,
@@ -227,5 +274,179 @@ impl Communicator {
     ) -> Result<()> {
         let count = recv.len();
         self.run_device_on(CollKind::ReduceScatter, Some(send), recv, count, op, stream)
+    }
+}
+
+impl Group<'_> {
+    /// Queues the group on `stream`, as `ncclGroupStart`, `ncclSend`/`ncclRecv` on one
+    /// stream, `ncclGroupEnd` do: returns once queued, the operations start when earlier work
+    /// on the stream is done, and later work on the stream sees the received bytes. Every
+    /// operation must be on a device buffer ([`Group::send_device`], [`Group::recv_device`])
+    /// of the communicator's device, and no receive buffer may overlap another buffer of the
+    /// group. The buffers are staged through the stream's pinned arena, as the other
+    /// stream-ordered calls are (see the module docs); on a device whose streams cannot wait,
+    /// and on CUDA unless `FERRO_STREAM_WAITS=1`, the call synchronizes the stream and runs the
+    /// group before it returns.
+    ///
+    /// ```
+    /// use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
+    /// use ferroccl::{Communicator, Config};
+    ///
+    /// let dev = Device::new(Provider::Host, 0).unwrap(); // the host stand-in
+    /// let comms = Communicator::local_group(2, Config::default()).unwrap();
+    /// std::thread::scope(|s| {
+    ///     for c in &comms {
+    ///         s.spawn(move || {
+    ///             c.set_device(dev).unwrap();
+    ///             let stream = DeviceStream::new(dev).unwrap();
+    ///             let mine = DeviceBuffer::from_host(dev, &[c.rank() as u32; 4]).unwrap();
+    ///             let mut theirs = DeviceBuffer::<u32>::new(dev, 4).unwrap();
+    ///             let peer = 1 - c.rank();
+    ///             let mut g = c.group();
+    ///             g.send_device(&mine, peer);
+    ///             g.recv_device(&mut theirs, peer);
+    ///             g.run_on(&stream).unwrap();
+    ///             stream.synchronize().unwrap();
+    ///             assert_eq!(theirs.to_vec().unwrap(), [peer as u32; 4]);
+    ///         });
+    ///     }
+    /// });
+    /// ```
+    pub fn run_on(self, stream: &DeviceStream) -> Result<()> {
+        let comm = self.comm;
+        let rank = comm.inner.rank;
+        check_peers(&comm.inner, &self.ops)?;
+        // (address, bytes, written) of every buffer, checked on the communicator's device.
+        let mut spans: Vec<Span> = Vec::with_capacity(self.ops.len());
+        let mut holds = Vec::with_capacity(self.ops.len());
+        let mut bound = None;
+        for (i, o) in self.ops.iter().enumerate() {
+            let (buf, what, written): (&dyn DeviceBytes, &str, bool) = match o {
+                P2p::SendDevice { buf, .. } => (*buf, "send", false),
+                P2p::RecvDevice { buf, .. } => (&**buf, "receive", true),
+                P2p::Send { .. } | P2p::Recv { .. } => {
+                    return Err(Error::invalid_argument(format!(
+                        "send/recv group on rank {rank}: operation {i} is on host memory; a \
+                         group run on a stream takes device buffers only (Group::send_device, \
+                         Group::recv_device), or run it with Group::run"
+                    )))
+                }
+            };
+            let dev = buf.check(comm, what)?;
+            bound = Some(dev);
+            if stream.device() != dev {
+                return Err(Error::invalid_argument(format!(
+                    "send/recv group on rank {rank}: the stream is on {}; this communicator \
+                     uses {dev}",
+                    stream.device()
+                )));
+            }
+            let mem = buf.mem();
+            spans.push(Span {
+                addr: mem.addr as u64,
+                len: mem.len,
+                read: !written,
+                written,
+            });
+            holds.push(buf.hold());
+        }
+        let Some(dev) = bound else {
+            // No operation: nothing to queue.
+            return Ok(());
+        };
+        for (i, a) in spans.iter().enumerate() {
+            for b in &spans[i + 1..] {
+                let apart = a.addr + a.len as u64 <= b.addr || b.addr + b.len as u64 <= a.addr;
+                if (a.written || b.written) && a.len > 0 && b.len > 0 && !apart {
+                    return Err(Error::invalid_argument(format!(
+                        "send/recv group on rank {rank}: device buffers 0x{:x} ({} bytes) and \
+                         0x{:x} ({} bytes) overlap and one of them is a receive buffer",
+                        a.addr, a.len, b.addr, b.len
+                    )));
+                }
+            }
+        }
+        if let Some(e) = comm.streams.failed().or_else(|| comm.inner.failed_error()) {
+            return Err(e);
+        }
+        if !async_supported(dev) {
+            drop(holds);
+            stream.synchronize()?;
+            return self.run();
+        }
+        // The job's operations, on the arena's copies: (send?, host address, bytes, dtype,
+        // peer).
+        let handle = stream.handle();
+        // SAFETY: every span is live device memory of `dev` (checked above), held below until
+        // the stream has run the copies back; `handle` is a stream of `dev`.
+        let st = unsafe { comm.streams.stage(dev, handle, &spans) }?;
+        let plan: Vec<(bool, usize, usize, DataType, usize)> = self
+            .ops
+            .iter()
+            .zip(&spans)
+            .map(|(o, sp)| {
+                let at = st.host_of(sp.addr).unwrap_or(0);
+                match o {
+                    P2p::SendDevice { dtype, peer, .. } => (true, at, sp.len, *dtype, *peer),
+                    P2p::RecvDevice { dtype, peer, .. } => (false, at, sp.len, *dtype, *peer),
+                    P2p::Send { .. } | P2p::Recv { .. } => unreachable!("refused above"),
+                }
+            })
+            .collect();
+        let gates = record_gates(dev, &[handle])?;
+        let inner = Arc::clone(&comm.inner);
+        let work = Box::new(move || {
+            let ops: Vec<P2p<'_>> = plan
+                .iter()
+                .map(|&(send, at, len, dtype, peer)| {
+                    // SAFETY: `at..at + len` is the arena's copy of the operation's buffer
+                    // (filled by the stream before the gate the worker waited for where it is
+                    // sent), which no other job uses until this one's flag; no receive range
+                    // overlaps another range (checked above). Empty ranges use no memory.
+                    unsafe {
+                        if send {
+                            let b: &[u8] = if len == 0 {
+                                &[]
+                            } else {
+                                std::slice::from_raw_parts(at as *const u8, len)
+                            };
+                            P2p::Send {
+                                buf: b,
+                                dtype,
+                                peer,
+                            }
+                        } else {
+                            let b: &mut [u8] = if len == 0 {
+                                &mut []
+                            } else {
+                                std::slice::from_raw_parts_mut(at as *mut u8, len)
+                            };
+                            P2p::Recv {
+                                buf: b,
+                                dtype,
+                                peer,
+                            }
+                        }
+                    }
+                })
+                .collect();
+            let r = super::group::execute(&inner, ops).map_err(|e| {
+                e.append(format!(
+                    "rank {}; the group was queued on a stream and ran after the call returned",
+                    inner.rank
+                ))
+            });
+            if let Err(e) = &r {
+                inner.fail(e.clone());
+            }
+            r
+        });
+        let (landed, after) = landing(holds);
+        comm.streams
+            .enqueue(dev, &[handle], gates, work, Some(after))?;
+        // SAFETY: as for the staging above.
+        let g = unsafe { comm.streams.copy_back(dev, handle, &st) }?;
+        let _ = landed.send(vec![g]);
+        Ok(())
     }
 }

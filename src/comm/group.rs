@@ -7,19 +7,23 @@
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
 use ferroccl_transport::MemRef;
 
-use super::Communicator;
-use crate::device::DeviceBuffer;
+use super::{Communicator, Inner};
+use crate::device::{Device, DeviceBuffer, Hold};
 use crate::exec::{OpContext, RawOp};
 use crate::wire::{kind, op};
 use crate::{Error, Result};
 
 /// A device buffer of any element type, as a group handles it.
-trait DeviceBytes: std::fmt::Debug {
+pub(super) trait DeviceBytes: std::fmt::Debug {
     /// Where it is.
     fn mem(&self) -> MemRef;
     /// Checks it is live memory of the communicator's device; waits for queued stream jobs
     /// that use it.
     fn ready(&self, comm: &Communicator, what: &str) -> Result<()>;
+    /// Checks it is live memory of the communicator's device, without waiting for anything.
+    fn check(&self, comm: &Communicator, what: &str) -> Result<Device>;
+    /// Counts a queued stream job using it until the hold drops.
+    fn hold(&self) -> Hold;
     /// Its bytes, copied to the host.
     fn to_host(&self) -> Result<Vec<u8>>;
     /// Overwrites it with `src` (exactly its size).
@@ -37,6 +41,14 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
         Ok(())
     }
 
+    fn check(&self, comm: &Communicator, what: &str) -> Result<Device> {
+        comm.device_for("send/recv group", what, self)
+    }
+
+    fn hold(&self) -> Hold {
+        DeviceBuffer::hold(self)
+    }
+
     fn to_host(&self) -> Result<Vec<u8>> {
         let mut v = vec![0u8; self.bytes()];
         self.read_bytes(&mut v)?;
@@ -49,7 +61,7 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
 }
 
 #[derive(Debug)]
-enum P2p<'a> {
+pub(super) enum P2p<'a> {
     Send {
         buf: &'a [u8],
         dtype: DataType,
@@ -97,8 +109,8 @@ enum P2p<'a> {
 /// ```
 #[derive(Debug)]
 pub struct Group<'a> {
-    comm: &'a Communicator,
-    ops: Vec<P2p<'a>>,
+    pub(super) comm: &'a Communicator,
+    pub(super) ops: Vec<P2p<'a>>,
 }
 
 impl<'a> Group<'a> {
@@ -160,23 +172,7 @@ impl<'a> Group<'a> {
         // Stream jobs queued earlier run first, on every rank alike.
         self.comm.streams.drain_if_used();
         let inner = &self.comm.inner;
-        let (rank, n) = (inner.rank, inner.nranks);
-        let gno = inner
-            .groups
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        for o in &self.ops {
-            let (peer, what) = match o {
-                P2p::Send { peer, .. } | P2p::SendDevice { peer, .. } => (*peer, "send"),
-                P2p::Recv { peer, .. } | P2p::RecvDevice { peer, .. } => (*peer, "recv"),
-            };
-            if peer >= n {
-                return Err(Error::invalid_argument(format!(
-                    "{what} on rank {rank}: invalid peer {peer} (peer must be 0..{})",
-                    n - 1
-                )));
-            }
-        }
+        check_peers(inner, &self.ops)?;
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
@@ -187,9 +183,38 @@ impl<'a> Group<'a> {
                 _ => {}
             }
         }
-        let ticket = inner.ticket();
-        let mut ops = self.ops;
-        inner.execute(ticket, |engine| {
+        execute(inner, self.ops)
+    }
+}
+
+/// Every operation's peer is a rank of the communicator.
+pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
+    let (rank, n) = (inner.rank, inner.nranks);
+    for o in ops {
+        let (peer, what) = match o {
+            P2p::Send { peer, .. } | P2p::SendDevice { peer, .. } => (*peer, "send"),
+            P2p::Recv { peer, .. } | P2p::RecvDevice { peer, .. } => (*peer, "recv"),
+        };
+        if peer >= n {
+            return Err(Error::invalid_argument(format!(
+                "{what} on rank {rank}: invalid peer {peer} (peer must be 0..{})",
+                n - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs checked operations (peers checked, device buffers checked and idle) as one step, in
+/// the communicator's issue order.
+pub(super) fn execute(inner: &Inner, mut ops: Vec<P2p<'_>>) -> Result<()> {
+    let rank = inner.rank;
+    let gno = inner
+        .groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let ticket = inner.ticket();
+    inner.execute(ticket, |engine| {
             // Device buffers that the peer's transport cannot reach (and any to or from self)
             // go through host copies: made here for sends, written back after the step for
             // receives (with the index of their op).
@@ -322,7 +347,6 @@ impl<'a> Group<'a> {
             }
             Ok(())
         })
-    }
 }
 
 fn p2p_header(dtype: DataType, len: usize, seq: u64) -> ferroccl_transport::Header {

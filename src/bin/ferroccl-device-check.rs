@@ -18,7 +18,8 @@ const USAGE: &str = "\
 usage: ferroccl-device-check [--device N] [--ranks N,N,..] [--max-count N]
 
 Runs stream-ordered all_reduce (all_reduce_device_on, out of place and in place, f32 and
-bf16, queued back to back on one stream per rank), then all_reduce (every dtype and op),
+bf16, queued back to back on one stream per rank) and a ring of sends and receives in one
+group on the stream (Group::run_on), then all_reduce (every dtype and op),
 broadcast, all_gather, reduce_scatter, reduce and all_to_all on device buffers of device N
 (default 0) of the provider FERRO_DEVICE_PROVIDER names (cuda, the default, or host), ranks
 as threads (default 1,2,4), counts 0, 1, 7, 1021, 65537 and 2^20 (those up to --max-count),
@@ -123,7 +124,8 @@ fn rank_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result<u
 
 /// Stream-ordered calls (`*_device_on`) of dtype `T`: per count, an out-of-place and an
 /// in-place sum queued back to back on one stream of this rank, then one synchronize, both
-/// results compared with the host result; returns how many calls ran.
+/// results compared with the host result; then a ring of sends and receives in a group on the
+/// stream against the host ring; returns how many calls ran.
 fn stream_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result<usize, String> {
     let stream = DeviceStream::new(dev).map_err(|e| format!("DeviceStream::new: {e}"))?;
     let mut calls = 0;
@@ -151,6 +153,31 @@ fn stream_cases<T: Element>(c: &Communicator, dev: Device, max: usize) -> Result
             }
         }
         calls += 2;
+
+        // A ring of sends and receives in one group queued on the stream (Group::run_on),
+        // against the same ring on host buffers.
+        let label = format!("send/recv group on a stream {} count {count}", T::DTYPE);
+        let err = |e: ferroccl::Error| format!("{label} rank {}: {e}", c.rank());
+        let n = c.nranks();
+        let (right, left) = ((c.rank() + 1) % n, (c.rank() + n - 1) % n);
+        let mut want = vec![T::from_f64(0.0); count];
+        let mut g = c.group();
+        g.send(&send, right).recv(&mut want, left);
+        g.run().map_err(err)?;
+        let d_send = DeviceBuffer::from_host(dev, &send).map_err(err)?;
+        let mut d_recv = DeviceBuffer::<T>::new(dev, count).map_err(err)?;
+        let mut g = c.group();
+        g.send_device(&d_send, right).recv_device(&mut d_recv, left);
+        g.run_on(&stream).map_err(err)?;
+        stream.synchronize().map_err(err)?;
+        let got = d_recv.to_vec().map_err(err)?;
+        if ferroccl_kernels::as_bytes(&got) != ferroccl_kernels::as_bytes(&want) {
+            return Err(format!(
+                "{label} rank {}: differs from the host result",
+                c.rank()
+            ));
+        }
+        calls += 1;
     }
     Ok(calls)
 }

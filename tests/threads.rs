@@ -324,6 +324,43 @@ fn abort_returns_promptly_and_fails_later_calls() {
     assert_eq!(e.kind(), ErrorKind::Remote, "{e}");
 }
 
+/// Rank 2 only sends to rank 0, which fails because rank 1 aborted: rank 0's failure notice
+/// to rank 2 waits on a connection rank 2 never receives from, so rank 2 reads it once its
+/// send finds rank 0 closed, and names rank 1 as where the failure began.
+#[test]
+fn a_rank_that_only_sends_to_a_failed_peer_names_where_the_failure_began() {
+    let comms = Communicator::local_group(3, config()).unwrap();
+    let errors: Vec<Option<ferroccl::Error>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                s.spawn(move || match c.rank() {
+                    0 => c.recv(&mut [0f32; 4], 1).err(),
+                    1 => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        c.abort();
+                        None
+                    }
+                    // Far more than the connection holds: the send waits for rank 0.
+                    _ => c.send(&vec![2f32; 8 << 20], 0).err(),
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in [0, 2] {
+        let e = errors[r]
+            .as_ref()
+            .unwrap_or_else(|| panic!("rank {r} did not fail"));
+        assert_eq!(e.kind(), ErrorKind::Remote, "rank {r}: {e}");
+        assert_eq!(
+            e.origin().map(|(o, _)| o),
+            Some(1),
+            "rank {r} does not name rank 1 as the origin: {e}"
+        );
+    }
+}
+
 #[test]
 fn conformance_large_count_every_dtype_and_op_all_reduce() {
     // The large count through every dtype × op, on an odd number of ranks (uneven chunks).

@@ -22,7 +22,7 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
-use crate::device::stream_queue::{async_supported, landing, record_gates, Work};
+use crate::device::stream_queue::{landing, record_gates, Work};
 use crate::device::stream_stage::{Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
@@ -415,7 +415,9 @@ fn stream_job(
     let Some(first) = ops.first().and_then(stream_of) else {
         return Ok(Err(ops));
     };
-    if !ops.iter().all(|op| stream_of(op).is_some()) || !async_supported(first.device) {
+    if !ops.iter().all(|op| stream_of(op).is_some())
+        || !shared.wait_ready()?.stream_jobs_supported(first.device)
+    {
         return Ok(Err(ops));
     }
     let mut streams: Vec<usize> = Vec::new();

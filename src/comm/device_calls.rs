@@ -1,13 +1,14 @@
-//! Collectives on device buffers: checked, staged through pinned host memory, run by the host
-//! executor over the same schedules and transports, staged back.
+//! Collectives on device buffers: checked, then run straight on the device buffers where every
+//! connection carries device memory (the p2p transport; the executor's copies and reductions
+//! go through the device's reducer), else staged through pinned host memory, run by the host
+//! executor over the same schedules and transports, and staged back.
 //!
 //! A communicator uses one device ([`Communicator::set_device`]); every device buffer it is
 //! given must live there. Lengths, dtypes (by type), the device and the buffer being live
 //! memory of it (the provider's pointer query) are checked before anything is copied or sent.
-//! The reduction runs on the host staging buffers with the host reducer: the CUDA reducer on
-//! the device is the target design, for when transports move device memory themselves.
-//! all_reduce, broadcast and reduce run in slices of `FERRO_DEVICE_SLICE_BYTES`, one host
-//! collective per slice, while the copies of the other slices proceed on the stream.
+//! all_reduce, broadcast and reduce run in slices of `FERRO_DEVICE_SLICE_BYTES` on both paths,
+//! one collective per slice (staged: while the copies of the other slices proceed on the
+//! stream), so that ranks taking different paths exchange the same messages.
 //!
 //! Completion is synchronous: a call returns when its result is in the device buffer. The
 //! stream-ordered forms (`*_device_on`, returning at once) are in `device_streams`.
@@ -17,7 +18,8 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
 use crate::device::staging::slice_range;
-use crate::device::{Device, DeviceBuffer, Staging};
+use crate::device::stream_queue::async_supported;
+use crate::device::{Device, DeviceBuffer, Provider, Staging};
 use crate::exec::Memory;
 use crate::{Error, Result};
 
@@ -137,6 +139,31 @@ impl Communicator {
             let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
             engine.accepts_all(dev.space())
         })
+    }
+
+    /// Whether calls with a stream on `dev` may return at once and complete in stream order
+    /// ([`async_supported`]) on this communicator. Not where one of its connections carries
+    /// CUDA device memory itself (the p2p transport's cuda provider): that transport makes
+    /// driver calls to move even host bytes, and the stream job that would drive it must make
+    /// none (docs/CUDA.md, "On a GPU"), so such calls block instead.
+    pub(crate) fn stream_jobs_supported(&self, dev: Device) -> bool {
+        if !async_supported(dev) {
+            return false;
+        }
+        // Known from init: the engine's lock may be held by a queued job for as long as it
+        // waits for its peers, and this must not wait.
+        if !job_calls_driver(dev.provider(), self.inner.device_transport) {
+            return true;
+        }
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            ferroccl_transport::log_line!(
+                "ferroccl INFO COLL: calls with a stream block until done on communicators \
+                 with p2p connections: that transport makes CUDA driver calls, which the \
+                 stream-ordered form must not make on its own thread"
+            )
+        });
+        false
     }
 
     /// Device allocations made for collectives that run straight on device buffers (the
@@ -433,6 +460,13 @@ impl Communicator {
     }
 }
 
+/// Whether a stream job's host collective would make CUDA driver calls: on a CUDA device, where
+/// a connection carries device memory itself (so moves host bytes with the driver too). The
+/// host stand-in's transports make none.
+fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
+    provider == Provider::Cuda && device_transport
+}
+
 /// How many slices a device collective is cut into, the same whether it is staged or runs on
 /// the device buffers (so that ranks taking either path exchange the same messages):
 /// element-wise collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole
@@ -558,6 +592,14 @@ mod tests {
         assert_eq!(count_of(CollKind::ReduceScatter, Some(6), 2, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(6), 6, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(7), 7, 3), None);
+    }
+
+    #[test]
+    fn stream_jobs_never_drive_a_transport_that_calls_the_driver() {
+        assert!(job_calls_driver(Provider::Cuda, true));
+        assert!(!job_calls_driver(Provider::Cuda, false));
+        assert!(!job_calls_driver(Provider::Host, true));
+        assert!(!job_calls_driver(Provider::Host, false));
         assert_eq!(
             count_of(CollKind::Broadcast { root: 0 }, None, 5, 3),
             Some(5)

@@ -217,6 +217,7 @@ impl Communicator {
             tuning(&config, &descs, listen_ip),
         );
         engine.set_lane_bytes(lane_bytes);
+        let device_transport = engine.carries_device_memory();
         Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -240,6 +241,7 @@ impl Communicator {
                 hosts: descs.iter().map(|d| d.host).collect(),
                 descs,
                 transports: mesh.transports,
+                device_transport,
             }),
             worker: Mutex::new(None),
             device: Arc::default(),

@@ -124,6 +124,8 @@ struct Inner {
     descs: Vec<ferroccl_transport::RankDesc>,
     /// Transport chosen for each peer (None for this rank).
     transports: Vec<Option<&'static str>>,
+    /// Whether a connection carries CUDA device memory itself (the p2p transport).
+    device_transport: bool,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.

@@ -123,7 +123,7 @@ impl Inner {
                 // Peers hear of it first, over the connections (a failure notice where one can
                 // be written, then the close), and only then through the store, whose host may
                 // be the rank that failed.
-                let e = self.explain(e);
+                let e = self.explain(engine.with_pending_notice(e));
                 self.fail(e.clone());
                 engine.notify_failure(&e, 0);
                 engine.shutdown_all();

@@ -58,6 +58,13 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
 /// a range running past its allocation into the next (no driver: `None` as well).
 pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
     let d = loaded().ok()?;
+    // The pointer queries need a current context (without one the driver answers
+    // CUDA_ERROR_INVALID_CONTEXT, which would read as "not device memory"); a thread with none
+    // gets device 0's primary context, the one the CUDA runtime would make current there.
+    if !d.has_current_context() {
+        let dev = d.device(0).ok()?;
+        d.bind_primary_context(dev).ok()?;
+    }
     let first = d.device_of_pointer(addr as DevicePtr)?;
     if len > 1 {
         let (start, size) = d.allocation_of_pointer(addr as DevicePtr)?;

@@ -27,6 +27,9 @@ pub(crate) struct DirectArena {
     device: Device,
     reducer: Arc<dyn Reducer>,
     buffers: Vec<(ArenaUse, DeviceBuffer<u8>)>,
+    /// Buffers replaced by larger ones, freed with the arena: `cuMemFree` may synchronize the
+    /// device, which would wait for streams held at a flag by another communicator's job.
+    retired: Vec<DeviceBuffer<u8>>,
     allocations: u64,
 }
 
@@ -43,6 +46,7 @@ impl DirectArena {
             device,
             reducer,
             buffers: Vec::new(),
+            retired: Vec::new(),
             allocations: 0,
         })
     }
@@ -72,9 +76,11 @@ impl DeviceArena for DirectArena {
         }
         let old = at.map_or(0, |i| self.buffers[i].1.len());
         let len = bytes.max(old.saturating_mul(2)).max(MIN_BUFFER);
-        // The old buffer goes first: no step uses it any more (each use asks again per call).
+        // No step uses the old buffer any more (each use asks again per call); it is kept
+        // until the arena drops (see `retired`).
         if let Some(i) = at {
-            self.buffers.swap_remove(i);
+            let (_, old) = self.buffers.swap_remove(i);
+            self.retired.push(old);
         }
         let buf = DeviceBuffer::<u8>::new(self.device, len)?;
         self.allocations += 1;

@@ -52,6 +52,8 @@ use wait::{SysWaiter, WaitBuffers};
 /// How long a failing rank spends, at most, telling its peers why (see
 /// [`Engine::notify_failure`]).
 const NOTICE_BUDGET: Duration = Duration::from_millis(50);
+/// How long a rank whose connection to a peer broke looks for that peer's failure notice.
+const NOTICE_LATE: Duration = Duration::from_millis(20);
 
 /// Registered regions an engine keeps, over all its connections.
 const REG_CACHE_ENTRIES: usize = 256;
@@ -127,6 +129,8 @@ pub(crate) struct Engine {
     waits: WaitBuffers,
     /// Per peer: a send was left half-way, so nothing more may be written on the connection.
     tx_dirty: Vec<bool>,
+    /// Per peer: a receive was left half-way, so the next bytes read are not a header.
+    rx_dirty: Vec<bool>,
     /// Runs every element-wise step (reductions, pre-multiplied scaling, copies).
     reducer: Arc<dyn Reducer>,
     /// A step's resolved ops; empty between calls (the storage is kept).
@@ -199,6 +203,7 @@ impl Engine {
             seq: 0,
             waits: WaitBuffers::with_capacity(2 * fds.len().max(1)),
             tx_dirty: vec![false; nranks],
+            rx_dirty: vec![false; nranks],
             reducer: Arc::new(HostReducer),
             raw: RawOps::default(),
             states: Vec::new(),
@@ -291,6 +296,42 @@ impl Engine {
             if !progress.done() {
                 self.tx_dirty[p] = true;
             }
+        }
+    }
+
+    /// `e`, a lost connection to a peer, with the failure notice that peer sent before it
+    /// closed, where one waits unread on the connection (a peer tells every rank why it fails,
+    /// but a rank reads a connection only when its schedule receives there, and the peer's
+    /// store entry may be gone with it): the error then names the rank where the failure
+    /// began. Polls for at most [`NOTICE_LATE`].
+    pub(crate) fn with_pending_notice(
+        &mut self,
+        e: ferroccl_transport::Error,
+    ) -> ferroccl_transport::Error {
+        let Some(peer) = e.peer() else {
+            return e;
+        };
+        if e.kind() != ferroccl_transport::ErrorKind::Remote
+            || e.origin().is_some()
+            || self.rx_dirty.get(peer).copied().unwrap_or(true)
+        {
+            return e;
+        }
+        let Some(conn) = self.conns.get_mut(peer).and_then(Option::as_mut) else {
+            return e;
+        };
+        let mut waiter = SysWaiter::new(self.bell.as_deref(), &mut self.waits);
+        match step::pending_notice(conn, &mut waiter, NOTICE_LATE) {
+            Some((origin, why)) => {
+                let by = if origin == peer {
+                    String::new()
+                } else {
+                    format!(" (passed on by rank {peer})")
+                };
+                e.append(format!("rank {origin} failed: {why}{by}"))
+                    .with_origin(origin, why)
+            }
+            None => e,
         }
     }
 
@@ -392,6 +433,11 @@ impl Engine {
 
     /// Whether every connection carries `space` itself (device collectives run straight on
     /// device buffers only then).
+    /// Whether a connection's transport carries device memory itself.
+    pub(crate) fn carries_device_memory(&self) -> bool {
+        self.conns.iter().flatten().any(|c| c.props.spaces.cuda)
+    }
+
     pub(crate) fn accepts_all(&self, space: MemSpace) -> bool {
         self.conns
             .iter()
@@ -683,6 +729,7 @@ impl Engine {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
+            rx_dirty: &mut self.rx_dirty,
             regs: self.one_sided.then_some(&mut self.regs),
         };
         step::run(env, &mut waiter, ops, dtype, op, ctx)

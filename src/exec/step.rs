@@ -257,6 +257,8 @@ pub(crate) struct StepEnv<'a> {
     pub abort: &'a AtomicBool,
     /// Per peer: set when a send is left half-way (see [`run`]).
     pub tx_dirty: &'a mut [bool],
+    /// Per peer: a receive was left half-way (set here when the step fails).
+    pub rx_dirty: &'a mut [bool],
     /// Registered regions, per connection; `None` when no connection is one-sided (nothing
     /// is posted or registered then).
     pub regs: Option<&'a mut RegCache>,
@@ -313,6 +315,7 @@ pub(crate) fn run<W: Waiter>(
         wait,
         abort,
         tx_dirty,
+        rx_dirty,
         mut regs,
     } = env;
     states.clear();
@@ -349,9 +352,15 @@ pub(crate) fn run<W: Waiter>(
     if r.is_err() {
         // A send left half-way leaves its connection mid-message: nothing more may be written
         // on it (a failure notice there would land inside the payload).
+        // A receive left half-way: the next bytes from that peer are not a header.
         for (o, s) in ops.iter().zip(st.iter()) {
-            if o.is_send() && !s.done && s.progress.header_pos > 0 {
-                if let Some(d) = tx_dirty.get_mut(o.peer()) {
+            if !s.done && s.progress.header_pos > 0 {
+                let dirty = if o.is_send() {
+                    &mut *tx_dirty
+                } else {
+                    &mut *rx_dirty
+                };
+                if let Some(d) = dirty.get_mut(o.peer()) {
                     *d = true;
                 }
             }
@@ -644,6 +653,41 @@ fn read_notice<W: Waiter>(
     ctx: &OpContext,
     waiter: &mut W,
 ) -> Error {
+    let (origin, why) = notice_body(conn, s, waiter);
+    let by = if origin == peer {
+        String::new()
+    } else {
+        format!(" (passed on by rank {peer})")
+    };
+    Error::remote(format!("{}: rank {origin} failed: {why}{by}", ctx.label()))
+        .with_peer(peer)
+        .with_origin(origin, why)
+}
+
+/// A failure notice that `conn` holds unread, where its incoming direction stands between
+/// messages (no receive was left half-way): `(origin, reason)`. Polls for at most `budget`;
+/// `None` when nothing arrives or the next message is not a notice (its header is consumed:
+/// only for a connection that is failing anyway).
+pub(crate) fn pending_notice<W: Waiter>(
+    conn: &mut Conn,
+    waiter: &mut W,
+    budget: Duration,
+) -> Option<(usize, String)> {
+    let mut s = OpState::default();
+    let until = waiter.now() + budget;
+    loop {
+        match conn.recv(&mut s.header, PayloadMut::Host(&mut []), &mut s.progress) {
+            Ok(_) if s.progress.header_done() => break,
+            Ok(_) if waiter.now() < until => waiter.pause(Duration::MAX),
+            _ => return None,
+        }
+    }
+    (s.header.kind == kind::NOTICE).then(|| notice_body(conn, &mut s, waiter))
+}
+
+/// The origin and reason of the failure notice whose header `s` has just read (its reason
+/// read within [`NOTICE_READ`]).
+fn notice_body<W: Waiter>(conn: &mut Conn, s: &mut OpState, waiter: &mut W) -> (usize, String) {
     let origin = s.header.root as usize;
     let len = usize::try_from(s.header.len).unwrap_or(usize::MAX);
     let mut buf = [0u8; NOTICE_MAX];
@@ -665,15 +709,10 @@ fn read_notice<W: Waiter>(
             }
         }
     }
-    let why = why.unwrap_or_else(|| "its reason did not arrive".to_string());
-    let by = if origin == peer {
-        String::new()
-    } else {
-        format!(" (passed on by rank {peer})")
-    };
-    Error::remote(format!("{}: rank {origin} failed: {why}{by}", ctx.label()))
-        .with_peer(peer)
-        .with_origin(origin, why)
+    (
+        origin,
+        why.unwrap_or_else(|| "its reason did not arrive".to_string()),
+    )
 }
 
 /// Longest single sleep (the abort flag and peers' liveness are checked between sleeps).

@@ -219,6 +219,7 @@ struct Rank {
     staging: Vec<Vec<u8>>,
     states: Vec<OpState>,
     tx_dirty: Vec<bool>,
+    rx_dirty: Vec<bool>,
     regs: ferroccl_transport::RegCache,
     abort: AtomicBool,
     wait: WaitPolicy,
@@ -232,6 +233,7 @@ impl Rank {
             staging: vec![Vec::new(); 2],
             states: Vec::new(),
             tx_dirty: vec![false; n],
+            rx_dirty: vec![false; n],
             regs: ferroccl_transport::RegCache::new(8),
             abort: AtomicBool::new(false),
             wait: WaitPolicy {
@@ -250,6 +252,7 @@ impl Rank {
             wait: self.wait,
             abort: &self.abort,
             tx_dirty: &mut self.tx_dirty,
+            rx_dirty: &mut self.rx_dirty,
             regs: Some(&mut self.regs),
         };
         step::run(env, w, ops, DataType::Float32, ElemOp::Sum, ctx)

@@ -83,6 +83,7 @@ driver_api! {
     device_name = "cuDeviceGetName": fn(*mut c_char, c_int, Device);
     primary_ctx_retain = "cuDevicePrimaryCtxRetain": fn(*mut Handle, Device);
     ctx_set_current = "cuCtxSetCurrent": fn(Handle);
+    ctx_get_current = "cuCtxGetCurrent": fn(*mut Handle);
     module_load_data = "cuModuleLoadData": fn(*mut Handle, *const c_void);
     module_get_function = "cuModuleGetFunction": fn(*mut Handle, Handle, *const c_char);
     launch_kernel = "cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
@@ -262,14 +263,34 @@ impl Driver {
 
     /// Makes `device`'s primary context current on this thread and returns it.
     pub fn bind_primary_context(&self, device: Device) -> Result<Handle> {
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: `ctx` is a valid out-pointer; `device` came from cuDeviceGet.
-        self.check("cuDevicePrimaryCtxRetain", unsafe {
-            (self.primary_ctx_retain)(&mut ctx, device)
-        })?;
-        // SAFETY: `ctx` is the retained primary context.
+        // Retained once per device and process, kept for the process's life: a retain per
+        // call would take the driver's lock each time and grow the reference count forever.
+        static RETAINED: std::sync::Mutex<Vec<(Device, usize)>> = std::sync::Mutex::new(Vec::new());
+        let mut retained = RETAINED.lock().unwrap_or_else(|p| p.into_inner());
+        let ctx = match retained.iter().find(|(d, _)| *d == device) {
+            Some(&(_, ctx)) => ctx as Handle,
+            None => {
+                let mut ctx = std::ptr::null_mut();
+                // SAFETY: `ctx` is a valid out-pointer; `device` came from cuDeviceGet.
+                self.check("cuDevicePrimaryCtxRetain", unsafe {
+                    (self.primary_ctx_retain)(&mut ctx, device)
+                })?;
+                retained.push((device, ctx as usize));
+                ctx
+            }
+        };
+        drop(retained);
+        // SAFETY: `ctx` is a retained primary context, never released.
         self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })?;
         Ok(ctx)
+    }
+
+    /// Whether a context is current on this thread (`cuCtxGetCurrent`).
+    pub fn has_current_context(&self) -> bool {
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer.
+        let s = unsafe { (self.ctx_get_current)(&mut ctx) };
+        s == 0 && !ctx.is_null()
     }
 
     /// Allocates `len` bytes of device memory in the current context.

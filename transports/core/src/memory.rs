@@ -87,6 +87,9 @@ pub struct Spaces {
     pub host: bool,
     /// CUDA device memory.
     pub cuda: bool,
+    /// The one CUDA device whose memory it carries, where it is tied to one (the device its
+    /// receive slots live on, which a reduction straight from them runs on); `None`: any.
+    pub cuda_device: Option<u32>,
 }
 
 impl Spaces {
@@ -94,13 +97,14 @@ impl Spaces {
     pub const HOST: Spaces = Spaces {
         host: true,
         cuda: false,
+        cuda_device: None,
     };
 
     /// Whether `space` is one of them.
     pub fn accepts(self, space: MemSpace) -> bool {
         match space {
             MemSpace::Host => self.host,
-            MemSpace::Cuda(_) => self.cuda,
+            MemSpace::Cuda(n) => self.cuda && self.cuda_device.is_none_or(|d| d == n),
         }
     }
 }
@@ -340,6 +344,18 @@ mod tests {
         assert!(!a.contains(&dev) && !a.overlaps(&dev));
         assert!(Spaces::HOST.accepts(MemSpace::Host));
         assert!(!Spaces::HOST.accepts(MemSpace::Cuda(1)));
+        let gpu1 = Spaces {
+            host: true,
+            cuda: true,
+            cuda_device: Some(1),
+        };
+        assert!(gpu1.accepts(MemSpace::Cuda(1)) && gpu1.accepts(MemSpace::Host));
+        assert!(!gpu1.accepts(MemSpace::Cuda(0)), "another GPU's memory");
+        let any = Spaces {
+            cuda_device: None,
+            ..gpu1
+        };
+        assert!(any.accepts(MemSpace::Cuda(0)) && any.accepts(MemSpace::Cuda(3)));
     }
 
     #[test]

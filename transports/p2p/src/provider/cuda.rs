@@ -134,8 +134,9 @@ impl DevAlloc {
 
     /// What a peer needs to map it: pid, address, length, IPC handle.
     pub fn export(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(84);
+        let mut v = Vec::with_capacity(EXPORT_LEN);
         v.extend_from_slice(&std::process::id().to_le_bytes());
+        v.extend_from_slice(&process_token().to_le_bytes());
         v.extend_from_slice(&self.ptr.to_le_bytes());
         v.extend_from_slice(&(self.len as u64).to_le_bytes());
         v.extend_from_slice(&self.handle.0);
@@ -151,6 +152,33 @@ impl Drop for DevAlloc {
             let _ = unsafe { self.dev.drv.free(self.ptr) };
         }
     }
+}
+
+/// Bytes of an exported allocation: pid, process token, address, length, IPC handle.
+const EXPORT_LEN: usize = 4 + 8 + 8 + 8 + 64;
+
+/// A random number that tells this process from every other one sharing the host's
+/// `/dev/shm`: a pid alone does not (processes in other pid namespaces may have the same
+/// one, and the same first device address), and a peer taken for a thread of this process
+/// would be written through a local allocation instead of its own.
+fn process_token() -> u64 {
+    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let mut b = [0u8; 8];
+        // SAFETY: `b` is a writable buffer of 8 bytes.
+        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+        if n == 8 {
+            return u64::from_le_bytes(b);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        ferroccl_transport::hash64(&[
+            &std::process::id().to_le_bytes(),
+            &nanos.to_le_bytes(),
+            &(&b as *const _ as usize).to_le_bytes(),
+        ])
+    })
 }
 
 /// A peer's receive slots, mapped here.
@@ -169,9 +197,9 @@ pub(crate) enum DevPeer {
 impl DevPeer {
     /// Maps what [`DevAlloc::export`] wrote, which must cover `need` bytes.
     pub fn open(dev: &Arc<CudaDev>, export: &[u8], need: usize) -> Result<DevPeer> {
-        if export.len() != 84 {
+        if export.len() != EXPORT_LEN {
             return Err(Error::remote(format!(
-                "a cuda memory handle of {} bytes (expected 84)",
+                "a cuda memory handle of {} bytes (expected {EXPORT_LEN})",
                 export.len()
             )));
         }
@@ -181,13 +209,13 @@ impl DevPeer {
             u64::from_le_bytes(w)
         };
         let pid = u32::from_le_bytes([export[0], export[1], export[2], export[3]]);
-        let (ptr, len) = (u64_at(4), u64_at(12) as usize);
+        let (token, ptr, len) = (u64_at(4), u64_at(12), u64_at(20) as usize);
         if len < need {
             return Err(Error::remote(format!(
                 "the peer's receive slots hold {len} bytes, its ring needs {need}"
             )));
         }
-        if pid == std::process::id() {
+        if pid == std::process::id() && token == process_token() {
             let local = LOCAL.lock().unwrap_or_else(|p| p.into_inner());
             let a = local
                 .iter()
@@ -201,7 +229,7 @@ impl DevPeer {
             return Ok(DevPeer::Local(a));
         }
         let mut h = IpcMemHandle([0; 64]);
-        h.0.copy_from_slice(&export[20..84]);
+        h.0.copy_from_slice(&export[28..EXPORT_LEN]);
         dev.bind()?;
         let ptr = dev
             .drv

@@ -77,7 +77,9 @@ impl Provider {
     }
 
     /// What it reads and writes directly: the cuda provider copies with unified addressing, so
-    /// host buffers work too; the host provider reaches host memory, and the device memory of
+    /// host buffers work too, and carries the memory of its own GPU (where its receive slots
+    /// live, which a reduction straight from a slot runs on; another GPU's buffers go through
+    /// host staging); the host provider reaches host memory, and the device memory of
     /// ferroccl's host stand-in device provider when that is the one in use
     /// ([`stand_in_device`]).
     pub fn spaces(&self) -> Spaces {
@@ -85,11 +87,13 @@ impl Provider {
             Provider::Host if stand_in_device() => Spaces {
                 host: true,
                 cuda: true,
+                cuda_device: None,
             },
             Provider::Host => Spaces::HOST,
-            Provider::Cuda(_) => Spaces {
+            Provider::Cuda(dev) => Spaces {
                 host: true,
                 cuda: true,
+                cuda_device: Some(dev.ordinal),
             },
         }
     }

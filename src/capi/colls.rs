@@ -29,7 +29,7 @@ pub(super) fn collective(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            let on = stream_arg(api, &shared, stream)?;
+            let on = stream_arg(api, &shared, stream, &[send, recv.cast_const()])?;
             let dtype = dtype_arg(api, datatype)?;
             let red = match op {
                 Some(op) => reduction_arg(api, &shared, op, dtype)?,
@@ -179,7 +179,7 @@ pub(super) fn rooted(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            let on = stream_arg(api, &shared, stream)?;
+            let on = stream_arg(api, &shared, stream, &[send, recv.cast_const()])?;
             let dtype = dtype_arg(api, datatype)?;
             let root = rank_arg(api, "root", root)?;
             let op = Op::Rooted {
@@ -242,7 +242,7 @@ fn p2p(
     guard(api, || {
         issuing(|| {
             let shared = lookup(api, comm)?;
-            let on = stream_arg(api, &shared, stream)?;
+            let on = stream_arg(api, &shared, stream, &[buf.cast_const()])?;
             let dtype = dtype_arg(api, datatype)?;
             let peer = rank_arg(api, "peer", peer)?;
             let op = if send {

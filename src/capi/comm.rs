@@ -46,6 +46,9 @@ pub(crate) struct Shared {
     pub blocking: bool,
     /// What `ncclCommCuDevice` reports (the device list entry, 0 without one).
     pub cu_device: c_int,
+    /// Whether a NULL-stream call may be handed device buffers (`stream::null_stream_devices`),
+    /// decided when the communicator is made.
+    pub null_stream_devices: bool,
     state: Mutex<State>,
     state_changed: Condvar,
     worker: Mutex<Option<Worker>>,
@@ -80,6 +83,7 @@ impl Shared {
         Arc::new(Shared {
             blocking,
             cu_device,
+            null_stream_devices: super::stream::null_stream_devices(),
             state: Mutex::new(State::Init),
             state_changed: Condvar::new(),
             worker: Mutex::new(None),

@@ -22,7 +22,7 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
-use crate::device::stream_queue::{landing, record_gates, Work};
+use crate::device::stream_queue::{blocks_always, landing, record_gates, Work};
 use crate::device::stream_stage::{Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
@@ -416,6 +416,10 @@ fn stream_job(
         return Ok(Err(ops));
     };
     if !ops.iter().all(|op| stream_of(op).is_some())
+        || ops
+            .iter()
+            .filter_map(stream_of)
+            .any(|on| blocks_always(on.device, on.stream))
         || !shared.wait_ready()?.stream_jobs_supported(first.device)
     {
         return Ok(Err(ops));

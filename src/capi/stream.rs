@@ -79,16 +79,68 @@ pub(crate) fn init_device() -> c_int {
         .unwrap_or(0)
 }
 
-/// The `stream` argument of a call on `shared`: `None` for NULL (host buffers), else the
-/// device the buffers must be on (an error without a driver, or for a device that does not
-/// exist).
+/// Whether NULL-stream calls of a communicator made now may be handed device buffers: with the
+/// host stand-in provider, or where the CUDA driver is loaded in the process (a program that
+/// allocates with `cudaMalloc` has loaded it before it makes its communicators). Elsewhere a
+/// NULL-stream call costs no pointer query; where it is, one `cuPointerGetAttribute` per
+/// buffer, and only on a thread with a current context.
+pub(crate) fn null_stream_devices() -> bool {
+    match Provider::from_env() {
+        Ok(Provider::Host) => true,
+        Ok(Provider::Cuda) => cuda_in_process(),
+        Err(_) => false,
+    }
+}
+
+/// Whether the CUDA driver library is loaded in this process (never loads it).
+fn cuda_in_process() -> bool {
+    let named = std::env::var("FERROCCL_CUDA_DRIVER").ok();
+    let names = named
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once("libcuda.so.1"));
+    names.into_iter().any(|n| {
+        let Ok(c) = std::ffi::CString::new(n) else {
+            return false;
+        };
+        // SAFETY: `c` is a NUL-terminated name; RTLD_NOLOAD only looks a loaded library up,
+        // and the reference it takes is dropped at once.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if h.is_null() {
+                false
+            } else {
+                libc::dlclose(h);
+                true
+            }
+        }
+    })
+}
+
+/// The `stream` argument of a call on `shared` whose buffers are `bufs`: `None` for NULL with
+/// host buffers, else the device the buffers must be on (an error without a driver, or for a
+/// device that does not exist). A NULL stream with device buffers is NCCL's legacy default
+/// stream (stream 0), which runs in the blocking form: a program written for NCCL that passes
+/// 0 with `cudaMalloc`'d buffers runs, where the host executor would fault on device memory.
 pub(crate) fn stream_arg(
     api: &str,
     shared: &Shared,
     stream: cudaStream_t,
+    bufs: &[*const c_void],
 ) -> Result<Option<OnStream>> {
     if stream.is_null() {
-        return Ok(None);
+        if !shared.null_stream_devices {
+            return Ok(None);
+        }
+        let Ok(provider) = Provider::from_env() else {
+            return Ok(None);
+        };
+        let device_buffer = bufs
+            .iter()
+            .any(|&p| !p.is_null() && provider.holds_quietly(p as u64));
+        if !device_buffer {
+            return Ok(None);
+        }
     }
     let provider = Provider::from_env().map_err(|e| system(api, e))?;
     let ordinal = u32::try_from(shared.cu_device).unwrap_or(0);

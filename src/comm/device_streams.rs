@@ -26,7 +26,7 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
-use crate::device::stream_queue::{landing, record_gates};
+use crate::device::stream_queue::{blocks_always, landing, record_gates};
 use crate::device::stream_stage::Span;
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
@@ -69,7 +69,7 @@ impl Communicator {
         if let Some(e) = self.streams.failed() {
             return Err(e);
         }
-        if !self.stream_jobs_supported(dev) {
+        if blocks_always(dev, stream.handle()) || !self.stream_jobs_supported(dev) {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
@@ -369,7 +369,7 @@ impl Group<'_> {
         if let Some(e) = comm.streams.failed().or_else(|| comm.inner.failed_error()) {
             return Err(e);
         }
-        if !comm.stream_jobs_supported(dev) {
+        if blocks_always(dev, stream.handle()) || !comm.stream_jobs_supported(dev) {
             drop(holds);
             stream.synchronize()?;
             return self.run();

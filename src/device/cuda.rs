@@ -76,6 +76,16 @@ pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
     Some(first)
 }
 
+/// The device owning `addr`, asked only where a context is current on this thread (no context
+/// is made current for the question, as [`locate`] does); `None` otherwise.
+pub(crate) fn locate_if_current(addr: u64) -> Option<u32> {
+    let d = loaded().ok()?;
+    if !d.has_current_context() {
+        return None;
+    }
+    d.device_of_pointer(addr as DevicePtr)
+}
+
 /// `len` bytes of page-locked host memory (contents unspecified).
 pub(crate) fn alloc_pinned(ordinal: u32, len: usize) -> Result<*mut u8> {
     bound(ordinal)?.alloc_pinned(len).map_err(|e| convert(&e))

@@ -46,9 +46,14 @@ struct GateWord {
 }
 
 /// Free gate words. Pages are made on the caller's thread when the pool is empty and kept for
-/// the process; a word goes back once its stream has written it (a gate dropped before that
-/// leaks its word, which the stream may still write).
+/// the process; a word goes back once its stream has written it.
 static GATE_WORDS: Mutex<Vec<GateWord>> = Mutex::new(Vec::new());
+
+/// Words of gates dropped before their stream wrote them (the host usually runs ahead of the
+/// GPU: most gates a flag wait records are dropped unwritten when the next wait replaces
+/// them). The stream may still write such a word, so it waits here until it has, and goes
+/// back to the pool then ([`GateWord::take`] looks).
+static UNWRITTEN: Mutex<Vec<GateWord>> = Mutex::new(Vec::new());
 
 /// Words per page of the gate pool.
 const GATE_PAGE_WORDS: usize = 1024;
@@ -56,6 +61,17 @@ const GATE_PAGE_WORDS: usize = 1024;
 impl GateWord {
     fn take(ordinal: u32) -> Result<GateWord> {
         let mut pool = GATE_WORDS.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut unwritten = UNWRITTEN.lock().unwrap_or_else(|p| p.into_inner());
+            let mut k = 0;
+            while k < unwritten.len() {
+                if unwritten[k].atomic().load(Ordering::Acquire) != 0 {
+                    pool.push(unwritten.swap_remove(k));
+                } else {
+                    k += 1;
+                }
+            }
+        }
         if let Some(i) = pool.iter().position(|w| w.ordinal == ordinal) {
             return Ok(pool.swap_remove(i));
         }
@@ -93,7 +109,17 @@ impl GateWord {
 
 impl Gate {
     /// Waits until the work queued on the stream before the gate has run.
+    #[cfg(test)]
     pub(crate) fn wait(&mut self) -> Result<()> {
+        self.wait_or(|| None)
+    }
+
+    /// [`Gate::wait`], giving up with the error `give_up` returns: it is asked between sleeps,
+    /// once the wait has spun and yielded for a while. A CUDA stream may never write its gate
+    /// (a fault in the program's own kernels stops the stream; a stream being captured into a
+    /// graph records the write instead of running it), so every wait of the queue's thread
+    /// can be ended: by an abort, or by a deadline where nothing else would end it.
+    pub(crate) fn wait_or(&mut self, give_up: impl Fn() -> Option<Error>) -> Result<()> {
         match &mut self.at {
             GateAt::Cuda { word, seen } => {
                 let a = word.atomic();
@@ -105,6 +131,9 @@ impl Gate {
                     } else if spins < 1 << 12 {
                         std::thread::yield_now();
                     } else {
+                        if let Some(e) = give_up() {
+                            return Err(e);
+                        }
                         std::thread::sleep(std::time::Duration::from_micros(50));
                     }
                 }
@@ -116,15 +145,41 @@ impl Gate {
     }
 }
 
+/// A `give_up` for [`Gate::wait_or`] that ends the wait `limit` after its first question.
+pub(crate) fn after(limit: std::time::Duration, what: &'static str) -> impl Fn() -> Option<Error> {
+    let since = std::sync::OnceLock::new();
+    move || {
+        let t0 = *since.get_or_init(std::time::Instant::now);
+        (t0.elapsed() >= limit).then(|| {
+            Error::new(
+                crate::ErrorKind::Timeout,
+                format!(
+                    "{what}: the stream did not get there in {} s (a fault in earlier work on \
+                     it stops a stream; so does capturing it into a graph)",
+                    limit.as_secs()
+                ),
+            )
+        })
+    }
+}
+
 impl Drop for Gate {
     fn drop(&mut self) {
         if let GateAt::Cuda { word, seen } = self.at {
             if seen || word.atomic().load(Ordering::Acquire) != 0 {
                 word.give_back();
+            } else {
+                UNWRITTEN
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(word);
             }
         }
     }
 }
+
+/// How long dropping a [`Flag`] waits for the streams that waited on it to pass.
+const FLAG_DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A 32-bit completion counter the host writes and a device stream waits on.
 #[derive(Debug)]
@@ -175,12 +230,19 @@ impl Flag {
 impl Drop for Flag {
     fn drop(&mut self) {
         let passed = std::mem::take(self.passed.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let mut stuck = false;
         for (_, mut g) in passed {
-            if let Err(e) = g.wait() {
+            let limit = after(FLAG_DROP_WAIT, "freeing a completion flag");
+            if let Err(e) = g.wait_or(limit) {
                 ferroccl_transport::log_line!(
-                    "ferroccl WARN DEVICE: waiting for a stream to pass a completion flag: {e}"
+                    "ferroccl WARN DEVICE: {e}; its 4 bytes of pinned memory are left allocated"
                 );
+                stuck = true;
             }
+        }
+        if stuck {
+            // A stream may still wait on the word: never free it under the GPU.
+            return;
         }
         if let FlagMem::Cuda { host, .. } = self.mem {
             // SAFETY: allocated by `Device::alloc_flag`, freed once; every stream that waited
@@ -364,6 +426,35 @@ pub(crate) fn cuda_wait_call() -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gate_dropped_before_its_stream_wrote_it_returns_its_word_once_written() {
+        // A word of plain host memory standing in for mapped pinned memory, on an ordinal no
+        // other test uses (so `take` finds it without a driver).
+        let mem: &'static AtomicU32 = Box::leak(Box::new(AtomicU32::new(0)));
+        let word = GateWord {
+            ordinal: 4242,
+            host: mem as *const AtomicU32 as usize,
+            dev: 0,
+        };
+        drop(Gate {
+            at: GateAt::Cuda { word, seen: false },
+        });
+        // Not written yet: not in the pool (the stream may still write it).
+        assert!(GATE_WORDS
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|w| w.host != word.host));
+        mem.store(1, Ordering::Release); // the stream writes it
+        let again = GateWord::take(4242).expect("the written word comes back");
+        assert_eq!(again.host, word.host);
+        assert!(UNWRITTEN
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|w| w.host != word.host));
+    }
 
     #[test]
     fn a_stand_in_stream_waits_for_the_flag_and_gates_see_earlier_work() {

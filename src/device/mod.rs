@@ -159,6 +159,16 @@ impl Provider {
             Provider::Host => host::locate(addr, len),
         }
     }
+
+    /// Whether `addr` lies in device memory of this provider, asked without side effects: with
+    /// `Cuda`, only on a thread where a context is current (no context is made for the
+    /// question), `false` elsewhere and without a driver.
+    pub(crate) fn holds_quietly(self, addr: u64) -> bool {
+        match self {
+            Provider::Cuda => cuda::locate_if_current(addr).is_some(),
+            Provider::Host => host::locate(addr, 1).is_some(),
+        }
+    }
 }
 
 impl fmt::Display for Provider {

@@ -39,7 +39,7 @@ pub(crate) type Work = Box<dyn FnOnce() -> Result<()> + Send + 'static>;
 /// What runs on the worker after a job's flag is stored, whatever happened to the job, before
 /// the job stops counting as pending (staged jobs wait there for their copies back:
 /// [`landing`]).
-pub(crate) type After = Box<dyn FnOnce() + Send + 'static>;
+pub(crate) type After = Box<dyn FnOnce(&AtomicBool) + Send + 'static>;
 
 /// One queued job.
 struct Job {
@@ -112,6 +112,26 @@ pub(crate) fn async_supported(device: Device) -> bool {
         )
     });
     false
+}
+
+/// The error that ends a wait of the queue's thread once the communicator is aborted.
+fn aborted_error(aborted: &AtomicBool) -> Option<Error> {
+    aborted.load(Ordering::SeqCst).then(|| {
+        Error::new(
+            ErrorKind::Aborted,
+            "the communicator was aborted while its stream job waited for the stream",
+        )
+    })
+}
+
+/// Whether calls on the caller's stream `handle` of `device` run in the blocking form whatever
+/// `FERRO_STREAM_WAITS` says: the NULL stream (NCCL's legacy default stream, for device
+/// buffers handed to a NULL-stream call) always, and on CUDA the special handles
+/// `cudaStreamLegacy` (1) and `cudaStreamPerThread` (2) too. A flag wait queued on the legacy
+/// stream would hold every blocking stream of the context; the per-thread handle names another
+/// stream on every thread, which the arenas and flags kept per handle cannot tell apart.
+pub(crate) fn blocks_always(device: Device, handle: usize) -> bool {
+    handle == 0 || (device.provider() == crate::device::Provider::Cuda && handle <= 2)
 }
 
 impl StreamQueue {
@@ -343,9 +363,9 @@ fn count_finished(p: &Progress) {
 /// [`StreamQueue::drain`] returns only once the results are in device memory.
 pub(crate) fn landing<K: Send + 'static>(keep: K) -> (Sender<Vec<Gate>>, After) {
     let (tx, rx) = crossbeam_channel::bounded::<Vec<Gate>>(1);
-    let after: After = Box::new(move || {
+    let after: After = Box::new(move |aborted: &AtomicBool| {
         for mut g in rx.recv().unwrap_or_default() {
-            if let Err(e) = g.wait() {
+            if let Err(e) = g.wait_or(|| aborted_error(aborted)) {
                 ferroccl_transport::log_line!(
                     "ferroccl WARN COLL: waiting for a stream job's copies back: {e}"
                 );
@@ -409,7 +429,7 @@ fn run_job(p: &Progress, job: Job) {
     } else {
         gates
             .iter_mut()
-            .try_for_each(Gate::wait)
+            .try_for_each(|g| g.wait_or(|| aborted_error(&p.aborted)))
             .map_err(|e| e.context("waiting for the work queued on the stream before the call"))
             .and_then(|()| {
                 if traced {
@@ -440,7 +460,7 @@ fn run_job(p: &Progress, job: Job) {
     flag.release(seq);
     drop(gates);
     if let Some(a) = after {
-        a();
+        a(&p.aborted);
     }
     count_finished(p);
 }
@@ -454,6 +474,20 @@ mod tests {
 
     fn stream(n: usize) -> *mut std::ffi::c_void {
         std::ptr::without_provenance_mut(n)
+    }
+
+    #[test]
+    fn the_null_stream_and_cudas_special_handles_always_block() {
+        let host = Device::new(Provider::Host, 0).unwrap();
+        assert!(blocks_always(host, 0));
+        assert!(!blocks_always(host, 1) && !blocks_always(host, 2) && !blocks_always(host, 7));
+        // A Cuda device value needs no driver to be named here.
+        let cuda = Device {
+            provider: Provider::Cuda,
+            ordinal: 0,
+        };
+        assert!(blocks_always(cuda, 0) && blocks_always(cuda, 1) && blocks_always(cuda, 2));
+        assert!(!blocks_always(cuda, 0x7f00_1234));
     }
 
     #[test]

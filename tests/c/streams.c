@@ -264,6 +264,15 @@ static void collectives(ncclComm_t comm) {
   for (int i = 0; i < C; i++) EXPECT(fr[i] == (float)n, "host allreduce [%d] = %f", i, fr[i]);
   EXPECT_ERR(ncclSend(fs, 4, ncclInt32, 0, comm, g_stream), ncclInvalidArgument,
              "ncclSend on rank");
+  /* device buffers with a NULL stream: NCCL's legacy default stream; done when it returns */
+  for (int i = 0; i < C; i++) fs[i] = (float)((rank + 1) * i);
+  to_dev(d_send, fs, sizeof(float) * C);
+  CHECK(ncclAllReduce(d_send, d_recv, C, ncclFloat, ncclSum, comm, NULL));
+  from_dev(fr, d_recv, sizeof(float) * C);
+  for (int i = 0; i < C; i++) {
+    float want = (float)(n * (n + 1) / 2 * i);
+    EXPECT(fr[i] == want, "NULL-stream device allreduce [%d] = %f, want %f", i, fr[i], want);
+  }
 
   CHECK(ncclMemFree(d_send));
   CHECK(ncclMemFree(d_recv));

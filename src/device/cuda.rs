@@ -78,6 +78,7 @@ pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
 
 /// The device owning `addr`, asked only where a context is current on this thread (no context
 /// is made current for the question, as [`locate`] does); `None` otherwise.
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) fn locate_if_current(addr: u64) -> Option<u32> {
     let d = loaded().ok()?;
     if !d.has_current_context() {
@@ -155,6 +156,11 @@ pub(crate) unsafe fn sync_foreign_stream(
     stream: *mut std::ffi::c_void,
 ) -> Result<()> {
     let d = bound(ordinal)?;
+    if stream.is_null() {
+        // NCCL's stream 0, the legacy default stream: work queued there waits for the earlier
+        // work of every blocking stream, so a call made on it waits for the whole context.
+        return d.sync_context().map_err(|e| convert(&e));
+    }
     // SAFETY: per the caller; the primary context is current.
     unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))
 }

@@ -162,7 +162,8 @@ impl Provider {
 
     /// Whether `addr` lies in device memory of this provider, asked without side effects: with
     /// `Cuda`, only on a thread where a context is current (no context is made for the
-    /// question), `false` elsewhere and without a driver.
+    /// question), `false` elsewhere and without a driver. (For the C ABI's NULL-stream calls.)
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     pub(crate) fn holds_quietly(self, addr: u64) -> bool {
         match self {
             Provider::Cuda => cuda::locate_if_current(addr).is_some(),

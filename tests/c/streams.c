@@ -29,8 +29,9 @@
 
 #include "check.h"
 
-/* The stand-in's stream synchronize (exported by ferroccl's libnccl.so.2 for tests). */
+/* The stand-in's stream synchronize and copy (exported by ferroccl's libnccl.so.2 for tests). */
 int ferrocclStreamSynchronize(cudaStream_t stream);
+int ferrocclMemcpyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
 
 static int g_standin = 0;
 static cudaStream_t g_stream = (cudaStream_t)0x1;
@@ -264,9 +265,14 @@ static void collectives(ncclComm_t comm) {
   for (int i = 0; i < C; i++) EXPECT(fr[i] == (float)n, "host allreduce [%d] = %f", i, fr[i]);
   EXPECT_ERR(ncclSend(fs, 4, ncclInt32, 0, comm, g_stream), ncclInvalidArgument,
              "ncclSend on rank");
-  /* device buffers with a NULL stream: NCCL's legacy default stream; done when it returns */
+  /* device buffers with a NULL stream: NCCL's legacy default stream. The call waits for work
+   * queued before it (the stand-in: a copy queued on stream 0 and not synchronized, which a
+   * host-buffer call would not wait for) and is done when it returns. */
   for (int i = 0; i < C; i++) fs[i] = (float)((rank + 1) * i);
-  to_dev(d_send, fs, sizeof(float) * C);
+  if (g_standin)
+    CHECK(ferrocclMemcpyAsync(d_send, fs, sizeof(float) * C, NULL));
+  else
+    to_dev(d_send, fs, sizeof(float) * C);
   CHECK(ncclAllReduce(d_send, d_recv, C, ncclFloat, ncclSum, comm, NULL));
   from_dev(fr, d_recv, sizeof(float) * C);
   for (int i = 0; i < C; i++) {

@@ -84,6 +84,7 @@ driver_api! {
     primary_ctx_retain = "cuDevicePrimaryCtxRetain": fn(*mut Handle, Device);
     ctx_set_current = "cuCtxSetCurrent": fn(Handle);
     ctx_get_current = "cuCtxGetCurrent": fn(*mut Handle);
+    ctx_synchronize = "cuCtxSynchronize": fn();
     module_load_data = "cuModuleLoadData": fn(*mut Handle, *const c_void);
     module_get_function = "cuModuleGetFunction": fn(*mut Handle, Handle, *const c_char);
     launch_kernel = "cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
@@ -389,6 +390,12 @@ impl Driver {
         self.check("cuStreamSynchronize", unsafe {
             (self.stream_synchronize)(stream)
         })
+    }
+
+    /// Waits for all work of the current context (`cuCtxSynchronize`).
+    pub fn sync_context(&self) -> Result<()> {
+        // SAFETY: reads no memory of ours.
+        self.check("cuCtxSynchronize", unsafe { (self.ctx_synchronize)() })
     }
 
     /// Destroys a stream from [`Driver::create_stream`].

@@ -1,6 +1,9 @@
 //! Device buffers through the C ABI: a non-NULL `cudaStream_t`, `ncclMemAlloc` /
 //! `ncclMemFree`, and the device a communicator is bound to at init.
 //!
+//! A NULL stream means host buffers, unless they are device memory: then it is NCCL's legacy
+//! default stream, run in the blocking form ([`stream_arg`]).
+//!
 //! A non-NULL stream means the buffers are device memory of the communicator's device
 //! (checked before anything runs: host memory is `ncclInvalidArgument`, returned at once).
 //! On a blocking communicator the call then **returns at once**: its collective becomes a job

@@ -415,12 +415,16 @@ fn stream_job(
     let Some(first) = ops.first().and_then(stream_of) else {
         return Ok(Err(ops));
     };
+    let comm = shared.wait_ready()?;
+    if comm.device() != Some(first.device) {
+        comm.set_device(first.device)?;
+    }
     if !ops.iter().all(|op| stream_of(op).is_some())
         || ops
             .iter()
             .filter_map(stream_of)
             .any(|on| blocks_always(on.device, on.stream))
-        || !shared.wait_ready()?.stream_jobs_supported(first.device)
+        || !comm.stream_jobs_supported(first.device)
     {
         return Ok(Err(ops));
     }

@@ -35,6 +35,46 @@ pub(super) struct DeviceState {
     /// Whether collectives on the bound device run on the device buffers themselves (every
     /// connection carries its memory); asked once per binding.
     direct: Option<bool>,
+    /// This communicator's entry among the process's communicators on the bound device.
+    binding: Option<Binding>,
+}
+
+/// How many communicators of this process are bound to each device.
+static BOUND: Mutex<Vec<(Device, usize)>> = Mutex::new(Vec::new());
+
+/// One communicator's count in [`BOUND`], for as long as it is bound to the device.
+#[derive(Debug)]
+struct Binding(Device);
+
+impl Binding {
+    fn new(device: Device) -> Binding {
+        let mut b = lock(&BOUND);
+        match b.iter_mut().find(|(d, _)| *d == device) {
+            Some(e) => e.1 += 1,
+            None => b.push((device, 1)),
+        }
+        Binding(device)
+    }
+
+    /// Communicators of this process bound to `device`.
+    fn count(device: Device) -> usize {
+        lock(&BOUND)
+            .iter()
+            .find(|(d, _)| *d == device)
+            .map_or(0, |e| e.1)
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        let mut b = lock(&BOUND);
+        if let Some(i) = b.iter().position(|(d, _)| *d == self.0) {
+            b[i].1 -= 1;
+            if b[i].1 == 0 {
+                b.swap_remove(i);
+            }
+        }
+    }
 }
 
 /// A buffer a collective reads: host memory or a device buffer.
@@ -109,6 +149,8 @@ impl Communicator {
             st.staging = None;
             st.arena = None;
             st.direct = None;
+            st.binding = None;
+            st.binding = Some(Binding::new(device));
             st.device = Some(device);
         }
         Ok(())
@@ -142,12 +184,25 @@ impl Communicator {
     }
 
     /// Whether calls with a stream on `dev` may return at once and complete in stream order
-    /// ([`async_supported`]) on this communicator. Not where one of its connections carries
+    /// ([`async_supported`]) on this communicator (bound to `dev`). Not on a CUDA device that
+    /// another communicator of this process is bound to, and not where one of its connections carries
     /// CUDA device memory itself (the p2p transport's cuda provider): that transport makes
     /// driver calls to move even host bytes, and the stream job that would drive it must make
     /// none (docs/CUDA.md, "On a GPU"), so such calls block instead.
     pub(crate) fn stream_jobs_supported(&self, dev: Device) -> bool {
         if !async_supported(dev) {
+            return false;
+        }
+        if dev.provider() == Provider::Cuda && Binding::count(dev) > 1 {
+            static SHARED: std::sync::Once = std::sync::Once::new();
+            SHARED.call_once(|| {
+                ferroccl_transport::log_line!(
+                    "ferroccl INFO COLL: calls with a stream block until done where several \
+                     communicators of this process use one GPU: a stream waiting on one \
+                     communicator's flag can hold the hardware queue that another's copies \
+                     need (CUDA_DEVICE_MAX_CONNECTIONS), and neither would finish"
+                )
+            });
             return false;
         }
         // Known from init: the engine's lock may be held by a queued job for as long as it
@@ -592,6 +647,19 @@ mod tests {
         assert_eq!(count_of(CollKind::ReduceScatter, Some(6), 2, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(6), 6, 3), Some(2));
         assert_eq!(count_of(CollKind::AllToAll, Some(7), 7, 3), None);
+    }
+
+    #[test]
+    fn bindings_count_the_communicators_of_a_device() {
+        let d = Device::new(crate::device::Provider::Host, 3).unwrap();
+        let before = Binding::count(d);
+        let a = Binding::new(d);
+        let b = Binding::new(d);
+        assert_eq!(Binding::count(d), before + 2);
+        drop(a);
+        assert_eq!(Binding::count(d), before + 1);
+        drop(b);
+        assert_eq!(Binding::count(d), before);
     }
 
     #[test]

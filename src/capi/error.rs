@@ -76,7 +76,10 @@ pub fn fail(e: &Error) -> ncclResult_t {
 /// Runs an entry point: a returned error becomes its code (and the last error), and a panic
 /// becomes `ncclInternalError` instead of unwinding into C.
 pub fn guard(api: &str, f: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
-    match catch_unwind(AssertUnwindSafe(f)) {
+    // The caller's current CUDA context is current again when the call returns, as NCCL leaves
+    // the current device (a call binds its communicator's device while it runs).
+    let r = ferroccl_cuda::driver::restoring_context(|| catch_unwind(AssertUnwindSafe(f)));
+    match r {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => fail(&e),
         Err(payload) => {

@@ -305,7 +305,7 @@ fn stage_ops(shared: &Shared, device: Device, ops: &mut [Op]) -> Result<Vec<(usi
                     }
                 }
                 if let Reduction::ScalarAt(p, d) = red {
-                    if device.provider().locate(p as u64, d.size()) == Some(device.ordinal()) {
+                    if device.find(p as u64, d.size()) == Some(device.ordinal()) {
                         spans.push(span(p, d.size(), true, false));
                     }
                 }

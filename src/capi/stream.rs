@@ -86,7 +86,7 @@ pub(crate) fn init_device() -> c_int {
 /// host stand-in provider, or where the CUDA driver is loaded in the process (a program that
 /// allocates with `cudaMalloc` has loaded it before it makes its communicators). Elsewhere a
 /// NULL-stream call costs no pointer query; where it is, one `cuPointerGetAttribute` per
-/// buffer, and only on a thread with a current context.
+/// buffer (on a thread with no current context, in the communicator's device's context).
 pub(crate) fn null_stream_devices() -> bool {
     match Provider::from_env() {
         Ok(Provider::Host) => true,
@@ -138,9 +138,12 @@ pub(crate) fn stream_arg(
         let Ok(provider) = Provider::from_env() else {
             return Ok(None);
         };
+        let Ok(device) = Device::new(provider, u32::try_from(shared.cu_device).unwrap_or(0)) else {
+            return Ok(None);
+        };
         let device_buffer = bufs
             .iter()
-            .any(|&p| !p.is_null() && provider.holds_quietly(p as u64));
+            .any(|&p| !p.is_null() && device.find(p as u64, 1).is_some());
         if !device_buffer {
             return Ok(None);
         }
@@ -153,11 +156,22 @@ pub(crate) fn stream_arg(
              host buffers"
         ))
     })?;
+    if provider == Provider::Cuda && stream as usize == CUDA_STREAM_PER_THREAD {
+        // `cudaStreamPerThread` names the calling thread's stream: the call may run on another
+        // thread (a group's, a non-blocking communicator's), where it names another stream, so
+        // the work queued before the call is waited for here.
+        // SAFETY: the special handle is valid on any thread with a context; the device's is
+        // made current.
+        unsafe { device.sync_stream(stream.cast()) }.map_err(|e| system(api, e))?;
+    }
     Ok(Some(OnStream {
         device,
         stream: stream as usize,
     }))
 }
+
+/// `cudaStreamPerThread` (`CU_STREAM_PER_THREAD`).
+const CUDA_STREAM_PER_THREAD: usize = 2;
 
 /// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
 pub(crate) fn check_span(
@@ -172,7 +186,7 @@ pub(crate) fn check_span(
         return Ok(());
     }
     let dev = on.device;
-    let found = dev.provider().locate(p as u64, len);
+    let found = dev.find(p as u64, len);
     if found == Some(dev.ordinal()) {
         return Ok(());
     }
@@ -212,7 +226,7 @@ pub(crate) fn check_layout(api: &str, rank: usize, layout: &Layout, on: OnStream
 /// `p` points to one readable element of `dtype`, in host memory or the call's device memory.
 pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream) -> Result<f64> {
     let dev = on.device;
-    if dev.provider().locate(p as u64, dtype.size()) != Some(dev.ordinal()) {
+    if dev.find(p as u64, dtype.size()) != Some(dev.ordinal()) {
         // SAFETY: host memory, readable per the caller.
         return Ok(unsafe { read_scalar(p, dtype) });
     }

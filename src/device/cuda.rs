@@ -56,13 +56,14 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
 /// The device owning `[addr, addr + len)`, all of it inside one allocation (the driver's
 /// range of the first byte), or `None`: host memory, an address the driver does not know, or
 /// a range running past its allocation into the next (no driver: `None` as well).
-pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
+pub(crate) fn locate(addr: u64, len: usize, hint: u32) -> Option<u32> {
     let d = loaded().ok()?;
     // The pointer queries need a current context (without one the driver answers
-    // CUDA_ERROR_INVALID_CONTEXT, which would read as "not device memory"); a thread with none
-    // gets device 0's primary context, the one the CUDA runtime would make current there.
+    // CUDA_ERROR_INVALID_CONTEXT, which would read as "not device memory"): a thread with none
+    // (a thread of ferroccl's, or a program's thread that made no CUDA call) gets the primary
+    // context of `hint`, the device the caller expects, rather than one made on device 0.
     if !d.has_current_context() {
-        let dev = d.device(0).ok()?;
+        let dev = d.device(hint).ok()?;
         d.bind_primary_context(dev).ok()?;
     }
     let first = d.device_of_pointer(addr as DevicePtr)?;
@@ -74,17 +75,6 @@ pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
         }
     }
     Some(first)
-}
-
-/// The device owning `addr`, asked only where a context is current on this thread (no context
-/// is made current for the question, as [`locate`] does); `None` otherwise.
-#[cfg_attr(not(feature = "capi"), allow(dead_code))]
-pub(crate) fn locate_if_current(addr: u64) -> Option<u32> {
-    let d = loaded().ok()?;
-    if !d.has_current_context() {
-        return None;
-    }
-    d.device_of_pointer(addr as DevicePtr)
 }
 
 /// `len` bytes of page-locked host memory (contents unspecified).

@@ -155,19 +155,8 @@ impl Provider {
     /// registry. This is the check a raw address from outside Rust gets before any copy.
     pub fn locate(self, addr: u64, len: usize) -> Option<u32> {
         match self {
-            Provider::Cuda => cuda::locate(addr, len),
+            Provider::Cuda => cuda::locate(addr, len, 0),
             Provider::Host => host::locate(addr, len),
-        }
-    }
-
-    /// Whether `addr` lies in device memory of this provider, asked without side effects: with
-    /// `Cuda`, only on a thread where a context is current (no context is made for the
-    /// question), `false` elsewhere and without a driver. (For the C ABI's NULL-stream calls.)
-    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
-    pub(crate) fn holds_quietly(self, addr: u64) -> bool {
-        match self {
-            Provider::Cuda => cuda::locate_if_current(addr).is_some(),
-            Provider::Host => host::locate(addr, 1).is_some(),
         }
     }
 }
@@ -186,6 +175,16 @@ pub struct Device {
 }
 
 impl Device {
+    /// [`Provider::locate`] for a range this device is expected to hold: on a thread with no
+    /// current CUDA context, the query runs in this device's primary context (made current),
+    /// not in one made on device 0.
+    pub(crate) fn find(self, addr: u64, len: usize) -> Option<u32> {
+        match self.provider {
+            Provider::Cuda => cuda::locate(addr, len, self.ordinal),
+            Provider::Host => host::locate(addr, len),
+        }
+    }
+
     /// Device `ordinal` of `provider`, checked against the devices it offers.
     pub fn new(provider: Provider, ordinal: u32) -> Result<Device> {
         let n = provider.device_count()?;
@@ -402,7 +401,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// registry or the driver's pointer query), for `name` on `rank`.
     pub(crate) fn check_live(&self, name: &str, rank: usize, what: &str) -> Result<()> {
         if self.bytes() == 0
-            || self.device.provider.locate(self.addr, self.bytes()) == Some(self.device.ordinal)
+            || self.device.find(self.addr, self.bytes()) == Some(self.device.ordinal)
         {
             return Ok(());
         }

@@ -238,9 +238,7 @@ impl DeviceKernels {
     /// Makes this device's context current on the calling thread.
     pub fn bind(&self) -> Result<()> {
         // SAFETY: `ctx` is the retained primary context of this device.
-        self.driver.check("cuCtxSetCurrent", unsafe {
-            (self.driver.ctx_set_current)(self.ctx)
-        })
+        unsafe { self.driver.set_current(self.ctx) }
     }
 
     /// Launches the reduce-copy of `dtype` and `op` on the stream; returns when it is queued.

@@ -123,10 +123,44 @@ driver_api! {
     ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
 }
 
+static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+
+thread_local! {
+    /// Inside [`restoring_context`] on this thread: `Some(None)` until a call of this crate
+    /// changes the current context, then `Some(Some(ctx))`, the context current before (0:
+    /// none). `None` outside.
+    static SCOPE: std::cell::Cell<Option<Option<usize>>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f`, then makes current again the context that was current on this thread before `f`
+/// changed it, if it did (NCCL's calls leave the caller's current device as they found it; a
+/// program's next `cudaMalloc` or launch must not land on the communicator's GPU). Costs two
+/// thread-local accesses when nothing changes the context; nested scopes restore at the
+/// outermost.
+pub fn restoring_context<R>(f: impl FnOnce() -> R) -> R {
+    if SCOPE.get().is_some() {
+        return f();
+    }
+    SCOPE.set(Some(None));
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(Some(ctx)) = SCOPE.replace(None) {
+                if let Some(Ok(d)) = DRIVER.get() {
+                    // SAFETY: `ctx` was current on this thread before the scope (a context the
+                    // program or this crate holds), or null, which unbinds.
+                    let _ = unsafe { d.set_current_raw(ctx as Handle) };
+                }
+            }
+        }
+    }
+    let _restore = Restore;
+    f()
+}
+
 /// The driver library for this process: loaded and initialised (`cuInit`) on the first call,
 /// the same answer afterwards. Without an NVIDIA driver: an error with [`DRIVER_MISSING`].
 pub fn driver() -> Result<&'static Driver> {
-    static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
     DRIVER
         .get_or_init(|| {
             let name = std::env::var(DRIVER_LIB_ENV).unwrap_or_else(|_| DRIVER_LIB.to_string());
@@ -282,8 +316,30 @@ impl Driver {
         };
         drop(retained);
         // SAFETY: `ctx` is a retained primary context, never released.
-        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })?;
+        unsafe { self.set_current(ctx) }?;
         Ok(ctx)
+    }
+
+    /// Inside a [`restoring_context`] scope, remembers the context current before the first
+    /// change.
+    fn note_switch(&self) {
+        if SCOPE.get() == Some(None) {
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: `ctx` is a valid out-pointer.
+            let s = unsafe { (self.ctx_get_current)(&mut ctx) };
+            if s == 0 {
+                SCOPE.set(Some(Some(ctx as usize)));
+            }
+        }
+    }
+
+    /// `cuCtxSetCurrent` without noting anything (the restore itself).
+    ///
+    /// # Safety
+    /// `ctx` is a live context or null.
+    unsafe fn set_current_raw(&self, ctx: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
     }
 
     /// Whether a context is current on this thread (`cuCtxGetCurrent`).
@@ -565,8 +621,9 @@ impl Driver {
     /// # Safety
     /// `ctx` is a context the driver handed out and still holds (a retained primary context).
     pub unsafe fn set_current(&self, ctx: Handle) -> Result<()> {
+        self.note_switch();
         // SAFETY: per the caller; the call reads no memory of ours.
-        self.check("cuCtxSetCurrent", unsafe { (self.ctx_set_current)(ctx) })
+        unsafe { self.set_current_raw(ctx) }
     }
 
     /// Whether `device` can map memory of `peer` (`cuDeviceCanAccessPeer`); a device can
@@ -678,5 +735,26 @@ impl Driver {
         self.check("cuMemcpyAsync", unsafe {
             (self.memcpy_async)(dst, src, len, s)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_scope_ends_with_its_outermost_call_even_after_a_panic() {
+        assert_eq!(SCOPE.get(), None);
+        let v = restoring_context(|| {
+            assert_eq!(SCOPE.get(), Some(None), "inside: nothing switched yet");
+            // A switch noted inside is kept by a nested scope for the outer one to restore.
+            SCOPE.set(Some(Some(0)));
+            restoring_context(|| 7)
+        });
+        assert_eq!(v, 7);
+        assert_eq!(SCOPE.get(), None, "the outer scope ended it");
+        let r = std::panic::catch_unwind(|| restoring_context(|| panic!("inside a scope")));
+        assert!(r.is_err());
+        assert_eq!(SCOPE.get(), None, "a panic ends the scope too");
     }
 }

@@ -163,9 +163,15 @@ impl StreamQueue {
             let thread = std::thread::Builder::new()
                 .name("ferroccl-stream".into())
                 .spawn(move || {
+                    // Jobs that never ran (after an abort) are dropped once the queue is
+                    // empty: their closures may hold the communicator's last handle, whose
+                    // teardown makes driver calls, and every later job's flag must be
+                    // stored before that (a stream waiting on one would hold the device).
+                    let mut unrun = Vec::new();
                     for job in rx {
-                        run_job(&progress, job);
+                        unrun.extend(run_job(&progress, job));
                     }
+                    drop(unrun);
                 })
                 .map_err(|e| Error::io("starting a communicator's stream thread", &e))?;
             inner.tx = Some(tx);
@@ -404,8 +410,9 @@ fn trace_jobs() -> bool {
     *ON.get_or_init(|| std::env::var("FERRO_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("DEBUG")))
 }
 
-/// Runs one job on the worker: gates, work, then its flag, whatever happened.
-fn run_job(p: &Progress, job: Job) {
+/// Runs one job on the worker: gates, work, then its flag, whatever happened. Returns the work
+/// where it did not run (aborted), for the worker to drop later.
+fn run_job(p: &Progress, job: Job) -> Option<Work> {
     let Job {
         seq,
         mut gates,
@@ -421,7 +428,9 @@ fn run_job(p: &Progress, job: Job) {
             gates.len()
         );
     }
+    let mut unrun = None;
     let r = if p.aborted.load(Ordering::SeqCst) {
+        unrun = Some(work);
         Err(Error::new(
             ErrorKind::Aborted,
             "the communicator was aborted before this operation started",
@@ -463,6 +472,7 @@ fn run_job(p: &Progress, job: Job) {
         a(&p.aborted);
     }
     count_finished(p);
+    unrun
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use super::ops::PreMul;
 use super::types::*;
 use crate::bootstrap::TcpStoreServer;
 use crate::device::stream_queue::StreamQueue;
+use crate::device::Device;
 use crate::{Communicator, Error, ErrorKind, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -46,9 +47,9 @@ pub(crate) struct Shared {
     pub blocking: bool,
     /// What `ncclCommCuDevice` reports (the device list entry, 0 without one).
     pub cu_device: c_int,
-    /// Whether a NULL-stream call may be handed device buffers (`stream::null_stream_devices`),
-    /// decided when the communicator is made.
-    pub null_stream_devices: bool,
+    /// The device whose buffers a NULL-stream call may be handed (`stream::null_stream_device`),
+    /// decided when the communicator is made; `None`: NULL always means host buffers.
+    pub null_stream_device: Option<Device>,
     state: Mutex<State>,
     state_changed: Condvar,
     worker: Mutex<Option<Worker>>,
@@ -83,7 +84,7 @@ impl Shared {
         Arc::new(Shared {
             blocking,
             cu_device,
-            null_stream_devices: super::stream::null_stream_devices(),
+            null_stream_device: super::stream::null_stream_device(cu_device),
             state: Mutex::new(State::Init),
             state_changed: Condvar::new(),
             worker: Mutex::new(None),

@@ -22,7 +22,7 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
-use crate::device::stream_queue::{blocks_always, landing, record_gates, Work};
+use crate::device::stream_queue::{landing, record_gates, Work};
 use crate::device::stream_stage::{Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
@@ -419,20 +419,16 @@ fn stream_job(
     if comm.device() != Some(first.device) {
         comm.set_device(first.device)?;
     }
-    if !ops.iter().all(|op| stream_of(op).is_some())
-        || ops
-            .iter()
-            .filter_map(stream_of)
-            .any(|on| blocks_always(on.device, on.stream))
-        || !comm.stream_jobs_supported(first.device)
-    {
-        return Ok(Err(ops));
-    }
     let mut streams: Vec<usize> = Vec::new();
     for on in ops.iter().filter_map(stream_of) {
         if !streams.contains(&on.stream) {
             streams.push(on.stream);
         }
+    }
+    if !ops.iter().all(|op| stream_of(op).is_some())
+        || !comm.stream_jobs_supported(first.device, &streams)
+    {
+        return Ok(Err(ops));
     }
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.

@@ -82,17 +82,18 @@ pub(crate) fn init_device() -> c_int {
         .unwrap_or(0)
 }
 
-/// Whether NULL-stream calls of a communicator made now may be handed device buffers: with the
-/// host stand-in provider, or where the CUDA driver is loaded in the process (a program that
-/// allocates with `cudaMalloc` has loaded it before it makes its communicators). Elsewhere a
-/// NULL-stream call costs no pointer query; where it is, one `cuPointerGetAttribute` per
-/// buffer (on a thread with no current context, in the communicator's device's context).
-pub(crate) fn null_stream_devices() -> bool {
-    match Provider::from_env() {
-        Ok(Provider::Host) => true,
-        Ok(Provider::Cuda) => cuda_in_process(),
-        Err(_) => false,
+/// The device whose buffers NULL-stream calls of a communicator made now (bound to
+/// `cu_device`) may be handed, if any: with the host stand-in provider, or where the CUDA
+/// driver is loaded in the process (a program that allocates with `cudaMalloc` has loaded it
+/// before it makes its communicators). Decided once: elsewhere a NULL-stream call costs no
+/// pointer query; where it is, one `cuPointerGetAttribute` per buffer (on a thread with no
+/// current context, in the communicator's device's context).
+pub(crate) fn null_stream_device(cu_device: c_int) -> Option<Device> {
+    let provider = Provider::from_env().ok()?;
+    if provider == Provider::Cuda && !cuda_in_process() {
+        return None;
     }
+    Device::new(provider, u32::try_from(cu_device).unwrap_or(0)).ok()
 }
 
 /// Whether the CUDA driver library is loaded in this process (never loads it).
@@ -132,13 +133,7 @@ pub(crate) fn stream_arg(
     bufs: &[*const c_void],
 ) -> Result<Option<OnStream>> {
     if stream.is_null() {
-        if !shared.null_stream_devices {
-            return Ok(None);
-        }
-        let Ok(provider) = Provider::from_env() else {
-            return Ok(None);
-        };
-        let Ok(device) = Device::new(provider, u32::try_from(shared.cu_device).unwrap_or(0)) else {
+        let Some(device) = shared.null_stream_device else {
             return Ok(None);
         };
         let device_buffer = bufs

@@ -18,7 +18,7 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
 use crate::device::staging::slice_range;
-use crate::device::stream_queue::async_supported;
+use crate::device::stream_queue::{async_supported, blocks_always};
 use crate::device::{Device, DeviceBuffer, Provider, Staging};
 use crate::exec::Memory;
 use crate::{Error, Result};
@@ -183,14 +183,15 @@ impl Communicator {
         })
     }
 
-    /// Whether calls with a stream on `dev` may return at once and complete in stream order
-    /// ([`async_supported`]) on this communicator (bound to `dev`). Not on a CUDA device that
+    /// Whether calls with a stream on `streams` of `dev` may return at once and complete in
+    /// stream order ([`async_supported`]) on this communicator (bound to `dev`). Not on a stream
+    /// that always blocks ([`blocks_always`]). Not on a CUDA device that
     /// another communicator of this process is bound to, and not where one of its connections carries
     /// CUDA device memory itself (the p2p transport's cuda provider): that transport makes
     /// driver calls to move even host bytes, and the stream job that would drive it must make
     /// none (docs/CUDA.md, "On a GPU"), so such calls block instead.
-    pub(crate) fn stream_jobs_supported(&self, dev: Device) -> bool {
-        if !async_supported(dev) {
+    pub(crate) fn stream_jobs_supported(&self, dev: Device, streams: &[usize]) -> bool {
+        if streams.iter().any(|&h| blocks_always(dev, h)) || !async_supported(dev) {
             return false;
         }
         if dev.provider() == Provider::Cuda && Binding::count(dev) > 1 {

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
-use crate::device::stream_queue::{blocks_always, landing, record_gates};
+use crate::device::stream_queue::{landing, record_gates};
 use crate::device::stream_stage::Span;
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
@@ -69,7 +69,7 @@ impl Communicator {
         if let Some(e) = self.streams.failed() {
             return Err(e);
         }
-        if blocks_always(dev, stream.handle()) || !self.stream_jobs_supported(dev) {
+        if !self.stream_jobs_supported(dev, &[stream.handle()]) {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
@@ -320,6 +320,7 @@ impl Group<'_> {
         let mut spans: Vec<Span> = Vec::with_capacity(self.ops.len());
         let mut holds = Vec::with_capacity(self.ops.len());
         let mut bound = None;
+        let mut mems = Vec::with_capacity(self.ops.len());
         for (i, o) in self.ops.iter().enumerate() {
             let (buf, what, written): (&dyn DeviceBytes, &str, bool) = match o {
                 P2p::SendDevice { buf, .. } => (*buf, "send", false),
@@ -342,6 +343,7 @@ impl Group<'_> {
                 )));
             }
             let mem = buf.mem();
+            mems.push((mem, written));
             spans.push(Span {
                 addr: mem.addr as u64,
                 len: mem.len,
@@ -354,10 +356,9 @@ impl Group<'_> {
             // No operation: nothing to queue.
             return Ok(());
         };
-        for (i, a) in spans.iter().enumerate() {
-            for b in &spans[i + 1..] {
-                let apart = a.addr + a.len as u64 <= b.addr || b.addr + b.len as u64 <= a.addr;
-                if (a.written || b.written) && a.len > 0 && b.len > 0 && !apart {
+        for (i, (a, aw)) in mems.iter().enumerate() {
+            for (b, bw) in &mems[i + 1..] {
+                if (*aw || *bw) && a.len > 0 && b.len > 0 && a.overlaps(b) {
                     return Err(Error::invalid_argument(format!(
                         "send/recv group on rank {rank}: device buffers 0x{:x} ({} bytes) and \
                          0x{:x} ({} bytes) overlap and one of them is a receive buffer",
@@ -369,7 +370,7 @@ impl Group<'_> {
         if let Some(e) = comm.streams.failed().or_else(|| comm.inner.failed_error()) {
             return Err(e);
         }
-        if blocks_always(dev, stream.handle()) || !comm.stream_jobs_supported(dev) {
+        if !comm.stream_jobs_supported(dev, &[stream.handle()]) {
             drop(holds);
             stream.synchronize()?;
             return self.run();

@@ -120,28 +120,37 @@ fn every_collective<T: Element>(c: &Communicator, s: &DeviceStream, count: usize
     );
 }
 
-#[test]
-fn every_stream_collective_on_1_2_3_thread_ranks() {
+/// Runs `f` on every rank of 1, 2 and 3 thread ranks, each bound to the stand-in device with
+/// a stream of its own; then checks no rank has an asynchronous error.
+fn on_1_2_3_thread_ranks(f: impl Fn(&Communicator, &DeviceStream) + Sync) {
     let dev = host_device();
     for n in [1, 2, 3] {
         let comms = Communicator::local_group(n, Config::default()).unwrap();
         std::thread::scope(|sc| {
             for c in &comms {
+                let f = &f;
                 sc.spawn(move || {
                     c.set_device(dev).unwrap();
                     let s = DeviceStream::new(dev).unwrap();
-                    for count in COUNTS {
-                        for op in [ReduceOp::Sum, ReduceOp::Max] {
-                            every_collective::<f32>(c, &s, count, op);
-                            every_collective::<i32>(c, &s, count, op);
-                        }
-                        every_collective::<f64>(c, &s, count, ReduceOp::Min);
-                    }
+                    f(c, &s);
                     assert!(c.async_error().is_none());
                 });
             }
         });
     }
+}
+
+#[test]
+fn every_stream_collective_on_1_2_3_thread_ranks() {
+    on_1_2_3_thread_ranks(|c, s| {
+        for count in COUNTS {
+            for op in [ReduceOp::Sum, ReduceOp::Max] {
+                every_collective::<f32>(c, s, count, op);
+                every_collective::<i32>(c, s, count, op);
+            }
+            every_collective::<f64>(c, s, count, ReduceOp::Min);
+        }
+    });
 }
 
 /// Rank `r`'s message to `to`: distinct per element, sender and receiver.
@@ -153,61 +162,49 @@ fn message(r: usize, to: usize, len: usize) -> Vec<i64> {
 
 #[test]
 fn stream_groups_and_sends_run_in_stream_order_on_1_2_3_thread_ranks() {
-    let dev = host_device();
-    for n in [1, 2, 3] {
-        let comms = Communicator::local_group(n, Config::default()).unwrap();
-        std::thread::scope(|sc| {
-            for c in &comms {
-                sc.spawn(move || {
-                    c.set_device(dev).unwrap();
-                    let s = DeviceStream::new(dev).unwrap();
-                    let r = c.rank();
-                    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-                    for count in COUNTS {
-                        // A ring in one group: send right, receive from the left (to and from
-                        // self on one rank).
-                        let mine = DeviceBuffer::from_host(dev, &message(r, right, count)).unwrap();
-                        let mut got = DeviceBuffer::<i64>::new(dev, count).unwrap();
-                        let mut g = c.group();
-                        g.send_device(&mine, right);
-                        g.recv_device(&mut got, left);
-                        let t0 = Instant::now();
-                        g.run_on(&s).unwrap();
-                        assert!(t0.elapsed() < Duration::from_secs(2), "returns once queued");
-                        // Queued behind the group on the same stream: sees its result.
-                        c.all_reduce_device_in_place_on(&mut got, ReduceOp::Sum, &s)
-                            .unwrap();
-                        s.synchronize().unwrap();
-                        let want: Vec<i64> = (0..count)
-                            .map(|i| (0..n).map(|q| message(q, (q + 1) % n, count)[i]).sum())
-                            .collect();
-                        assert_eq!(
-                            got.to_vec().unwrap(),
-                            want,
-                            "ring, count {count} rank {r}/{n}"
-                        );
+    on_1_2_3_thread_ranks(|c, s| {
+        let (dev, r, n) = (s.device(), c.rank(), c.nranks());
+        let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+        for count in COUNTS {
+            // A ring in one group: send right, receive from the left (to and from self on one
+            // rank).
+            let mine = DeviceBuffer::from_host(dev, &message(r, right, count)).unwrap();
+            let mut got = DeviceBuffer::<i64>::new(dev, count).unwrap();
+            let mut g = c.group();
+            g.send_device(&mine, right);
+            g.recv_device(&mut got, left);
+            let t0 = Instant::now();
+            g.run_on(s).unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(2), "returns once queued");
+            // Queued behind the group on the same stream: sees its result.
+            c.all_reduce_device_in_place_on(&mut got, ReduceOp::Sum, s)
+                .unwrap();
+            s.synchronize().unwrap();
+            let want: Vec<i64> = (0..count)
+                .map(|i| (0..n).map(|q| message(q, (q + 1) % n, count)[i]).sum())
+                .collect();
+            assert_eq!(
+                got.to_vec().unwrap(),
+                want,
+                "ring, count {count} rank {r}/{n}"
+            );
 
-                        // Single sends and receives, rank 0 to every other rank in turn.
-                        if r == 0 {
-                            for to in 1..n {
-                                let b =
-                                    DeviceBuffer::from_host(dev, &message(0, to, count)).unwrap();
-                                c.send_device_on(&b, to, &s).unwrap();
-                            }
-                            s.synchronize().unwrap();
-                        } else {
-                            let mut b = DeviceBuffer::<i64>::new(dev, count).unwrap();
-                            c.recv_device_on(&mut b, 0, &s).unwrap();
-                            // The host read waits for the queued receive.
-                            assert_eq!(b.to_vec().unwrap(), message(0, r, count), "rank {r}");
-                            s.synchronize().unwrap();
-                        }
-                    }
-                    assert!(c.async_error().is_none());
-                });
+            // Single sends and receives, rank 0 to every other rank in turn.
+            if r == 0 {
+                for to in 1..n {
+                    let b = DeviceBuffer::from_host(dev, &message(0, to, count)).unwrap();
+                    c.send_device_on(&b, to, s).unwrap();
+                }
+                s.synchronize().unwrap();
+            } else {
+                let mut b = DeviceBuffer::<i64>::new(dev, count).unwrap();
+                c.recv_device_on(&mut b, 0, s).unwrap();
+                // The host read waits for the queued receive.
+                assert_eq!(b.to_vec().unwrap(), message(0, r, count), "rank {r}");
+                s.synchronize().unwrap();
             }
-        });
-    }
+        }
+    });
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //! | `Avx2`      | x86-64 with AVX2 and F16C    | the same with 256-bit vectors                     |
 //! | `Portable`  | anything else                | one generic loop the compiler auto-vectorises     |
 //!
-//! Hand-written loops cover f32/f64/f16/bf16 sum, prod, max and min, i32/u32/i64/u64 sum
-//! (and i32/u32 prod/max/min; i64/u64 max/min on AVX-512), and f32/f16/bf16 scale and divide.
+//! Hand-written loops cover f32/f64/f16/bf16/fp8 (e4m3, e5m2) sum, prod, max and min,
+//! i32/u32/i64/u64 sum (and i32/u32 prod/max/min; i64/u64 max/min on AVX-512), and
+//! f32/f16/bf16/fp8 scale and divide.
 //! Every kernel gives exactly the results of [`crate::reference`] (a NaN may differ in payload
 //! only when both operands are NaN).
 //!

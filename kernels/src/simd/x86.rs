@@ -105,22 +105,26 @@ macro_rules! unary_kernel {
     };
 }
 
+mod fp8;
+
 /// Returns the hand-written binary kernel for `dtype`/`op` at level `isa`, if there is one.
 pub(super) fn binary(isa: Isa, dtype: DataType, op: ElemOp) -> Option<Binary> {
-    match isa {
+    let k = match isa {
         Isa::Avx512 => avx512::binary(dtype, op),
         Isa::Avx2 => avx2::binary(dtype, op),
         Isa::Portable => None,
-    }
+    };
+    k.or_else(|| fp8::binary(isa, dtype, op))
 }
 
 /// Returns the hand-written multiply/divide kernel for `dtype` at level `isa`, if there is one.
 pub(super) fn unary(isa: Isa, dtype: DataType, kind: FloatUnary) -> Option<Unary> {
-    match isa {
+    let k = match isa {
         Isa::Avx512 => avx512::unary(dtype, kind),
         Isa::Avx2 => avx2::unary(dtype, kind),
         Isa::Portable => None,
-    }
+    };
+    k.or_else(|| fp8::unary(isa, dtype, kind))
 }
 
 // The AVX-512 intrinsics were stabilised in Rust 1.89, above the workspace's declared
@@ -211,24 +215,24 @@ mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn add_ps(a: __m512, b: __m512) -> __m512 {
+    pub(super) unsafe fn add_ps(a: __m512, b: __m512) -> __m512 {
         _mm512_add_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn mul_ps(a: __m512, b: __m512) -> __m512 {
+    pub(super) unsafe fn mul_ps(a: __m512, b: __m512) -> __m512 {
         _mm512_mul_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn div_ps(a: __m512, b: __m512) -> __m512 {
+    pub(super) unsafe fn div_ps(a: __m512, b: __m512) -> __m512 {
         _mm512_div_ps(a, b)
     }
     /// IEEE `maximum` as `max_f32`: a NaN `a` wins, then a NaN `b`; equal values (±0) are
     /// combined with AND so +0 wins.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn max_ps(a: __m512, b: __m512) -> __m512 {
+    pub(super) unsafe fn max_ps(a: __m512, b: __m512) -> __m512 {
         let m = _mm512_max_ps(a, b);
         let both = _mm512_castsi512_ps(_mm512_and_si512(
             _mm512_castps_si512(a),
@@ -241,7 +245,7 @@ mod avx512 {
     /// IEEE `minimum` as `min_f32` (OR of equal values so -0 wins).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn min_ps(a: __m512, b: __m512) -> __m512 {
+    pub(super) unsafe fn min_ps(a: __m512, b: __m512) -> __m512 {
         let m = _mm512_min_ps(a, b);
         let either = _mm512_castsi512_ps(_mm512_or_si512(
             _mm512_castps_si512(a),
@@ -311,7 +315,7 @@ mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn splat_ps(c: f32) -> __m512 {
+    pub(super) unsafe fn splat_ps(c: f32) -> __m512 {
         _mm512_set1_ps(c)
     }
 
@@ -559,23 +563,23 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn add_ps(a: __m256, b: __m256) -> __m256 {
+    pub(super) unsafe fn add_ps(a: __m256, b: __m256) -> __m256 {
         _mm256_add_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn mul_ps(a: __m256, b: __m256) -> __m256 {
+    pub(super) unsafe fn mul_ps(a: __m256, b: __m256) -> __m256 {
         _mm256_mul_ps(a, b)
     }
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn div_ps(a: __m256, b: __m256) -> __m256 {
+    pub(super) unsafe fn div_ps(a: __m256, b: __m256) -> __m256 {
         _mm256_div_ps(a, b)
     }
     /// IEEE `maximum` (see the AVX-512 version).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn max_ps(a: __m256, b: __m256) -> __m256 {
+    pub(super) unsafe fn max_ps(a: __m256, b: __m256) -> __m256 {
         let m = _mm256_max_ps(a, b);
         let m = _mm256_blendv_ps(m, _mm256_and_ps(a, b), _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b));
         let m = _mm256_blendv_ps(m, b, _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b));
@@ -584,7 +588,7 @@ mod avx2 {
     /// IEEE `minimum` (see the AVX-512 version).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn min_ps(a: __m256, b: __m256) -> __m256 {
+    pub(super) unsafe fn min_ps(a: __m256, b: __m256) -> __m256 {
         let m = _mm256_min_ps(a, b);
         let m = _mm256_blendv_ps(m, _mm256_or_ps(a, b), _mm256_cmp_ps::<_CMP_EQ_OQ>(a, b));
         let m = _mm256_blendv_ps(m, b, _mm256_cmp_ps::<_CMP_UNORD_Q>(b, b));
@@ -636,7 +640,7 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn splat_ps(c: f32) -> __m256 {
+    pub(super) unsafe fn splat_ps(c: f32) -> __m256 {
         _mm256_set1_ps(c)
     }
 

@@ -16,6 +16,10 @@ const PURE_SPIN: Duration = Duration::from_micros(10);
 /// While the peers seem to share this rank's core, one wait in this many spins [`PURE_SPIN`]
 /// anyway, to find out whether they have moved to another core since.
 const PROBE_EVERY: u32 = 64;
+/// Each probe that finds the core still shared doubles the interval, up to this many waits: a
+/// failed probe costs a whole [`PURE_SPIN`] (the peer cannot run while this rank spins), which
+/// every 64 waits cost 4 ranks on 2 cores about 0.1 µs per call.
+const PROBE_MAX: u32 = 4096;
 /// Longest sleep in poll(2) while shared-memory peers, which cannot wake poll, are awaited too.
 const MIXED_SLEEP: Duration = Duration::from_millis(1);
 
@@ -164,14 +168,20 @@ impl Waiter for SysWaiter<'_> {
 /// A wait that ended only after yielding, where a yield handed the core to another task (it
 /// took [`SLOW_YIELD`] or more), switches to yielding at once. A yield that returns at once
 /// (nobody else wanted this core, so spinning hurts no one) switches back, and so does a
-/// wait answered within the spin: every [`PROBE_EVERY`]th wait in the yielding mode spins,
-/// for when the peer has moved to another core while a third task shares this one.
+/// wait answered within the spin: one wait in [`PROBE_EVERY`] in the yielding mode spins, for
+/// when the peer has moved to another core while a third task shares this one. Each probe that
+/// finds the core still shared doubles the interval, up to [`PROBE_MAX`], and so does one whose
+/// answer does not last (with four ranks on two cores, a wait that only needs the peers on the
+/// other core is answered spinning, and the next wait needs this core's other rank again).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SpinPolicy {
     /// The last wait that said anything ended only after a slow yield.
     shared: bool,
     /// Waits since the mode last changed or probed, while `shared`.
     since_probe: u32,
+    /// Waits from one probe to the next while `shared` (0: [`PROBE_EVERY`]); while not
+    /// `shared`, non-zero for the [`PROBE_EVERY`] waits after a probe was answered spinning.
+    probe_every: u32,
     /// A yield of the current wait handed the core to another task.
     slow_yield: bool,
     /// The current wait went to sleep.
@@ -181,11 +191,16 @@ pub(crate) struct SpinPolicy {
 impl SpinPolicy {
     /// Pure spin of the current wait.
     fn budget(&self) -> Duration {
-        if self.shared && !self.since_probe.is_multiple_of(PROBE_EVERY) {
+        if self.shared && !self.since_probe.is_multiple_of(self.probe_interval()) {
             Duration::ZERO
         } else {
             PURE_SPIN
         }
+    }
+
+    /// Waits from one probe to the next while shared.
+    fn probe_interval(&self) -> u32 {
+        self.probe_every.max(PROBE_EVERY)
     }
 
     /// Whether a wait begins by spinning (the peers seem to have cores of their own).
@@ -227,18 +242,39 @@ impl SpinPolicy {
         // spins). A wait that went on to sleep, or one that yielded at once, says nothing.
         let slow_yield = std::mem::take(&mut self.slow_yield);
         let slept = std::mem::take(&mut self.slept);
-        if !self.budget().is_zero() {
+        let was_shared = self.shared;
+        let spun = !self.budget().is_zero();
+        if spun {
             if idle_for < PURE_SPIN {
                 self.shared = false;
             } else if slow_yield && !slept {
                 self.shared = true;
             }
         }
-        self.since_probe = if self.shared {
-            self.since_probe.wrapping_add(1)
-        } else {
-            0
-        };
+        if !self.shared {
+            // A probe answered spinning may only have waited for peers on other cores while
+            // the one sharing this core had already answered: its interval is kept until
+            // PROBE_EVERY waits in a row were answered spinning.
+            if was_shared {
+                self.since_probe = 0;
+                self.probe_every = self.probe_interval();
+            }
+            self.since_probe += 1;
+            if self.since_probe >= PROBE_EVERY {
+                self.since_probe = PROBE_EVERY;
+                self.probe_every = 0;
+            }
+            return;
+        }
+        if (was_shared && spun) || (!was_shared && self.probe_every != 0) {
+            // A probe found the core still shared (or said nothing), or a probe's answer did
+            // not last: probe half as often.
+            self.probe_every = (self.probe_interval() * 2).min(PROBE_MAX);
+            self.since_probe = 0;
+        } else if !was_shared {
+            self.since_probe = 0;
+        }
+        self.since_probe += 1;
     }
 }
 
@@ -292,32 +328,76 @@ mod tests {
         assert!(p.shared() && !p.spins(us(0)));
     }
 
+    /// Drives shared-mode waits answered after a yield (1 µs) until one spins (a probe);
+    /// returns how many waits yielded first before it.
+    fn waits_to_next_probe(p: &mut SpinPolicy) -> u32 {
+        let mut n = 0;
+        while !p.spins(us(0)) {
+            p.resumed(us(1));
+            n += 1;
+            assert!(n <= 2 * PROBE_MAX, "no probe in {n} waits");
+        }
+        n
+    }
+
     #[test]
     fn a_shared_core_is_probed_and_left_when_the_probe_is_answered_spinning() {
         let mut p = SpinPolicy::default();
         p.yielded(us(2));
         p.resumed(us(12));
-        let mut spun = 0;
-        for _ in 0..PROBE_EVERY - 1 {
-            assert!(!p.spins(us(0)));
-            p.resumed(us(1));
-        }
-        // The probe spins again; answered after the spin, it keeps yielding first.
-        assert!(p.spins(us(0)));
+        assert_eq!(waits_to_next_probe(&mut p), PROBE_EVERY - 1);
+        // The probe spins; answered only after the spin and a slow yield, it keeps yielding
+        // first, and probes half as often.
         p.yielded(us(3));
         p.resumed(us(11));
         assert!(p.shared());
-        for _ in 0..PROBE_EVERY {
-            if p.spins(us(0)) {
-                spun += 1;
-                // The peer moved to another core: answered within the spin.
-                p.resumed(us(1));
-                break;
-            }
+        assert_eq!(waits_to_next_probe(&mut p), 2 * PROBE_EVERY - 1);
+        // The peer moved to another core: the probe is answered within the spin.
+        p.resumed(us(1));
+        assert!(!p.shared() && p.spins(us(9)));
+    }
+
+    #[test]
+    fn probes_that_find_the_core_shared_back_off_to_the_longest_interval() {
+        let mut p = SpinPolicy::default();
+        p.yielded(us(2));
+        p.resumed(us(12));
+        let mut gaps = Vec::new();
+        for _ in 0..10 {
+            gaps.push(waits_to_next_probe(&mut p) + 1);
+            p.yielded(us(3));
+            p.resumed(us(11));
+            assert!(p.shared());
+        }
+        assert_eq!(
+            gaps,
+            [64, 128, 256, 512, 1024, 2048, 4096, 4096, 4096, 4096].map(|g: u32| g),
+            "PROBE_EVERY doubling to PROBE_MAX"
+        );
+    }
+
+    #[test]
+    fn a_probe_whose_answer_does_not_last_backs_off_too() {
+        let mut p = SpinPolicy::default();
+        p.yielded(us(2));
+        p.resumed(us(12));
+        waits_to_next_probe(&mut p);
+        // The probe only waited for peers on the other core: answered spinning.
+        p.resumed(us(1));
+        assert!(!p.shared());
+        // The next wait needs this core's other rank again: spun in vain, then a slow yield.
+        p.yielded(us(3));
+        p.resumed(us(12));
+        assert!(p.shared());
+        assert_eq!(waits_to_next_probe(&mut p), 2 * PROBE_EVERY - 1);
+        // Answered spinning for PROBE_EVERY waits in a row: the interval is forgotten.
+        for _ in 0..PROBE_EVERY + 1 {
             p.resumed(us(1));
         }
-        assert_eq!(spun, 1, "one probe per {PROBE_EVERY} waits");
-        assert!(!p.shared() && p.spins(us(9)));
+        assert!(!p.shared());
+        p.yielded(us(3));
+        p.resumed(us(12));
+        assert_eq!(waits_to_next_probe(&mut p), PROBE_EVERY - 1);
     }
 
     #[test]

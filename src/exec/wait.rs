@@ -20,6 +20,9 @@ const PROBE_EVERY: u32 = 64;
 /// failed probe costs a whole [`PURE_SPIN`] (the peer cannot run while this rank spins), which
 /// every 64 waits cost 4 ranks on 2 cores about 0.1 µs per call.
 const PROBE_MAX: u32 = 4096;
+/// Waits in a row whose every yield returned at once that switch a shared core back to
+/// spinning.
+const FAST_WAITS: u32 = 8;
 /// Longest sleep in poll(2) while shared-memory peers, which cannot wake poll, are awaited too.
 const MIXED_SLEEP: Duration = Duration::from_millis(1);
 
@@ -166,9 +169,13 @@ impl Waiter for SysWaiter<'_> {
 /// [`PURE_SPIN`] for nothing (a 2-rank 8 B allreduce took 13 µs instead of 0.8 µs).
 ///
 /// A wait that ended only after yielding, where a yield handed the core to another task (it
-/// took [`SLOW_YIELD`] or more), switches to yielding at once. A yield that returns at once
-/// (nobody else wanted this core, so spinning hurts no one) switches back, and so does a
-/// wait answered within the spin: one wait in [`PROBE_EVERY`] in the yielding mode spins, for
+/// took [`SLOW_YIELD`] or more), switches to yielding at once. [`FAST_WAITS`] waits in a row
+/// whose yields all returned at once (nobody else wanted this core, so spinning hurts no one)
+/// switch back. One such wait is not enough: under EEVDF a yield may return at once although
+/// the rank sharing the core is runnable, and on some runs of 4 ranks on 2 cores one rank
+/// switched back after 40 % of its waits, each time to spin the next wait's 10 µs in vain. A
+/// wait answered within the spin switches back too: one wait in [`PROBE_EVERY`] in the
+/// yielding mode spins, for
 /// when the peer has moved to another core while a third task shares this one. Each probe that
 /// finds the core still shared doubles the interval, up to [`PROBE_MAX`], and so does one whose
 /// answer does not last (with four ranks on two cores, a wait that only needs the peers on the
@@ -184,6 +191,10 @@ pub(crate) struct SpinPolicy {
     probe_every: u32,
     /// A yield of the current wait handed the core to another task.
     slow_yield: bool,
+    /// A yield of the current wait returned at once, while `shared`.
+    fast_yield: bool,
+    /// Waits in a row whose yields all returned at once, while `shared`.
+    fast_waits: u32,
     /// The current wait went to sleep.
     slept: bool,
 }
@@ -224,8 +235,7 @@ impl SpinPolicy {
         if took >= SLOW_YIELD {
             self.slow_yield = true;
         } else if self.shared {
-            // Nobody else wanted this core: spinning costs no one anything.
-            *self = SpinPolicy::default();
+            self.fast_yield = true;
         }
     }
 
@@ -241,6 +251,7 @@ impl SpinPolicy {
         // that took (with four ranks to a core, each spinning first, a wait lasts several
         // spins). A wait that went on to sleep, or one that yielded at once, says nothing.
         let slow_yield = std::mem::take(&mut self.slow_yield);
+        let fast_yield = std::mem::take(&mut self.fast_yield);
         let slept = std::mem::take(&mut self.slept);
         let was_shared = self.shared;
         let spun = !self.budget().is_zero();
@@ -250,6 +261,19 @@ impl SpinPolicy {
             } else if slow_yield && !slept {
                 self.shared = true;
             }
+        } else if slow_yield || slept {
+            self.fast_waits = 0;
+        } else if fast_yield {
+            // Nobody else wanted this core while this rank waited: spinning costs no one
+            // anything, once it has held for a few waits.
+            self.fast_waits += 1;
+            if self.fast_waits >= FAST_WAITS {
+                *self = SpinPolicy::default();
+                return;
+            }
+        }
+        if !self.shared {
+            self.fast_waits = 0;
         }
         if !self.shared {
             // A probe answered spinning may only have waited for peers on other cores while
@@ -419,15 +443,30 @@ mod tests {
     }
 
     #[test]
-    fn a_yield_that_runs_nobody_else_goes_back_to_spinning() {
+    fn waits_whose_yields_run_nobody_else_go_back_to_spinning() {
         let mut p = SpinPolicy::default();
         p.yielded(us(2));
         p.resumed(us(12));
         assert!(p.shared());
         // The peer (now elsewhere) keeps this rank waiting; its yields return at once.
-        p.yielded(us(2));
-        assert!(p.shared());
+        for _ in 0..FAST_WAITS - 1 {
+            p.yielded(Duration::from_nanos(400));
+            p.resumed(us(3));
+            assert!(p.shared() && !p.spins(us(0)));
+        }
+        // A wait with a yield that ran another task starts the count again.
         p.yielded(Duration::from_nanos(400));
+        p.yielded(us(2));
+        p.resumed(us(3));
+        // Waits answered before any yield say nothing.
+        p.resumed(us(0));
+        for _ in 0..FAST_WAITS - 1 {
+            p.yielded(Duration::from_nanos(400));
+            p.resumed(us(3));
+            assert!(p.shared());
+        }
+        p.yielded(Duration::from_nanos(400));
+        p.resumed(us(3));
         assert!(!p.shared() && p.spins(us(9)));
     }
 }

@@ -168,7 +168,8 @@ pub(crate) fn stream_arg(
 /// `cudaStreamPerThread` (`CU_STREAM_PER_THREAD`).
 const CUDA_STREAM_PER_THREAD: usize = 2;
 
-/// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
+/// Checks that `name`'s `len` bytes at `p` are memory of the call's device, and that the
+/// call's stream is not being captured into a CUDA graph ([`Device::check_not_capturing`]).
 pub(crate) fn check_span(
     api: &str,
     rank: usize,
@@ -177,6 +178,12 @@ pub(crate) fn check_span(
     len: usize,
     on: OnStream,
 ) -> Result<()> {
+    // SAFETY: `on.stream` is the caller's stream of the communicator's device, per the NCCL
+    // contract, or a special handle.
+    unsafe {
+        on.device
+            .check_not_capturing(api, rank, std::ptr::without_provenance_mut(on.stream))
+    }?;
     if len == 0 {
         return Ok(());
     }
@@ -669,5 +676,29 @@ mod tests {
             other.free_raw(a).unwrap();
             on.device.free_raw(mine).unwrap();
         }
+    }
+
+    #[test]
+    fn a_stream_being_captured_into_a_graph_is_invalid_usage() {
+        // A handle no other test uses: stand-in streams are process-wide.
+        let on = OnStream {
+            device: Device::new(Provider::Host, 0).unwrap(),
+            stream: 0x6a7a,
+        };
+        let mine = on.device.alloc_raw(64).unwrap();
+        crate::device::host_stream::set_capturing(on.stream, true);
+        // Also a zero-length buffer: the capture is refused whatever the buffers.
+        for len in [64, 0] {
+            let e =
+                check_span("ncclAllReduce", 2, "sendbuff", mine as *const u8, len, on).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+            let m = e.to_string();
+            assert!(m.contains("ncclAllReduce on rank 2: stream 0x6a7a"), "{m}");
+            assert!(m.contains("captured into a CUDA graph"), "{m}");
+        }
+        crate::device::host_stream::set_capturing(on.stream, false);
+        check_span("ncclAllReduce", 2, "sendbuff", mine as *const u8, 64, on).unwrap();
+        // SAFETY: allocated above, unused.
+        unsafe { on.device.free_raw(mine).unwrap() };
     }
 }

@@ -66,6 +66,8 @@ impl Communicator {
                 stream.device()
             )));
         }
+        // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
+        unsafe { dev.check_not_capturing(name, rank, stream.raw()) }?;
         if let Some(e) = self.streams.failed() {
             return Err(e);
         }
@@ -367,6 +369,8 @@ impl Group<'_> {
                 }
             }
         }
+        // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
+        unsafe { dev.check_not_capturing("send/recv group", rank, stream.raw()) }?;
         if let Some(e) = comm.streams.failed().or_else(|| comm.inner.failed_error()) {
             return Err(e);
         }
@@ -449,5 +453,42 @@ impl Group<'_> {
         let g = unsafe { comm.streams.copy_back(dev, handle, &st) }?;
         let _ = landed.send(vec![g]);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::{host_stream, Device, DeviceBuffer, DeviceStream, Provider};
+    use crate::{Communicator, Config, ErrorKind, ReduceOp};
+
+    #[test]
+    fn a_stream_being_captured_into_a_graph_is_refused_before_anything_is_queued() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let c = Communicator::local_group(1, Config::default())
+            .unwrap()
+            .remove(0);
+        c.set_device(dev).unwrap();
+        let s = DeviceStream::new(dev).unwrap();
+        let send = DeviceBuffer::from_host(dev, &[1.0f32, 2.0, 3.0]).unwrap();
+        let mut recv = DeviceBuffer::<f32>::new(dev, 3).unwrap();
+        host_stream::set_capturing(s.handle(), true);
+        let e = c
+            .all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+        for part in ["all_reduce", "rank 0", "captured into a CUDA graph"] {
+            assert!(e.message().contains(part), "{part:?} in {e}");
+        }
+        let mut g = c.group();
+        g.send_device(&send, 0).recv_device(&mut recv, 0);
+        let e = g.run_on(&s).unwrap_err();
+        assert!(e.message().contains("send/recv group on rank 0"), "{e}");
+        assert_eq!(host_stream::pending(s.handle()), 0, "nothing was queued");
+        // Once the capture ends, the same calls run.
+        host_stream::set_capturing(s.handle(), false);
+        c.all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
+            .unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(recv.to_vec().unwrap(), [1.0, 2.0, 3.0]);
     }
 }

@@ -155,6 +155,16 @@ pub(crate) unsafe fn sync_foreign_stream(
     unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))
 }
 
+/// Whether the caller's `stream` of device `ordinal` is being captured into a CUDA graph.
+///
+/// # Safety
+/// As [`sync_foreign_stream`], `stream` not NULL.
+pub(crate) unsafe fn stream_capturing(ordinal: u32, stream: *mut std::ffi::c_void) -> Result<bool> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller; the primary context is current.
+    unsafe { d.stream_capturing(stream) }.map_err(|e| convert(&e))
+}
+
 /// The PCI bus id of device `ordinal`.
 pub(crate) fn pci_bus_id(ordinal: u32) -> Result<String> {
     let d = loaded()?;

@@ -38,6 +38,8 @@ enum Entry {
 struct Fifo {
     entries: VecDeque<Entry>,
     run: u64,
+    /// Being captured into a graph (the tests' model of `cudaStreamBeginCapture`).
+    capturing: bool,
 }
 
 /// Stand-in streams by handle number.
@@ -147,6 +149,18 @@ pub(crate) fn synchronize(handle: usize) -> Result<()> {
 /// as a GPU drops a destroyed stream's state (a gate recorded on it then has nothing to wait for).
 pub(crate) fn remove(handle: usize) {
     lock(&STREAMS).remove(&handle);
+}
+
+/// Whether stand-in stream `handle` is being captured into a graph.
+pub(crate) fn capturing(handle: usize) -> bool {
+    let fifo = lock(&STREAMS).get(&handle).map(Arc::clone);
+    fifo.is_some_and(|f| lock(&f).capturing)
+}
+
+/// Starts or ends the model of a graph capture on stand-in stream `handle`.
+#[cfg(test)]
+pub(crate) fn set_capturing(handle: usize, on: bool) {
+    lock(&stream(handle)).capturing = on;
 }
 
 /// Entries of stand-in stream `handle` not yet run.

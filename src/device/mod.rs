@@ -41,7 +41,7 @@ pub(crate) mod direct;
 pub(crate) mod gate;
 mod host;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
-mod host_stream;
+pub(crate) mod host_stream;
 mod pending;
 pub(crate) mod raw;
 pub(crate) mod staging;

@@ -16,7 +16,7 @@ use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
 
 use super::{cuda, host, host_stream, Device, DeviceBuffer, Provider};
 use crate::coll::CollKind;
-use crate::{BufMut, BufRef, Communicator, Error, ReduceOp, Result};
+use crate::{BufMut, BufRef, Communicator, Error, ErrorKind, ReduceOp, Result};
 
 /// The environment variable naming the host stand-in's current device (default 0).
 pub const DEVICE_ENV: &str = "FERRO_DEVICE";
@@ -115,6 +115,38 @@ impl Device {
             Provider::Cuda => unsafe { cuda::sync_foreign_stream(self.ordinal, stream) },
             Provider::Host => host_stream::synchronize(stream as usize),
         }
+    }
+
+    /// Refuses the caller's `stream` of this device while it is being captured into a CUDA
+    /// graph: a collective runs on a host thread, ordered on the stream by an event and a flag
+    /// wait, and a graph replay would repeat the flag wait without the collective (NCCL's graph
+    /// support is not built). `api` and `rank` name the call in the error. A NULL stream is
+    /// never asked (the legacy stream is not captured; a capture elsewhere in the context makes
+    /// its synchronize fail with the driver's message instead).
+    ///
+    /// # Safety
+    /// As [`Device::sync_stream`].
+    pub(crate) unsafe fn check_not_capturing(
+        self,
+        api: &str,
+        rank: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let capturing = match self.provider {
+            _ if stream.is_null() => false,
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::stream_capturing(self.ordinal, stream) }?,
+            Provider::Host => host_stream::capturing(stream as usize),
+        };
+        if !capturing {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::InvalidUsage,
+            format!(
+                "{api} on rank {rank}: stream {stream:p} is being captured into a CUDA graph;                  ferroccl does not support graph capture (its collectives run on a host thread,                  which a graph replay would not run): call it outside the capture"
+            ),
+        ))
     }
 
     /// The device's PCI bus id (`0000:3b:00.0`); the host stand-in has none and says so.

@@ -119,6 +119,8 @@ driver_api! {
     ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
     memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
     event_query = "cuEventQuery": fn(Handle);
+    // A caller's stream being captured into a CUDA graph (checked before anything is queued).
+    stream_is_capturing = "cuStreamIsCapturing": fn(Handle, *mut c_int);
     // The C ABI (libnccl.so.2): the device a communicator binds to at init.
     ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
 }
@@ -702,6 +704,20 @@ impl Driver {
         self.check("cuIpcCloseMemHandle", unsafe {
             (self.ipc_close_mem_handle)(p)
         })
+    }
+
+    /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`: active, or
+    /// invalidated and not yet ended).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context, or a special handle.
+    pub unsafe fn stream_capturing(&self, stream: Handle) -> Result<bool> {
+        let mut status: c_int = 0;
+        // SAFETY: per the caller; `status` is a valid out-pointer of the enum's size.
+        self.check("cuStreamIsCapturing", unsafe {
+            (self.stream_is_capturing)(stream, &mut status)
+        })?;
+        Ok(status != 0)
     }
 
     /// Whether the work before `e`'s last record is done (`cuEventQuery`, which never blocks).

@@ -269,6 +269,12 @@ fn stream_of(op: &Op) -> Option<OnStream> {
 fn stage_ops(shared: &Shared, device: Device, ops: &mut [Op]) -> Result<Vec<(usize, Staged)>> {
     let comm = shared.wait_ready()?;
     let (rank, nranks) = (comm.rank(), comm.nranks());
+    // Checked again here: an operation issued in a group while its communicator was still
+    // initializing (ncclCommInitRank inside the group) could not be checked when it was
+    // issued, and its buffers must be device memory of `device` before any copy is queued.
+    for op in ops.iter() {
+        validate(op, rank, nranks)?;
+    }
     let span = |addr: *const u8, len: usize, read: bool, written: bool| Span {
         addr: addr as u64,
         len,

@@ -151,6 +151,11 @@ pub(crate) fn stream_arg(
              host buffers"
         ))
     })?;
+    // Before anything touches the stream (the synchronize below would end a capture), for
+    // every call, whatever its count, and also while the communicator is still initializing.
+    // SAFETY: `stream` is the caller's stream of the communicator's device, per the NCCL
+    // contract, or a special handle.
+    unsafe { check_capture(api, shared, device, stream) }?;
     if provider == Provider::Cuda && stream as usize == CUDA_STREAM_PER_THREAD {
         // `cudaStreamPerThread` names the calling thread's stream: the call may run on another
         // thread (a group's, a non-blocking communicator's), where it names another stream, so
@@ -165,11 +170,29 @@ pub(crate) fn stream_arg(
     }))
 }
 
+/// Refuses a `stream` of `device` that is being captured into a CUDA graph
+/// ([`Device::check_not_capturing`]), naming `api` and the rank of `shared`.
+///
+/// # Safety
+/// As [`Device::sync_stream`].
+unsafe fn check_capture(
+    api: &str,
+    shared: &Shared,
+    device: Device,
+    stream: cudaStream_t,
+) -> Result<()> {
+    let call = match shared.try_ready() {
+        Some(Ok(c)) => format!("{api} on rank {}", c.rank()),
+        _ => format!("{api} (communicator not ready)"),
+    };
+    // SAFETY: per the caller.
+    unsafe { device.check_not_capturing(&call, stream.cast()) }
+}
+
 /// `cudaStreamPerThread` (`CU_STREAM_PER_THREAD`).
 const CUDA_STREAM_PER_THREAD: usize = 2;
 
-/// Checks that `name`'s `len` bytes at `p` are memory of the call's device, and that the
-/// call's stream is not being captured into a CUDA graph ([`Device::check_not_capturing`]).
+/// Checks that `name`'s `len` bytes at `p` are memory of the call's device.
 pub(crate) fn check_span(
     api: &str,
     rank: usize,
@@ -178,12 +201,6 @@ pub(crate) fn check_span(
     len: usize,
     on: OnStream,
 ) -> Result<()> {
-    // SAFETY: `on.stream` is the caller's stream of the communicator's device, per the NCCL
-    // contract, or a special handle.
-    unsafe {
-        on.device
-            .check_not_capturing(api, rank, std::ptr::without_provenance_mut(on.stream))
-    }?;
     if len == 0 {
         return Ok(());
     }
@@ -680,25 +697,31 @@ mod tests {
 
     #[test]
     fn a_stream_being_captured_into_a_graph_is_invalid_usage() {
+        let device = Device::new(Provider::Host, 0).unwrap();
         // A handle no other test uses: stand-in streams are process-wide.
-        let on = OnStream {
-            device: Device::new(Provider::Host, 0).unwrap(),
-            stream: 0x6a7a,
-        };
-        let mine = on.device.alloc_raw(64).unwrap();
-        crate::device::host_stream::set_capturing(on.stream, true);
-        // Also a zero-length buffer: the capture is refused whatever the buffers.
-        for len in [64, 0] {
-            let e =
-                check_span("ncclAllReduce", 2, "sendbuff", mine as *const u8, len, on).unwrap_err();
+        let stream: cudaStream_t = std::ptr::without_provenance_mut(0x6a7a);
+        let comm = Communicator::local_group(1, crate::Config::default())
+            .unwrap()
+            .remove(0);
+        let ready = Shared::ready(comm, true, 0);
+        let initializing = Shared::new(true, 0);
+        crate::device::host_stream::set_capturing(0x6a7a, true);
+        for (shared, who) in [
+            (&ready, "ncclAllReduce on rank 0: stream 0x6a7a"),
+            (
+                &initializing,
+                "ncclAllReduce (communicator not ready): stream 0x6a7a",
+            ),
+        ] {
+            // SAFETY: a stand-in stream needs no live handle.
+            let e = unsafe { check_capture("ncclAllReduce", shared, device, stream) }.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
             let m = e.to_string();
-            assert!(m.contains("ncclAllReduce on rank 2: stream 0x6a7a"), "{m}");
+            assert!(m.contains(who), "{m}");
             assert!(m.contains("captured into a CUDA graph"), "{m}");
         }
-        crate::device::host_stream::set_capturing(on.stream, false);
-        check_span("ncclAllReduce", 2, "sendbuff", mine as *const u8, 64, on).unwrap();
-        // SAFETY: allocated above, unused.
-        unsafe { on.device.free_raw(mine).unwrap() };
+        crate::device::host_stream::set_capturing(0x6a7a, false);
+        // SAFETY: as above.
+        unsafe { check_capture("ncclAllReduce", &ready, device, stream) }.unwrap();
     }
 }

@@ -171,15 +171,16 @@ impl Waiter for SysWaiter<'_> {
 /// A wait that ended only after yielding, where a yield handed the core to another task (it
 /// took [`SLOW_YIELD`] or more), switches to yielding at once. [`FAST_WAITS`] waits in a row
 /// whose yields all returned at once (nobody else wanted this core, so spinning hurts no one)
-/// switch back. One such wait is not enough: under EEVDF a yield may return at once although
+/// switch back (more after switches back that did not last). One such wait is not enough: under EEVDF a yield may return at once although
 /// the rank sharing the core is runnable, and on some runs of 4 ranks on 2 cores one rank
 /// switched back after 40 % of its waits, each time to spin the next wait's 10 µs in vain. A
 /// wait answered within the spin switches back too: one wait in [`PROBE_EVERY`] in the
 /// yielding mode spins, for
 /// when the peer has moved to another core while a third task shares this one. Each probe that
-/// finds the core still shared doubles the interval, up to [`PROBE_MAX`], and so does one whose
-/// answer does not last (with four ranks on two cores, a wait that only needs the peers on the
-/// other core is answered spinning, and the next wait needs this core's other rank again).
+/// finds the core still shared doubles the interval, up to [`PROBE_MAX`], and so does any switch
+/// back to spinning that does not last (with four ranks on two cores, a wait that only needs the
+/// peers on the other core is answered spinning, and the next wait needs this core's other rank
+/// again).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SpinPolicy {
     /// The last wait that said anything ended only after a slow yield.
@@ -187,7 +188,8 @@ pub(crate) struct SpinPolicy {
     /// Waits since the mode last changed or probed, while `shared`.
     since_probe: u32,
     /// Waits from one probe to the next while `shared` (0: [`PROBE_EVERY`]); while not
-    /// `shared`, non-zero for the [`PROBE_EVERY`] waits after a probe was answered spinning.
+    /// `shared`, non-zero on trial after a switch back to spinning, until [`PROBE_EVERY`] waits
+    /// in a row (counted in `since_probe`) were answered within the spin.
     probe_every: u32,
     /// A yield of the current wait handed the core to another task.
     slow_yield: bool,
@@ -261,44 +263,56 @@ impl SpinPolicy {
             } else if slow_yield && !slept {
                 self.shared = true;
             }
-        } else if slow_yield || slept {
+        }
+        if slow_yield || slept {
             self.fast_waits = 0;
-        } else if fast_yield {
-            // Nobody else wanted this core while this rank waited: spinning costs no one
-            // anything, once it has held for a few waits.
+        } else if was_shared && !spun && fast_yield {
+            // Nobody else wanted this core while this rank waited: once that has held for
+            // enough waits in a row, spinning costs no one anything.
             self.fast_waits += 1;
-            if self.fast_waits >= FAST_WAITS {
-                *self = SpinPolicy::default();
-                return;
+            if self.fast_waits >= self.fast_waits_needed() {
+                self.shared = false;
             }
         }
         if !self.shared {
             self.fast_waits = 0;
-        }
-        if !self.shared {
-            // A probe answered spinning may only have waited for peers on other cores while
-            // the one sharing this core had already answered: its interval is kept until
-            // PROBE_EVERY waits in a row were answered spinning.
             if was_shared {
+                // Back to spinning on trial, by a probe answered spinning (it may only have
+                // waited for peers on other cores while the one sharing this core had already
+                // answered) or by fast yields (which EEVDF may give a rank whose core-mate is
+                // runnable): the interval is kept until PROBE_EVERY waits in a row were
+                // answered within the spin.
                 self.since_probe = 0;
                 self.probe_every = self.probe_interval();
-            }
-            self.since_probe += 1;
-            if self.since_probe >= PROBE_EVERY {
-                self.since_probe = PROBE_EVERY;
-                self.probe_every = 0;
+            } else if self.probe_every != 0 {
+                if idle_for < PURE_SPIN {
+                    self.since_probe += 1;
+                    if self.since_probe >= PROBE_EVERY {
+                        self.since_probe = 0;
+                        self.probe_every = 0;
+                    }
+                } else {
+                    self.since_probe = 0;
+                }
             }
             return;
         }
         if (was_shared && spun) || (!was_shared && self.probe_every != 0) {
-            // A probe found the core still shared (or said nothing), or a probe's answer did
-            // not last: probe half as often.
+            // A probe found the core still shared (or said nothing), or a switch back to
+            // spinning did not last: probe half as often.
             self.probe_every = (self.probe_interval() * 2).min(PROBE_MAX);
             self.since_probe = 0;
         } else if !was_shared {
             self.since_probe = 0;
         }
         self.since_probe += 1;
+    }
+
+    /// Waits in a row whose yields all returned at once that switch a shared core back to
+    /// spinning: [`FAST_WAITS`], times the probe interval's growth (each switch back that did
+    /// not last asks for twice the evidence).
+    fn fast_waits_needed(&self) -> u32 {
+        FAST_WAITS * (self.probe_interval() / PROBE_EVERY)
     }
 }
 
@@ -414,13 +428,33 @@ mod tests {
         p.resumed(us(12));
         assert!(p.shared());
         assert_eq!(waits_to_next_probe(&mut p), 2 * PROBE_EVERY - 1);
-        // Answered spinning for PROBE_EVERY waits in a row: the interval is forgotten.
-        for _ in 0..PROBE_EVERY + 1 {
+        // The probe (interval 128) is answered spinning: on trial again.
+        p.resumed(us(1));
+        assert!(!p.shared());
+        // PROBE_EVERY - 1 waits answered within the spin, one that outlasted it (a slow peer
+        // elsewhere, no slow yield), then PROBE_EVERY - 1 more: not PROBE_EVERY in a row, so
+        // a wait that needs the core-mate again still doubles the interval.
+        for _ in 0..PROBE_EVERY - 1 {
+            p.resumed(us(1));
+        }
+        p.yielded(Duration::from_nanos(300));
+        p.resumed(us(15));
+        for _ in 0..PROBE_EVERY - 1 {
             p.resumed(us(1));
         }
         assert!(!p.shared());
         p.yielded(us(3));
         p.resumed(us(12));
+        assert!(p.shared());
+        assert_eq!(waits_to_next_probe(&mut p), 4 * PROBE_EVERY - 1);
+        // On trial once more; exactly PROBE_EVERY waits in a row answered spinning forget it.
+        p.resumed(us(1));
+        for _ in 0..PROBE_EVERY {
+            p.resumed(us(1));
+        }
+        p.yielded(us(3));
+        p.resumed(us(12));
+        assert!(p.shared());
         assert_eq!(waits_to_next_probe(&mut p), PROBE_EVERY - 1);
     }
 
@@ -444,29 +478,74 @@ mod tests {
 
     #[test]
     fn waits_whose_yields_run_nobody_else_go_back_to_spinning() {
+        let fast = Duration::from_nanos(400);
         let mut p = SpinPolicy::default();
         p.yielded(us(2));
         p.resumed(us(12));
         assert!(p.shared());
         // The peer (now elsewhere) keeps this rank waiting; its yields return at once.
         for _ in 0..FAST_WAITS - 1 {
-            p.yielded(Duration::from_nanos(400));
+            p.yielded(fast);
             p.resumed(us(3));
             assert!(p.shared() && !p.spins(us(0)));
         }
         // A wait with a yield that ran another task starts the count again.
-        p.yielded(Duration::from_nanos(400));
+        p.yielded(fast);
         p.yielded(us(2));
         p.resumed(us(3));
         // Waits answered before any yield say nothing.
         p.resumed(us(0));
         for _ in 0..FAST_WAITS - 1 {
-            p.yielded(Duration::from_nanos(400));
+            p.yielded(fast);
             p.resumed(us(3));
             assert!(p.shared());
         }
-        p.yielded(Duration::from_nanos(400));
+        p.yielded(fast);
         p.resumed(us(3));
         assert!(!p.shared() && p.spins(us(9)));
+        // On trial: the next wait needs the core-mate after all. Back to yielding, and now
+        // twice the evidence is needed to switch back.
+        p.yielded(us(3));
+        p.resumed(us(12));
+        assert!(p.shared());
+        for _ in 0..2 * FAST_WAITS - 1 {
+            p.yielded(fast);
+            p.resumed(us(3));
+            assert!(p.shared());
+        }
+        p.yielded(fast);
+        p.resumed(us(3));
+        assert!(!p.shared());
+    }
+
+    #[test]
+    fn a_probe_that_needed_a_slow_yield_restarts_the_count_of_fast_waits() {
+        let fast = Duration::from_nanos(400);
+        let mut p = SpinPolicy::default();
+        p.yielded(us(2));
+        p.resumed(us(12));
+        // Waits answered before any yield, then FAST_WAITS - 1 fast ones just before the probe.
+        for _ in 0..PROBE_EVERY - FAST_WAITS {
+            p.resumed(us(1));
+        }
+        for _ in 0..FAST_WAITS - 1 {
+            p.yielded(fast);
+            p.resumed(us(3));
+            assert!(p.shared());
+        }
+        assert!(p.spins(us(0)), "the probe");
+        // The probe spins in vain and needs a slow yield: the core is still shared.
+        p.yielded(us(3));
+        p.resumed(us(12));
+        assert!(p.shared());
+        // So the fast waits start from zero, and the failed probe doubled the evidence needed.
+        for _ in 0..2 * FAST_WAITS - 1 {
+            p.yielded(fast);
+            p.resumed(us(3));
+            assert!(p.shared());
+        }
+        p.yielded(fast);
+        p.resumed(us(3));
+        assert!(!p.shared());
     }
 }

@@ -299,7 +299,9 @@ mod avx512 {
             set(F::OVERFLOW),
         );
         let quanta = _mm512_roundscale_ps::<ROUND>(_mm512_mul_ps(
-            _mm512_castsi512_ps(abs),
+            // Lanes at or above the smallest normal take the normal path; clamped there, no lane
+            // of the conversion below is out of range (no spurious invalid-operation flag).
+            _mm512_castsi512_ps(_mm512_min_epi32(abs, set(F::MIN_NORMAL))),
             _mm512_set1_ps(F::PER_QUANTUM),
         ));
         let sub = _mm512_cvttps_epi32(quanta);
@@ -419,7 +421,8 @@ mod avx2 {
             _mm256_cmpgt_epi32(normal, set(F::MAX_FINITE)),
         );
         let quanta = _mm256_round_ps::<ROUND>(_mm256_mul_ps(
-            _mm256_castsi256_ps(abs),
+            // Clamped as in the AVX-512 version.
+            _mm256_castsi256_ps(_mm256_min_epi32(abs, set(F::MIN_NORMAL))),
             _mm256_set1_ps(F::PER_QUANTUM),
         ));
         let sub = _mm256_cvttps_epi32(quanta);

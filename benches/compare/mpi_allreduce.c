@@ -14,6 +14,7 @@
  *     two buffers (allreduce, allgather);
  *   - "size" is nccl-tests' size: the buffer of allreduce and broadcast, the whole gathered
  *     buffer of allgather, whose per-rank block is rounded down to a multiple of 16 bytes;
+ *   - a 10 ms busy wait before the first size (ferroccl's perf tools do the same);
  *   - per size: `-w` warm-up calls, a barrier, `-n` timed calls; the time of one call is the
  *     mean over ranks of (elapsed / n) (nccl-tests' default `-a 1`);
  *   - algbw = size / time; busbw = algbw * 2(n-1)/n (allreduce), * (n-1)/n (allgather),
@@ -186,6 +187,10 @@ int main(int argc, char **argv)
                "busbw", "wrong");
     }
     long total_wrong = 0;
+    /* As ferroccl's perf tools (FERRO_PERF_SETTLE_MS): busy-wait 10 ms before the first
+     * warm-up, so both programs start timing from the same kind of placement. */
+    for (double t = MPI_Wtime(); MPI_Wtime() - t < 0.010;)
+        ;
     for (int c = 0; c < NCOLL; c++) {
         if (!which[c])
             continue;

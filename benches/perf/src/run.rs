@@ -14,15 +14,6 @@ use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// What the perf driver needs from a communicator: one rank's view.
-///
-/// Buffers are bytes of `dtype` elements. Out of place, `send` holds
-/// `layout.send_count` elements and `recv` `layout.recv_count` ([`Coll::layout`] from
-/// `count`, see [`Layout::for_call`]). In place (`send == None`), `recv` is the one buffer of
-/// `layout.inplace_count()` elements, with the input at element
-/// `send_inplace_offset * rank` and the output at `recv_inplace_offset * rank` (NCCL's
-/// in-place layout: all_gather's input is block `rank` of the output, reduce_scatter's
-
 /// Environment variable: how long each rank busy-waits before its first warm-up, in
 /// milliseconds (default 10; 0: not at all).
 pub const SETTLE_MS_ENV: &str = "FERRO_PERF_SETTLE_MS";
@@ -43,6 +34,14 @@ fn settle() {
     }
 }
 
+/// What the perf driver needs from a communicator: one rank's view.
+///
+/// Buffers are bytes of `dtype` elements. Out of place, `send` holds
+/// `layout.send_count` elements and `recv` `layout.recv_count` ([`Coll::layout`] from
+/// `count`, see [`Layout::for_call`]). In place (`send == None`), `recv` is the one buffer of
+/// `layout.inplace_count()` elements, with the input at element
+/// `send_inplace_offset * rank` and the output at `recv_inplace_offset * rank` (NCCL's
+/// in-place layout: all_gather's input is block `rank` of the output, reduce_scatter's
 /// output is block `rank` of the input).
 pub trait PerfComm {
     /// This rank.

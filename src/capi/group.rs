@@ -33,6 +33,9 @@ struct Pending {
     /// The first argument error of a call inside the group: the group then runs nothing.
     error: Option<Error>,
     batches: Vec<(Arc<Shared>, Vec<Op>)>,
+    /// Communicators that were given operations while still initializing (their arguments
+    /// are checked when the group runs them).
+    unchecked: Vec<Arc<Shared>>,
 }
 
 thread_local! {
@@ -94,14 +97,21 @@ pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResul
             "{api}: an earlier operation queued on a stream of this communicator failed"
         )));
     }
-    if let Some(ready) = shared.try_ready() {
-        let comm = ready?;
-        validate(&op, comm.rank(), comm.nranks())?;
-    }
+    let checked = match shared.try_ready() {
+        Some(ready) => {
+            let comm = ready?;
+            validate(&op, comm.rank(), comm.nranks())?;
+            true
+        }
+        None => false,
+    };
     let queued = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Some(op);
+        }
+        if !checked && !g.unchecked.iter().any(|s| Arc::ptr_eq(s, shared)) {
+            g.unchecked.push(Arc::clone(shared));
         }
         match g.batches.iter_mut().find(|(s, _)| Arc::ptr_eq(s, shared)) {
             Some((_, ops)) => ops.push(op),
@@ -110,7 +120,14 @@ pub(crate) fn issue(api: &str, shared: &Arc<Shared>, op: Op) -> Result<ncclResul
         None
     });
     match queued {
-        Some(op) => run(vec![(Arc::clone(shared), vec![op])]),
+        Some(op) => {
+            let unchecked = if checked {
+                vec![]
+            } else {
+                vec![Arc::clone(shared)]
+            };
+            run(vec![(Arc::clone(shared), vec![op])], &unchecked)
+        }
         None => Ok(ncclSuccess),
     }
 }
@@ -128,14 +145,19 @@ pub(crate) fn end() -> Result<ncclResult_t> {
         if g.depth > 0 {
             return Ok(None);
         }
-        Ok(Some((g.error.take(), std::mem::take(&mut g.batches))))
+        let unchecked = std::mem::take(&mut g.unchecked);
+        Ok(Some((
+            g.error.take(),
+            std::mem::take(&mut g.batches),
+            unchecked,
+        )))
     })?;
     match taken {
         None => Ok(ncclSuccess),
-        Some((Some(e), _)) => Err(e.context(
+        Some((Some(e), _, _)) => Err(e.context(
             "ncclGroupEnd: a call inside the group failed, so the group's operations were not run",
         )),
-        Some((None, batches)) => run(batches),
+        Some((None, batches, unchecked)) => run(batches, &unchecked),
     }
 }
 
@@ -156,6 +178,7 @@ pub(crate) fn end_without_running() -> Result<Option<Vec<Batch>>> {
         if g.depth > 0 {
             return Ok(None);
         }
+        g.unchecked.clear();
         if let Some(e) = g.error.take() {
             g.batches.clear();
             return Err(e.context(
@@ -166,14 +189,16 @@ pub(crate) fn end_without_running() -> Result<Option<Vec<Batch>>> {
     })
 }
 
-/// Runs the batches of one group; see the module docs.
-fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>) -> Result<ncclResult_t> {
+/// Runs the batches of one group; see the module docs. The operations of the communicators in
+/// `unchecked` were issued before they were ready, so their arguments were not checked yet.
+fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Result<ncclResult_t> {
     let mut in_progress = false;
     let mut blocking = Vec::new();
     let mut stream_jobs = Vec::new();
     for (shared, ops) in batches {
         if shared.blocking {
-            match stream_job(&shared, ops)? {
+            let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, &shared));
+            match stream_job(&shared, ops, checked)? {
                 Ok(job) => stream_jobs.push((shared, job)),
                 Err(ops) => blocking.push((shared, ops)),
             }
@@ -266,14 +291,21 @@ fn stream_of(op: &Op) -> Option<OnStream> {
 /// streams, queues the copies in, and rewrites the operations to run on the host copies
 /// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
 /// flag waits are.
-fn stage_ops(shared: &Shared, device: Device, ops: &mut [Op]) -> Result<Vec<(usize, Staged)>> {
+fn stage_ops(
+    shared: &Shared,
+    device: Device,
+    ops: &mut [Op],
+    checked: bool,
+) -> Result<Vec<(usize, Staged)>> {
     let comm = shared.wait_ready()?;
     let (rank, nranks) = (comm.rank(), comm.nranks());
-    // Checked again here: an operation issued in a group while its communicator was still
-    // initializing (ncclCommInitRank inside the group) could not be checked when it was
-    // issued, and its buffers must be device memory of `device` before any copy is queued.
-    for op in ops.iter() {
-        validate(op, rank, nranks)?;
+    // Operations issued while the communicator was still initializing (ncclCommInitRank
+    // inside the group) could not be checked then; their buffers must be device memory of
+    // `device` before any copy is queued.
+    if !checked {
+        for op in ops.iter() {
+            validate(op, rank, nranks)?;
+        }
     }
     let span = |addr: *const u8, len: usize, read: bool, written: bool| Span {
         addr: addr as u64,
@@ -413,10 +445,11 @@ struct StreamJob {
 
 /// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, when
 /// every operation has a stream and the device can wait on a flag; else the batch back, to
-/// run now.
+/// run now. `checked`: the operations' arguments were checked when they were issued.
 fn stream_job(
     shared: &Arc<Shared>,
     mut ops: Vec<Op>,
+    checked: bool,
 ) -> Result<std::result::Result<StreamJob, Vec<Op>>> {
     let Some(first) = ops.first().and_then(stream_of) else {
         return Ok(Err(ops));
@@ -438,7 +471,7 @@ fn stream_job(
     }
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.
-    let staged = stage_ops(shared, first.device, &mut ops)?;
+    let staged = stage_ops(shared, first.device, &mut ops, checked)?;
     let gates = record_gates(first.device, &streams)?;
     // The calls by their NCCL names, for the job's error (its operations now look like host
     // calls, which name ferroccl's operation only).

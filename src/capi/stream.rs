@@ -181,12 +181,12 @@ unsafe fn check_capture(
     device: Device,
     stream: cudaStream_t,
 ) -> Result<()> {
-    let call = match shared.try_ready() {
+    let call = || match shared.try_ready() {
         Some(Ok(c)) => format!("{api} on rank {}", c.rank()),
         _ => format!("{api} (communicator not ready)"),
     };
     // SAFETY: per the caller.
-    unsafe { device.check_not_capturing(&call, stream.cast()) }
+    unsafe { device.check_not_capturing(call, stream.cast()) }
 }
 
 /// `cudaStreamPerThread` (`CU_STREAM_PER_THREAD`).

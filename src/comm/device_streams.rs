@@ -67,7 +67,7 @@ impl Communicator {
             )));
         }
         // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
-        unsafe { dev.check_not_capturing(&format!("{name} on rank {rank}"), stream.raw()) }?;
+        unsafe { dev.check_not_capturing(|| format!("{name} on rank {rank}"), stream.raw()) }?;
         if let Some(e) = self.streams.failed() {
             return Err(e);
         }
@@ -370,9 +370,9 @@ impl Group<'_> {
             }
         }
         // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
-        let call = format!("send/recv group on rank {rank}");
-        // SAFETY: as above.
-        unsafe { dev.check_not_capturing(&call, stream.raw()) }?;
+        let call = || format!("send/recv group on rank {rank}");
+        // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
+        unsafe { dev.check_not_capturing(call, stream.raw()) }?;
         if let Some(e) = comm.streams.failed().or_else(|| comm.inner.failed_error()) {
             return Err(e);
         }

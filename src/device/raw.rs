@@ -120,13 +120,18 @@ impl Device {
     /// Refuses the caller's `stream` of this device while it is being captured into a CUDA
     /// graph: a collective runs on a host thread, ordered on the stream by an event and a flag
     /// wait, and a graph replay would repeat the flag wait without the collective (NCCL's graph
-    /// support is not built). `call` names the call in the error ("ncclAllReduce on rank 3").
-    /// A NULL stream is never asked (the legacy stream is not captured; a capture elsewhere in
-    /// the context makes its synchronize fail with the driver's message instead).
+    /// support is not built). `call` names the call in the error ("ncclAllReduce on rank 3"),
+    /// built only when there is one. A NULL stream is never asked (the legacy stream is not
+    /// captured; a capture elsewhere in the context makes its synchronize fail with the
+    /// driver's message instead).
     ///
     /// # Safety
     /// As [`Device::sync_stream`].
-    pub(crate) unsafe fn check_not_capturing(self, call: &str, stream: *mut c_void) -> Result<()> {
+    pub(crate) unsafe fn check_not_capturing(
+        self,
+        call: impl FnOnce() -> String,
+        stream: *mut c_void,
+    ) -> Result<()> {
         let capturing = match self.provider {
             _ if stream.is_null() => false,
             // SAFETY: per the caller.
@@ -139,9 +144,10 @@ impl Device {
         Err(Error::new(
             ErrorKind::InvalidUsage,
             format!(
-                "{call}: stream {stream:p} is being captured into a CUDA graph; ferroccl does \
+                "{}: stream {stream:p} is being captured into a CUDA graph; ferroccl does \
                  not support graph capture (its collectives run on a host thread, which a graph \
-                 replay would not run): call it outside the capture"
+                 replay would not run): call it outside the capture",
+                call()
             ),
         ))
     }

@@ -169,18 +169,20 @@ impl Waiter for SysWaiter<'_> {
 /// [`PURE_SPIN`] for nothing (a 2-rank 8 B allreduce took 13 µs instead of 0.8 µs).
 ///
 /// A wait that ended only after yielding, where a yield handed the core to another task (it
-/// took [`SLOW_YIELD`] or more), switches to yielding at once. [`FAST_WAITS`] waits in a row
-/// whose yields all returned at once (nobody else wanted this core, so spinning hurts no one)
-/// switch back (more after switches back that did not last). One such wait is not enough: under EEVDF a yield may return at once although
-/// the rank sharing the core is runnable, and on some runs of 4 ranks on 2 cores one rank
-/// switched back after 40 % of its waits, each time to spin the next wait's 10 µs in vain. A
-/// wait answered within the spin switches back too: one wait in [`PROBE_EVERY`] in the
-/// yielding mode spins, for
-/// when the peer has moved to another core while a third task shares this one. Each probe that
-/// finds the core still shared doubles the interval, up to [`PROBE_MAX`], and so does any switch
-/// back to spinning that does not last (with four ranks on two cores, a wait that only needs the
-/// peers on the other core is answered spinning, and the next wait needs this core's other rank
-/// again).
+/// took [`SLOW_YIELD`] or more), switches to yielding at once. Two kinds of evidence switch
+/// back to spinning:
+/// - [`FAST_WAITS`] waits in a row whose yields all returned at once (nobody else wanted this
+///   core, so spinning hurts no one). One such wait is not enough: under EEVDF a yield may
+///   return at once although the rank sharing the core is runnable, and on some runs of 4
+///   ranks on 2 cores one rank switched back after 40 % of its waits, each time to spin the
+///   next wait's 10 µs in vain.
+/// - A probe answered within the spin: one wait in [`PROBE_EVERY`] in the yielding mode spins,
+///   for when the peer has moved to another core while a third task shares this one.
+///
+/// A switch back is on trial: if it does not last (with four ranks on two cores, a wait that
+/// only needs the peers on the other core is answered spinning, and the next wait needs this
+/// core's other rank again), the probe interval doubles, up to [`PROBE_MAX`], and so does the
+/// number of fast waits needed; a probe that finds the core still shared doubles it too.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct SpinPolicy {
     /// The last wait that said anything ended only after a slow yield.
@@ -251,7 +253,8 @@ impl SpinPolicy {
         // Only a wait that spun tells: the peer answered while this rank held the core (not
         // shared), or only once it yielded the core to another task (shared), however long
         // that took (with four ranks to a core, each spinning first, a wait lasts several
-        // spins). A wait that went on to sleep, or one that yielded at once, says nothing.
+        // spins). A wait that went on to sleep says nothing of that; a shared wait whose
+        // yields all returned at once counts towards FAST_WAITS.
         let slow_yield = std::mem::take(&mut self.slow_yield);
         let fast_yield = std::mem::take(&mut self.fast_yield);
         let slept = std::mem::take(&mut self.slept);
@@ -476,32 +479,37 @@ mod tests {
         assert!(p.shared());
     }
 
+    /// A yield that returned at once (nobody else wanted the core).
+    const FAST: Duration = Duration::from_nanos(400);
+
+    /// A wait of 3 µs whose one yield returned at once.
+    fn fast_wait(p: &mut SpinPolicy) {
+        p.yielded(FAST);
+        p.resumed(us(3));
+    }
+
     #[test]
     fn waits_whose_yields_run_nobody_else_go_back_to_spinning() {
-        let fast = Duration::from_nanos(400);
         let mut p = SpinPolicy::default();
         p.yielded(us(2));
         p.resumed(us(12));
         assert!(p.shared());
         // The peer (now elsewhere) keeps this rank waiting; its yields return at once.
         for _ in 0..FAST_WAITS - 1 {
-            p.yielded(fast);
-            p.resumed(us(3));
+            fast_wait(&mut p);
             assert!(p.shared() && !p.spins(us(0)));
         }
         // A wait with a yield that ran another task starts the count again.
-        p.yielded(fast);
+        p.yielded(FAST);
         p.yielded(us(2));
         p.resumed(us(3));
         // Waits answered before any yield say nothing.
         p.resumed(us(0));
         for _ in 0..FAST_WAITS - 1 {
-            p.yielded(fast);
-            p.resumed(us(3));
+            fast_wait(&mut p);
             assert!(p.shared());
         }
-        p.yielded(fast);
-        p.resumed(us(3));
+        fast_wait(&mut p);
         assert!(!p.shared() && p.spins(us(9)));
         // On trial: the next wait needs the core-mate after all. Back to yielding, and now
         // twice the evidence is needed to switch back.
@@ -509,18 +517,15 @@ mod tests {
         p.resumed(us(12));
         assert!(p.shared());
         for _ in 0..2 * FAST_WAITS - 1 {
-            p.yielded(fast);
-            p.resumed(us(3));
+            fast_wait(&mut p);
             assert!(p.shared());
         }
-        p.yielded(fast);
-        p.resumed(us(3));
+        fast_wait(&mut p);
         assert!(!p.shared());
     }
 
     #[test]
     fn a_probe_that_needed_a_slow_yield_restarts_the_count_of_fast_waits() {
-        let fast = Duration::from_nanos(400);
         let mut p = SpinPolicy::default();
         p.yielded(us(2));
         p.resumed(us(12));
@@ -529,8 +534,7 @@ mod tests {
             p.resumed(us(1));
         }
         for _ in 0..FAST_WAITS - 1 {
-            p.yielded(fast);
-            p.resumed(us(3));
+            fast_wait(&mut p);
             assert!(p.shared());
         }
         assert!(p.spins(us(0)), "the probe");
@@ -540,12 +544,10 @@ mod tests {
         assert!(p.shared());
         // So the fast waits start from zero, and the failed probe doubled the evidence needed.
         for _ in 0..2 * FAST_WAITS - 1 {
-            p.yielded(fast);
-            p.resumed(us(3));
+            fast_wait(&mut p);
             assert!(p.shared());
         }
-        p.yielded(fast);
-        p.resumed(us(3));
+        fast_wait(&mut p);
         assert!(!p.shared());
     }
 }

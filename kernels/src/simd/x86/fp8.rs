@@ -29,9 +29,9 @@ trait Format {
     const SHIFT: i32 = 23 - Self::MANT;
     /// f32 bit pattern of the smallest normal, 2^(1 - bias).
     const MIN_NORMAL: i32 = (127 + 1 - Self::BIAS) << 23;
-    /// The f32 exponent offset of a normal magnitude code shifted into f32 position.
+    /// The f32 exponent offset of a normal magnitude code shifted into f32 position (decode).
     const REBIAS: i32 = (127 - Self::BIAS) << 23;
-    /// A subnormal's quantum, 2^(1 - bias - mant).
+    /// A subnormal's quantum, 2^(1 - bias - mant) (decode).
     const QUANTUM: f32 = f32::from_bits(((127 + 1 - Self::BIAS - Self::MANT) as u32) << 23);
     /// The reciprocal of the quantum.
     const PER_QUANTUM: f32 = f32::from_bits(((127 - 1 + Self::BIAS + Self::MANT) as u32) << 23);
@@ -56,10 +56,9 @@ impl Format for E5M2 {
 }
 
 // Decoding: e5m2 codes are the top byte of the f16 of the same value, so the f16 conversion
-// widens them, exactly (1.85x faster than the integer decode). e4m3 goes through the integer
-// decode, which measured 4-6 % faster for it than an f16 route with a NaN fix-up. In the
-// integer decode, a magnitude code above MAX_FINITE is a NaN, or e5m2's infinity when it
-// equals OVERFLOW (for e4m3 OVERFLOW is finite, so every such code is a NaN).
+// widens them, exactly (1.85x faster than an integer decode). e4m3 goes through an integer
+// decode, which measured 4-6 % faster for it than an f16 route with a NaN fix-up; its only
+// magnitude code above MAX_FINITE is the NaN, 0x7f (e4m3 has no infinity).
 
 /// Returns the fp8 kernel for `dtype`/`op` at level `isa`, if there is one.
 pub(super) fn binary(isa: Isa, dtype: DataType, op: ElemOp) -> Option<Binary> {
@@ -83,129 +82,21 @@ pub(super) fn unary(isa: Isa, dtype: DataType, kind: FloatUnary) -> Option<Unary
 /// `ld_e4m3` .. `st_e5m2` and brings the level's f32 vector ops into scope.
 macro_rules! fp8_kernels {
     ($feat:literal, $lanes:expr) => {
-        binary_kernel!(
-            $feat,
-            e4m3_sum,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            add_ps,
-            <Fp8E4M3 as Arith>::elem_sum
+        fp8_kernels!(@binary $feat, $lanes;
+            e4m3_sum Fp8E4M3 ld_e4m3 st_e4m3 add_ps elem_sum;
+            e4m3_prod Fp8E4M3 ld_e4m3 st_e4m3 mul_ps elem_prod;
+            e4m3_max Fp8E4M3 ld_e4m3 st_e4m3 max_ps elem_max;
+            e4m3_min Fp8E4M3 ld_e4m3 st_e4m3 min_ps elem_min;
+            e5m2_sum Fp8E5M2 ld_e5m2 st_e5m2 add_ps elem_sum;
+            e5m2_prod Fp8E5M2 ld_e5m2 st_e5m2 mul_ps elem_prod;
+            e5m2_max Fp8E5M2 ld_e5m2 st_e5m2 max_ps elem_max;
+            e5m2_min Fp8E5M2 ld_e5m2 st_e5m2 min_ps elem_min;
         );
-        binary_kernel!(
-            $feat,
-            e4m3_prod,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            mul_ps,
-            <Fp8E4M3 as Arith>::elem_prod
-        );
-        binary_kernel!(
-            $feat,
-            e4m3_max,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            max_ps,
-            <Fp8E4M3 as Arith>::elem_max
-        );
-        binary_kernel!(
-            $feat,
-            e4m3_min,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            min_ps,
-            <Fp8E4M3 as Arith>::elem_min
-        );
-        binary_kernel!(
-            $feat,
-            e5m2_sum,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            add_ps,
-            <Fp8E5M2 as Arith>::elem_sum
-        );
-        binary_kernel!(
-            $feat,
-            e5m2_prod,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            mul_ps,
-            <Fp8E5M2 as Arith>::elem_prod
-        );
-        binary_kernel!(
-            $feat,
-            e5m2_max,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            max_ps,
-            <Fp8E5M2 as Arith>::elem_max
-        );
-        binary_kernel!(
-            $feat,
-            e5m2_min,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            min_ps,
-            <Fp8E5M2 as Arith>::elem_min
-        );
-        unary_kernel!(
-            $feat,
-            e4m3_mul,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            splat_ps,
-            mul_ps,
-            <Fp8E4M3 as Arith>::elem_mul
-        );
-        unary_kernel!(
-            $feat,
-            e4m3_div,
-            Fp8E4M3,
-            $lanes,
-            ld_e4m3,
-            st_e4m3,
-            splat_ps,
-            div_ps,
-            <Fp8E4M3 as Arith>::elem_div
-        );
-        unary_kernel!(
-            $feat,
-            e5m2_mul,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            splat_ps,
-            mul_ps,
-            <Fp8E5M2 as Arith>::elem_mul
-        );
-        unary_kernel!(
-            $feat,
-            e5m2_div,
-            Fp8E5M2,
-            $lanes,
-            ld_e5m2,
-            st_e5m2,
-            splat_ps,
-            div_ps,
-            <Fp8E5M2 as Arith>::elem_div
+        fp8_kernels!(@unary $feat, $lanes;
+            e4m3_mul Fp8E4M3 ld_e4m3 st_e4m3 mul_ps elem_mul;
+            e4m3_div Fp8E4M3 ld_e4m3 st_e4m3 div_ps elem_div;
+            e5m2_mul Fp8E5M2 ld_e5m2 st_e5m2 mul_ps elem_mul;
+            e5m2_div Fp8E5M2 ld_e5m2 st_e5m2 div_ps elem_div;
         );
 
         pub(super) fn binary(dtype: DataType, op: ElemOp) -> Option<Binary> {
@@ -236,6 +127,16 @@ macro_rules! fp8_kernels {
             Some(k)
         }
     };
+    (@binary $feat:literal, $lanes:expr;
+     $($name:ident $t:ident $ld:ident $st:ident $vop:ident $sop:ident;)*) => {
+        $(binary_kernel!($feat, $name, $t, $lanes, $ld, $st, $vop, <$t as Arith>::$sop);)*
+    };
+    (@unary $feat:literal, $lanes:expr;
+     $($name:ident $t:ident $ld:ident $st:ident $vop:ident $sop:ident;)*) => {
+        $(
+            unary_kernel!($feat, $name, $t, $lanes, $ld, $st, splat_ps, $vop, <$t as Arith>::$sop);
+        )*
+    };
 }
 
 #[clippy::msrv = "1.89"]
@@ -257,10 +158,11 @@ mod avx512 {
         _mm_cvtsi32_si128(n)
     }
 
-    /// 16 codes (one per 32-bit lane) -> 16 exact f32 values.
+    /// 16 e4m3 codes (one per 32-bit lane) -> 16 exact f32 values.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn decode<F: Format>(x: __m512i) -> __m512 {
+    fn decode_e4m3(x: __m512i) -> __m512 {
+        type F = E4M3;
         let mag = _mm512_and_si512(x, set(0x7f));
         let sign = _mm512_slli_epi32::<24>(_mm512_and_si512(x, set(0x80)));
         let normal = _mm512_add_epi32(_mm512_sll_epi32(mag, count(F::SHIFT)), set(F::REBIAS));
@@ -270,13 +172,8 @@ mod avx512 {
         ));
         let v =
             _mm512_mask_blend_epi32(_mm512_cmplt_epi32_mask(mag, set(1 << F::MANT)), normal, sub);
-        let special = _mm512_mask_blend_epi32(
-            _mm512_cmpeq_epi32_mask(mag, set(F::OVERFLOW)),
-            set(0x7fc0_0000),
-            set(0x7f80_0000),
-        );
-        let v =
-            _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(mag, set(F::MAX_FINITE)), v, special);
+        let nan = _mm512_cmpgt_epi32_mask(mag, set(F::MAX_FINITE));
+        let v = _mm512_mask_blend_epi32(nan, v, set(0x7fc0_0000));
         _mm512_castsi512_ps(_mm512_or_si512(v, sign))
     }
 
@@ -320,12 +217,6 @@ mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn ld<F: Format>(p: *const u8) -> __m512 {
-        // SAFETY: the caller guarantees 16 readable bytes at p.
-        decode::<F>(_mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) }))
-    }
-    #[inline]
-    #[target_feature(enable = "avx512f")]
     unsafe fn st<F: Format>(p: *mut u8, v: __m512) {
         // Every lane is a code below 256: the truncating narrow keeps it.
         let codes = _mm512_cvtepi32_epi8(encode::<F>(v));
@@ -335,8 +226,8 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn ld_e4m3(p: *const u8) -> __m512 {
-        // SAFETY: as `ld`.
-        unsafe { ld::<E4M3>(p) }
+        // SAFETY: the caller guarantees 16 readable bytes at p.
+        decode_e4m3(_mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) }))
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -381,10 +272,11 @@ mod avx2 {
         _mm_cvtsi32_si128(n)
     }
 
-    /// 8 codes (one per 32-bit lane) -> 8 exact f32 values (see the AVX-512 version).
+    /// 8 e4m3 codes (one per 32-bit lane) -> 8 exact f32 values (see the AVX-512 version).
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    fn decode<F: Format>(x: __m256i) -> __m256 {
+    fn decode_e4m3(x: __m256i) -> __m256 {
+        type F = E4M3;
         let mag = _mm256_and_si256(x, set(0x7f));
         let sign = _mm256_slli_epi32::<24>(_mm256_and_si256(x, set(0x80)));
         let normal = _mm256_add_epi32(_mm256_sll_epi32(mag, count(F::SHIFT)), set(F::REBIAS));
@@ -393,12 +285,8 @@ mod avx2 {
             _mm256_set1_ps(F::QUANTUM),
         ));
         let v = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(set(1 << F::MANT), mag));
-        let special = _mm256_blendv_epi8(
-            set(0x7fc0_0000),
-            set(0x7f80_0000),
-            _mm256_cmpeq_epi32(mag, set(F::OVERFLOW)),
-        );
-        let v = _mm256_blendv_epi8(v, special, _mm256_cmpgt_epi32(mag, set(F::MAX_FINITE)));
+        let nan = _mm256_cmpgt_epi32(mag, set(F::MAX_FINITE));
+        let v = _mm256_blendv_epi8(v, set(0x7fc0_0000), nan);
         _mm256_castsi256_ps(_mm256_or_si256(v, sign))
     }
 
@@ -433,12 +321,6 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn ld<F: Format>(p: *const u8) -> __m256 {
-        // SAFETY: the caller guarantees 8 readable bytes at p (`_mm_loadl_epi64` reads 8).
-        decode::<F>(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) }))
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,f16c")]
     unsafe fn st<F: Format>(p: *mut u8, v: __m256) {
         let c = encode::<F>(v);
         // Every lane is a code below 256, so both unsigned-saturating packs are exact.
@@ -450,8 +332,8 @@ mod avx2 {
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn ld_e4m3(p: *const u8) -> __m256 {
-        // SAFETY: as `ld`.
-        unsafe { ld::<E4M3>(p) }
+        // SAFETY: the caller guarantees 8 readable bytes at p (`_mm_loadl_epi64` reads 8).
+        decode_e4m3(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) }))
     }
     #[inline]
     #[target_feature(enable = "avx2,f16c")]

@@ -9,20 +9,43 @@
 #
 #     ./gpu-check.sh [--device N] [--bw-mib M] [--iters N]
 #
+# FERRO_GPU_STEPS picks steps or parts of steps, e.g. "8 2b 2c 4c" (default: all). A part is
+# its step's number and letter; a step's number picks all its parts. A check run with a
+# selection says so in its last line: it proves only what it ran.
 # Every step runs under a deadline (FERRO_GPU_STEP_TIMEOUT seconds, default 300): a step that
 # hangs is reported as such and fails the check, and the later steps still run.
 set -uo pipefail
 step_timeout=${FERRO_GPU_STEP_TIMEOUT:-300}
 
 # Runs one step's command under the deadline (`deadline=S step ...` sets another for one
-# step); exit 124 means it ran past it. Prints the wall time it took.
+# step); exit 124 means it ran past it. Prints the wall time it took. `part=ID step ...` names
+# the part, which runs only when FERRO_GPU_STEPS selects it.
 step() {
+    if [ -n "${part:-}" ] && ! want "$part"; then
+        echo "-- part $part not selected (FERRO_GPU_STEPS)"
+        skipped=1
+        return 0
+    fi
+    skipped=0
     local t=${deadline:-$step_timeout} start=$SECONDS
     timeout -k 10 "$t" "$@"
     local rc=$?
     [ "$rc" -eq 124 ] && echo "-- ran past its ${t} s deadline (FERRO_GPU_STEP_TIMEOUT)"
     echo "-- $(basename "$1"): $((SECONDS - start)) s"
     return "$rc"
+}
+
+steps=${FERRO_GPU_STEPS:-}
+# want ID: whether step or part ID ("2", "2b") is selected; a step is wanted when any of its
+# parts is.
+want() {
+    [ -z "$steps" ] && return 0
+    local t
+    for t in ${steps//,/ }; do
+        case $1 in "$t" | "$t"[a-z]) return 0 ;; esac
+        [ "${t%%[a-z]*}" = "$1" ] && return 0
+    done
+    return 1
 }
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,9 +64,10 @@ export FERROCCL_KERNEL_CACHE=$bundle/kernel-cache
 export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 failed=0
+if want 1; then
 echo
 echo "== 1. reduction kernels vs the CPU reference (every dtype x op, awkward counts and offsets), bandwidth vs device copy"
-step "$bundle/bin/ferro-gpu-check" "$@"
+part=1 step "$bundle/bin/ferro-gpu-check" "$@"
 rc=$?
 case $rc in
     0) echo "-- kernels: PASS" ;;
@@ -56,12 +80,15 @@ while [ $# -gt 0 ]; do
     if [ "$1" = "--device" ] && [ $# -gt 1 ]; then device_args=(--device "$2"); shift; fi
     shift
 done
+fi
+
+if want 2; then
 echo
 echo "== 2. collectives on device buffers (pinned host staging; 1, 2 and 4 ranks as threads on one GPU) vs the same calls on host buffers"
 if [ -x "$bundle/bin/ferroccl-device-check" ]; then
-    FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
+    FERRO_DEVICE_PROVIDER=cuda part=2a step "$bundle/bin/ferroccl-device-check" "${device_args[@]}"
     rc=$?
-    case $rc in
+    [ "$skipped" = 1 ] || case $rc in
         0) echo "-- device buffers: PASS" ;;
         2) echo "-- device buffers: no usable GPU (see above)"; failed=1 ;;
         *) echo "-- device buffers: FAIL (exit $rc)"; failed=1 ;;
@@ -71,9 +98,10 @@ if [ -x "$bundle/bin/ferroccl-device-check" ]; then
     # communicators of a process on one GPU never queue flag waits: see 2c).
     echo "-- 2b: stream-ordered (FERRO_STREAM_WAITS=1), 1 and 2 ranks"
     FERRO_DEVICE_PROVIDER=cuda FERRO_STREAM_WAITS=1 deadline=60 \
-        step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 1,2
+        part=2b step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 1,2
     rc=$?
-    if [ "$rc" -eq 0 ]; then echo "-- device buffers, stream order: PASS"; else echo "-- device buffers, stream order: FAIL (exit $rc)"; failed=1; fi
+    if [ "$skipped" = 1 ]; then :
+    elif [ "$rc" -eq 0 ]; then echo "-- device buffers, stream order: PASS"; else echo "-- device buffers, stream order: FAIL (exit $rc)"; failed=1; fi
     # 2c, a diagnostic that does not fail the check: 4 ranks in one process with
     # FERRO_STREAM_WAITS=1. Before, this did not finish in 50 s: each rank's stream waited on
     # a flag in host memory, and with more streams than hardware queues
@@ -81,18 +109,21 @@ if [ -x "$bundle/bin/ferroccl-device-check" ]; then
     # communicators that share a GPU in one process block instead, so this must finish.
     echo "-- 2c (diagnostic): FERRO_STREAM_WAITS=1, 4 ranks on one GPU (they block), CUDA_DEVICE_MAX_CONNECTIONS=32"
     CUDA_DEVICE_MAX_CONNECTIONS=32 FERRO_DEVICE_PROVIDER=cuda FERRO_STREAM_WAITS=1 deadline=60 \
-        step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 4
+        part=2c step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 4
     rc=$?
-    if [ "$rc" -eq 0 ]; then echo "-- 2c: PASS"; else echo "-- 2c: FAIL (exit $rc; diagnostic only)"; fi
+    if [ "$skipped" = 1 ]; then :
+    elif [ "$rc" -eq 0 ]; then echo "-- 2c: PASS"; else echo "-- 2c: FAIL (exit $rc; diagnostic only)"; fi
 else
     echo "-- device buffers: FAIL (bin/ferroccl-device-check missing from the bundle)"
     failed=1
 fi
+fi
 
+if want 3; then
 echo
 echo "== 3. peer-to-peer transport, cuda provider on device 0: conformance suite (two ranks as threads), two processes over CUDA IPC"
 if [ -x "$bundle/bin/p2p-tests" ]; then
-    FERRO_P2P_GPU_CHECK=1 step "$bundle/bin/p2p-tests" --test-threads 1 \
+    FERRO_P2P_GPU_CHECK=1 part=3 step "$bundle/bin/p2p-tests" --test-threads 1 \
         conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- p2p: PASS"; else echo "-- p2p: FAIL (exit $rc)"; failed=1; fi
@@ -100,7 +131,9 @@ else
     echo "-- p2p: bin/p2p-tests is not in this bundle: FAIL"
     failed=1
 fi
+fi
 
+if want 4; then
 echo
 echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused"
 if [ -x "$bundle/bin/streams" ]; then
@@ -109,35 +142,39 @@ if [ -x "$bundle/bin/streams" ]; then
     # the program reads its results with a synchronous cuMemcpyDtoH.
     echo "-- 4a: blocking (the CUDA default)"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 \
-        step "$bundle/bin/streams" 2 || rc=1
+        part=4a step "$bundle/bin/streams" 2 || rc=1
     # 4b: FERRO_STREAM_WAITS=1: calls return at once and complete in stream order
     # (cuStreamWaitValue32 on a host-mapped flag); the program synchronizes its stream before
     # each read, as NCCL's examples do.
     echo "-- 4b: stream-ordered (FERRO_STREAM_WAITS=1), cuStreamSynchronize before each read"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
-        FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 step "$bundle/bin/streams" 2 || rc=1
+        FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 part=4b step "$bundle/bin/streams" 2 || rc=1
     # 4c: stream-ordered, results read with a synchronous cuMemcpyDtoH right after the call
     # (legacy stream): the job must make no driver call while that copy waits for it.
     echo "-- 4c: stream-ordered (FERRO_STREAM_WAITS=1), cuMemcpyDtoH right after each call"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
-        FERRO_STREAM_WAITS=1 deadline=60 step "$bundle/bin/streams" 2 || rc=1
+        FERRO_STREAM_WAITS=1 deadline=60 part=4c step "$bundle/bin/streams" 2 || rc=1
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL"; failed=1; fi
 else
     echo "-- C ABI streams: FAIL (bin/streams missing from the bundle)"
     failed=1
 fi
+fi
 
+if want 5; then
 echo
 echo "== 5. all_reduce_perf on device buffers (-B 1), 8 B .. 1 GiB, 2 ranks as threads on one GPU, every result checked"
 if [ -x "$bundle/bin/all_reduce_perf" ]; then
-    FERRO_DEVICE_PROVIDER=cuda deadline=$((3 * step_timeout)) step "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
+    FERRO_DEVICE_PROVIDER=cuda deadline=$((3 * step_timeout)) part=5 step "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- all_reduce_perf -B 1: PASS"; else echo "-- all_reduce_perf -B 1: FAIL (exit $rc)"; failed=1; fi
 else
     echo "-- all_reduce_perf -B 1: FAIL (bin/all_reduce_perf missing from the bundle)"
     failed=1
 fi
+fi
 
+if want 6; then
 echo
 echo "== 6. host-staged device buffers against host buffers: 2 processes over shared memory (ferrorun), all_reduce_perf 8 B, then 1 MiB .. 64 MiB by x4, host then device buffers, twice (target: device >= 70 % of host busbw at 64 MiB)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
@@ -145,9 +182,9 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     for round in 1 2; do
         for b in 0 1; do
             echo "-- round $round, -B $b"
-            FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferrorun" -n 2 -- \
+            FERRO_DEVICE_PROVIDER=cuda part=6 step "$bundle/bin/ferrorun" -n 2 -- \
                 "$bundle/bin/all_reduce_perf" -b 8 -e 8 -n 1000 -w 100 -B "$b" || rc=1
-            FERRO_DEVICE_PROVIDER=cuda step "$bundle/bin/ferrorun" -n 2 -- \
+            FERRO_DEVICE_PROVIDER=cuda part=6 step "$bundle/bin/ferrorun" -n 2 -- \
                 "$bundle/bin/all_reduce_perf" -b 1M -e 64M -f 4 -n 20 -w 5 -B "$b" || rc=1
         done
     done
@@ -156,14 +193,16 @@ else
     echo "-- shm staged: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"
     failed=1
 fi
+fi
 
+if want 7; then
 echo
 echo "== 7. send/recv of device buffers handed straight to the peer-to-peer transport (CUDA IPC), 2 processes on one GPU: sendrecv_perf -B 1, 8 B .. 256 MiB by x4, every result checked; then the same over shared memory (host copies) for comparison"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/sendrecv_perf" ]; then
     rc=0
     for t in p2p shm; do
         echo "-- FERRO_TRANSPORTS=$t"
-        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=$t step "$bundle/bin/ferrorun" -n 2 -- \
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=$t part=7 step "$bundle/bin/ferrorun" -n 2 -- \
             "$bundle/bin/sendrecv_perf" -b 8 -e 256M -f 4 -n 10 -w 3 -B 1 || rc=1
     done
     if [ "$rc" -eq 0 ]; then echo "-- device send/recv: PASS"; else echo "-- device send/recv: FAIL"; failed=1; fi
@@ -171,34 +210,36 @@ else
     echo "-- device send/recv: FAIL (bin/ferrorun or bin/sendrecv_perf missing from the bundle)"
     failed=1
 fi
+fi
 
+if want 8; then
 echo
 echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x4, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC); 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     echo "-- 8a. ferroccl-device-check over p2p"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p \
-        step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 2,4 || rc=1
+        part=8a step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 2,4 || rc=1
     for direct in 1 0; do
         echo "-- 8b. threads, FERRO_DEVICE_DIRECT=$direct"
         FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_DIRECT=$direct \
-            step "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 4 -t 2 -n 10 -w 3 -B 1 || rc=1
+            part=8b step "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 4 -t 2 -n 10 -w 3 -B 1 || rc=1
     done
     for direct in 1 0; do
         echo "-- 8c. processes, FERRO_DEVICE_DIRECT=$direct"
         FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_DIRECT=$direct \
-            step "$bundle/bin/ferrorun" -n 2 -- \
+            part=8c step "$bundle/bin/ferrorun" -n 2 -- \
             "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 4 -n 10 -w 3 -B 1 || rc=1
     done
     if [ -x "$bundle/bin/streams" ]; then
         echo "-- 8e. the C ABI over p2p, blocking (the CUDA default): tests/c/streams.c, 2 processes"
         FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
-            step "$bundle/bin/streams" 2 || rc=1
+            part=8e step "$bundle/bin/streams" 2 || rc=1
     fi
     for t in all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf gather_perf scatter_perf; do
         if [ -x "$bundle/bin/$t" ]; then
             echo "-- 8d. $t"
-            FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p step "$bundle/bin/ferrorun" -n 2 -- \
+            FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p part=8d step "$bundle/bin/ferrorun" -n 2 -- \
                 "$bundle/bin/$t" -b 8 -e 16M -f 8 -n 5 -w 2 -B 1 || rc=1
         else
             echo "-- $t missing from the bundle"
@@ -210,6 +251,7 @@ else
     echo "-- device-direct collectives: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"
     failed=1
 fi
+fi
 
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
@@ -220,4 +262,8 @@ if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"
     exit 1
 fi
-echo "gpu-check: the built parts passed"
+if [ -n "$steps" ]; then
+    echo "gpu-check: the selected parts passed (FERRO_GPU_STEPS=$steps)"
+else
+    echo "gpu-check: the built parts passed"
+fi

@@ -372,8 +372,12 @@ impl Device {
     ) -> Result<()> {
         super::no_driver_here("copy_on_stream")?;
         match self.provider {
-            // SAFETY: per the caller.
-            Provider::Host => unsafe { host_stream::copy(stream as usize, dst, src, len) },
+            Provider::Host => {
+                super::host::check_copy_range("destination", dst as u64, len)?;
+                super::host::check_copy_range("source", src as u64, len)?;
+                // SAFETY: per the caller.
+                unsafe { host_stream::copy(stream as usize, dst, src, len) }
+            }
             Provider::Cuda => {
                 let d = cuda::bound(self.ordinal)?;
                 // SAFETY: per the caller; unified addressing names host and device memory.

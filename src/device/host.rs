@@ -96,6 +96,18 @@ pub(crate) fn locate(addr: u64, len: usize) -> Option<u32> {
     (end <= start + a.len.max(1) && (len == 0 || end <= start + a.len)).then_some(a.ordinal)
 }
 
+/// Checks one side of a copy as the CUDA driver does: a range that starts in a device
+/// allocation must end inside it (the driver answers `CUDA_ERROR_INVALID_VALUE`).
+pub(crate) fn check_copy_range(what: &str, addr: u64, len: usize) -> Result<()> {
+    if len == 0 || locate(addr, 1).is_none() || locate(addr, len).is_some() {
+        return Ok(());
+    }
+    Err(Error::internal(format!(
+        "host stand-in device: a copy's {what} 0x{addr:x}..+{len} runs past the end of its \
+         allocation (the CUDA driver refuses it: invalid argument)"
+    )))
+}
+
 /// Page-locked host memory's stand-in: plain heap memory, zeroed, not registered as device
 /// memory.
 pub(crate) fn alloc_pinned(len: usize) -> Result<*mut u8> {
@@ -208,6 +220,19 @@ mod tests {
         // SAFETY: as above.
         let e = unsafe { free(a) }.unwrap_err();
         assert!(e.to_string().contains("not a live allocation"), "{e}");
+    }
+
+    #[test]
+    fn a_copy_range_may_not_run_past_its_allocation() {
+        let a = alloc(0, 64).unwrap();
+        assert!(check_copy_range("source", a, 64).is_ok());
+        assert!(check_copy_range("source", a + 60, 4).is_ok());
+        let e = check_copy_range("source", a + 32, 64).unwrap_err();
+        assert!(e.to_string().contains("runs past the end"), "{e}");
+        let host = [0u8; 8];
+        assert!(check_copy_range("destination", host.as_ptr() as u64, 8).is_ok());
+        // SAFETY: allocated above, nothing queued.
+        unsafe { free(a) }.unwrap();
     }
 
     #[test]

@@ -80,8 +80,9 @@ pub(crate) struct Arenas {
 }
 
 impl Arenas {
-    /// Places `spans` in the arena of `stream` (grown if needed; overlapping or touching
-    /// ranges share one copy) and queues on the stream the copies of the ranges read.
+    /// Places `spans` in the arena of `stream` (grown if needed; overlapping ranges share one
+    /// copy, ranges that only touch do not: they may be two allocations, which one driver copy
+    /// cannot span) and queues on the stream the copies of the ranges read.
     ///
     /// # Safety
     /// Every span is live device memory of `device` (checked by the caller) that the call
@@ -98,7 +99,7 @@ impl Arenas {
         let mut merged: Vec<Span> = Vec::new();
         for s in sorted {
             match merged.last_mut() {
-                Some(m) if s.addr <= m.addr + m.len as u64 => {
+                Some(m) if s.addr < m.addr + m.len as u64 => {
                     let end = (m.addr + m.len as u64).max(s.addr + s.len as u64);
                     m.len = (end - m.addr) as usize;
                     m.read |= s.read;
@@ -190,5 +191,43 @@ mod tests {
         // SAFETY: `h` is the arena's copy of the 8 bytes, which the stream just wrote.
         let got = unsafe { std::slice::from_raw_parts(h as *const u8, 8) };
         assert_eq!(got, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn touching_ranges_keep_copies_of_their_own() {
+        // An out-of-place call's send and receive buffers can be two allocations back to back
+        // (4 MiB each on a GPU); one copy across both is refused by the driver.
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u8, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        let a = src.addr();
+        let stream = 0x5e_0002;
+        let mut arenas = Arenas::default();
+        let spans = [
+            Span {
+                addr: a,
+                len: 4,
+                read: true,
+                written: false,
+            },
+            Span {
+                addr: a + 4,
+                len: 4,
+                read: false,
+                written: true,
+            },
+        ];
+        // SAFETY: both ranges lie in `src`, which outlives the stream's run below.
+        let st = unsafe { arenas.stage(dev, stream, &spans) }.unwrap();
+        assert_eq!(st.spans.len(), 2, "one copy per range");
+        host_stream::run_to(stream, host_stream::record(stream)).unwrap();
+        let h = st.host_of(a).unwrap();
+        // SAFETY: the arena's copy of the 4 bytes read, which the stream just wrote.
+        let got = unsafe { std::slice::from_raw_parts(h as *const u8, 4) };
+        assert_eq!(got, &[1, 2, 3, 4]);
+        assert_ne!(
+            st.host_of(a + 4),
+            Some(h + 4),
+            "placed apart from the first range"
+        );
     }
 }

@@ -39,6 +39,11 @@ impl Conn {
         self.conn.doorbell()
     }
 
+    /// Whether the connection has work in flight that only polling sees finish.
+    pub(crate) fn in_flight(&self) -> bool {
+        self.conn.in_flight()
+    }
+
     pub(crate) fn peer(&self) -> &PeerInfo {
         self.conn.peer()
     }

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp};
 use ferroccl_transport::{
-    Connection, ErrorKind, Header, Link, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Connection, Doorbell, ErrorKind, Header, Link, Payload, PayloadMut, PeerInfo, PollFd, Progress,
     Properties, Result, Spaces, WaitKind, HEADER_LEN,
 };
 
 use super::step::{self, OpContext, OpState, RawOp, StepEnv};
-use super::wait::{SpinPolicy, Waiter, Waiting};
+use super::wait::{SpinPolicy, SysWaiter, WaitBuffers, Waiter, Waiting};
 use super::{Conn, WaitPolicy};
 use crate::reduce::HostReducer;
 use crate::wire::{kind, op};
@@ -525,4 +525,81 @@ fn a_wait_answered_while_spinning_keeps_spinning() {
     // A wait that outlasted spinning and yielding (a slow peer, not a shared core) says nothing.
     let w = wait_for_a_message(Duration::from_millis(5), SpinPolicy::default());
     assert!(w.sleeps > 0 && !w.policy.shared(), "{:?}", w.policy);
+}
+
+/// A doorbell that counts the sleeps asked of it and returns at once.
+#[derive(Debug, Default)]
+struct CountingBell(std::sync::atomic::AtomicUsize);
+
+impl Doorbell for CountingBell {
+    fn seq(&self) -> u32 {
+        0
+    }
+    fn wait(&self, _seen: u32, _timeout: Duration) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn identity(&self) -> usize {
+        self as *const CountingBell as usize
+    }
+}
+
+/// A doorbell connection whose copies may be in flight: their end rings nothing.
+#[derive(Debug)]
+struct CopyingConn {
+    c: MemConn,
+    in_flight: bool,
+}
+
+impl Connection for CopyingConn {
+    fn peer(&self) -> &PeerInfo {
+        self.c.peer()
+    }
+    fn send(&mut self, h: &Header, payload: Payload<'_>, p: &mut Progress) -> Result<bool> {
+        self.c.send(h, payload, p)
+    }
+    fn recv(&mut self, h: &mut Header, payload: PayloadMut<'_>, p: &mut Progress) -> Result<bool> {
+        self.c.recv(h, payload, p)
+    }
+    fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
+    fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+    fn shutdown(&mut self) {}
+}
+
+#[test]
+fn a_wait_on_a_copy_in_flight_polls_instead_of_sleeping_on_the_doorbell() {
+    // A GPU copy's end rings no doorbell: a sleep there lasted its whole limit (100 ms a step
+    // on a GPU). With nothing in flight the waiter sleeps on the doorbell as before.
+    for in_flight in [false, true] {
+        let (a, _b) = mem_pair(0, 1, 64);
+        let props = Properties {
+            wait: WaitKind::Doorbell,
+            ..conn(mem_pair(0, 1, 1).0).props
+        };
+        let conns = vec![
+            None,
+            Some(Conn::new(Box::new(CopyingConn { c: a, in_flight }), props)),
+        ];
+        let mut buf = [0u8; 8];
+        let ops = [RawOp::Recv {
+            peer: 1,
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            header: ctx(0, 1).header(buf.len()),
+        }];
+        let st = [OpState::default()];
+        let bell = CountingBell::default();
+        let mut bufs = WaitBuffers::default();
+        let mut w = SysWaiter::new(Some(&bell), &mut bufs);
+        w.arm();
+        let waiting = Waiting {
+            conns: &conns,
+            ops: &ops,
+            st: &st,
+        };
+        w.sleep(&waiting, Duration::from_secs(5));
+        let sleeps = bell.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(sleeps, usize::from(!in_flight), "in flight: {in_flight}");
+    }
 }

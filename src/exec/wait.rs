@@ -148,9 +148,17 @@ impl Waiter for SysWaiter<'_> {
         let fds = &mut self.bufs.fds;
         fds.clear();
         let mut on_bell = false;
+        let mut polling = false;
         for (c, sending) in waiting.each() {
             on_bell |= c.uses_doorbell();
+            polling |= c.in_flight();
             c.poll_fds(sending, !sending, fds);
+        }
+        if polling {
+            // A copy on a GPU stream rings no doorbell when it ends: a sleep would last until
+            // the limit (up to MAX_SLEEP: 100 ms per step), so give the core away and poll.
+            std::thread::yield_now();
+            return;
         }
         match (on_bell, self.bell, self.seen) {
             (true, Some(b), Some(seen)) if fds.is_empty() => b.wait(seen, limit),

@@ -134,9 +134,30 @@ thread_local! {
     static SCOPE: std::cell::Cell<Option<Option<usize>>> = const { std::cell::Cell::new(None) };
 }
 
+/// What a [`restoring_context`] scope leaves current, given the context current before it.
+#[derive(Debug, PartialEq, Eq)]
+enum Leave {
+    /// The caller's own context, made current again.
+    Saved(usize),
+    /// The caller had none: device 0's primary context, which the CUDA runtime's lazy
+    /// initialisation in NCCL's calls (`cudaFree(NULL)`, `cudaMalloc`) leaves current on such
+    /// a thread; a program that goes on with driver calls (`cuStreamCreate` after
+    /// `ncclMemAlloc`) needs one.
+    Primary0,
+}
+
+fn leave(saved: usize) -> Leave {
+    if saved == 0 {
+        Leave::Primary0
+    } else {
+        Leave::Saved(saved)
+    }
+}
+
 /// Runs `f`, then makes current again the context that was current on this thread before `f`
 /// changed it, if it did (NCCL's calls leave the caller's current device as they found it; a
-/// program's next `cudaMalloc` or launch must not land on the communicator's GPU). Costs two
+/// program's next `cudaMalloc` or launch must not land on the communicator's GPU); a thread
+/// that had none is left with device 0's primary context, as NCCL leaves it. Costs two
 /// thread-local accesses when nothing changes the context; nested scopes restore at the
 /// outermost.
 pub fn restoring_context<R>(f: impl FnOnce() -> R) -> R {
@@ -149,9 +170,19 @@ pub fn restoring_context<R>(f: impl FnOnce() -> R) -> R {
         fn drop(&mut self) {
             if let Some(Some(ctx)) = SCOPE.replace(None) {
                 if let Some(Ok(d)) = DRIVER.get() {
-                    // SAFETY: `ctx` was current on this thread before the scope (a context the
-                    // program or this crate holds), or null, which unbinds.
-                    let _ = unsafe { d.set_current_raw(ctx as Handle) };
+                    match leave(ctx) {
+                        Leave::Saved(ctx) => {
+                            // SAFETY: `ctx` was current on this thread before the scope (a
+                            // context the program or this crate holds).
+                            let _ = unsafe { d.set_current_raw(ctx as Handle) };
+                        }
+                        // Outside the scope now, so this switch is not noted.
+                        Leave::Primary0 => {
+                            if let Ok(dev) = d.device(0) {
+                                let _ = d.bind_primary_context(dev);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -772,5 +803,11 @@ mod tests {
         let r = std::panic::catch_unwind(|| restoring_context(|| panic!("inside a scope")));
         assert!(r.is_err());
         assert_eq!(SCOPE.get(), None, "a panic ends the scope too");
+    }
+
+    #[test]
+    fn a_scope_never_leaves_a_thread_without_a_context() {
+        assert_eq!(leave(0), Leave::Primary0);
+        assert_eq!(leave(0x7f00_1000), Leave::Saved(0x7f00_1000));
     }
 }

@@ -347,6 +347,13 @@ pub trait Connection: Send + fmt::Debug {
         None
     }
 
+    /// Whether work this connection started will finish without ringing a doorbell or making a
+    /// descriptor ready (a copy queued on a GPU stream, which only polling sees done): a waiting
+    /// executor then keeps polling instead of sleeping until woken. `false` by default.
+    fn in_flight(&self) -> bool {
+        false
+    }
+
     /// The connection's lane for tiny messages, where it has one (see [`lane`]). `None` (the
     /// default): every message travels through `send` and `recv`.
     fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
@@ -406,6 +413,9 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
     }
     fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
         (**self).doorbell()
+    }
+    fn in_flight(&self) -> bool {
+        (**self).in_flight()
     }
     fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
         (**self).small_lane()

@@ -355,6 +355,10 @@ impl Connection for P2pConnection {
 
     fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
 
+    fn in_flight(&self) -> bool {
+        self.p.tx_copier.in_flight() || self.p.rx_copier.in_flight()
+    }
+
     fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
         Some(Arc::clone(&self.p.my_bell) as Arc<dyn Doorbell>)
     }

@@ -388,6 +388,11 @@ impl DevCopier {
         }))
     }
 
+    /// Whether a queued copy has not yet been seen done.
+    pub fn in_flight(&self) -> bool {
+        self.busy.contains(&true)
+    }
+
     /// Whether the copy last queued for `slot` is done.
     pub fn done(&mut self, slot: usize) -> Result<bool> {
         if !self.busy[slot] {

@@ -264,6 +264,15 @@ impl Copier {
         }
     }
 
+    /// Whether a copy was started that [`Copier::done`] has not yet seen finish (the host
+    /// provider copies at once).
+    pub fn in_flight(&self) -> bool {
+        match self {
+            Copier::Host { .. } => false,
+            Copier::Cuda { c, .. } => c.in_flight(),
+        }
+    }
+
     /// Whether the copy last started on `slot` is done.
     pub fn done(&mut self, slot: usize) -> Result<bool> {
         match self {

@@ -72,8 +72,8 @@ pub struct P2pConfig {
     pub provider: ProviderKind,
     /// `FERRO_P2P_SLOTS`: slots per ring, 1..=64 (default 8, as NCCL's steps).
     pub nslots: usize,
-    /// `FERRO_P2P_SLOT_BYTES`: bytes per slot, 4 KiB..=64 MiB (default 512 KiB: a 4 MiB ring,
-    /// NCCL's default buffer).
+    /// `FERRO_P2P_SLOT_BYTES`: bytes per slot, 4 KiB..=64 MiB (default: the provider's,
+    /// [`ProviderKind::default_slot_bytes`]: 4 MiB for cuda, 512 KiB for host).
     pub slot_bytes: usize,
     /// `FERRO_P2P_DEVICE`: the CUDA device of the rank's slots; default: its local rank modulo
     /// the devices the process sees.
@@ -88,7 +88,7 @@ impl Default for P2pConfig {
         P2pConfig {
             provider: ProviderKind::Cuda,
             nslots: 8,
-            slot_bytes: 512 << 10,
+            slot_bytes: ProviderKind::Cuda.default_slot_bytes(),
             device: None,
             dir: PathBuf::from("/dev/shm"),
         }
@@ -120,6 +120,7 @@ impl P2pConfig {
     pub fn host() -> P2pConfig {
         P2pConfig {
             provider: ProviderKind::Host,
+            slot_bytes: ProviderKind::Host.default_slot_bytes(),
             ..P2pConfig::default()
         }
     }
@@ -151,7 +152,12 @@ impl P2pConfig {
         Ok(P2pConfig {
             provider,
             nslots: env_num("FERRO_P2P_SLOTS", 1, 64, d.nslots)?,
-            slot_bytes: env_num("FERRO_P2P_SLOT_BYTES", 4096, 64 << 20, d.slot_bytes)?,
+            slot_bytes: env_num(
+                "FERRO_P2P_SLOT_BYTES",
+                4096,
+                64 << 20,
+                provider.default_slot_bytes(),
+            )?,
             device,
             dir: std::env::var_os("FERRO_SHM_DIR")
                 .map(PathBuf::from)

@@ -93,7 +93,9 @@ if [ -x "$bundle/bin/ferroccl-device-check" ]; then
         2) echo "-- device buffers: no usable GPU (see above)"; failed=1 ;;
         *) echo "-- device buffers: FAIL (exit $rc)"; failed=1 ;;
     esac
-    # 2b: the stream-ordered calls in stream order (the CUDA default blocks). One rank runs
+    # 2b: the stream-ordered calls in stream order for every size (FERRO_STREAM_WAITS=1; by
+    # default calls staging more than 256 MiB block, and ferroccl-device-check's are smaller,
+    # so 2a runs them in stream order too). One rank runs
     # them in stream order; 2 ranks as threads share the GPU, so their calls block (several
     # communicators of a process on one GPU never queue flag waits: see 2c).
     echo "-- 2b: stream-ordered (FERRO_STREAM_WAITS=1), 1 and 2 ranks"
@@ -138,10 +140,10 @@ echo
 echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused"
 if [ -x "$bundle/bin/streams" ]; then
     rc=0
-    # 4a: the default on CUDA: a call with a stream waits for the stream, runs, then returns;
+    # 4a: the blocking form: a call with a stream waits for the stream, runs, then returns;
     # the program reads its results with a synchronous cuMemcpyDtoH.
-    echo "-- 4a: blocking (the CUDA default)"
-    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 \
+    echo "-- 4a: blocking (FERRO_STREAM_WAITS=0)"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_STREAM_WAITS=0 \
         part=4a step "$bundle/bin/streams" 2 || rc=1
     # 4b: FERRO_STREAM_WAITS=1: calls return at once and complete in stream order
     # (cuStreamWaitValue32 on a host-mapped flag); the program synchronizes its stream before
@@ -149,11 +151,12 @@ if [ -x "$bundle/bin/streams" ]; then
     echo "-- 4b: stream-ordered (FERRO_STREAM_WAITS=1), cuStreamSynchronize before each read"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
         FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 part=4b step "$bundle/bin/streams" 2 || rc=1
-    # 4c: stream-ordered, results read with a synchronous cuMemcpyDtoH right after the call
-    # (legacy stream): the job must make no driver call while that copy waits for it.
-    echo "-- 4c: stream-ordered (FERRO_STREAM_WAITS=1), cuMemcpyDtoH right after each call"
+    # 4c: stream-ordered (the default for calls of this size), results read with a
+    # synchronous cuMemcpyDtoH right after the call (legacy stream): the job must make no
+    # driver call while that copy waits for it.
+    echo "-- 4c: stream-ordered (the default), cuMemcpyDtoH right after each call"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
-        FERRO_STREAM_WAITS=1 deadline=60 part=4c step "$bundle/bin/streams" 2 || rc=1
+        deadline=60 part=4c step "$bundle/bin/streams" 2 || rc=1
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL"; failed=1; fi
 else
     echo "-- C ABI streams: FAIL (bin/streams missing from the bundle)"
@@ -232,7 +235,7 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
             "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 4 -n 10 -w 3 -B 1 || rc=1
     done
     if [ -x "$bundle/bin/streams" ]; then
-        echo "-- 8e. the C ABI over p2p, blocking (the CUDA default): tests/c/streams.c, 2 processes"
+        echo "-- 8e. the C ABI over p2p (communicators with p2p connections block): tests/c/streams.c, 2 processes"
         FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
             part=8e step "$bundle/bin/streams" 2 || rc=1
     fi
@@ -246,6 +249,14 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
             rc=1
         fi
     done
+    # 8f, a diagnostic that does not fail the check: where the direct path's time goes. A
+    # direct call is cut into slices of FERRO_DEVICE_SLICE_BYTES (4 MiB), one collective each,
+    # and each costs about what an 8 B call does; 64 MiB slices show how much of the large
+    # calls' time that is.
+    echo "-- 8f (diagnostic): threads, direct, FERRO_DEVICE_SLICE_BYTES=64M"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_SLICE_BYTES=64M \
+        part=8f step "$bundle/bin/all_reduce_perf" -b 1M -e 256M -f 4 -t 2 -n 10 -w 3 -B 1 ||
+        echo "-- 8f: FAIL (diagnostic only)"
     if [ "$rc" -eq 0 ]; then echo "-- device-direct collectives: PASS"; else echo "-- device-direct collectives: FAIL"; failed=1; fi
 else
     echo "-- device-direct collectives: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"
@@ -256,7 +267,7 @@ fi
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
 echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait)"
-echo "   - the C ABI's stream-ordered send/recv straight to the p2p transport (FERRO_STREAM_WAITS=1 stages them; the blocking default goes straight)"
+echo "   - the stream-ordered form on communicators with p2p connections (their calls block: the transport makes driver calls, which a stream job must not)"
 
 if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"

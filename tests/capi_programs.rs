@@ -45,7 +45,7 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
         run_c(&exe, &[n], &host);
     }
     run_c(&exe, &["3", "all"], &host);
-    // The blocking form (the CUDA default) over shared memory: host copies of device sends
+    // The blocking form (FERRO_STREAM_WAITS=0) over shared memory: host copies of device sends
     // and receives in one group.
     run_c(
         &exe,

@@ -22,8 +22,8 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
-use crate::device::stream_queue::{landing, record_gates, Work};
-use crate::device::stream_stage::{Span, Staged};
+use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
+use crate::device::stream_stage::{arena_bytes, Span, Staged};
 use crate::device::Device;
 use crate::{Error, Result};
 
@@ -290,13 +290,14 @@ fn stream_of(op: &Op) -> Option<OnStream> {
 /// Stages the device ranges of `ops` (every one made with a stream) in the arenas of their
 /// streams, queues the copies in, and rewrites the operations to run on the host copies
 /// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
-/// flag waits are.
+/// flag waits are; `None`, with nothing queued or changed, where the calls are too large to
+/// complete in stream order ([`orders_call`]).
 fn stage_ops(
     shared: &Shared,
     device: Device,
     ops: &mut [Op],
     checked: bool,
-) -> Result<Vec<(usize, Staged)>> {
+) -> Result<Option<Vec<(usize, Staged)>>> {
     let comm = shared.wait_ready()?;
     let (rank, nranks) = (comm.rank(), comm.nranks());
     // Operations issued while the communicator was still initializing (ncclCommInitRank
@@ -381,6 +382,9 @@ fn stage_ops(
             None => by_stream.push((on.stream, spans)),
         }
     }
+    if !orders_call(device, by_stream.iter().map(|(_, s)| arena_bytes(s)).sum()) {
+        return Ok(None);
+    }
     let mut staged = Vec::with_capacity(by_stream.len());
     for (stream, spans) in by_stream {
         // SAFETY: every range was checked as live memory of `device` when its call was made
@@ -430,7 +434,7 @@ fn stage_ops(
             Op::Split { .. } => {}
         }
     }
-    Ok(staged)
+    Ok(Some(staged))
 }
 
 /// A batch of one communicator that will run as one stream job.
@@ -471,7 +475,9 @@ fn stream_job(
     }
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.
-    let staged = stage_ops(shared, first.device, &mut ops, checked)?;
+    let Some(staged) = stage_ops(shared, first.device, &mut ops, checked)? else {
+        return Ok(Err(ops));
+    };
     let gates = record_gates(first.device, &streams)?;
     // The calls by their NCCL names, for the job's error (its operations now look like host
     // calls, which name ferroccl's operation only).

@@ -10,8 +10,9 @@
 //! it makes no driver call. It then waits, the same way, until the stream has run the copies
 //! back, and only then lets the buffers go (host access and `Drop` wait for that).
 //!
-//! With the CUDA provider the calls block unless `FERRO_STREAM_WAITS=1` (docs/CUDA.md, "On a
-//! GPU"); the host stand-in runs them in stream order.
+//! With the CUDA provider a call that would stage more than
+//! [`ORDER_MAX_BYTES`](crate::device::stream_queue::ORDER_MAX_BYTES) blocks instead, unless
+//! `FERRO_STREAM_WAITS=1`; `FERRO_STREAM_WAITS=0` makes every call block (docs/CUDA.md).
 //!
 //! | case | what happens |
 //! |---|---|
@@ -26,8 +27,8 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
-use crate::device::stream_queue::{landing, record_gates};
-use crate::device::stream_stage::Span;
+use crate::device::stream_queue::{landing, orders_call, record_gates};
+use crate::device::stream_stage::{arena_bytes, Span};
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
@@ -98,6 +99,10 @@ impl Communicator {
                 read: true,
                 written: false,
             });
+        }
+        if !orders_call(dev, arena_bytes(&spans)) {
+            stream.synchronize()?;
+            return self.run_device(kind, send, recv, count, op);
         }
         // SAFETY: both buffers are live device memory of `dev` (checked above), held below
         // until the stream has run the copies back; `handle` is a stream of `dev`.
@@ -287,8 +292,8 @@ impl Group<'_> {
     /// of the communicator's device, and no receive buffer may overlap another buffer of the
     /// group. The buffers are staged through the stream's pinned arena, as the other
     /// stream-ordered calls are (see the module docs); on a device whose streams cannot wait,
-    /// and on CUDA unless `FERRO_STREAM_WAITS=1`, the call synchronizes the stream and runs the
-    /// group before it returns.
+    /// with `FERRO_STREAM_WAITS=0`, and on CUDA for a group too large for the arena (see the
+    /// module docs), the call synchronizes the stream and runs the group before it returns.
     ///
     /// ```
     /// use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
@@ -384,6 +389,11 @@ impl Group<'_> {
         // The job's operations, on the arena's copies: (send?, host address, bytes, dtype,
         // peer).
         let handle = stream.handle();
+        if !orders_call(dev, arena_bytes(&spans)) {
+            drop(holds);
+            stream.synchronize()?;
+            return self.run();
+        }
         // SAFETY: every span is live device memory of `dev` (checked above), held below until
         // the stream has run the copies back; `handle` is a stream of `dev`.
         let st = unsafe { comm.streams.stage(dev, handle, &spans) }?;

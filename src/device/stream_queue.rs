@@ -90,14 +90,44 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Whether calls on `device`'s streams complete asynchronously (see [`stream_waits`]); where
-/// they were asked to but cannot, says once per process that stream calls block.
+/// Unless `FERRO_STREAM_WAITS=1` says otherwise, a CUDA call with a stream that would stage
+/// more than this many bytes through its stream's pinned arena blocks instead: the arena is
+/// page-locked host memory as large as the largest such call, kept until the communicator
+/// goes, and it copies the call whole where the blocking form pipelines slices.
+pub(crate) const ORDER_MAX_BYTES: usize = 256 << 20;
+
+/// Whether a call that stages `bytes` through a stream's arena completes in stream order,
+/// given `FERRO_STREAM_WAITS` (`waits`) and the device's provider: `0` never, `1` always,
+/// unset up to [`ORDER_MAX_BYTES`] on CUDA and always on the host stand-in.
+fn orders(waits: Option<bool>, provider: crate::device::Provider, bytes: usize) -> bool {
+    match waits {
+        Some(w) => w,
+        None => provider != crate::device::Provider::Cuda || bytes <= ORDER_MAX_BYTES,
+    }
+}
+
+/// Whether a call on `device` that stages `bytes` through its stream's arena completes in
+/// stream order ([`orders`]); says once per process when a call blocks for its size.
+pub(crate) fn orders_call(device: Device, bytes: usize) -> bool {
+    let yes = orders(stream_waits(), device.provider(), bytes);
+    if !yes && stream_waits().is_none() {
+        static SAID: Once = Once::new();
+        SAID.call_once(|| {
+            ferroccl_transport::log_line!(
+                "ferroccl INFO COLL: a call with a stream that stages {bytes} bytes blocks until \
+                 done: calls staging more than {ORDER_MAX_BYTES} bytes through the stream's \
+                 pinned arena block (FERRO_STREAM_WAITS=1: every call in stream order)"
+            )
+        });
+    }
+    yes
+}
+
+/// Whether calls on `device`'s streams may complete asynchronously (see [`stream_waits`]);
+/// where they were asked to but cannot, says once per process that stream calls block.
 pub(crate) fn async_supported(device: Device) -> bool {
-    match stream_waits() {
-        Some(false) => return false,
-        // The default: the host stand-in completes asynchronously; CUDA blocks (below).
-        None if device.provider() == crate::device::Provider::Cuda => return false,
-        _ => {}
+    if stream_waits() == Some(false) {
+        return false;
     }
     if device.stream_waits_supported() {
         return true;
@@ -384,11 +414,11 @@ pub(crate) fn landing<K: Send + 'static>(keep: K) -> (Sender<Vec<Gate>>, After) 
 
 /// `FERRO_STREAM_WAITS`: `1` makes calls with a stream return at once and complete in stream
 /// order (the caller's stream waits on a host-mapped flag), `0` makes them block until their
-/// collective is done; unset, CUDA devices block and the host stand-in completes in stream
-/// order. On an H100 (driver 580) the stream-ordered form deadlocked when the program's
-/// thread made a synchronous legacy-stream copy (`cudaMemcpy`) right after the call: the
-/// job's own driver calls on the queue thread blocked until that copy returned, and the copy
-/// waited for the job (docs/CUDA.md, "On a GPU"). Read once per
+/// collective is done; unset, calls complete in stream order, except CUDA calls that stage
+/// more than [`ORDER_MAX_BYTES`] ([`orders`]). An earlier design deadlocked on an H100 when the
+/// program's thread made a synchronous legacy-stream copy (`cudaMemcpy`) right after the
+/// call (its job made driver calls); the job now makes none, and the stream-ordered form
+/// passed there, with such a copy after every call (docs/CUDA.md, "On a GPU"). Read once per
 /// process.
 fn stream_waits() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
@@ -484,6 +514,18 @@ mod tests {
 
     fn stream(n: usize) -> *mut std::ffi::c_void {
         std::ptr::without_provenance_mut(n)
+    }
+
+    #[test]
+    fn calls_complete_in_stream_order_unless_told_or_too_large_on_cuda() {
+        let big = ORDER_MAX_BYTES + 1;
+        for p in [Provider::Cuda, Provider::Host] {
+            assert!(orders(None, p, ORDER_MAX_BYTES), "{p:?}: the default");
+            assert!(orders(Some(true), p, big), "{p:?}: FERRO_STREAM_WAITS=1 has no limit");
+            assert!(!orders(Some(false), p, 8), "{p:?}: FERRO_STREAM_WAITS=0 blocks");
+        }
+        assert!(!orders(None, Provider::Cuda, big), "a call too large for the arena blocks");
+        assert!(orders(None, Provider::Host, big), "the stand-in pins nothing");
     }
 
     #[test]

@@ -72,6 +72,34 @@ impl Staged {
 }
 
 /// The arenas of one communicator's stream jobs, by stream.
+/// `spans` sorted, empty ones dropped, overlapping ones joined (touching ones are not: they
+/// may be two allocations, which one driver copy cannot span).
+fn merge(spans: &[Span]) -> Vec<Span> {
+    let mut sorted: Vec<Span> = spans.iter().copied().filter(|s| s.len > 0).collect();
+    sorted.sort_by_key(|s| s.addr);
+    let mut merged: Vec<Span> = Vec::new();
+    for s in sorted {
+        match merged.last_mut() {
+            Some(m) if s.addr < m.addr + m.len as u64 => {
+                let end = (m.addr + m.len as u64).max(s.addr + s.len as u64);
+                m.len = (end - m.addr) as usize;
+                m.read |= s.read;
+                m.written |= s.written;
+            }
+            _ => merged.push(s),
+        }
+    }
+    merged
+}
+
+/// Bytes of a stream's arena that staging `spans` takes (what [`Arenas::stage`] needs).
+pub(crate) fn arena_bytes(spans: &[Span]) -> usize {
+    merge(spans)
+        .iter()
+        .map(|s| s.len.next_multiple_of(ALIGN))
+        .sum()
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Arenas {
     by_stream: Vec<(usize, Pinned)>,
@@ -94,20 +122,7 @@ impl Arenas {
         stream: usize,
         spans: &[Span],
     ) -> Result<Staged> {
-        let mut sorted: Vec<Span> = spans.iter().copied().filter(|s| s.len > 0).collect();
-        sorted.sort_by_key(|s| s.addr);
-        let mut merged: Vec<Span> = Vec::new();
-        for s in sorted {
-            match merged.last_mut() {
-                Some(m) if s.addr < m.addr + m.len as u64 => {
-                    let end = (m.addr + m.len as u64).max(s.addr + s.len as u64);
-                    m.len = (end - m.addr) as usize;
-                    m.read |= s.read;
-                    m.written |= s.written;
-                }
-                _ => merged.push(s),
-            }
-        }
+        let merged = merge(spans);
         let need: usize = merged.iter().map(|s| s.len.next_multiple_of(ALIGN)).sum();
         let base = self.arena(device, stream, need)?;
         let mut out = Staged {

@@ -521,11 +521,23 @@ mod tests {
         let big = ORDER_MAX_BYTES + 1;
         for p in [Provider::Cuda, Provider::Host] {
             assert!(orders(None, p, ORDER_MAX_BYTES), "{p:?}: the default");
-            assert!(orders(Some(true), p, big), "{p:?}: FERRO_STREAM_WAITS=1 has no limit");
-            assert!(!orders(Some(false), p, 8), "{p:?}: FERRO_STREAM_WAITS=0 blocks");
+            assert!(
+                orders(Some(true), p, big),
+                "{p:?}: FERRO_STREAM_WAITS=1 has no limit"
+            );
+            assert!(
+                !orders(Some(false), p, 8),
+                "{p:?}: FERRO_STREAM_WAITS=0 blocks"
+            );
         }
-        assert!(!orders(None, Provider::Cuda, big), "a call too large for the arena blocks");
-        assert!(orders(None, Provider::Host, big), "the stand-in pins nothing");
+        assert!(
+            !orders(None, Provider::Cuda, big),
+            "a call too large for the arena blocks"
+        );
+        assert!(
+            orders(None, Provider::Host, big),
+            "the stand-in pins nothing"
+        );
     }
 
     #[test]

@@ -64,6 +64,13 @@ export FERROCCL_KERNEL_CACHE=$bundle/kernel-cache
 export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 failed=0
+# The device for the steps after the first (step 1 takes every option itself).
+device_args=()
+prev=
+for a in "$@"; do
+    [ "$prev" = "--device" ] && device_args=(--device "$a")
+    prev=$a
+done
 if want 1; then
 echo
 echo "== 1. reduction kernels vs the CPU reference (every dtype x op, awkward counts and offsets), bandwidth vs device copy"
@@ -74,12 +81,6 @@ case $rc in
     2) echo "-- kernels: no usable GPU (see above)"; exit 2 ;;
     *) echo "-- kernels: FAIL (exit $rc)"; failed=1 ;;
 esac
-
-device_args=()
-while [ $# -gt 0 ]; do
-    if [ "$1" = "--device" ] && [ $# -gt 1 ]; then device_args=(--device "$2"); shift; fi
-    shift
-done
 fi
 
 if want 2; then

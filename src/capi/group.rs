@@ -195,12 +195,29 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     let mut in_progress = false;
     let mut blocking = Vec::new();
     let mut stream_jobs = Vec::new();
-    for (shared, ops) in batches {
+    // Which batches of blocking communicators can run as stream jobs. If one with streams
+    // cannot (too large, p2p connections), none does: a blocking batch waits for its streams,
+    // and a job queued there by this group may need a peer that blocks in turn on a job of its
+    // own (the choice depends on sizes, so it can differ from rank to rank).
+    let mut plans = Vec::with_capacity(batches.len());
+    for (shared, ops) in &batches {
+        let plan = if shared.blocking {
+            let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
+            plan_job(shared, ops, checked)?
+        } else {
+            Plan::Host
+        };
+        plans.push(plan);
+    }
+    all_or_none(&mut plans);
+    for ((shared, ops), plan) in batches.into_iter().zip(plans) {
         if shared.blocking {
-            let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, &shared));
-            match stream_job(&shared, ops, checked)? {
-                Ok(job) => stream_jobs.push((shared, job)),
-                Err(ops) => blocking.push((shared, ops)),
+            match plan {
+                Plan::Job(spans) => {
+                    let job = stream_job(&shared, ops, spans)?;
+                    stream_jobs.push((shared, job));
+                }
+                Plan::Host | Plan::Block => blocking.push((shared, ops)),
             }
             continue;
         }
@@ -287,17 +304,64 @@ fn stream_of(op: &Op) -> Option<OnStream> {
     }
 }
 
-/// Stages the device ranges of `ops` (every one made with a stream) in the arenas of their
-/// streams, queues the copies in, and rewrites the operations to run on the host copies
-/// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
-/// flag waits are; `None`, with nothing queued or changed, where the calls are too large to
-/// complete in stream order ([`orders_call`]).
-fn stage_ops(
+/// How a batch runs.
+enum Plan {
+    /// Not a blocking communicator's, or no operation with a stream: as before.
+    Host,
+    /// With streams, blocking: the streams are synchronized first.
+    Block,
+    /// As one stream job: per stream, the device ranges to stage.
+    Job(Vec<(usize, Vec<Span>)>),
+}
+
+/// If one batch with streams blocks, every one does (see [`run`]).
+fn all_or_none(plans: &mut [Plan]) {
+    if plans.iter().any(|p| matches!(p, Plan::Block)) {
+        for p in plans {
+            if matches!(p, Plan::Job(_)) {
+                *p = Plan::Block;
+            }
+        }
+    }
+}
+
+/// Whether the batch `ops` of blocking communicator `shared` can run as one stream job: every
+/// operation has a stream, the device can wait on a flag, and the ranges fit the arenas
+/// ([`orders_call`]); with the ranges to stage per stream. `checked`: the operations'
+/// arguments were checked when they were issued.
+fn plan_job(shared: &Shared, ops: &[Op], checked: bool) -> Result<Plan> {
+    let Some(first) = ops.iter().find_map(stream_of) else {
+        return Ok(Plan::Host);
+    };
+    let comm = shared.wait_ready()?;
+    if comm.device() != Some(first.device) {
+        comm.set_device(first.device)?;
+    }
+    let mut streams: Vec<usize> = Vec::new();
+    for on in ops.iter().filter_map(stream_of) {
+        if !streams.contains(&on.stream) {
+            streams.push(on.stream);
+        }
+    }
+    if !ops.iter().all(|op| stream_of(op).is_some())
+        || !comm.stream_jobs_supported(first.device, &streams)
+    {
+        return Ok(Plan::Block);
+    }
+    let by_stream = stream_spans(shared, first.device, ops, checked)?;
+    if !orders_call(first.device, by_stream.iter().map(|(_, s)| arena_bytes(s)).sum()) {
+        return Ok(Plan::Block);
+    }
+    Ok(Plan::Job(by_stream))
+}
+
+/// The device ranges of `ops` (every one made with a stream), per stream.
+fn stream_spans(
     shared: &Shared,
     device: Device,
-    ops: &mut [Op],
+    ops: &[Op],
     checked: bool,
-) -> Result<Option<Vec<(usize, Staged)>>> {
+) -> Result<Vec<(usize, Vec<Span>)>> {
     let comm = shared.wait_ready()?;
     let (rank, nranks) = (comm.rank(), comm.nranks());
     // Operations issued while the communicator was still initializing (ncclCommInitRank
@@ -382,9 +446,19 @@ fn stage_ops(
             None => by_stream.push((on.stream, spans)),
         }
     }
-    if !orders_call(device, by_stream.iter().map(|(_, s)| arena_bytes(s)).sum()) {
-        return Ok(None);
-    }
+    Ok(by_stream)
+}
+
+/// Stages `by_stream`, the device ranges of `ops` ([`stream_spans`]), in the arenas of their
+/// streams, queues the copies in, and rewrites the operations to run on the host copies
+/// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
+/// flag waits are.
+fn stage_ops(
+    shared: &Shared,
+    device: Device,
+    ops: &mut [Op],
+    by_stream: Vec<(usize, Vec<Span>)>,
+) -> Result<Vec<(usize, Staged)>> {
     let mut staged = Vec::with_capacity(by_stream.len());
     for (stream, spans) in by_stream {
         // SAFETY: every range was checked as live memory of `device` when its call was made
@@ -434,7 +508,7 @@ fn stage_ops(
             Op::Split { .. } => {}
         }
     }
-    Ok(Some(staged))
+    Ok(staged)
 }
 
 /// A batch of one communicator that will run as one stream job.
@@ -447,38 +521,23 @@ struct StreamJob {
     staged: Vec<(usize, Staged)>,
 }
 
-/// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, when
-/// every operation has a stream and the device can wait on a flag; else the batch back, to
-/// run now. `checked`: the operations' arguments were checked when they were issued.
+/// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, with
+/// `by_stream` the ranges [`plan_job`] found to stage.
 fn stream_job(
     shared: &Arc<Shared>,
     mut ops: Vec<Op>,
-    checked: bool,
-) -> Result<std::result::Result<StreamJob, Vec<Op>>> {
-    let Some(first) = ops.first().and_then(stream_of) else {
-        return Ok(Err(ops));
-    };
-    let comm = shared.wait_ready()?;
-    if comm.device() != Some(first.device) {
-        comm.set_device(first.device)?;
-    }
-    let mut streams: Vec<usize> = Vec::new();
-    for on in ops.iter().filter_map(stream_of) {
-        if !streams.contains(&on.stream) {
-            streams.push(on.stream);
-        }
-    }
-    if !ops.iter().all(|op| stream_of(op).is_some())
-        || !comm.stream_jobs_supported(first.device, &streams)
-    {
-        return Ok(Err(ops));
-    }
+    by_stream: Vec<(usize, Vec<Span>)>,
+) -> Result<StreamJob> {
+    let device = ops
+        .first()
+        .and_then(stream_of)
+        .map(|o| o.device)
+        .ok_or_else(|| Error::internal("a stream job without a stream"))?;
+    let streams: Vec<usize> = by_stream.iter().map(|(s, _)| *s).collect();
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.
-    let Some(staged) = stage_ops(shared, first.device, &mut ops, checked)? else {
-        return Ok(Err(ops));
-    };
-    let gates = record_gates(first.device, &streams)?;
+    let staged = stage_ops(shared, device, &mut ops, by_stream)?;
+    let gates = record_gates(device, &streams)?;
     // The calls by their NCCL names, for the job's error (its operations now look like host
     // calls, which name ferroccl's operation only).
     let mut names: Vec<&str> = Vec::new();
@@ -505,11 +564,36 @@ fn stream_job(
             ))
         })
     });
-    Ok(Ok(StreamJob {
-        device: first.device,
+    Ok(StreamJob {
+        device,
         streams,
         gates,
         work,
         staged,
-    }))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_blocking_batch_with_streams_makes_every_stream_batch_block() {
+        let kinds = |plans: &[Plan]| -> Vec<&str> {
+            plans
+                .iter()
+                .map(|p| match p {
+                    Plan::Host => "host",
+                    Plan::Block => "block",
+                    Plan::Job(_) => "job",
+                })
+                .collect()
+        };
+        let mut plans = vec![Plan::Job(Vec::new()), Plan::Host, Plan::Job(Vec::new())];
+        all_or_none(&mut plans);
+        assert_eq!(kinds(&plans), ["job", "host", "job"], "nothing blocks: jobs stay");
+        plans.push(Plan::Block);
+        all_or_none(&mut plans);
+        assert_eq!(kinds(&plans), ["block", "host", "block", "block"]);
+    }
 }

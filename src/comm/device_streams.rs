@@ -386,14 +386,14 @@ impl Group<'_> {
             stream.synchronize()?;
             return self.run();
         }
-        // The job's operations, on the arena's copies: (send?, host address, bytes, dtype,
-        // peer).
         let handle = stream.handle();
         if !orders_call(dev, arena_bytes(&spans)) {
             drop(holds);
             stream.synchronize()?;
             return self.run();
         }
+        // The job's operations, on the arena's copies: (send?, host address, bytes, dtype,
+        // peer).
         // SAFETY: every span is live device memory of `dev` (checked above), held below until
         // the stream has run the copies back; `handle` is a stream of `dev`.
         let st = unsafe { comm.streams.stage(dev, handle, &spans) }?;

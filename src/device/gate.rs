@@ -4,8 +4,7 @@
 //! ([`Device::wait_flag`]) until the host stores a value at least as large.
 //!
 //! With the `cuda` provider these are `cuStreamWriteValue32` and `cuStreamWaitValue32` on
-//! `cuMemHostAlloc(DEVICEMAP)` memory (the wait ran on an H100; the write, which replaced an
-//! event after that run, is built, not yet run on a GPU); with the host stand-in, positions in
+//! `cuMemHostAlloc(DEVICEMAP)` memory (both ran on an H100); with the host stand-in, positions in
 //! and wait entries of its stream model (`host_stream`).
 
 use std::ffi::c_void;

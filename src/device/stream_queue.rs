@@ -92,8 +92,9 @@ impl std::fmt::Debug for Job {
 
 /// Unless `FERRO_STREAM_WAITS=1` says otherwise, a CUDA call with a stream that would stage
 /// more than this many bytes through its stream's pinned arena blocks instead: the arena is
-/// page-locked host memory as large as the largest such call, kept until the communicator
-/// goes, and it copies the call whole where the blocking form pipelines slices.
+/// page-locked host memory as large as the largest such call rounded up to a power of two,
+/// and the arenas it outgrew are kept too, until the communicator goes; it copies the call
+/// whole where the blocking form pipelines slices.
 pub(crate) const ORDER_MAX_BYTES: usize = 256 << 20;
 
 /// Whether a call that stages `bytes` through a stream's arena completes in stream order,

@@ -71,7 +71,6 @@ impl Staged {
     }
 }
 
-/// The arenas of one communicator's stream jobs, by stream.
 /// `spans` sorted, empty ones dropped, overlapping ones joined (touching ones are not: they
 /// may be two allocations, which one driver copy cannot span).
 fn merge(spans: &[Span]) -> Vec<Span> {
@@ -100,6 +99,7 @@ pub(crate) fn arena_bytes(spans: &[Span]) -> usize {
         .sum()
 }
 
+/// The arenas of one communicator's stream jobs, by stream.
 #[derive(Debug, Default)]
 pub(crate) struct Arenas {
     by_stream: Vec<(usize, Pinned)>,

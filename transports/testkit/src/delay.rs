@@ -412,6 +412,10 @@ impl<C: Connection> Connection for Delayed<C> {
         format!("+{} us delay", self.delay_ns / 1000)
     }
 
+    fn in_flight(&self) -> bool {
+        self.inner.in_flight()
+    }
+
     fn shutdown(&mut self) {
         self.inner.shutdown();
     }

@@ -349,7 +349,10 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool) -> Result<Plan> {
         return Ok(Plan::Block);
     }
     let by_stream = stream_spans(shared, first.device, ops, checked)?;
-    if !orders_call(first.device, by_stream.iter().map(|(_, s)| arena_bytes(s)).sum()) {
+    if !orders_call(
+        first.device,
+        by_stream.iter().map(|(_, s)| arena_bytes(s)).sum(),
+    ) {
         return Ok(Plan::Block);
     }
     Ok(Plan::Job(by_stream))
@@ -591,7 +594,11 @@ mod tests {
         };
         let mut plans = vec![Plan::Job(Vec::new()), Plan::Host, Plan::Job(Vec::new())];
         all_or_none(&mut plans);
-        assert_eq!(kinds(&plans), ["job", "host", "job"], "nothing blocks: jobs stay");
+        assert_eq!(
+            kinds(&plans),
+            ["job", "host", "job"],
+            "nothing blocks: jobs stay"
+        );
         plans.push(Plan::Block);
         all_or_none(&mut plans);
         assert_eq!(kinds(&plans), ["block", "host", "block", "block"]);

@@ -136,6 +136,24 @@ pub(crate) unsafe fn download(ordinal: u32, dst: &mut [u8], src: u64) -> Result<
     })
 }
 
+/// Copies device memory to device memory of the same device on the private stream (see
+/// [`upload`]); returns once done.
+///
+/// # Safety
+/// `src` is readable and `dst` writable device memory of `ordinal` for `len` bytes, the two
+/// not overlapping.
+pub(crate) unsafe fn copy_within(ordinal: u32, dst: u64, src: u64, len: usize) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    with_private(ordinal, |s| {
+        let d = bound(ordinal)?;
+        // SAFETY: per the caller; the private stream belongs to this device's primary context.
+        unsafe { d.copy_async(dst, src, len, s.handle) }.map_err(|e| convert(&e))?;
+        s.synchronize()
+    })
+}
+
 /// Waits for the caller's `stream` of device `ordinal` (`cuStreamSynchronize`).
 ///
 /// # Safety

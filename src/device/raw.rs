@@ -254,6 +254,48 @@ impl<T: Element> DeviceBuffer<T> {
         }
     }
 
+    /// Copies elements `range` of `src`, a buffer of the same device, to elements from
+    /// `offset` on of this one, device to device; returns when done.
+    pub fn copy_from_device(
+        &mut self,
+        offset: usize,
+        src: &DeviceBuffer<T>,
+        range: Range<usize>,
+    ) -> Result<()> {
+        if src.device != self.device {
+            return Err(Error::invalid_argument(format!(
+                "copy_from_device: the source is on {}, this buffer on {}",
+                src.device, self.device
+            )));
+        }
+        if range.start > range.end {
+            return Err(Error::invalid_argument(format!(
+                "copy_from_device: elements {}..{} of the source are no range",
+                range.start, range.end
+            )));
+        }
+        src.check_range("copy_from_device (source)", range.start, range.len())?;
+        self.check_range("copy_from_device", offset, range.len())?;
+        src.wait_idle();
+        self.wait_idle();
+        let es = T::DTYPE.size() as u64;
+        let (from, to) = (
+            src.addr + range.start as u64 * es,
+            self.addr + offset as u64 * es,
+        );
+        let bytes = range.len() * T::DTYPE.size();
+        match self.device.provider {
+            // SAFETY: both ranges lie in their buffers (checked), two distinct allocations (one
+            // borrowed mutably, one shared), both of this device.
+            Provider::Cuda => unsafe { cuda::copy_within(self.device.ordinal, to, from, bytes) },
+            Provider::Host => {
+                // SAFETY: as above; stand-in device memory is heap memory.
+                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, bytes) };
+                Ok(())
+            }
+        }
+    }
+
     /// Copies elements `offset..offset + dst.len()` into `dst`; returns when done.
     pub fn read_at(&self, offset: usize, dst: &mut [T]) -> Result<()> {
         self.check_range("read_at", offset, dst.len())?;
@@ -533,6 +575,29 @@ pub(crate) struct Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_to_device_copies_move_the_range_and_refuse_bad_ones() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let src = DeviceBuffer::from_host(dev, &[1u32, 2, 3, 4, 5]).unwrap();
+        let mut dst = DeviceBuffer::from_host(dev, &[0u32; 4]).unwrap();
+        dst.copy_from_device(1, &src, 2..5).unwrap();
+        assert_eq!(dst.to_vec().unwrap(), [0, 3, 4, 5]);
+        dst.copy_from_device(4, &src, 0..0).unwrap();
+        let e = dst.copy_from_device(2, &src, 0..3).unwrap_err();
+        assert!(e.to_string().contains("elements 2..5 are outside"), "{e}");
+        let e = dst.copy_from_device(0, &src, 3..6).unwrap_err();
+        assert!(e.to_string().contains("(source)"), "{e}");
+        let other =
+            DeviceBuffer::from_host(Device::new(Provider::Host, 1).unwrap(), &[9u32]).unwrap();
+        let e = dst.copy_from_device(0, &other, 0..1).unwrap_err();
+        assert!(e.to_string().contains("the source is on"), "{e}");
+        assert_eq!(
+            dst.to_vec().unwrap(),
+            [0, 3, 4, 5],
+            "a refused copy changes nothing"
+        );
+    }
 
     #[test]
     fn raw_memory_round_trips_through_views_on_the_stand_in() {

@@ -131,11 +131,11 @@ impl FerroComm {
         let (r, n) = (c.rank(), c.nranks());
         let off = self.unalign;
         if coll == Coll::SendRecv && send.is_none() {
-            // In place: the bytes to send are the receive buffer's, copied aside first.
+            // In place: the bytes to send are the receive buffer's, copied aside first, device
+            // to device, so that the time of the call holds no copy through the host.
             bufs.reserve(off + recv, off + recv)?;
-            let mut own = vec![0u8; recv];
-            bufs.recv.read_at(off, &mut own)?;
-            bufs.send.write_at(off, &own)?;
+            let DeviceBufs { send, recv: r, .. } = &mut *bufs;
+            send.copy_from_device(off, r, off..off + recv)?;
         }
         bufs.reserve(off + send.unwrap_or(recv), off + recv)?;
         let DeviceBufs {

@@ -213,8 +213,8 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     for ((shared, ops), plan) in batches.into_iter().zip(plans) {
         if shared.blocking {
             match plan {
-                Plan::Job(spans) => {
-                    let job = stream_job(&shared, ops, spans)?;
+                Plan::Job(device, spans) => {
+                    let job = stream_job(&shared, ops, device, spans)?;
                     stream_jobs.push((shared, job));
                 }
                 Plan::Host | Plan::Block => blocking.push((shared, ops)),
@@ -310,15 +310,15 @@ enum Plan {
     Host,
     /// With streams, blocking: the streams are synchronized first.
     Block,
-    /// As one stream job: per stream, the device ranges to stage.
-    Job(Vec<(usize, Vec<Span>)>),
+    /// As one stream job on the device: per stream, the device ranges to stage.
+    Job(Device, Vec<(usize, Vec<Span>)>),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
 fn all_or_none(plans: &mut [Plan]) {
     if plans.iter().any(|p| matches!(p, Plan::Block)) {
         for p in plans {
-            if matches!(p, Plan::Job(_)) {
+            if matches!(p, Plan::Job(..)) {
                 *p = Plan::Block;
             }
         }
@@ -355,7 +355,7 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool) -> Result<Plan> {
     ) {
         return Ok(Plan::Block);
     }
-    Ok(Plan::Job(by_stream))
+    Ok(Plan::Job(first.device, by_stream))
 }
 
 /// The device ranges of `ops` (every one made with a stream), per stream.
@@ -524,18 +524,14 @@ struct StreamJob {
     staged: Vec<(usize, Staged)>,
 }
 
-/// The batch `ops` of blocking communicator `shared` as a stream job, its gates recorded, with
-/// `by_stream` the ranges [`plan_job`] found to stage.
+/// The batch `ops` of blocking communicator `shared` as a stream job on `device`, its gates
+/// recorded, with `by_stream` the ranges [`plan_job`] found to stage.
 fn stream_job(
     shared: &Arc<Shared>,
     mut ops: Vec<Op>,
+    device: Device,
     by_stream: Vec<(usize, Vec<Span>)>,
 ) -> Result<StreamJob> {
-    let device = ops
-        .first()
-        .and_then(stream_of)
-        .map(|o| o.device)
-        .ok_or_else(|| Error::internal("a stream job without a stream"))?;
     let streams: Vec<usize> = by_stream.iter().map(|(s, _)| *s).collect();
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.
@@ -588,11 +584,16 @@ mod tests {
                 .map(|p| match p {
                     Plan::Host => "host",
                     Plan::Block => "block",
-                    Plan::Job(_) => "job",
+                    Plan::Job(..) => "job",
                 })
                 .collect()
         };
-        let mut plans = vec![Plan::Job(Vec::new()), Plan::Host, Plan::Job(Vec::new())];
+        let dev = Device::new(crate::device::Provider::Host, 0).unwrap();
+        let mut plans = vec![
+            Plan::Job(dev, Vec::new()),
+            Plan::Host,
+            Plan::Job(dev, Vec::new()),
+        ];
         all_or_none(&mut plans);
         assert_eq!(
             kinds(&plans),

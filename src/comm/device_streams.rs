@@ -374,7 +374,6 @@ impl Group<'_> {
                 }
             }
         }
-        // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
         let call = || format!("send/recv group on rank {rank}");
         // SAFETY: `stream` is a live stream of `dev` (a `DeviceStream`).
         unsafe { dev.check_not_capturing(call, stream.raw()) }?;

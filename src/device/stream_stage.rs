@@ -93,10 +93,12 @@ fn merge(spans: &[Span]) -> Vec<Span> {
 
 /// Bytes of a stream's arena that staging `spans` takes (what [`Arenas::stage`] needs).
 pub(crate) fn arena_bytes(spans: &[Span]) -> usize {
-    merge(spans)
-        .iter()
-        .map(|s| s.len.next_multiple_of(ALIGN))
-        .sum()
+    placed_bytes(&merge(spans))
+}
+
+/// Bytes that `merged` ranges take in an arena, each placed at an `ALIGN` boundary.
+fn placed_bytes(merged: &[Span]) -> usize {
+    merged.iter().map(|s| s.len.next_multiple_of(ALIGN)).sum()
 }
 
 /// The arenas of one communicator's stream jobs, by stream.
@@ -123,7 +125,7 @@ impl Arenas {
         spans: &[Span],
     ) -> Result<Staged> {
         let merged = merge(spans);
-        let need: usize = merged.iter().map(|s| s.len.next_multiple_of(ALIGN)).sum();
+        let need = placed_bytes(&merged);
         let base = self.arena(device, stream, need)?;
         let mut out = Staged {
             device,

@@ -496,6 +496,16 @@ mod tests {
         p.resumed(us(3));
     }
 
+    /// `waits - 1` fast waits leave a shared core shared; the next one switches it back.
+    fn switches_back_after(p: &mut SpinPolicy, waits: u32) {
+        for _ in 0..waits - 1 {
+            fast_wait(p);
+            assert!(p.shared());
+        }
+        fast_wait(p);
+        assert!(!p.shared());
+    }
+
     #[test]
     fn waits_whose_yields_run_nobody_else_go_back_to_spinning() {
         let mut p = SpinPolicy::default();
@@ -513,23 +523,14 @@ mod tests {
         p.resumed(us(3));
         // Waits answered before any yield say nothing.
         p.resumed(us(0));
-        for _ in 0..FAST_WAITS - 1 {
-            fast_wait(&mut p);
-            assert!(p.shared());
-        }
-        fast_wait(&mut p);
-        assert!(!p.shared() && p.spins(us(9)));
+        switches_back_after(&mut p, FAST_WAITS);
+        assert!(p.spins(us(9)));
         // On trial: the next wait needs the core-mate after all. Back to yielding, and now
         // twice the evidence is needed to switch back.
         p.yielded(us(3));
         p.resumed(us(12));
         assert!(p.shared());
-        for _ in 0..2 * FAST_WAITS - 1 {
-            fast_wait(&mut p);
-            assert!(p.shared());
-        }
-        fast_wait(&mut p);
-        assert!(!p.shared());
+        switches_back_after(&mut p, 2 * FAST_WAITS);
     }
 
     #[test]
@@ -551,11 +552,6 @@ mod tests {
         p.resumed(us(12));
         assert!(p.shared());
         // So the fast waits start from zero, and the failed probe doubled the evidence needed.
-        for _ in 0..2 * FAST_WAITS - 1 {
-            fast_wait(&mut p);
-            assert!(p.shared());
-        }
-        fast_wait(&mut p);
-        assert!(!p.shared());
+        switches_back_after(&mut p, 2 * FAST_WAITS);
     }
 }

@@ -129,7 +129,12 @@ impl<T: Element> BufMut<'_, T> {
 
 /// The count NCCL's convention gives a `kind` call with these buffer lengths (as the typed
 /// host entries compute it); `None` when a length that must split into `n` blocks does not.
-fn count_of(kind: CollKind, send: Option<usize>, recv: usize, n: usize) -> Option<usize> {
+pub(super) fn count_of(
+    kind: CollKind,
+    send: Option<usize>,
+    recv: usize,
+    n: usize,
+) -> Option<usize> {
     let blocks = |len: usize| len.is_multiple_of(n).then_some(len / n);
     match (kind, send) {
         (CollKind::AllReduce | CollKind::Reduce { .. } | CollKind::AllGather, Some(s)) => Some(s),

@@ -22,6 +22,7 @@
 //! | host access to a buffer a queued job uses | waits for that job ([`DeviceBuffer`]'s pending count) |
 //! | a CUDA device whose streams cannot wait on host memory | the call synchronizes the stream and blocks (said once in the log) |
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, Element};
@@ -33,6 +34,7 @@ use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
 use super::call::header_kind;
+use super::device_calls::count_of;
 use super::group::{check_peers, DeviceBytes, P2p};
 use super::*;
 
@@ -160,6 +162,73 @@ impl Communicator {
         let g = unsafe { self.streams.copy_back(dev, handle, &st) }?;
         let _ = landed.send(vec![g]);
         Ok(())
+    }
+
+    /// [`Communicator::raw_collective_device`] ordered on `stream`, as the typed `*_device_on`
+    /// calls are: byte ranges of device buffers holding elements of `dtype` (`send: None`: in
+    /// place), checked now, queued on the stream, and the call returns at once. Host access to
+    /// either buffer and its `Drop` wait until the job is over. The entry of code that holds
+    /// raw device memory of one element type per call (the Python backend's tensors).
+    ///
+    /// ```
+    /// use ferroccl::coll::CollKind;
+    /// use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
+    /// use ferroccl::{Communicator, Config, DataType, ReduceOp};
+    ///
+    /// let dev = Device::new(Provider::Host, 0).unwrap(); // the host stand-in
+    /// let c = Communicator::local_group(1, Config::default()).unwrap().remove(0);
+    /// c.set_device(dev).unwrap();
+    /// let stream = DeviceStream::new(dev).unwrap();
+    /// let bytes: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|x| x.to_ne_bytes()).collect();
+    /// let mut buf = DeviceBuffer::from_host(dev, &bytes).unwrap();
+    /// c.raw_collective_device_on(
+    ///     CollKind::AllReduce, None, (&mut buf, 0..8), DataType::Float32, ReduceOp::Sum, &stream,
+    /// )
+    /// .unwrap();
+    /// stream.synchronize().unwrap();
+    /// assert_eq!(buf.to_vec().unwrap(), bytes);
+    /// ```
+    pub fn raw_collective_device_on(
+        &self,
+        kind: CollKind,
+        send: Option<(&DeviceBuffer<u8>, Range<usize>)>,
+        recv: (&mut DeviceBuffer<u8>, Range<usize>),
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &DeviceStream,
+    ) -> Result<()> {
+        self.check_raw_ranges(kind, send.as_ref(), (&*recv.0, &recv.1), dtype)?;
+        macro_rules! typed {
+            ($t:ty) => {{
+                let s = send.as_ref().map(|(b, r)| b.typed_part::<$t>(r));
+                let mut r = recv.0.typed_part::<$t>(&recv.1);
+                let n = self.inner.nranks;
+                let count = count_of(kind, s.as_ref().map(|s| s.len()), r.len(), n);
+                let count = count.ok_or_else(|| {
+                    Error::invalid_argument(format!(
+                        "{} on rank {}: buffer of {} elements is not a multiple of nranks {n}",
+                        kind.name(),
+                        self.inner.rank,
+                        s.as_ref().map_or(r.len(), |s| s.len()),
+                    ))
+                })?;
+                self.run_device_on(kind, s.as_deref(), &mut r, count, op, stream)
+            }};
+        }
+        match dtype {
+            DataType::Int8 => typed!(i8),
+            DataType::Uint8 => typed!(u8),
+            DataType::Int32 => typed!(i32),
+            DataType::Uint32 => typed!(u32),
+            DataType::Int64 => typed!(i64),
+            DataType::Uint64 => typed!(u64),
+            DataType::Float16 => typed!(half::f16),
+            DataType::Bfloat16 => typed!(half::bf16),
+            DataType::Float32 => typed!(f32),
+            DataType::Float64 => typed!(f64),
+            DataType::Float8E4M3 => typed!(ferroccl_kernels::Fp8E4M3),
+            DataType::Float8E5M2 => typed!(ferroccl_kernels::Fp8E5M2),
+        }
     }
 
     // ----- typed stream-ordered entries -----
@@ -469,8 +538,85 @@ impl Group<'_> {
 
 #[cfg(test)]
 mod tests {
+    use crate::coll::CollKind;
     use crate::device::{host_stream, Device, DeviceBuffer, DeviceStream, Provider};
-    use crate::{Communicator, Config, ErrorKind, ReduceOp};
+    use crate::{Communicator, Config, DataType, ErrorKind, ReduceOp};
+
+    fn f64_bytes(v: impl IntoIterator<Item = f64>) -> Vec<u8> {
+        v.into_iter().flat_map(f64::to_ne_bytes).collect()
+    }
+
+    #[test]
+    fn raw_collectives_on_a_stream_run_on_byte_ranges_and_hold_their_buffer() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let n = 3;
+        let comms = Communicator::local_group(n, Config::default()).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let r = c.rank() as f64;
+                    let stream = DeviceStream::new(dev).unwrap();
+                    // all_reduce in place on bytes 8.. of a 7-element buffer (element 0 kept).
+                    let host: Vec<f64> = (0..7).map(|i| 10.0 * i as f64 + r).collect();
+                    let mut buf = DeviceBuffer::from_host(dev, &f64_bytes(host.clone())).unwrap();
+                    let (kind, dt, op) = (CollKind::AllReduce, DataType::Float64, ReduceOp::Sum);
+                    c.raw_collective_device_on(kind, None, (&mut buf, 8..56), dt, op, &stream)
+                        .unwrap();
+                    assert_eq!(buf.pending_jobs(), 1, "the view's job holds the buffer");
+                    // all_gather of 2 elements per rank into a second buffer.
+                    let send = DeviceBuffer::from_host(dev, &f64_bytes([r, -r])).unwrap();
+                    let mut all = DeviceBuffer::<u8>::new(dev, 16 * n).unwrap();
+                    let ag = CollKind::AllGather;
+                    let recv = (&mut all, 0..16 * n);
+                    c.raw_collective_device_on(ag, Some((&send, 0..16)), recv, dt, op, &stream)
+                        .unwrap();
+                    stream.synchronize().unwrap();
+                    let mut want = vec![host[0]];
+                    let sum: f64 = (0..n).map(|k| k as f64).sum();
+                    want.extend((1..7).map(|i| n as f64 * 10.0 * i as f64 + sum));
+                    assert_eq!(buf.to_vec().unwrap(), f64_bytes(want));
+                    assert_eq!(buf.pending_jobs(), 0);
+                    let want = f64_bytes((0..n).flat_map(|k| [k as f64, -(k as f64)]));
+                    assert_eq!(all.to_vec().unwrap(), want);
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn raw_collectives_on_a_stream_refuse_partial_elements_and_bad_splits() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let c = Communicator::local_group(1, Config::default())
+            .unwrap()
+            .remove(0);
+        c.set_device(dev).unwrap();
+        let stream = DeviceStream::new(dev).unwrap();
+        let mut buf = DeviceBuffer::<u8>::new(dev, 24).unwrap();
+        let (dt, op) = (DataType::Float32, ReduceOp::Sum);
+        let e = c
+            .raw_collective_device_on(CollKind::AllReduce, None, (&mut buf, 0..6), dt, op, &stream)
+            .unwrap_err();
+        for part in ["all_reduce on rank 0", "receive bytes 0..6", "f32"] {
+            assert!(e.message().contains(part), "{part:?} in {e}");
+        }
+        let e = c
+            .raw_collective_device_on(
+                CollKind::AllReduce,
+                None,
+                (&mut buf, 8..32),
+                dt,
+                op,
+                &stream,
+            )
+            .unwrap_err();
+        assert!(e.message().contains("8..32"), "{e}");
+        assert_eq!(
+            host_stream::pending(stream.handle()),
+            0,
+            "nothing was queued"
+        );
+    }
 
     #[test]
     fn a_stream_being_captured_into_a_graph_is_refused_before_anything_is_queued() {

@@ -392,6 +392,12 @@ impl<T: Element> DeviceBuffer<T> {
         self.pending.hold()
     }
 
+    /// Queued jobs using the buffer now.
+    #[cfg(test)]
+    pub(crate) fn pending_jobs(&self) -> usize {
+        self.pending.count()
+    }
+
     /// Waits until no queued job uses the buffer.
     pub(crate) fn wait_idle(&self) {
         self.pending.wait_idle();

@@ -13,8 +13,9 @@ struct Count {
     idle: Condvar,
 }
 
-/// A buffer's count of pending jobs.
-#[derive(Debug, Default)]
+/// A buffer's count of pending jobs (a clone counts the same jobs: typed views of a byte
+/// buffer share it, so host access to the buffer waits for jobs queued on a view).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Pending(Arc<Count>);
 
 /// One job's share of a [`Pending`] count, given back when dropped (whether the job ran,

@@ -190,6 +190,22 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+impl DeviceBuffer<u8> {
+    /// Bytes `r` of this buffer as a view of elements of `T` (a partial element at the end
+    /// is left out) that shares the buffer's pending-job count, so host access to the buffer
+    /// and its `Drop` wait for stream jobs queued on the view. `r` must lie inside the buffer.
+    pub(crate) fn typed_part<T: Element>(&self, r: &Range<usize>) -> ManuallyDrop<DeviceBuffer<T>> {
+        debug_assert!(r.start <= r.end && r.end <= self.len);
+        ManuallyDrop::new(DeviceBuffer {
+            device: self.device,
+            addr: self.addr + r.start as u64,
+            len: r.len() / T::DTYPE.size(),
+            pending: self.pending.clone(),
+            _elems: PhantomData,
+        })
+    }
+}
+
 impl<T: Element> DeviceBuffer<T> {
     fn check_range(&self, what: &str, offset: usize, n: usize) -> Result<()> {
         if offset.checked_add(n).is_none_or(|end| end > self.len) {
@@ -430,23 +446,7 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let es = dtype.size();
-        let name = kind.name();
-        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
-            if r.start > r.end || r.end > b.len || !(r.end - r.start).is_multiple_of(es) {
-                return Err(Error::invalid_argument(format!(
-                    "{name} on rank {}: {what} bytes {r:?} of a device buffer of {} bytes are \
-                     not whole elements of {dtype} inside it",
-                    self.rank(),
-                    b.len
-                )));
-            }
-            Ok(())
-        };
-        if let Some((b, r)) = &send {
-            check(b, r, "send")?;
-        }
-        check(recv.0, &recv.1, "receive")?;
+        self.check_raw_ranges(kind, send.as_ref(), (recv.0, &recv.1), dtype)?;
         let span = |b: &DeviceBuffer<u8>, r: &Range<usize>| Span {
             device: b.device,
             addr: b.addr + r.start as u64,
@@ -458,6 +458,34 @@ impl Communicator {
         // on their devices; `recv` is borrowed mutably and `send` shared, so neither range is
         // used by anything else while the call runs, and they do not overlap.
         unsafe { self.collective_at(kind, send, recv_span, dtype, op) }
+    }
+
+    /// Checks that the byte ranges of a raw device collective are whole elements of `dtype`
+    /// inside their buffers, naming the collective, the rank and the range.
+    pub(crate) fn check_raw_ranges(
+        &self,
+        kind: CollKind,
+        send: Option<&(&DeviceBuffer<u8>, Range<usize>)>,
+        recv: (&DeviceBuffer<u8>, &Range<usize>),
+        dtype: DataType,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let check = |b: &DeviceBuffer<u8>, r: &Range<usize>, what: &str| {
+            if r.start > r.end || r.end > b.len || !(r.end - r.start).is_multiple_of(es) {
+                return Err(Error::invalid_argument(format!(
+                    "{} on rank {}: {what} bytes {r:?} of a device buffer of {} bytes are not \
+                     whole elements of {dtype} inside it",
+                    kind.name(),
+                    self.rank(),
+                    b.len
+                )));
+            }
+            Ok(())
+        };
+        if let Some((b, r)) = send {
+            check(b, r, "send")?;
+        }
+        check(recv.0, recv.1, "receive")
     }
 
     /// Runs collective `kind` on device memory named by address (`send: None`: in place) with

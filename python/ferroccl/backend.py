@@ -1,5 +1,9 @@
 """The ``ferroccl`` process group: torch.distributed's operations on ferroccl's communicator.
 
+Tensors: CPU tensors run on the host; CUDA tensors run in stream order on the current stream
+of their device, as NCCL's calls do (``ferroccl.device``). One call takes tensors of one kind
+and one device.
+
 Rendezvous: rank 0 starts a ferroccl store server on an ephemeral port and publishes its
 128-byte unique id through the store PyTorch hands the backend factory (already prefixed per
 group), so every init method of PyTorch works with no extra variable or port. Every group
@@ -13,7 +17,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _ferroccl
+from . import _ferroccl, device
 from ._ferroccl import Error
 from .work import DoneWork, Work
 
@@ -61,8 +65,10 @@ def _check(t, op, rank, what="tensor"):
         raise TypeError(f"ferroccl {op} on rank {rank}: {what} is {type(t).__name__}, not a tensor")
     if t.layout != torch.strided:
         raise Error(f"ferroccl {op} on rank {rank}: {what} has layout {t.layout}; only dense tensors")
-    if t.device.type != "cpu":
-        raise Error(f"ferroccl {op} on rank {rank}: {what} is on {t.device}; only CPU tensors")
+    if t.device.type not in ("cpu", "cuda"):
+        raise Error(
+            f"ferroccl {op} on rank {rank}: {what} is on {t.device}; only CPU and CUDA tensors"
+        )
     if not t.is_contiguous():
         raise Error(
             f"ferroccl {op} on rank {rank}: {what} of shape {tuple(t.shape)} and strides "
@@ -71,6 +77,39 @@ def _check(t, op, rank, what="tensor"):
     if t.dtype not in _DTYPES:
         raise Error(f"ferroccl {op} on rank {rank}: unsupported dtype {t.dtype}")
     return t
+
+
+def _tensors(x):
+    """The tensors in ``x``: a tensor, or lists and tuples of them."""
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+
+
+def _on(name, rank, tensors):
+    """Where a call on ``tensors`` runs: ``None`` on the host, else ``(device, stream)``."""
+    where = device.adapter().where
+    first, on = None, None
+    for t in tensors:
+        w = where(t)
+        if first is None:
+            first, on = t, w
+        elif (w is None) != (on is None) or (w is not None and w[0] != on[0]):
+            raise Error(
+                f"ferroccl {name} on rank {rank}: one call on tensors in different places "
+                f"({first.device} and {t.device}); every tensor of a call must be on the host, "
+                f"or all on one device"
+            )
+    return on
+
+
+def _cat(tensors):
+    """The tensors' elements, one after another, in a new tensor where the first one lives."""
+    flat = device.adapter().empty(sum(t.numel() for t in tensors), tensors[0])
+    torch.cat([t.reshape(-1) for t in tensors], out=flat)
+    return flat
 
 
 def _nbytes(t):
@@ -129,7 +168,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         try:
             return super()._get_backend(device)
         except RuntimeError:
-            if torch.device(device).type == "cpu":
+            if torch.device(device).type in ("cpu", "cuda"):
                 return self
             raise
 
@@ -163,7 +202,27 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     # ----- plumbing -----
 
     def _coll(self, work, kind, send, recv, count, dtype, op="sum", root=0):
-        """Runs (small, nothing queued) or queues one native collective as a step of ``work``."""
+        """Runs (small, nothing queued) or queues one native collective as a step of ``work``;
+        on a device, queues it on the stream ``work`` runs on."""
+        if work._on is not None:
+            try:
+                self._comm.collective_on_stream(
+                    kind,
+                    None if send is None else send.data_ptr(),
+                    0 if send is None else _nbytes(send),
+                    recv.data_ptr(),
+                    _nbytes(recv),
+                    _DTYPES[dtype],
+                    op,
+                    root,
+                    1.0,
+                    *work._on,
+                )
+            except Error as e:
+                work._done(e)
+                return
+            work._done(None)
+            return
         args = (
             kind,
             None if send is None else send.data_ptr(),
@@ -187,9 +246,13 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 return
         self._comm.collective(*args, work._done)
 
-    def _run(self, work, steps):
-        """Starts ``work`` as the list of native ``steps`` (callables taking the work)."""
+    def _run(self, work, steps, name="operation"):
+        """Starts ``work`` as the list of native ``steps`` (callables taking the work): on the
+        host, or in stream order where its tensors are device memory."""
         self._flush()
+        work._on = _on(name, self._rank, _tensors([work._outputs, work._keep]))
+        if work._on is not None:
+            work._async = self._comm.async_error
         work._expect(len(steps))
         for i, step in enumerate(steps):
             try:
@@ -214,7 +277,16 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 w._done(err)
 
         try:
-            self._comm.p2p([(s, t.data_ptr(), _nbytes(t), peer) for s, t, peer, _ in ops], done)
+            on = _on("send/recv", self._rank, [t for _, t, _, _ in ops])
+            if on is None:
+                self._comm.p2p([(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], done)
+                return
+            for w in works:
+                w._on, w._async = on, self._comm.async_error
+            self._comm.p2p_on_stream(
+                [(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], *on
+            )
+            done(None)
         except Exception as e:
             for w in works:
                 w._fail(e if isinstance(e, Error) else Error(str(e)))
@@ -229,7 +301,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         def step(t):
             return lambda w: self._coll(w, "broadcast", None, t, t.numel(), t.dtype, root=root)
 
-        return self._run(Work(tensors, keep=tensors), [step(t) for t in tensors])
+        return self._run(Work(tensors, keep=tensors), [step(t) for t in tensors], "broadcast")
 
     def allreduce(self, tensors, opts=None):
         if len(tensors) == 1:
@@ -238,7 +310,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             t = tensors[0]
             _check(t, "all_reduce", self._rank)
             nbytes = t.nbytes
-            if nbytes <= self._inline_max and not self._p2p:
+            if nbytes <= self._inline_max and not self._p2p and device.adapter().where(t) is None:
                 op = _reduce_op(opts, t.dtype, "all_reduce", self._rank)
                 try:
                     ran = self._comm.collective_now(
@@ -256,7 +328,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             steps.append(
                 lambda w, t=t, op=op: self._coll(w, "all_reduce", None, t, t.numel(), t.dtype, op)
             )
-        return self._run(Work(tensors, keep=tensors), steps)
+        return self._run(Work(tensors, keep=tensors), steps, "all_reduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         for t in tensors:
@@ -266,7 +338,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             return self.allreduce(tensors, opts)
         dtype = tensors[0].dtype
         op = _reduce_op(opts, dtype, "all_reduce_coalesced", self._rank)
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat = _cat(tensors)
 
         def post():
             off = 0
@@ -277,7 +349,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
 
         work = Work(tensors, keep=(flat,), post=post)
         return self._run(
-            work, [lambda w: self._coll(w, "all_reduce", None, flat, flat.numel(), dtype, op)]
+            work, [lambda w: self._coll(w, "all_reduce", None, flat, flat.numel(), dtype, op)],
+            "all_reduce_coalesced",
         )
 
     def reduce(self, tensors, opts=None):
@@ -291,7 +364,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     w, "reduce", None, t, t.numel(), t.dtype, op, root=root
                 )
             )
-        return self._run(Work(tensors, keep=tensors), steps)
+        return self._run(Work(tensors, keep=tensors), steps, "reduce")
 
     def allgather(self, output_lists, inputs, opts=None):
         if len(output_lists) != len(inputs):
@@ -313,7 +386,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                         f"ferroccl all_gather on rank {self._rank}: output of {o.numel()} "
                         f"{o.dtype} for input of {t.numel()} {t.dtype}"
                     )
-            flat = torch.empty(self._size * t.numel(), dtype=t.dtype)
+            flat = device.adapter().empty(self._size * t.numel(), t)
             keep += [t, flat]
             steps.append(
                 lambda w, t=t, flat=flat: self._coll(
@@ -327,7 +400,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     if part is not o:
                         o.copy_(part.view(o.shape))
 
-        return self._run(Work(output_lists, keep=keep, post=post), steps)
+        return self._run(Work(output_lists, keep=keep, post=post), steps, "all_gather")
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         # output_lists[r][i] receives rank r's inputs[i].
@@ -358,6 +431,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         return self._run(
             Work([output], keep=(output, input)),
             [lambda w: self._coll(w, "all_gather", input, output, input.numel(), input.dtype)],
+            "all_gather_into_tensor",
         )
 
     _allgather_base = all_gather_single
@@ -368,7 +442,9 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             _check(o, "all_gather_into_tensor_coalesced", self._rank, "output")
             _check(i, "all_gather_into_tensor_coalesced", self._rank, "input")
             steps.append(lambda w, o=o, i=i: self._coll(w, "all_gather", i, o, i.numel(), i.dtype))
-        return self._run(Work(outputs, keep=(outputs, inputs)), steps)
+        return self._run(
+            Work(outputs, keep=(outputs, inputs)), steps, "all_gather_into_tensor_coalesced"
+        )
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -388,14 +464,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                         f"{i.dtype} for output of {o.numel()} {o.dtype}"
                     )
             op = _reduce_op(opts, o.dtype, "reduce_scatter", self._rank)
-            flat = torch.cat([i.reshape(-1) for i in ins])
+            flat = _cat(ins)
             keep += [o, flat]
             steps.append(
                 lambda w, o=o, flat=flat, op=op: self._coll(
                     w, "reduce_scatter", flat, o, o.numel(), o.dtype, op
                 )
             )
-        return self._run(Work(outputs, keep=keep), steps)
+        return self._run(Work(outputs, keep=keep), steps, "reduce_scatter")
 
     def reduce_scatter_single(self, output, input, opts=None):
         _check(output, "reduce_scatter_tensor", self._rank, "output")
@@ -413,6 +489,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     w, "reduce_scatter", input, output, output.numel(), output.dtype, op
                 )
             ],
+            "reduce_scatter_tensor",
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -428,7 +505,9 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     w, "reduce_scatter", i, o, o.numel(), o.dtype, op
                 )
             )
-        return self._run(Work(outputs, keep=(outputs, inputs)), steps)
+        return self._run(
+            Work(outputs, keep=(outputs, inputs)), steps, "reduce_scatter_tensor_coalesced"
+        )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -439,9 +518,16 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         self._flush()
         ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
         work = Work(outputs, keep=[t for _, t, _ in ops], post=post)
+        work._on = _on(name, self._rank, _tensors([outputs, work._keep]))
         work._expect(1)
+        spans = [(s, t.data_ptr(), _nbytes(t), p) for s, t, p in ops]
         try:
-            self._comm.p2p([(s, t.data_ptr(), _nbytes(t), p) for s, t, p in ops], work._done)
+            if work._on is None:
+                self._comm.p2p(spans, work._done)
+            else:
+                work._async = self._comm.async_error
+                self._comm.p2p_on_stream(spans, *work._on)
+                work._done(None)
         except Exception as e:
             work._done(e if isinstance(e, Error) else Error(str(e)))
             raise
@@ -519,6 +605,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                         w, "all_to_all", input, output, input.numel() // n, input.dtype
                     )
                 ],
+                "all_to_all_single",
             )
 
         def blocks(t, splits, what):
@@ -601,4 +688,6 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers the backend ``"ferroccl"`` (done on import; calling again is harmless)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+        # CUDA only where PyTorch sees a GPU: elsewhere torch's device lookups stay as they were.
+        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=devices)

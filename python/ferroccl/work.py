@@ -6,6 +6,7 @@ import threading
 import torch
 import torch.distributed as dist
 
+from . import device
 from ._ferroccl import Error
 
 
@@ -15,6 +16,12 @@ class Work(dist.Work):
     ``get_future()`` is a ``torch.futures.Future`` completed with the output tensors (what
     DDP's communication hooks expect); ``wait(timeout)`` blocks with the GIL released and
     raises :class:`ferroccl.Error` if the operation failed.
+
+    On a device (``_on`` set: device index and stream), the native steps are queued on the
+    stream and call back as soon as they are queued; ``wait()`` then makes the waiting thread's
+    current stream wait for the operation (NCCL's semantics), ``is_completed()`` asks the
+    device, and the future is the adapter's (``ferroccl.device``). An error of a queued step
+    shows at the next ``wait()`` and in every later operation.
     """
 
     def __init__(self, outputs, keep=(), post=None, flush=None):
@@ -33,6 +40,11 @@ class Work(dist.Work):
         # Made on the first get_future(): most works are only waited on.
         self._future = None
         self._lock = threading.Lock()
+        # On a device: (device index, stream handle); the mark recorded after the operation;
+        # the communicator's asynchronous error (a callable).
+        self._on = None
+        self._mark = None
+        self._async = None
 
     def _expect(self, steps):
         """The operation completes after ``steps`` native steps have called back."""
@@ -51,12 +63,26 @@ class Work(dist.Work):
             self._finish()
 
     def _finish(self):
+        on = self._on
+        if self._error is None and on is not None:
+            try:
+                device.adapter().settle(on)
+            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
+                self._error = Error(f"ferroccl: waiting for the device stream failed: {e}")
         if self._error is None and self._post is not None:
             try:
                 self._post()
             except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
                 self._error = Error(f"ferroccl: copying out the result failed: {e}")
-        self._keep = ()
+        if self._error is None and on is not None:
+            try:
+                self._mark = device.adapter().mark(on)
+            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
+                self._error = Error(f"ferroccl: recording the device event failed: {e}")
+        if on is None:
+            # On a device the tensors stay referenced while the work lives: the stream may
+            # still be using them.
+            self._keep = ()
         self._post = None
         with self._lock:
             self._completed = True
@@ -85,11 +111,20 @@ class Work(dist.Work):
             raise Error(f"ferroccl: operation did not complete within {secs:.3f} s (wait timeout)")
         if self._error is not None:
             raise self._error
+        self._device_wait()
         return True
+
+    def _device_wait(self):
+        if self._async is not None:
+            err = self._async()
+            if err is not None:
+                raise Error(err)
+        if self._mark is not None:
+            self._mark.wait()
 
     def is_completed(self):
         self._start()
-        return self._event.is_set()
+        return self._event.is_set() and (self._mark is None or self._mark.query())
 
     def is_success(self):
         return self._event.is_set() and self._error is None
@@ -105,14 +140,18 @@ class Work(dist.Work):
         with self._lock:
             fut, now = self._future, False
             if fut is None:
-                fut = self._future = torch.futures.Future()
+                if self._on is not None:
+                    fut = self._future = device.adapter().future(self._on)
+                else:
+                    fut = self._future = torch.futures.Future()
                 now = self._completed
         if now:
             _complete(fut, self._outputs, self._error)
         return fut
 
     def synchronize(self):
-        pass
+        if self._event.is_set() and self._error is None:
+            self._device_wait()
 
 
 def _complete(fut, outputs, error):

@@ -30,6 +30,7 @@ use ferroccl::bootstrap::{TcpStoreServer, UniqueId};
 use ferroccl::coll::CollKind;
 use ferroccl::{Communicator, Config, DataType, ReduceOp};
 
+mod device;
 mod mem;
 
 create_exception!(
@@ -287,6 +288,76 @@ impl Comm {
         )
     }
 
+    /// Queues collective `kind` on device memory (CUDA tensors: arguments as for
+    /// `collective`, addresses on device `device`) on the caller's stream `stream` of that
+    /// device, as NCCL does: returns once queued; later work on the stream sees the result.
+    /// Issued on this thread (the GIL released) after the worker's queued operations, so issue
+    /// order holds; an error in the arguments is raised now, one in the run later
+    /// (`async_error`, and every later operation fails with it).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (kind, send_ptr, send_len, recv_ptr, recv_len, dtype, op, root, scalar, device, stream))]
+    fn collective_on_stream(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        send_ptr: Option<u64>,
+        send_len: usize,
+        recv_ptr: u64,
+        recv_len: usize,
+        dtype: &str,
+        op: &str,
+        root: usize,
+        scalar: f64,
+        device: u32,
+        stream: usize,
+    ) -> PyResult<()> {
+        let kind = kind_of(kind, root)?;
+        let dtype = dtype_of(dtype)?;
+        let op = op_of(op, scalar)?;
+        let send = send_ptr.map(|addr| device::DevSpan {
+            addr,
+            len: send_len,
+        });
+        let recv = device::DevSpan {
+            addr: recv_ptr,
+            len: recv_len,
+        };
+        let on = device::On { device, stream };
+        self.run_in_order(
+            py,
+            Box::new(move |c| {
+                // SAFETY: the Python layer passes the memory of contiguous tensors on `device`
+                // that it keeps alive until this returns, `recv` overlapping no send tensor;
+                // afterwards only work on the caller's stream uses it (`device::view`).
+                unsafe { device::collective(c, kind, send, recv, dtype, op, on) }
+            }),
+        )
+    }
+
+    /// Queues a group of sends and receives of device memory (`ops` as for `p2p`) on the
+    /// caller's stream `stream` of device `device` (as `collective_on_stream`).
+    fn p2p_on_stream(
+        &self,
+        py: Python<'_>,
+        ops: Vec<(bool, u64, usize, usize)>,
+        device: u32,
+        stream: usize,
+    ) -> PyResult<()> {
+        let ops: Vec<_> = ops
+            .into_iter()
+            .map(|(s, addr, len, peer)| (s, device::DevSpan { addr, len }, peer))
+            .collect();
+        let on = device::On { device, stream };
+        self.run_in_order(
+            py,
+            Box::new(move |c| {
+                // SAFETY: as for `collective_on_stream`; the Python layer never passes a
+                // receive tensor that overlaps another tensor of the group.
+                unsafe { device::group(c, &ops, on) }
+            }),
+        )
+    }
+
     /// Queues a barrier.
     fn barrier(&self, done: Py<PyAny>) -> PyResult<()> {
         self.submit(Box::new(|c| c.barrier()), done)
@@ -339,6 +410,16 @@ impl Comm {
             return Err(Error::new_err("ferroccl: the communicator was closed"));
         }
         Ok(())
+    }
+
+    /// Runs `job` on this thread (GIL released) once every queued operation has ended: the
+    /// entry of calls that must be issued on the caller's thread (stream-ordered ones record
+    /// where they stand on the caller's stream when issued).
+    fn run_in_order(&self, py: Python<'_>, job: Job) -> PyResult<()> {
+        while !self.idle() {
+            py.allow_threads(|| std::thread::sleep(Duration::from_micros(50)));
+        }
+        self.run_now(py, job).map(|_| ())
     }
 
     /// Runs `job` on this thread with the GIL released. Callers check `idle()` first: only
@@ -426,6 +507,11 @@ fn _ferroccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Comm>()?;
     m.add_class::<StoreServer>()?;
     m.add_function(wrap_pyfunction!(create_unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_alloc, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_free, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_write, m)?)?;
+    m.add_function(wrap_pyfunction!(device::device_read, m)?)?;
+    m.add_function(wrap_pyfunction!(device::stream_synchronize, m)?)?;
     Ok(())
 }
 

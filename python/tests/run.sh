@@ -30,6 +30,8 @@ echo "== python: operations x dtypes x counts, world sizes 2 and 3"
 "$PYTHON" test_ops.py
 echo "== python: bad input"
 "$PYTHON" test_errors.py
+echo "== python: the device path (CUDA tensors' path) on the host stand-in provider"
+"$PYTHON" test_device.py
 echo "== python: small operations on the calling thread: futures, errors, issue order"
 "$PYTHON" test_inline.py
 echo "== python: DDP and FSDP2 against gloo"

@@ -175,10 +175,11 @@ pub struct Device {
 }
 
 impl Device {
-    /// [`Provider::locate`] for a range this device is expected to hold: on a thread with no
-    /// current CUDA context, the query runs in this device's primary context (made current),
-    /// not in one made on device 0.
-    pub(crate) fn find(self, addr: u64, len: usize) -> Option<u32> {
+    /// The ordinal of the device whose live memory holds all of `[addr, addr + len)`, `None`
+    /// for host memory or memory no live allocation covers ([`Provider::locate`] for a range
+    /// this device is expected to hold: on a thread with no current CUDA context, the query
+    /// runs in this device's primary context, made current, not in one made on device 0).
+    pub fn find(self, addr: u64, len: usize) -> Option<u32> {
         match self.provider {
             Provider::Cuda => cuda::locate(addr, len, self.ordinal),
             Provider::Host => host::locate(addr, len),

@@ -8,7 +8,7 @@
 # bin/all_reduce_perf and the other collectives' perf tools, bin/sendrecv_perf, bin/ferrorun,
 # bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
 # test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2),
-# lib/libnccl.so.2,
+# lib/libnccl.so.2, python/ (the PyTorch backend with its extension, and the tests of step 9),
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
 # compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
 # and a MANIFEST.
@@ -30,6 +30,11 @@ p2p_tests=$(cargo test --release --no-run -p ferroccl-transport-p2p --lib 2>&1 |
     sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))$/\1/p' | tail -1)
 [ -x "$p2p_tests" ] || { echo "gpu-bundle: the p2p test binary was not built" >&2; exit 1; }
 lib=$(scripts/build-capi.sh)
+# The PyTorch backend's extension (abi3: any CPython >= 3.9 loads it; it links no libpython).
+echo "== building the Python extension" >&2
+(cd python && PYO3_PYTHON=${PYO3_PYTHON:-python3} cargo build --release --quiet --features extension-module)
+pyext=python/target/release/lib_ferroccl.so
+[ -f "$pyext" ] || { echo "gpu-bundle: the Python extension was not built" >&2; exit 1; }
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/kernels" "$out/kernel-cache"
@@ -42,7 +47,13 @@ cp "$lib" "$out/lib/libnccl.so.2"
 # libnccl.so.2 from LD_LIBRARY_PATH at run time); it opens libcuda.so.1 itself at run time.
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
     -o "$out/bin/streams"
-strip "$out"/bin/* "$out/lib/libnccl.so.2"
+# The Python package and the tests step 9 runs (python/tests/test_cuda.py and what it imports).
+mkdir -p "$out/python/ferroccl" "$out/python/tests"
+cp python/ferroccl/*.py "$out/python/ferroccl/"
+cp "$pyext" "$out/python/ferroccl/_ferroccl.abi3.so"
+cp python/tests/harness.py python/tests/test_device.py python/tests/test_train.py \
+    python/tests/test_cuda.py "$out/python/tests/"
+strip "$out"/bin/* "$out/lib/libnccl.so.2" "$out/python/ferroccl/_ferroccl.abi3.so"
 cp kernels/cuda/ferro_reduce.h kernels/cuda/ferro_reduce.cu "$out/kernels/"
 cp scripts/gpu-check.sh "$out/"
 echo "== compiling the kernels for sm_70..sm_90 with NVRTC" >&2

@@ -265,6 +265,27 @@ else
 fi
 fi
 
+if want 9; then
+echo
+echo "== 9. the PyTorch backend on CUDA tensors (python/tests/test_cuda.py), 2 processes on one GPU: every collective x dtype x count, sends and receives, rooted exchanges and bad input on CUDA tensors in stream order; DDP and FSDP2 on CUDA tensors against gloo on CPU. Needs a Python with PyTorch built for CUDA (FERRO_PYTHON, default python3); without one the part is skipped, not passed"
+py=${FERRO_PYTHON:-python3}
+if [ ! -f "$bundle/python/ferroccl/_ferroccl.abi3.so" ]; then
+    echo "-- PyTorch backend on CUDA: FAIL (python/ missing from the bundle)"
+    failed=1
+elif ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    echo "-- PyTorch backend on CUDA: SKIPPED ($py has no PyTorch that sees a GPU; this part did not run)"
+    unran=1
+else
+    "$py" -c 'import torch; print("-- torch", torch.__version__, "CUDA", torch.version.cuda)'
+    PYTHONPATH=$bundle/python FERRO_DEVICE_PROVIDER=cuda part=9 step "$py" "$bundle/python/tests/test_cuda.py"
+    rc=$?
+    if [ "$skipped" = 1 ]; then :
+    elif [ "$rc" -eq 0 ]; then echo "-- PyTorch backend on CUDA: PASS"
+    elif [ "$rc" -eq 77 ]; then echo "-- PyTorch backend on CUDA: SKIPPED (no CUDA device seen)"; unran=1
+    else echo "-- PyTorch backend on CUDA: FAIL"; failed=1; fi
+fi
+fi
+
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
 echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait)"
@@ -274,7 +295,9 @@ if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"
     exit 1
 fi
-if [ -n "$steps" ]; then
+if [ "${unran:-0}" = 1 ]; then
+    echo "gpu-check: the built parts that ran passed; step 9 was skipped (see above)"
+elif [ -n "$steps" ]; then
     echo "gpu-check: the selected parts passed (FERRO_GPU_STEPS=$steps)"
 else
     echo "gpu-check: the built parts passed"

@@ -250,9 +250,11 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         """Starts ``work`` as the list of native ``steps`` (callables taking the work): on the
         host, or in stream order where its tensors are device memory."""
         self._flush()
-        work._on = _on(name, self._rank, _tensors([work._outputs, work._keep]))
+        used = list(_tensors([work._outputs, work._keep]))
+        work._on = _on(name, self._rank, used)
         if work._on is not None:
             work._async = self._comm.async_error
+            device.adapter().begin(work._on, used)
         work._expect(len(steps))
         for i, step in enumerate(steps):
             try:
@@ -283,6 +285,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 return
             for w in works:
                 w._on, w._async = on, self._comm.async_error
+            device.adapter().begin(on, [t for _, t, _, _ in ops])
             self._comm.p2p_on_stream(
                 [(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], *on
             )
@@ -518,7 +521,8 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         self._flush()
         ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
         work = Work(outputs, keep=[t for _, t, _ in ops], post=post)
-        work._on = _on(name, self._rank, _tensors([outputs, work._keep]))
+        used = list(_tensors([outputs, work._keep]))
+        work._on = _on(name, self._rank, used)
         work._expect(1)
         spans = [(s, t.data_ptr(), _nbytes(t), p) for s, t, p in ops]
         try:
@@ -526,6 +530,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 self._comm.p2p(spans, work._done)
             else:
                 work._async = self._comm.async_error
+                device.adapter().begin(work._on, used)
                 self._comm.p2p_on_stream(spans, *work._on)
                 work._done(None)
         except Exception as e:

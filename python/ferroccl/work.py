@@ -64,31 +64,43 @@ class Work(dist.Work):
 
     def _finish(self):
         on = self._on
-        if self._error is None and on is not None:
-            try:
-                device.adapter().settle(on)
-            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
-                self._error = Error(f"ferroccl: waiting for the device stream failed: {e}")
-        if self._error is None and self._post is not None:
-            try:
-                self._post()
-            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
-                self._error = Error(f"ferroccl: copying out the result failed: {e}")
-        if self._error is None and on is not None:
-            try:
-                self._mark = device.adapter().mark(on)
-            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
-                self._error = Error(f"ferroccl: recording the device event failed: {e}")
         if on is None:
-            # On a device the tensors stay referenced while the work lives: the stream may
-            # still be using them.
+            self._post_copy()
             self._keep = ()
+        else:
+            # On a device: the copies and the mark are queued after the call on its stream,
+            # and the tensors stay referenced while the work lives.
+            ad = device.adapter()
+            try:
+                if self._error is None:
+                    ad.settle(on)
+                with ad.ordered(on):
+                    self._post_copy()
+                    if self._error is None:
+                        self._mark = ad.mark(on)
+            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
+                self._error = Error(f"ferroccl: ordering the result on the device failed: {e}")
         self._post = None
         with self._lock:
             self._completed = True
             fut = self._future
         self._event.set()
         if fut is not None:
+            self._complete(fut)
+
+    def _post_copy(self):
+        if self._error is None and self._post is not None:
+            try:
+                self._post()
+            except Exception as e:  # noqa: BLE001 - surfaced through wait() and the future
+                self._error = Error(f"ferroccl: copying out the result failed: {e}")
+
+    def _complete(self, fut):
+        """Completes ``fut``; on a device, in the call's stream order (its events mark it)."""
+        if self._on is None or self._error is not None:
+            _complete(fut, self._outputs, self._error)
+            return
+        with device.adapter().ordered(self._on):
             _complete(fut, self._outputs, self._error)
 
     def _fail(self, err):
@@ -146,7 +158,7 @@ class Work(dist.Work):
                     fut = self._future = torch.futures.Future()
                 now = self._completed
         if now:
-            _complete(fut, self._outputs, self._error)
+            self._complete(fut)
         return fut
 
     def synchronize(self):

@@ -6,15 +6,14 @@ PyTorch; the adapter installed below (``ferroccl.device.install``) tells the pro
 are device tensors of device 0 on a stand-in stream, so every operation takes the device path:
 queued on the stream, its copies and waits ordered after it, errors named. The stand-in's
 stream runs when it is waited for, which the adapter's ``settle`` and marks do (a GPU's runs by
-itself). What this cannot run is PyTorch's CUDA itself: ``test_cuda.py`` does, on a GPU.
+itself). What this cannot run is PyTorch's CUDA itself: ``test_cuda.py`` runs the same
+checks on CUDA tensors (``Cuda`` below) on a GPU.
 """
 
 import ctypes
 import os
 import sys
 import weakref
-
-os.environ["FERRO_DEVICE_PROVIDER"] = "host"
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -40,7 +39,7 @@ class _Mark:
         return True
 
 
-class StandIn:
+class StandIn(device.HostOrder):
     """Stand-in device memory wrapped in CPU tensors, reported as device 0's."""
 
     def __init__(self):
@@ -109,6 +108,26 @@ class Spy:
         return attr
 
 
+class Cuda:
+    """PyTorch's CUDA tensors on device 0 (the default adapter's)."""
+
+    def tensor(self, values):
+        return values.to("cuda:0")
+
+    def empty_of(self, shape, dtype):
+        return torch.zeros(shape, dtype=dtype, device="cuda:0")
+
+
+def tensors(kind):
+    """The maker of device tensors for ``kind`` ("standin" installs its adapter)."""
+    if kind == "cuda":
+        torch.cuda.set_device(0)
+        return Cuda()
+    sd = StandIn()
+    device.install(sd)
+    return sd
+
+
 DTYPES = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16, torch.uint8]
 COUNTS = [0, 1, 7, 1031]
 
@@ -124,9 +143,8 @@ def check(got, want, what):
         raise AssertionError(f"{what}: got {got[:8].tolist()}, want {want[:8].tolist()}")
 
 
-def collectives(rank, world):
-    sd = StandIn()
-    device.install(sd)
+def collectives(rank, world, kind="standin"):
+    sd = tensors(kind)
     spy = Spy()
     for dtype in DTYPES:
         for count in COUNTS:
@@ -167,9 +185,8 @@ def collectives(rank, world):
     assert (spy.stream, spy.host) == (want, 0), (spy.stream, spy.host, want)
 
 
-def exchanges(rank, world):
-    sd = StandIn()
-    device.install(sd)
+def exchanges(rank, world, kind="standin"):
+    sd = tensors(kind)
     spy = Spy()
     dtype, count = torch.float32, 13
     # all_to_all_single, even blocks.
@@ -238,9 +255,8 @@ def exchanges(rank, world):
     assert spy.host == 1 and spy.stream > 0, (spy.stream, spy.host)
 
 
-def errors(rank, world):
-    sd = StandIn()
-    device.install(sd)
+def errors(rank, world, kind="standin"):
+    sd = tensors(kind)
     host = torch.zeros(4)
     dev = sd.empty_of((4 * world,), torch.float32)
     try:
@@ -249,18 +265,19 @@ def errors(rank, world):
         assert "different places" in str(e) and f"rank {rank}" in str(e), e
     else:
         raise AssertionError("a host input with a device output was accepted")
-    # A device tensor whose memory the provider does not know (a host tensor the adapter
-    # reports as device memory) is refused by the native checks, naming the call and rank.
-    fake = torch.zeros(8)
-    sd.allocs.append((fake.data_ptr(), 32))
-    try:
-        dist.all_reduce(fake)
-    except ferroccl.Error as e:
-        msg = str(e)
-        assert "all_reduce" in msg and f"rank {rank}" in msg, msg
-    else:
-        raise AssertionError("host memory passed as device memory was accepted")
-    sd.allocs.pop()
+    if kind == "standin":
+        # A device tensor whose memory the provider does not know (a host tensor the adapter
+        # reports as device memory) is refused by the native checks, naming call and rank.
+        fake = torch.zeros(8)
+        sd.allocs.append((fake.data_ptr(), 32))
+        try:
+            dist.all_reduce(fake)
+        except ferroccl.Error as e:
+            msg = str(e)
+            assert "all_reduce" in msg and f"rank {rank}" in msg, msg
+        else:
+            raise AssertionError("host memory passed as device memory was accepted")
+        sd.allocs.pop()
     # The communicator still works: the refusal happened before anything was queued.
     t = sd.tensor(torch.ones(5))
     dist.all_reduce(t)
@@ -268,6 +285,7 @@ def errors(rank, world):
 
 
 if __name__ == "__main__":
+    os.environ["FERRO_DEVICE_PROVIDER"] = "host"
     res = harness.Results()
     for world in (2, 3):
         for fn in (collectives, exchanges, errors):

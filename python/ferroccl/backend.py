@@ -693,6 +693,8 @@ def _create(store, rank, size, timeout):
 def register():
     """Registers the backend ``"ferroccl"`` (done on import; calling again is harmless)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        # CUDA only where PyTorch sees a GPU: elsewhere torch's device lookups stay as they were.
-        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
-        dist.Backend.register_backend(BACKEND_NAME, _create, devices=devices)
+        # Not conditional on torch.cuda.is_available(): that initializes the CUDA driver, after
+        # which processes forked from this one cannot use CUDA. The group replaces torch's
+        # per-device dispatch (it is a ProcessGroup), so listing "cuda" changes nothing on a
+        # machine without a GPU.
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu", "cuda"])

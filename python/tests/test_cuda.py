@@ -11,6 +11,7 @@ Exits 77 without a CUDA device (``scripts/gpu-check.sh`` reports that as skipped
 """
 
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -73,8 +74,15 @@ def against_gloo_on_cpu(cuda_fn, cpu_fn, world):
     assert moved, "training did not change the parameters"
 
 
+def gpu_seen():
+    """Whether PyTorch sees a GPU, asked in a child process: asking here would initialize the
+    CUDA driver in this process, and the ranks forked from it could not use CUDA."""
+    code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
 def main():
-    if not torch.cuda.is_available():
+    if not gpu_seen():
         print("test_cuda: PyTorch sees no CUDA device; skipped", flush=True)
         sys.exit(77)
     res = harness.Results()

@@ -388,9 +388,18 @@ impl DevCopier {
         }))
     }
 
-    /// Whether a queued copy has not yet been seen done.
+    /// Whether a queued copy is still running. The events are asked, not only the flags: a
+    /// message abandoned mid-way (an error, an abort) leaves its slots' flags set, and its
+    /// copies, once done, must not keep a waiter polling until its deadline. An event the
+    /// driver cannot answer for counts as done here; `done` reports the error.
     pub fn in_flight(&self) -> bool {
-        self.busy.contains(&true)
+        if !self.busy.contains(&true) || self.dev.bind().is_err() {
+            return false;
+        }
+        self.busy.iter().zip(&self.events).any(|(&busy, &e)| {
+            // SAFETY: the event was created in `new` and lives until `Drop`.
+            busy && matches!(unsafe { self.dev.drv.event_done(e) }, Ok(false))
+        })
     }
 
     /// Whether the copy last queued for `slot` is done.

@@ -112,6 +112,7 @@ driver_api! {
     event_destroy = "cuEventDestroy_v2": fn(Handle);
     // The peer-to-peer transport (transports/p2p): peer access, IPC handles, async copies.
     can_access_peer = "cuDeviceCanAccessPeer": fn(*mut c_int, Device, Device);
+    ctx_enable_peer_access = "cuCtxEnablePeerAccess": fn(Handle, c_uint);
     device_pci_bus_id = "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, Device);
     device_by_pci_bus_id = "cuDeviceGetByPCIBusId": fn(*mut Device, *const c_char);
     ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut IpcMemHandle, DevicePtr);
@@ -671,6 +672,23 @@ impl Driver {
             (self.can_access_peer)(&mut v, device, peer)
         })?;
         Ok(v != 0)
+    }
+
+    /// Lets the current context reach memory of the context `peer` directly
+    /// (`cuCtxEnablePeerAccess`; access already enabled counts as done).
+    ///
+    /// # Safety
+    /// A context is current on this thread, and `peer` is a context the driver handed out and
+    /// still holds (a retained primary context of another device).
+    pub unsafe fn enable_peer_access(&self, peer: Handle) -> Result<()> {
+        /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
+        const ALREADY_ENABLED: c_int = 704;
+        // SAFETY: per the caller; the call reads no memory of ours.
+        let status = unsafe { (self.ctx_enable_peer_access)(peer, 0) };
+        if status == ALREADY_ENABLED {
+            return Ok(());
+        }
+        self.check("cuCtxEnablePeerAccess", status)
     }
 
     /// The device's PCI bus id (`0000:3b:00.0`): the same GPU has the same id in every process,

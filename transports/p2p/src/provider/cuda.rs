@@ -3,7 +3,8 @@
 //! mapped by the peer with `cuIpcOpenMemHandle` (lazy peer access). Copies run on a stream of
 //! each connection's own (`cuMemcpyAsync`, unified addressing: device or host sources), one
 //! event per slot polled with `cuEventQuery`. A peer in this same process (ranks as threads)
-//! uses the allocation's pointer directly, since a process cannot open its own IPC handle.
+//! uses the allocation's pointer directly, since a process cannot open its own IPC handle
+//! (with peer access enabled from this rank's context when it is on another GPU).
 //!
 //! Built, not yet run on a GPU (see docs/P2P.md).
 
@@ -226,6 +227,16 @@ impl DevPeer {
                         "device allocation {ptr:#x} of this process is gone"
                     ))
                 })?;
+            if a.dev.ordinal != dev.ordinal {
+                // Ranks as threads on two GPUs: without peer access enabled in this context,
+                // the driver stages every copy into the peer's slots through host memory
+                // (processes get it from cuIpcOpenMemHandle).
+                dev.bind()?;
+                // SAFETY: this device's context is current (bound above); the peer's is the
+                // primary context its `CudaDev` retained and never releases.
+                unsafe { dev.drv.enable_peer_access(a.dev.ctx) }
+                    .map_err(|e| cuda_err("enabling peer access to the peer's GPU", e))?;
+            }
             return Ok(DevPeer::Local(a));
         }
         let mut h = IpcMemHandle([0; 64]);

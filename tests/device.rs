@@ -162,6 +162,60 @@ fn send_and_recv_device_buffers() {
     });
 }
 
+#[test]
+fn groups_stage_through_the_cached_pinned_staging() {
+    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let dev = host_device(0);
+    let value = |r: usize, b: usize, i: usize| (r * 10_000 + b * 1_000 + i) as i32;
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let (r, peer) = (c.rank(), 1 - c.rank());
+                let sizes = [13usize, 1031, 0, 64];
+                let mut allocations = None;
+                for round in 0..3 {
+                    let sends: Vec<DeviceBuffer<i32>> = sizes
+                        .iter()
+                        .enumerate()
+                        .map(|(b, &n)| {
+                            let v: Vec<i32> = (0..n).map(|i| value(r, b, i + round)).collect();
+                            DeviceBuffer::from_host(dev, &v).unwrap()
+                        })
+                        .collect();
+                    let mut recvs: Vec<DeviceBuffer<i32>> = sizes
+                        .iter()
+                        .map(|&n| DeviceBuffer::new(dev, n).unwrap())
+                        .collect();
+                    let mut to_self = DeviceBuffer::<i32>::new(dev, 13).unwrap();
+                    let mut g = c.group();
+                    for b in &sends {
+                        g.send_device(b, peer);
+                    }
+                    g.send_device(&sends[0], r);
+                    for b in recvs.iter_mut() {
+                        g.recv_device(b, peer);
+                    }
+                    g.recv_device(&mut to_self, r);
+                    g.run().unwrap();
+                    for (b, buf) in recvs.iter().enumerate() {
+                        let want: Vec<i32> =
+                            (0..sizes[b]).map(|i| value(peer, b, i + round)).collect();
+                        assert_eq!(buf.to_vec().unwrap(), want, "rank {r} round {round} #{b}");
+                    }
+                    assert_eq!(to_self.to_vec().unwrap(), sends[0].to_vec().unwrap());
+                    let now = c.staging_allocations();
+                    assert!((1..=2).contains(&now), "one input and one output buffer: {now}");
+                    if let Some(first) = allocations {
+                        assert_eq!(now, first, "no pinned allocation after the first group");
+                    }
+                    allocations = Some(now);
+                }
+            });
+        }
+    });
+}
+
 // ----- argument checks: before anything runs -----
 
 fn one_rank() -> Communicator {

@@ -315,7 +315,7 @@ impl Communicator {
     }
 
     /// The staging of `dev`, created at the first call.
-    fn staging<'a>(
+    pub(super) fn staging<'a>(
         st: &'a mut MutexGuard<'_, DeviceState>,
         dev: Device,
     ) -> Result<&'a mut Staging> {

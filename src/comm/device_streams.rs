@@ -515,7 +515,7 @@ impl Group<'_> {
                     }
                 })
                 .collect();
-            let r = super::group::execute(&inner, ops).map_err(|e| {
+            let r = super::group::execute(&inner, ops, None).map_err(|e| {
                 e.append(format!(
                     "rank {}; the group was queued on a stream and ran after the call returned",
                     inner.rank

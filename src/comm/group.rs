@@ -1,14 +1,16 @@
 //! Groups of point-to-point operations that run together.
 //!
 //! Device buffers go straight to a transport that reads and writes their memory (the GPU
-//! peer-to-peer transport); to any other, through host copies made before the group's step
-//! (sends) and after it (receives).
+//! peer-to-peer transport); to any other, through the communicator's pinned staging: copies
+//! made before the group's step (sends) and after it (receives), each group's buffers one
+//! after another in the staging buffers, which are kept for later groups.
 
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
 use ferroccl_transport::MemRef;
 
 use super::{Communicator, Inner};
-use crate::device::{Device, DeviceBuffer, Hold};
+use crate::device::staging::spans_bytes;
+use crate::device::{Device, DeviceBuffer, Hold, Staging};
 use crate::exec::{OpContext, RawOp};
 use crate::wire::{kind, op};
 use crate::{Error, Result};
@@ -24,10 +26,6 @@ pub(super) trait DeviceBytes: std::fmt::Debug {
     fn check(&self, comm: &Communicator, what: &str) -> Result<Device>;
     /// Counts a queued stream job using it until the hold drops.
     fn hold(&self) -> Hold;
-    /// Its bytes, copied to the host.
-    fn to_host(&self) -> Result<Vec<u8>>;
-    /// Overwrites it with `src` (exactly its size).
-    fn fill_from_host(&mut self, src: &[u8]) -> Result<()>;
 }
 
 impl<T: Element> DeviceBytes for DeviceBuffer<T> {
@@ -47,16 +45,6 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
 
     fn hold(&self) -> Hold {
         DeviceBuffer::hold(self)
-    }
-
-    fn to_host(&self) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; self.bytes()];
-        self.read_bytes(&mut v)?;
-        Ok(v)
-    }
-
-    fn fill_from_host(&mut self, src: &[u8]) -> Result<()> {
-        self.write_bytes(src)
     }
 }
 
@@ -176,6 +164,14 @@ impl<'a> Group<'a> {
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
+        let mut dev = None;
+        for o in &self.ops {
+            match o {
+                P2p::SendDevice { buf, .. } => dev = Some(buf.check(self.comm, "send")?),
+                P2p::RecvDevice { buf, .. } => dev = Some(buf.check(self.comm, "receive")?),
+                _ => {}
+            }
+        }
         for o in &self.ops {
             match o {
                 P2p::SendDevice { buf, .. } => buf.ready(self.comm, "send")?,
@@ -183,7 +179,12 @@ impl<'a> Group<'a> {
                 _ => {}
             }
         }
-        execute(inner, self.ops)
+        let Some(dev) = dev else {
+            return execute(inner, self.ops, None);
+        };
+        let mut st = super::lock(&self.comm.device);
+        let staging = Communicator::staging(&mut st, dev)?;
+        execute(inner, self.ops, Some(staging))
     }
 }
 
@@ -206,8 +207,13 @@ pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
 }
 
 /// Runs checked operations (peers checked, device buffers checked and idle) as one step, in
-/// the communicator's issue order.
-pub(super) fn execute(inner: &Inner, mut ops: Vec<P2p<'_>>) -> Result<()> {
+/// the communicator's issue order; device buffers a peer's transport cannot reach go through
+/// `staging` (the communicator's, for its bound device; needed only for such buffers).
+pub(super) fn execute(
+    inner: &Inner,
+    mut ops: Vec<P2p<'_>>,
+    mut staging: Option<&mut Staging>,
+) -> Result<()> {
     let rank = inner.rank;
     let gno = inner
         .groups
@@ -216,29 +222,47 @@ pub(super) fn execute(inner: &Inner, mut ops: Vec<P2p<'_>>) -> Result<()> {
     let ticket = inner.ticket();
     inner.execute(ticket, |engine| {
             // Device buffers that the peer's transport cannot reach (and any to or from self)
-            // go through host copies: made here for sends, written back after the step for
-            // receives (with the index of their op).
+            // go through the pinned staging: copied in here for sends, back after the step for
+            // receives.
             let staged = |engine: &crate::exec::Engine, peer: usize, mem: MemRef| {
                 peer == rank || !engine.accepts(peer, mem.space)
             };
-            let mut sent_copies: Vec<Vec<u8>> = Vec::new();
-            let mut recv_copies: Vec<(usize, Vec<u8>)> = Vec::new();
-            for (i, o) in ops.iter().enumerate() {
+            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+            for o in &ops {
                 match o {
                     P2p::SendDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
-                        sent_copies.push(buf.to_host()?)
+                        sends.push((buf.mem().addr as u64, buf.mem().len))
                     }
                     P2p::RecvDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
-                        recv_copies.push((i, vec![0u8; buf.mem().len]))
+                        recvs.push((buf.mem().addr as u64, buf.mem().len))
                     }
                     _ => {}
                 }
             }
+            let mut staging = match staging.as_deref_mut() {
+                Some(s) => Some(s),
+                None if sends.is_empty() && recvs.is_empty() => None,
+                None => {
+                    return Err(Error::internal(format!(
+                        "send/recv group on rank {rank}: device buffers to stage, no staging"
+                    )))
+                }
+            };
+            if let Some(s) = staging.as_deref_mut() {
+                s.reserve(spans_bytes(&sends), spans_bytes(&recvs))?;
+                // SAFETY: the spans are device buffers of the group, checked live memory of
+                // the staging's device (`Group::run`), borrowed by the group while it runs.
+                unsafe { s.stage_spans_in(&sends) }?;
+            }
+            let (sent_copies, mut recv_copies) = match staging.as_deref_mut() {
+                Some(s) => s.span_views(&sends, &recvs)?,
+                None => (Vec::new(), Vec::new()),
+            };
             // Messages to self are copies, matched in order.
             let mut self_sends: Vec<&[u8]> = Vec::new();
             let mut raw = engine.take_ops();
             let mut dtype = DataType::Uint8;
-            let mut copies = sent_copies.iter();
+            let mut copies = sent_copies.into_iter();
             for o in ops.iter() {
                 let (buf, d, peer): (&[u8], DataType, usize) = match o {
                     P2p::Send { buf, dtype, peer } => (buf, *dtype, *peer),
@@ -277,7 +301,7 @@ pub(super) fn execute(inner: &Inner, mut ops: Vec<P2p<'_>>) -> Result<()> {
                 let (buf, d, peer): (&mut [u8], DataType, usize) = match o {
                     P2p::Recv { buf, dtype, peer } => (buf, *dtype, *peer),
                     P2p::RecvDevice { buf, dtype, peer } if staged(engine, *peer, buf.mem()) => {
-                        let (_, copy) = copies.next().expect("one copy per staged receive");
+                        let copy = copies.next().expect("one copy per staged receive");
                         (copy, *dtype, *peer)
                     }
                     P2p::RecvDevice { buf, dtype, peer } => {
@@ -340,12 +364,12 @@ pub(super) fn execute(inner: &Inner, mut ops: Vec<P2p<'_>>) -> Result<()> {
             };
             engine.return_ops(raw);
             r?;
-            for (i, copy) in &recv_copies {
-                if let P2p::RecvDevice { buf, .. } = &mut ops[*i] {
-                    buf.fill_from_host(copy)?;
-                }
+            match staging {
+                // SAFETY: the receive spans are device buffers of the group, checked live
+                // memory of the staging's device and borrowed mutably by it while it runs.
+                Some(s) if !recvs.is_empty() => unsafe { s.stage_spans_out(&recvs) },
+                _ => Ok(()),
             }
-            Ok(())
         })
 }
 

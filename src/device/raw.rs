@@ -219,38 +219,6 @@ impl<T: Element> DeviceBuffer<T> {
         Ok(())
     }
 
-    /// Copies the whole buffer into `dst`, which holds exactly [`DeviceBuffer::bytes`] bytes;
-    /// returns when done.
-    pub(crate) fn read_bytes(&self, dst: &mut [u8]) -> Result<()> {
-        if dst.len() != self.bytes() {
-            return Err(Error::invalid_argument(format!(
-                "read_bytes: {} bytes for a device buffer of {} on {}",
-                dst.len(),
-                self.bytes(),
-                self.device
-            )));
-        }
-        self.wait_idle();
-        // SAFETY: exactly the buffer's bytes (checked), which it owns and is borrowed.
-        unsafe { self.device.read_raw(self.addr, dst) }
-    }
-
-    /// Overwrites the whole buffer with `src`, exactly [`DeviceBuffer::bytes`] bytes; returns
-    /// when done.
-    pub(crate) fn write_bytes(&mut self, src: &[u8]) -> Result<()> {
-        if src.len() != self.bytes() {
-            return Err(Error::invalid_argument(format!(
-                "write_bytes: {} bytes for a device buffer of {} on {}",
-                src.len(),
-                self.bytes(),
-                self.device
-            )));
-        }
-        self.wait_idle();
-        // SAFETY: exactly the buffer's bytes (checked), which it owns and is borrowed mutably.
-        unsafe { self.device.write_raw(self.addr, src) }
-    }
-
     /// Copies `src` into elements `offset..offset + src.len()`; returns when done.
     pub fn write_at(&mut self, offset: usize, src: &[T]) -> Result<()> {
         self.check_range("write_at", offset, src.len())?;

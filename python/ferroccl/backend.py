@@ -88,12 +88,13 @@ def _tensors(x):
             yield from _tensors(y)
 
 
-def _on(name, rank, tensors):
-    """Where a call on ``tensors`` runs: ``None`` on the host, else ``(device, stream)``."""
+def _on(name, rank, tensors, streams):
+    """Where a call on ``tensors`` runs: ``None`` on the host, else the adapter's ``(device,
+    stream handle, stream)``; ``streams`` is the group's cache of side streams."""
     where = device.adapter().where
     first, on = None, None
     for t in tensors:
-        w = where(t)
+        w = where(t, streams)
         if first is None:
             first, on = t, w
         elif (w is None) != (on is None) or (w is not None and w[0] != on[0]):
@@ -103,6 +104,12 @@ def _on(name, rank, tensors):
                 f"or all on one device"
             )
     return on
+
+
+def _overlap(a, b):
+    """Whether the memory of tensors ``a`` and ``b`` overlaps."""
+    pa, na, pb, nb = a.data_ptr(), _nbytes(a), b.data_ptr(), _nbytes(b)
+    return na > 0 and nb > 0 and pa < pb + nb and pb < pa + na
 
 
 def _cat(tensors):
@@ -148,6 +155,9 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         else:
             uid = store.get(key)
         self._comm = _ferroccl.Comm(bytes(uid), rank, size, secs)
+        # Side streams of this group per device (CUDA tensors): as NCCL's, one per group, so
+        # that groups used in different orders on different ranks never wait for each other.
+        self._streams = {}
         self._inline_max = INLINE_MAX_BYTES
         # Sends and receives wait here until someone waits on one of them or another operation
         # is issued; then they run as one group, so pairs of blocking transfers never deadlock.
@@ -204,6 +214,23 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     def _coll(self, work, kind, send, recv, count, dtype, op="sum", root=0):
         """Runs (small, nothing queued) or queues one native collective as a step of ``work``;
         on a device, queues it on the stream ``work`` runs on."""
+        if send is not None and _overlap(send, recv):
+            # FSDP2 gathers into the tensor its input is a block of: that is the in-place
+            # all_gather. Any other overlap would let the output be written while read.
+            block = _nbytes(send)
+            if kind == "all_gather" and _nbytes(recv) == self._size * block and (
+                send.data_ptr() == recv.data_ptr() + self._rank * block
+            ):
+                send = None
+            else:
+                work._done(
+                    Error(
+                        f"ferroccl {kind} on rank {self._rank}: the input tensor overlaps the "
+                        f"output tensor (only all_gather into the output whose block "
+                        f"{self._rank} is the input runs in place)"
+                    )
+                )
+                return
         if work._on is not None:
             try:
                 self._comm.collective_on_stream(
@@ -216,7 +243,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                     op,
                     root,
                     1.0,
-                    *work._on,
+                    *work._on[:2],
                 )
             except Error as e:
                 work._done(e)
@@ -251,7 +278,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         host, or in stream order where its tensors are device memory."""
         self._flush()
         used = list(_tensors([work._outputs, work._keep]))
-        work._on = _on(name, self._rank, used)
+        work._on = _on(name, self._rank, used, self._streams)
         if work._on is not None:
             work._async = self._comm.async_error
             device.adapter().begin(work._on, used)
@@ -279,15 +306,18 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 w._done(err)
 
         try:
-            on = _on("send/recv", self._rank, [t for _, t, _, _ in ops])
+            on = _on("send/recv", self._rank, [t for _, t, _, _ in ops], self._streams)
             if on is None:
                 self._comm.p2p([(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], done)
                 return
             for w in works:
                 w._on, w._async = on, self._comm.async_error
-            device.adapter().begin(on, [t for _, t, _, _ in ops])
+            # The side stream waits for where each send and receive was issued (the stream
+            # current then), not for the stream current now.
+            issued = [w._issued for w in works if w._issued is not None]
+            device.adapter().begin(on, [t for _, t, _, _ in ops], after=issued)
             self._comm.p2p_on_stream(
-                [(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], *on
+                [(s, t.data_ptr(), _nbytes(t), p) for s, t, p, _ in ops], *on[:2]
             )
             done(None)
         except Exception as e:
@@ -313,7 +343,11 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             t = tensors[0]
             _check(t, "all_reduce", self._rank)
             nbytes = t.nbytes
-            if nbytes <= self._inline_max and not self._p2p and device.adapter().where(t) is None:
+            if (
+                nbytes <= self._inline_max
+                and not self._p2p
+                and device.adapter().where(t, self._streams) is None
+            ):
                 op = _reduce_op(opts, t.dtype, "all_reduce", self._rank)
                 try:
                     ran = self._comm.collective_now(
@@ -522,7 +556,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
         work = Work(outputs, keep=[t for _, t, _ in ops], post=post)
         used = list(_tensors([outputs, work._keep]))
-        work._on = _on(name, self._rank, used)
+        work._on = _on(name, self._rank, used, self._streams)
         work._expect(1)
         spans = [(s, t.data_ptr(), _nbytes(t), p) for s, t, p in ops]
         try:
@@ -531,7 +565,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             else:
                 work._async = self._comm.async_error
                 device.adapter().begin(work._on, used)
-                self._comm.p2p_on_stream(spans, *work._on)
+                self._comm.p2p_on_stream(spans, *work._on[:2])
                 work._done(None)
         except Exception as e:
             work._done(e if isinstance(e, Error) else Error(str(e)))
@@ -648,6 +682,9 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             )
         work = Work(tensors, keep=(t,), flush=self._flush)
         work._steps = 1
+        # A device tensor's send or receive runs after the work issued before it on the stream
+        # current now (it starts when flushed, maybe under another current stream).
+        work._issued = device.adapter().issued(t)
         self._p2p.append((is_send, t, peer, work))
         return work
 

@@ -3,15 +3,16 @@
 The process group asks the installed adapter (:func:`adapter`) for its temporary tensors
 (:meth:`TorchCuda.empty`) and, for a call on device tensors:
 
-- :meth:`TorchCuda.where`: the device and the handle of the stream the call is queued on;
-- :meth:`TorchCuda.begin`: ties that stream to the caller's work before the call is queued;
+- :meth:`TorchCuda.where`: the device and the stream the call is queued on;
+- :meth:`TorchCuda.issued` and :meth:`TorchCuda.begin`: tie that stream to the caller's work
+  (for a send or receive, the work issued before it) before the call is queued;
 - :meth:`TorchCuda.settle` and :meth:`TorchCuda.ordered`: where the call's own tensor copies
   (``all_gather`` into a list, ...) run after it;
 - :meth:`TorchCuda.mark`: what ``Work.wait()`` makes the waiting stream wait for;
 - :meth:`TorchCuda.future`: the future DDP's communication hooks chain on.
 
 :class:`TorchCuda` is the adapter for PyTorch's CUDA tensors, in ProcessGroupNCCL's manner: each
-device has a side stream of its own; a call's side stream first waits for the caller's current
+process group has a side stream per device; a call's side stream first waits for the caller's current
 stream, the call is queued on the side stream (ferroccl's stream-ordered calls return at once),
 every tensor is marked as used there (``record_stream``, so PyTorch's allocator does not reuse
 its memory early), and ``Work.wait()`` makes the waiting thread's current stream wait for an
@@ -30,33 +31,52 @@ import torch
 
 
 class TorchCuda:
-    """PyTorch's CUDA tensors, queued on a side stream per device."""
+    """PyTorch's CUDA tensors, queued on a side stream per process group and device."""
 
-    def __init__(self):
-        self._side = {}
-
-    def _stream(self, index):
-        s = self._side.get(index)
-        if s is None:
-            s = self._side[index] = torch.cuda.Stream(device=index)
-        return s
-
-    def where(self, t):
-        """``None`` for a CPU tensor, else ``(device index, side stream handle)``."""
+    def where(self, t, streams):
+        """``None`` for a CPU tensor, else ``(device index, side stream handle, side
+        stream)``; ``streams`` is the process group's cache of side streams by device."""
         if t.device.type != "cuda":
             return None
         index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-        return index, self._stream(index).cuda_stream
+        s = streams.get(index)
+        if s is None:
+            s = streams[index] = torch.cuda.Stream(device=index)
+        return index, s.cuda_stream, s
 
     def empty(self, numel, like):
         """A new 1-D tensor of ``numel`` elements of ``like``'s dtype where ``like`` lives."""
         return torch.empty(numel, dtype=like.dtype, device=like.device)
 
-    def begin(self, on, tensors):
-        """Before a call on ``tensors`` is queued: its stream waits for the current stream's
-        work, and each tensor is marked as used on it."""
-        side = self._stream(on[0])
-        side.wait_stream(torch.cuda.current_stream(on[0]))
+    def issued(self, t):
+        """For a send or receive queued now and started later: an event on the current
+        stream of ``t``'s device, which its side stream will wait for (``None`` on the
+        host)."""
+        if t.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(t.device))
+        return ev
+
+    def begin(self, on, tensors, after=None):
+        """Before a call on ``tensors`` is queued: its side stream waits for the current
+        stream's work (or, given ``after``, for those events), and each tensor is marked as
+        used on it. A stream being captured into a CUDA graph is refused: the call runs on a
+        host thread, outside any graph."""
+        index, _, side = on
+        current = torch.cuda.current_stream(index)
+        with torch.cuda.device(index):
+            capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:
+            raise RuntimeError(
+                "ferroccl: the current CUDA stream is being captured into a CUDA graph; "
+                "ferroccl's collectives cannot be captured (run them outside the capture)"
+            )
+        if after is None:
+            side.wait_stream(current)
+        else:
+            for ev in after:
+                side.wait_event(ev)
         for t in tensors:
             if t.device.type == "cuda":
                 t.record_stream(side)
@@ -66,13 +86,13 @@ class TorchCuda:
 
     def ordered(self, on):
         """The context the call's own copies, its mark and its future's result are made in."""
-        return torch.cuda.stream(self._stream(on[0]))
+        return torch.cuda.stream(on[2])
 
     def mark(self, on):
         """An event recorded on the call's stream after the call (and its copies)."""
         ev = torch.cuda.Event()
-        ev.record(self._stream(on[0]))
-        return _CudaMark(ev)
+        ev.record(on[2])
+        return _CudaMark(ev, on[0])
 
     def future(self, on):
         """A future that, once completed with CUDA tensors, makes its waiters' streams wait."""
@@ -80,11 +100,13 @@ class TorchCuda:
 
 
 class _CudaMark:
-    def __init__(self, ev):
+    def __init__(self, ev, index):
         self._ev = ev
+        self._index = index
 
     def wait(self):
-        torch.cuda.current_stream().wait_event(self._ev)
+        # The current stream of the call's device: another device's would wait in vain.
+        torch.cuda.current_stream(self._index).wait_event(self._ev)
 
     def query(self):
         return self._ev.query()
@@ -94,7 +116,10 @@ class HostOrder:
     """What an adapter whose device work is run by waiting (the stand-in) needs for
     :meth:`TorchCuda.begin` and :meth:`TorchCuda.ordered`: nothing."""
 
-    def begin(self, on, tensors):
+    def issued(self, t):
+        return None
+
+    def begin(self, on, tensors, after=None):
         pass
 
     def ordered(self, on):

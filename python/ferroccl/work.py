@@ -45,6 +45,8 @@ class Work(dist.Work):
         self._on = None
         self._mark = None
         self._async = None
+        # A send or receive on a device: where it was issued (the adapter's token).
+        self._issued = None
 
     def _expect(self, steps):
         """The operation completes after ``steps`` native steps have called back."""

@@ -9,13 +9,12 @@
 //! device of its first such call; a tensor on another device is refused.
 
 use std::ffi::c_void;
-use std::mem::ManuallyDrop;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use ferroccl::coll::CollKind;
-use ferroccl::device::{Device, DeviceBuffer, DeviceStream};
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, DeviceView};
 use ferroccl::{Communicator, DataType, Error, ReduceOp, Result};
 
 /// Device memory as the Python layer names it: an address and a byte length on a device.
@@ -56,7 +55,7 @@ fn bind(comm: &Communicator, dev: Device, what: &str) -> Result<()> {
 /// `span` is the memory of a tensor the Python layer keeps alive until the call that uses the
 /// view returns; afterwards only work queued on the caller's stream touches it, which
 /// PyTorch's stream semantics keep valid (a freed block is reused only after that work).
-unsafe fn view(dev: Device, span: DevSpan) -> Result<ManuallyDrop<DeviceBuffer<u8>>> {
+unsafe fn view(dev: Device, span: DevSpan) -> Result<DeviceView<u8>> {
     // SAFETY: per this function's contract; the collective checks that the range is live
     // device memory of `dev` before anything is queued.
     unsafe { DeviceBuffer::<u8>::view(dev, span.addr, span.len) }

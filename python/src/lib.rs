@@ -134,6 +134,8 @@ pub struct Comm {
     /// another Python thread while one runs on a calling thread waits for it.
     running: Arc<Mutex<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The worker thread's id (its callbacks must not wait for the worker).
+    worker: std::thread::ThreadId,
     rank: usize,
     nranks: usize,
 }
@@ -190,6 +192,7 @@ impl Comm {
             tx: Some(tx),
             pending,
             running,
+            worker: thread.thread().id(),
             thread: Some(thread),
             rank,
             nranks,
@@ -416,6 +419,16 @@ impl Comm {
     /// entry of calls that must be issued on the caller's thread (stream-ordered ones record
     /// where they stand on the caller's stream when issued).
     fn run_in_order(&self, py: Python<'_>, job: Job) -> PyResult<()> {
+        if std::thread::current().id() == self.worker {
+            // A callback of an operation (a future's `then`) runs on the worker, which counts
+            // as busy until it returns: waiting for it here would never end.
+            return Err(Error::new_err(format!(
+                "ferroccl: rank {}: an operation on CUDA tensors was issued from a callback \
+                 running on the process group's worker thread (a future's then()); issue it \
+                 from the caller's thread",
+                self.rank
+            )));
+        }
         while !self.idle() {
             py.allow_threads(|| std::thread::sleep(Duration::from_micros(50)));
         }

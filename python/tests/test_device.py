@@ -32,10 +32,10 @@ class _Mark:
         self._on = on
 
     def wait(self):
-        _ferroccl.stream_synchronize(*self._on)
+        _ferroccl.stream_synchronize(*self._on[:2])
 
     def query(self):
-        _ferroccl.stream_synchronize(*self._on)
+        _ferroccl.stream_synchronize(*self._on[:2])
         return True
 
 
@@ -69,18 +69,18 @@ class StandIn(device.HostOrder):
             return self.tensor(torch.empty(0, dtype=like.dtype))
         return self.empty_of((numel,), like.dtype)
 
-    def where(self, t):
+    def where(self, t, streams=None):
         known = self.empties.get(id(t))
         if known is not None and known() is t:
-            return (0, STREAM)
+            return (0, STREAM, None)
         p, n = t.data_ptr(), t.numel() * t.element_size()
         for a, size in self.allocs:
             if a <= p and p + n <= a + size:
-                return (0, STREAM)
+                return (0, STREAM, None)
         return None
 
     def settle(self, on):
-        _ferroccl.stream_synchronize(*on)
+        _ferroccl.stream_synchronize(*on[:2])
 
     def mark(self, on):
         return _Mark(on)
@@ -171,6 +171,11 @@ def collectives(rank, world, kind="standin"):
             flat = sd.empty_of((world * count,), dtype)
             dist.all_gather_into_tensor(flat, sd.tensor(every[rank]))
             check(flat, torch.cat(every), f"all_gather_into_tensor {tag}")
+            if count:
+                # In place, as FSDP2 calls it: the input is this rank's block of the output.
+                flat = sd.tensor(torch.cat([every[rank]] * world))
+                dist.all_gather_into_tensor(flat, flat[rank * count : (rank + 1) * count])
+                check(flat, torch.cat(every), f"all_gather_into_tensor in place {tag}")
             ins = [values(rank, count, dtype, salt=r) for r in range(world)]
             o = sd.empty_of((count,), dtype)
             dist.reduce_scatter(o, [sd.tensor(i) for i in ins])
@@ -179,9 +184,8 @@ def collectives(rank, world, kind="standin"):
             o = sd.empty_of((count,), dtype)
             dist.reduce_scatter_tensor(o, sd.tensor(torch.cat(ins)))
             check(o, want.to(dtype), f"reduce_scatter_tensor {tag}")
-    # 9 calls per dtype and count, 4 of them with a step per rank (all_gather's list is
-    # one native call).
-    want = len(DTYPES) * len(COUNTS) * 8
+    # 9 native calls per dtype and count (all_gather's list is one; no in-place one for 0).
+    want = len(DTYPES) * sum(9 if c else 8 for c in COUNTS)
     assert (spy.stream, spy.host) == (want, 0), (spy.stream, spy.host, want)
 
 
@@ -241,6 +245,9 @@ def exchanges(rank, world, kind="standin"):
     # Asynchronous: the work completes through its mark; the future holds the output.
     t = sd.tensor(values(rank, count, dtype))
     w = dist.all_reduce(t, async_op=True)
+    if kind == "cuda":
+        w.wait()
+        torch.cuda.synchronize()
     assert w.is_completed()
     fut = w.get_future()
     fut.wait()
@@ -278,7 +285,35 @@ def errors(rank, world, kind="standin"):
         else:
             raise AssertionError("host memory passed as device memory was accepted")
         sd.allocs.pop()
-    # The communicator still works: the refusal happened before anything was queued.
+    # An output that overlaps the input other than in all_gather's in-place layout.
+    buf = sd.tensor(torch.arange(2.0 * world))
+    try:
+        dist.reduce_scatter_tensor(buf[1:3], buf)
+    except ferroccl.Error as e:
+        assert "overlaps the output" in str(e) and f"rank {rank}" in str(e), e
+    else:
+        raise AssertionError("an output overlapping the input was accepted")
+    # A device call from a callback on the group's worker thread would wait for the worker
+    # itself: refused, and the error reaches the chained future. Rank 0 chains it on a host
+    # all_reduce that cannot end before the other ranks issue theirs, which they do only
+    # once rank 0's callback is in place, so the callback runs on the worker.
+    store = dist.distributed_c10d._get_default_store()
+    big = torch.ones(100_000)
+    if rank == 0:
+        t = sd.tensor(torch.ones(3))
+        w = dist.all_reduce(big, async_op=True)
+        fut = w.get_future().then(lambda f: dist.all_reduce(t))
+        store.set("ferroccl-test/callback", "set")
+        try:
+            fut.wait()
+        except Exception as e:  # noqa: BLE001 - torch wraps the callback's error
+            assert "worker thread" in str(e), e
+        else:
+            raise AssertionError("a device call from the worker thread was accepted")
+    else:
+        store.wait(["ferroccl-test/callback"])
+        dist.all_reduce(big)
+    # The communicator still works: the refusals happened before anything was queued.
     t = sd.tensor(torch.ones(5))
     dist.all_reduce(t)
     check(t, torch.full((5,), float(world)), "all_reduce after refusals")

@@ -38,6 +38,12 @@ impl Pending {
         }
     }
 
+    /// Values sharing the count (this one, its clones, the holds).
+    #[cfg(test)]
+    pub(crate) fn shares(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
     /// Jobs holding it now.
     #[cfg(test)]
     pub(crate) fn count(&self) -> usize {

@@ -169,24 +169,52 @@ impl Device {
     }
 }
 
+/// A [`DeviceBuffer`] over device memory it does not own ([`DeviceBuffer::view`]): it
+/// dereferences to the buffer, and dropping it frees no device memory (only its share of the
+/// count of pending stream jobs).
+#[derive(Debug)]
+pub struct DeviceView<T: Element>(ManuallyDrop<DeviceBuffer<T>>);
+
+impl<T: Element> std::ops::Deref for DeviceView<T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        &self.0
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for DeviceView<T> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+        &mut self.0
+    }
+}
+
+impl<T: Element> Drop for DeviceView<T> {
+    fn drop(&mut self) {
+        // SAFETY: the buffer is never dropped (ManuallyDrop: its memory is not this view's),
+        // so its pending count, the one field that owns heap memory, is dropped here once,
+        // and nothing reads the buffer afterwards.
+        unsafe { std::ptr::drop_in_place(&mut self.0.pending) }
+    }
+}
+
 impl<T: Element> DeviceBuffer<T> {
-    /// A view of `len` elements of device memory at `addr` that it does not own: dropping the
-    /// `ManuallyDrop` frees nothing (never call `ManuallyDrop::drop` on it).
+    /// A view of `len` elements of device memory at `addr` that it does not own: dropping
+    /// the view frees nothing.
     ///
     /// # Safety
     /// `[addr, addr + len × size)` is device memory of `device`, live and not used by anything
     /// else (another view included, unless both only read) while the view is used.
-    pub unsafe fn view(device: Device, addr: u64, len: usize) -> Result<ManuallyDrop<Self>> {
+    pub unsafe fn view(device: Device, addr: u64, len: usize) -> Result<DeviceView<T>> {
         len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
             Error::invalid_argument(format!("device view of {len} x {} overflows", T::DTYPE))
         })?;
-        Ok(ManuallyDrop::new(DeviceBuffer {
+        Ok(DeviceView(ManuallyDrop::new(DeviceBuffer {
             device,
             addr,
             len,
             pending: super::Pending::default(),
             _elems: PhantomData,
-        }))
+        })))
     }
 }
 
@@ -194,15 +222,15 @@ impl DeviceBuffer<u8> {
     /// Bytes `r` of this buffer as a view of elements of `T` (a partial element at the end
     /// is left out) that shares the buffer's pending-job count, so host access to the buffer
     /// and its `Drop` wait for stream jobs queued on the view. `r` must lie inside the buffer.
-    pub(crate) fn typed_part<T: Element>(&self, r: &Range<usize>) -> ManuallyDrop<DeviceBuffer<T>> {
+    pub(crate) fn typed_part<T: Element>(&self, r: &Range<usize>) -> DeviceView<T> {
         debug_assert!(r.start <= r.end && r.end <= self.len);
-        ManuallyDrop::new(DeviceBuffer {
+        DeviceView(ManuallyDrop::new(DeviceBuffer {
             device: self.device,
             addr: self.addr + r.start as u64,
             len: r.len() / T::DTYPE.size(),
             pending: self.pending.clone(),
             _elems: PhantomData,
-        })
+        }))
     }
 }
 
@@ -571,6 +599,27 @@ pub(crate) struct Span {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn views_share_the_pending_count_and_give_it_back_when_dropped() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let buf = DeviceBuffer::from_host(dev, &[7u8; 32]).unwrap();
+        let part = buf.typed_part::<u32>(&(8..32));
+        assert_eq!((part.len(), part.addr), (6, buf.addr + 8));
+        let hold = part.hold();
+        assert_eq!(buf.pending.count(), 1, "a job on the view holds the buffer");
+        assert_eq!(buf.pending.shares(), 3);
+        drop(part);
+        assert_eq!(buf.pending.shares(), 2, "the dropped view gave its share back");
+        drop(hold);
+        assert_eq!((buf.pending.shares(), buf.pending.count()), (1, 0));
+        // A view of raw memory frees nothing when dropped: the buffer still reads.
+        // SAFETY: the buffer's own memory, only read while the view lives.
+        let v = unsafe { DeviceBuffer::<u8>::view(dev, buf.addr, 32) }.unwrap();
+        assert_eq!(v.to_vec().unwrap(), [7u8; 32]);
+        drop(v);
+        assert_eq!(buf.to_vec().unwrap(), [7u8; 32]);
+    }
 
     #[test]
     fn device_to_device_copies_move_the_range_and_refuse_bad_ones() {

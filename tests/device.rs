@@ -205,7 +205,10 @@ fn groups_stage_through_the_cached_pinned_staging() {
                     }
                     assert_eq!(to_self.to_vec().unwrap(), sends[0].to_vec().unwrap());
                     let now = c.staging_allocations();
-                    assert!((1..=2).contains(&now), "one input and one output buffer: {now}");
+                    assert!(
+                        (1..=2).contains(&now),
+                        "one input and one output buffer: {now}"
+                    );
                     if let Some(first) = allocations {
                         assert_eq!(now, first, "no pinned allocation after the first group");
                     }

@@ -123,9 +123,13 @@ fn every_collective<T: Element>(c: &Communicator, s: &DeviceStream, count: usize
 /// Runs `f` on every rank of 1, 2 and 3 thread ranks, each bound to the stand-in device with
 /// a stream of its own; then checks no rank has an asynchronous error.
 fn on_1_2_3_thread_ranks(f: impl Fn(&Communicator, &DeviceStream) + Sync) {
+    on_1_2_3_thread_ranks_with(Config::default(), f)
+}
+
+fn on_1_2_3_thread_ranks_with(config: Config, f: impl Fn(&Communicator, &DeviceStream) + Sync) {
     let dev = host_device();
     for n in [1, 2, 3] {
-        let comms = Communicator::local_group(n, Config::default()).unwrap();
+        let comms = Communicator::local_group(n, config.clone()).unwrap();
         std::thread::scope(|sc| {
             for c in &comms {
                 let f = &f;
@@ -149,6 +153,63 @@ fn every_stream_collective_on_1_2_3_thread_ranks() {
                 every_collective::<i32>(c, s, count, op);
             }
             every_collective::<f64>(c, s, count, ReduceOp::Min);
+        }
+    });
+}
+
+/// Element-wise calls cut into many slices (`FERRO_DEVICE_SLICE_BYTES` of 64 bytes: 1021
+/// floats make 64 stream jobs), copied in and back slice by slice on the stream.
+#[test]
+fn every_stream_collective_in_slices_on_1_2_3_thread_ranks() {
+    let config = Config {
+        device_slice_bytes: 64,
+        ..Config::default()
+    };
+    on_1_2_3_thread_ranks_with(config, |c, s| {
+        for count in COUNTS {
+            every_collective::<f32>(c, s, count, ReduceOp::Sum);
+            every_collective::<f64>(c, s, count, ReduceOp::Max);
+        }
+    });
+}
+
+/// A rank whose calls are stream-ordered and one whose calls block cut them alike, so they
+/// exchange the same messages (the choice can differ between ranks: another communicator on
+/// the GPU in one process, p2p connections on one host only, `FERRO_STREAM_WAITS`).
+#[test]
+fn a_stream_ordered_rank_and_a_blocking_rank_exchange_the_same_slices() {
+    let dev = host_device();
+    let config = Config {
+        device_slice_bytes: 256,
+        ..Config::default()
+    };
+    let comms = Communicator::local_group(2, config).unwrap();
+    let count = 1021;
+    let sum: Vec<f64> = (0..count).map(|i| fold(ReduceOp::Sum, 2, i)).collect();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            let sum = &sum;
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let r = c.rank();
+                let s = DeviceStream::new(dev).unwrap();
+                let send = DeviceBuffer::from_host(dev, &values::<f64>(r, count)).unwrap();
+                let mut out = DeviceBuffer::<f64>::new(dev, count).unwrap();
+                let mut buf = DeviceBuffer::from_host(dev, &values::<f64>(r, count)).unwrap();
+                if r == 0 {
+                    c.all_reduce_device_on(&send, &mut out, ReduceOp::Sum, &s)
+                        .unwrap();
+                    c.broadcast_device_on(&mut buf, 1, &s).unwrap();
+                    s.synchronize().unwrap();
+                } else {
+                    c.all_reduce_device(&send, &mut out, ReduceOp::Sum).unwrap();
+                    c.broadcast_device(&mut buf, 1).unwrap();
+                }
+                assert_eq!(floats(&out.to_vec().unwrap()), *sum, "rank {r}: all_reduce");
+                let root: Vec<f64> = (0..count).map(|i| value(1, i)).collect();
+                assert_eq!(floats(&buf.to_vec().unwrap()), root, "rank {r}: broadcast");
+                assert!(c.async_error().is_none());
+            });
         }
     });
 }

@@ -22,10 +22,11 @@ use super::run::execute;
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
+use crate::device::staging::slice_range;
 use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
 use crate::device::stream_stage::{arena_bytes, Span, Staged};
 use crate::device::Device;
-use crate::{Error, Result};
+use crate::{Communicator, Error, Result};
 
 #[derive(Debug, Default)]
 struct Pending {
@@ -452,16 +453,20 @@ fn stream_spans(
     Ok(by_stream)
 }
 
+/// Each stream's placement, and the indexes of the collectives staged.
+type StagedOps = (Vec<(usize, Staged)>, Vec<usize>);
+
 /// Stages `by_stream`, the device ranges of `ops` ([`stream_spans`]), in the arenas of their
 /// streams, queues the copies in, and rewrites the operations to run on the host copies
 /// (`on: None`). Returns each stream's placement, whose copies back are queued once the job's
-/// flag waits are.
+/// flag waits are, and the indexes of the collectives rewritten (cut into slices when the
+/// job runs: [`slice_colls`]).
 fn stage_ops(
     shared: &Shared,
     device: Device,
     ops: &mut [Op],
     by_stream: Vec<(usize, Vec<Span>)>,
-) -> Result<Vec<(usize, Staged)>> {
+) -> Result<StagedOps> {
     let mut staged = Vec::with_capacity(by_stream.len());
     for (stream, spans) in by_stream {
         // SAFETY: every range was checked as live memory of `device` when its call was made
@@ -477,7 +482,8 @@ fn stage_ops(
             .and_then(|(_, st)| st.host_of(p as u64))
             .map_or(p, |h| h as *const u8)
     };
-    for op in ops.iter_mut() {
+    let mut colls = Vec::new();
+    for (i, op) in ops.iter_mut().enumerate() {
         match op {
             Op::Coll {
                 send,
@@ -487,6 +493,7 @@ fn stage_ops(
                 ..
             } => {
                 let Some(o) = on.take() else { continue };
+                colls.push(i);
                 *send = host(o.stream, *send);
                 *recv = host(o.stream, *recv).cast_mut();
                 if let Reduction::ScalarAt(p, _) = red {
@@ -511,7 +518,60 @@ fn stage_ops(
             Op::Split { .. } => {}
         }
     }
-    Ok(staged)
+    Ok((staged, colls))
+}
+
+/// `ops` with each collective at an index of `colls` (device collectives staged for a stream
+/// job) cut into the slices the blocking form cuts a device collective into
+/// ([`Communicator::device_slices`]), so that a rank whose call blocks and one whose call is
+/// a stream job exchange the same messages.
+fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
+    let mut out = Vec::with_capacity(ops.len());
+    for (i, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Coll {
+                api,
+                kind,
+                send,
+                recv,
+                count,
+                dtype,
+                red,
+                on: None,
+            } if colls.contains(&i) => {
+                let n = comm.device_slices(kind, count, dtype.size());
+                for k in 0..n {
+                    let r = slice_range(count, n, count, k);
+                    let off = r.start * dtype.size();
+                    // Element-wise collectives only are cut (else `n` is 1): their buffers
+                    // all hold `count` elements, so a slice is the same range of each; an
+                    // unused (NULL) buffer stays NULL.
+                    let send = if send.is_null() {
+                        send
+                    } else {
+                        send.wrapping_add(off)
+                    };
+                    let recv = if recv.is_null() {
+                        recv
+                    } else {
+                        recv.wrapping_add(off)
+                    };
+                    out.push(Op::Coll {
+                        api,
+                        kind,
+                        send,
+                        recv,
+                        count: r.len(),
+                        dtype,
+                        red,
+                        on: None,
+                    });
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// A batch of one communicator that will run as one stream job.
@@ -535,7 +595,7 @@ fn stream_job(
     let streams: Vec<usize> = by_stream.iter().map(|(s, _)| *s).collect();
     // The device ranges go through pinned arenas, copied on the caller's streams (see
     // `device::stream_stage`): the job then runs host operations and calls no driver.
-    let staged = stage_ops(shared, device, &mut ops, by_stream)?;
+    let (staged, colls) = stage_ops(shared, device, &mut ops, by_stream)?;
     let gates = record_gates(device, &streams)?;
     // The calls by their NCCL names, for the job's error (its operations now look like host
     // calls, which name ferroccl's operation only).
@@ -556,6 +616,7 @@ fn stream_job(
     let work: Work = Box::new(move || {
         let comm = s.wait_ready()?;
         let rank = comm.rank();
+        let ops = slice_colls(&comm, ops, &colls);
         execute(&comm, ops).map_err(|e| {
             e.context(&names).append(format!(
                 "rank {rank}; the operation was queued on a stream and ran after the call \
@@ -575,6 +636,62 @@ fn stream_job(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coll::CollKind;
+    use crate::{Config, DataType, ReduceOp};
+
+    #[test]
+    fn staged_device_collectives_are_cut_as_the_blocking_form_cuts_them() {
+        let config = Config {
+            device_slice_bytes: 16,
+            ..Config::default()
+        };
+        let comm = Communicator::local_group(1, config).unwrap().remove(0);
+        let (send, recv) = (0x1000 as *const u8, 0x9000 as *mut u8);
+        let coll = |kind, send, count| Op::Coll {
+            api: "ncclAllReduce",
+            kind,
+            send,
+            recv,
+            count,
+            dtype: DataType::Float32,
+            red: Reduction::Op(ReduceOp::Sum),
+            on: None,
+        };
+        let ops = vec![
+            coll(CollKind::AllReduce, send, 10),
+            coll(CollKind::AllReduce, send, 10),
+            coll(CollKind::Reduce { root: 0 }, std::ptr::null(), 9),
+            coll(CollKind::AllGather, send, 10),
+        ];
+        // Ops 0, 2 and 3 were staged device collectives; op 1 a host one.
+        let out = slice_colls(&comm, ops, &[0, 2, 3]);
+        let got: Vec<(usize, usize, usize)> = out
+            .iter()
+            .map(|o| match o {
+                Op::Coll {
+                    send, recv, count, ..
+                } => (*send as usize, *recv as usize, *count),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                // 10 floats in slices of 4 (16 bytes): 4, 4, 2, each range of both buffers.
+                (0x1000, 0x9000, 4),
+                (0x1010, 0x9010, 4),
+                (0x1020, 0x9020, 2),
+                // The host collective stays whole.
+                (0x1000, 0x9000, 10),
+                // An unused (NULL) send buffer stays NULL; 9 floats make 3 slices of 3.
+                (0, 0x9000, 3),
+                (0, 0x900c, 3),
+                (0, 0x9018, 3),
+                // Not element-wise: whole.
+                (0x1000, 0x9000, 10),
+            ]
+        );
+    }
 
     #[test]
     fn one_blocking_batch_with_streams_makes_every_stream_batch_block() {

@@ -227,6 +227,13 @@ impl Communicator {
         false
     }
 
+    /// How many collectives a device collective of `count` elements of `es` bytes is cut into
+    /// (`FERRO_DEVICE_SLICE_BYTES`; element-wise kinds only), on every path alike.
+    #[cfg(feature = "capi")]
+    pub(crate) fn device_slices(&self, kind: CollKind, count: usize, es: usize) -> usize {
+        slices(&self.inner, kind, count, es)
+    }
+
     /// Device allocations made for collectives that run straight on device buffers (the
     /// engine's scratch and receive stages; cached like the staging).
     pub fn device_arena_allocations(&self) -> u64 {
@@ -532,7 +539,7 @@ fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
 /// the device buffers (so that ranks taking either path exchange the same messages):
 /// element-wise collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole
 /// (each slice's elements: [`slice_range`]).
-fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
+pub(super) fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
     let elementwise = matches!(
         kind,
         CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }

@@ -33,19 +33,18 @@ use crate::device::stream_stage::{arena_bytes, Span};
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
-use super::call::header_kind;
 use super::device_calls::count_of;
 use super::group::{check_peers, DeviceBytes, P2p};
 use super::*;
 
 /// The hold that keeps host access to a buffer and its `Drop` waiting until a queued job
 /// and its copies back are over.
-struct Held {
+pub(super) struct Held {
     _hold: Hold,
 }
 
 impl Held {
-    fn of<T: Element>(b: &DeviceBuffer<T>) -> Held {
+    pub(super) fn of<T: Element>(b: &DeviceBuffer<T>) -> Held {
         Held { _hold: b.hold() }
     }
 }
@@ -79,15 +78,14 @@ impl Communicator {
             return self.run_device(kind, send, recv, count, op);
         }
         let handle = stream.handle();
-        let es = T::DTYPE.size();
         let is_root = kind.root() == Some(rank);
         let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
         let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
-        let (in_len, out_len) = (send.map_or(0, |s| s.len()), recv.len());
         let in_place = send.is_none();
-        // The ranges the job reads and writes, staged through the stream's pinned arena by
-        // copies queued on the stream now (`device::stream_stage`): the job runs the host
-        // collective on the arena and makes no driver call.
+        // The ranges the jobs read and write, staged through the stream's pinned arena by
+        // copies queued on the stream now (`device::stream_stage`): the jobs run the host
+        // collective on the arena and make no driver call. Cut into slices as the blocking
+        // form cuts the call (`stream_slices`).
         let mut spans = vec![Span {
             addr: recv.addr(),
             len: recv.bytes(),
@@ -106,62 +104,8 @@ impl Communicator {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
-        // SAFETY: both buffers are live device memory of `dev` (checked above), held below
-        // until the stream has run the copies back; `handle` is a stream of `dev`.
-        let st = unsafe { self.streams.stage(dev, handle, &spans) }?;
-        let recv_at = st.host_of(recv.addr()).unwrap_or(0);
-        let send_at = send
-            .filter(|_| send_read)
-            .map(|s| st.host_of(s.addr()).unwrap_or(0));
-        let gates = record_gates(dev, &[handle])?;
-        let holds = (Held::of(recv), send.map(Held::of));
-        let inner = Arc::clone(&self.inner);
-        let work = Box::new(move || {
-            let run = || {
-                // SAFETY: `recv_at` and `send_at` are the arena copies of the buffers
-                // (`out_len` and `in_len` elements, 0 where empty), which the stream filled
-                // before the gate the worker waited for, and which no other job uses until
-                // this one's flag (the stream runs the next job's copies after it).
-                let (input, output) = unsafe {
-                    let output: &mut [u8] = if out_len == 0 {
-                        &mut []
-                    } else {
-                        std::slice::from_raw_parts_mut(recv_at as *mut u8, out_len * es)
-                    };
-                    let input: Option<&[u8]> = match (in_len, send_at) {
-                        (_, None) if in_place => None,
-                        (0, _) | (_, None) => Some(&[]),
-                        (n, Some(at)) => Some(std::slice::from_raw_parts(at as *const u8, n * es)),
-                    };
-                    (input, output)
-                };
-                super::calls::blocking_on(
-                    &inner,
-                    kind.name(),
-                    header_kind(kind),
-                    kind,
-                    input,
-                    output,
-                    count,
-                    T::DTYPE,
-                    op,
-                )
-            };
-            let r = run();
-            if let Err(e) = &r {
-                inner.fail(e.clone());
-            }
-            r
-        });
-        // After the job: wait until the stream has run the copies back, then let the buffers
-        // go, so host access and `Drop` see the result.
-        let (landed, after) = landing(holds);
-        self.streams
-            .enqueue(dev, &[handle], gates, work, Some(after))?;
-        // SAFETY: as for the staging above.
-        let g = unsafe { self.streams.copy_back(dev, handle, &st) }?;
-        let _ = landed.send(vec![g]);
-        Ok(())
+        let slices = super::device_calls::slices(&self.inner, kind, count, T::DTYPE.size());
+        self.run_slices_on(dev, kind, send, recv, count, op, handle, &spans, slices)
     }
 
     /// [`Communicator::raw_collective_device`] ordered on `stream`, as the typed `*_device_on`

@@ -239,15 +239,11 @@ pub(super) fn execute(
                     _ => {}
                 }
             }
-            let mut staging = match staging.as_deref_mut() {
-                Some(s) => Some(s),
-                None if sends.is_empty() && recvs.is_empty() => None,
-                None => {
-                    return Err(Error::internal(format!(
-                        "send/recv group on rank {rank}: device buffers to stage, no staging"
-                    )))
-                }
-            };
+            if staging.is_none() && !(sends.is_empty() && recvs.is_empty()) {
+                return Err(Error::internal(format!(
+                    "send/recv group on rank {rank}: device buffers to stage, no staging"
+                )));
+            }
             if let Some(s) = staging.as_deref_mut() {
                 s.reserve(spans_bytes(&sends), spans_bytes(&recvs))?;
                 // SAFETY: the spans are device buffers of the group, checked live memory of

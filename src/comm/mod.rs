@@ -13,6 +13,7 @@ mod order;
 mod rendezvous;
 mod shrink;
 mod split;
+mod stream_slices;
 mod transports;
 mod work;
 

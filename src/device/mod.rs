@@ -92,8 +92,8 @@ use ferroccl_transport::{MemRef, MemSpace};
 use crate::{Error, Result};
 
 pub(crate) use pending::{Hold, Pending};
-pub use raw::{DeviceView, RawDeviceP2p};
 pub use raw::DEVICE_ENV;
+pub use raw::{DeviceView, RawDeviceP2p};
 pub(crate) use staging::Staging;
 pub use stream::DeviceStream;
 

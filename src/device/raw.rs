@@ -610,7 +610,11 @@ mod tests {
         assert_eq!(buf.pending.count(), 1, "a job on the view holds the buffer");
         assert_eq!(buf.pending.shares(), 3);
         drop(part);
-        assert_eq!(buf.pending.shares(), 2, "the dropped view gave its share back");
+        assert_eq!(
+            buf.pending.shares(),
+            2,
+            "the dropped view gave its share back"
+        );
         drop(hold);
         assert_eq!((buf.pending.shares(), buf.pending.count()), (1, 0));
         // A view of raw memory frees nothing when dropped: the buffer still reads.

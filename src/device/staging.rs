@@ -319,7 +319,7 @@ impl Staging {
         &mut self,
         sends: &[(u64, usize)],
         recvs: &[(u64, usize)],
-    ) -> Result<(Vec<&[u8]>, Vec<&mut [u8]>)> {
+    ) -> Result<SpanViews<'_>> {
         self.checked(Slot::Input, spans_bytes(sends))?;
         self.checked(Slot::Output, spans_bytes(recvs))?;
         let sent = carve(self.input.as_mut(), sends);
@@ -470,6 +470,9 @@ impl Staging {
         Ok(())
     }
 }
+
+/// A group's staged sends (read) and receives (written) in the staging buffers.
+pub(crate) type SpanViews<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
 
 /// `spans` carved out of `buf` at [`span_offsets`] (reserved for [`spans_bytes`] of them).
 fn carve<'a>(buf: Option<&'a mut Pinned>, spans: &[(u64, usize)]) -> Vec<&'a mut [u8]> {

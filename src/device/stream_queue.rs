@@ -299,6 +299,21 @@ impl StreamQueue {
         unsafe { lock(&self.arenas).stage(device, stream, spans) }
     }
 
+    /// Places `spans` of a job in the arena of the caller's `stream` without copying anything
+    /// (the caller queues the copies in, slice by slice: `Staged::copy_in`).
+    ///
+    /// # Safety
+    /// As for `Arenas::stage`.
+    pub(crate) unsafe fn place(
+        &self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+    ) -> Result<Staged> {
+        // SAFETY: per the caller.
+        unsafe { lock(&self.arenas).place(device, stream, spans, false) }
+    }
+
     /// Queues `staged`'s copies back on its stream (after the job's flag wait, queued by
     /// [`StreamQueue::enqueue`]) and returns a gate after them, for the job's [`landing`].
     ///

@@ -50,6 +50,60 @@ impl Staged {
             .map(|&(start, _, host, _)| host + (addr - start) as usize)
     }
 
+    /// Queues on the stream the copies of `parts` (device address, bytes; each inside a
+    /// staged range) into the arena: a sliced call copies each slice in before its gate.
+    ///
+    /// # Safety
+    /// As for [`Arenas::stage`]; every part lies in a staged range the call reads.
+    pub(crate) unsafe fn copy_in(&self, parts: &[(u64, usize)]) -> Result<()> {
+        let stream = std::ptr::without_provenance_mut(self.stream);
+        for &(dev, len) in parts {
+            if len > 0 {
+                let host = self.part_host(dev, len)?;
+                // SAFETY: per the caller; the host range lies in the arena (`part_host`).
+                unsafe {
+                    self.device
+                        .copy_on_stream(stream, host as *mut u8, dev as *const u8, len)
+                }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues on the stream the copies of `parts` (device address, bytes; each inside a
+    /// staged range) back from the arena: a sliced call copies each slice back after its
+    /// job's flag wait.
+    ///
+    /// # Safety
+    /// As for [`Staged::copy_back`]; every part lies in a staged range the call writes.
+    pub(crate) unsafe fn copy_back_parts(&self, parts: &[(u64, usize)]) -> Result<()> {
+        let stream = std::ptr::without_provenance_mut(self.stream);
+        for &(dev, len) in parts {
+            if len > 0 {
+                let host = self.part_host(dev, len)?;
+                // SAFETY: per the caller; the host range lies in the arena (`part_host`).
+                unsafe {
+                    self.device
+                        .copy_on_stream(stream, dev as *mut u8, host as *const u8, len)
+                }?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The arena address of device range `[dev, dev + len)`, which one staged range holds.
+    fn part_host(&self, dev: u64, len: usize) -> Result<usize> {
+        self.spans
+            .iter()
+            .find(|&&(start, n, ..)| dev >= start && dev + len as u64 <= start + n as u64)
+            .map(|&(start, _, host, _)| host + (dev - start) as usize)
+            .ok_or_else(|| {
+                crate::Error::internal(format!(
+                    "stream staging: device bytes 0x{dev:x} + {len} lie in no staged range"
+                ))
+            })
+    }
+
     /// Queues on the stream the copies of the written ranges back to device memory (after the
     /// job's flag wait, which the caller queued first).
     ///
@@ -124,6 +178,22 @@ impl Arenas {
         stream: usize,
         spans: &[Span],
     ) -> Result<Staged> {
+        // SAFETY: per the caller.
+        unsafe { self.place(device, stream, spans, true) }
+    }
+
+    /// [`Arenas::stage`] without the copies in when `copy_in` is false (the caller queues
+    /// them itself, a part at a time: [`Staged::copy_in`]).
+    ///
+    /// # Safety
+    /// As for [`Arenas::stage`].
+    pub(crate) unsafe fn place(
+        &mut self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+        copy_in: bool,
+    ) -> Result<Staged> {
         let merged = merge(spans);
         let need = placed_bytes(&merged);
         let base = self.arena(device, stream, need)?;
@@ -136,7 +206,7 @@ impl Arenas {
         let mut at = 0;
         for s in merged {
             let host = base as usize + at;
-            if s.read {
+            if s.read && copy_in {
                 // SAFETY: per the caller for the device range; the host range lies in the
                 // arena (sized above), which lives until the queue drops.
                 unsafe {

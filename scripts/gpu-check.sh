@@ -105,6 +105,14 @@ if [ -x "$bundle/bin/ferroccl-device-check" ]; then
     rc=$?
     if [ "$skipped" = 1 ]; then :
     elif [ "$rc" -eq 0 ]; then echo "-- device buffers, stream order: PASS"; else echo "-- device buffers, stream order: FAIL (exit $rc)"; failed=1; fi
+    # 2d: one rank in stream order with 64 KiB slices: element-wise calls become one stream
+    # job per slice, copies in and back overlapping the other slices (not run on a GPU before).
+    echo "-- 2d: stream-ordered, FERRO_DEVICE_SLICE_BYTES=64K (a stream job per slice), 1 rank"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_STREAM_WAITS=1 FERRO_DEVICE_SLICE_BYTES=64K deadline=60 \
+        part=2d step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 1
+    rc=$?
+    if [ "$skipped" = 1 ]; then :
+    elif [ "$rc" -eq 0 ]; then echo "-- device buffers, stream order in slices: PASS"; else echo "-- device buffers, stream order in slices: FAIL (exit $rc)"; failed=1; fi
     # 2c, a diagnostic that does not fail the check: 4 ranks in one process with
     # FERRO_STREAM_WAITS=1. Before, this did not finish in 50 s: each rank's stream waited on
     # a flag in host memory, and with more streams than hardware queues
@@ -158,6 +166,11 @@ if [ -x "$bundle/bin/streams" ]; then
     echo "-- 4c: stream-ordered (the default), cuMemcpyDtoH right after each call"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEBUG=DEBUG \
         deadline=60 part=4c step "$bundle/bin/streams" 2 || rc=1
+    # 4d: stream-ordered with 256-byte slices (FERRO_DEVICE_SLICE_BYTES): the stream jobs cut
+    # their collectives into the slices the blocking form uses (not run on a GPU before).
+    echo "-- 4d: stream-ordered, FERRO_DEVICE_SLICE_BYTES=256 (calls cut into slices)"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEVICE_SLICE_BYTES=256 \
+        FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 deadline=60 part=4d step "$bundle/bin/streams" 2 || rc=1
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL"; failed=1; fi
 else
     echo "-- C ABI streams: FAIL (bin/streams missing from the bundle)"
@@ -277,7 +290,9 @@ elif ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
     unran=1
 else
     "$py" -c 'import torch; print("-- torch", torch.__version__, "CUDA", torch.version.cuda)'
-    PYTHONPATH=$bundle/python FERRO_DEVICE_PROVIDER=cuda part=9 step "$py" "$bundle/python/tests/test_cuda.py"
+    # 1 KiB slices: DDP's 10 KB buckets and the sweep's larger calls run as several stream jobs.
+    PYTHONPATH=$bundle/python FERRO_DEVICE_PROVIDER=cuda FERRO_DEVICE_SLICE_BYTES=1K \
+        part=9 step "$py" "$bundle/python/tests/test_cuda.py"
     rc=$?
     if [ "$skipped" = 1 ]; then :
     elif [ "$rc" -eq 0 ]; then echo "-- PyTorch backend on CUDA: PASS"

@@ -56,6 +56,19 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
             ("FERRO_STREAM_WAITS", "0"),
         ],
     );
+    // Calls cut into 256-byte slices, stream-ordered (a stream job cuts its staged
+    // collectives as the blocking form does) and blocking.
+    for waits in ["0", "1"] {
+        run_c(
+            &exe,
+            &["3"],
+            &[
+                ("FERRO_DEVICE_PROVIDER", "host"),
+                ("FERRO_DEVICE_SLICE_BYTES", "256"),
+                ("FERRO_STREAM_WAITS", waits),
+            ],
+        );
+    }
     // Over the p2p transport alone: blocking calls run straight on the device buffers,
     // stream-ordered ones stage through their stream's arena.
     for waits in ["0", "1"] {

@@ -566,8 +566,17 @@ fn a_local_error_is_returned_at_once_with_the_blocking_message() {
 
 #[test]
 fn abort_fails_queued_jobs_and_releases_the_stream() {
+    abort_fails_queued_jobs_with(Config::default());
+    // 7 floats in 16-byte slices: each call is two stream jobs.
+    abort_fails_queued_jobs_with(Config {
+        device_slice_bytes: 16,
+        ..Config::default()
+    });
+}
+
+fn abort_fails_queued_jobs_with(config: Config) {
     let dev = host_device();
-    let comms = Communicator::local_group(2, Config::default()).unwrap();
+    let comms = Communicator::local_group(2, config).unwrap();
     let c = &comms[0];
     c.set_device(dev).unwrap();
     let s = DeviceStream::new(dev).unwrap();

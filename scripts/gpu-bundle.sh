@@ -32,7 +32,9 @@ p2p_tests=$(cargo test --release --no-run -p ferroccl-transport-p2p --lib 2>&1 |
 lib=$(scripts/build-capi.sh)
 # The PyTorch backend's extension (abi3: any CPython >= 3.9 loads it; it links no libpython).
 echo "== building the Python extension" >&2
-(cd python && PYO3_PYTHON=${PYO3_PYTHON:-python3} cargo build --release --quiet --features extension-module)
+# Always in python/target (its own workspace; CARGO_TARGET_DIR would put it elsewhere).
+(cd python && CARGO_TARGET_DIR="$PWD/target" PYO3_PYTHON=${PYO3_PYTHON:-python3} \
+    cargo build --release --quiet --features extension-module)
 pyext=python/target/release/lib_ferroccl.so
 [ -f "$pyext" ] || { echo "gpu-bundle: the Python extension was not built" >&2; exit 1; }
 

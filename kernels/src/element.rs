@@ -451,7 +451,10 @@ via_f32_element!(
     Fp8E5M2::from_f64
 );
 
-/// Calls `$body` with the type alias `$t` bound to the Rust type of `$dtype`.
+/// Evaluates `$body` with the type alias `$t` bound to the Rust type of `$dtype` (a
+/// [`DataType`](crate::DataType)): one dispatch from a run-time data type to the generic code
+/// of every element type. The calling crate needs `half` (the f16 and bf16 types).
+#[macro_export]
 macro_rules! with_element {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
@@ -506,7 +509,7 @@ macro_rules! with_element {
         }
     };
 }
-pub(crate) use with_element;
+pub(crate) use crate::with_element;
 
 #[cfg(test)]
 mod tests {

@@ -142,37 +142,21 @@ impl Communicator {
         stream: &DeviceStream,
     ) -> Result<()> {
         self.check_raw_ranges(kind, send.as_ref(), (&*recv.0, &recv.1), dtype)?;
-        macro_rules! typed {
-            ($t:ty) => {{
-                let s = send.as_ref().map(|(b, r)| b.typed_part::<$t>(r));
-                let mut r = recv.0.typed_part::<$t>(&recv.1);
-                let n = self.inner.nranks;
-                let count = count_of(kind, s.as_ref().map(|s| s.len()), r.len(), n);
-                let count = count.ok_or_else(|| {
-                    Error::invalid_argument(format!(
-                        "{} on rank {}: buffer of {} elements is not a multiple of nranks {n}",
-                        kind.name(),
-                        self.inner.rank,
-                        s.as_ref().map_or(r.len(), |s| s.len()),
-                    ))
-                })?;
-                self.run_device_on(kind, s.as_deref(), &mut r, count, op, stream)
-            }};
-        }
-        match dtype {
-            DataType::Int8 => typed!(i8),
-            DataType::Uint8 => typed!(u8),
-            DataType::Int32 => typed!(i32),
-            DataType::Uint32 => typed!(u32),
-            DataType::Int64 => typed!(i64),
-            DataType::Uint64 => typed!(u64),
-            DataType::Float16 => typed!(half::f16),
-            DataType::Bfloat16 => typed!(half::bf16),
-            DataType::Float32 => typed!(f32),
-            DataType::Float64 => typed!(f64),
-            DataType::Float8E4M3 => typed!(ferroccl_kernels::Fp8E4M3),
-            DataType::Float8E5M2 => typed!(ferroccl_kernels::Fp8E5M2),
-        }
+        ferroccl_kernels::with_element!(dtype, T => {
+            let s = send.as_ref().map(|(b, r)| b.typed_part::<T>(r));
+            let mut r = recv.0.typed_part::<T>(&recv.1);
+            let n = self.inner.nranks;
+            let count = count_of(kind, s.as_ref().map(|s| s.len()), r.len(), n);
+            let count = count.ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{} on rank {}: buffer of {} elements is not a multiple of nranks {n}",
+                    kind.name(),
+                    self.inner.rank,
+                    s.as_ref().map_or(r.len(), |s| s.len()),
+                ))
+            })?;
+            self.run_device_on(kind, s.as_deref(), &mut r, count, op, stream)
+        })
     }
 
     // ----- typed stream-ordered entries -----

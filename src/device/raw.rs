@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Range;
 
-use ferroccl_kernels::{DataType, Element, Fp8E4M3, Fp8E5M2};
+use ferroccl_kernels::{DataType, Element};
 
 use super::{cuda, host, host_stream, Device, DeviceBuffer, Provider};
 use crate::coll::CollKind;
@@ -499,26 +499,10 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        macro_rules! typed {
-            ($t:ty) => {
-                // SAFETY: per this function's contract.
-                unsafe { self.collective_at_typed::<$t>(kind, send, recv, op) }
-            };
-        }
-        match dtype {
-            DataType::Int8 => typed!(i8),
-            DataType::Uint8 => typed!(u8),
-            DataType::Int32 => typed!(i32),
-            DataType::Uint32 => typed!(u32),
-            DataType::Int64 => typed!(i64),
-            DataType::Uint64 => typed!(u64),
-            DataType::Float16 => typed!(half::f16),
-            DataType::Bfloat16 => typed!(half::bf16),
-            DataType::Float32 => typed!(f32),
-            DataType::Float64 => typed!(f64),
-            DataType::Float8E4M3 => typed!(Fp8E4M3),
-            DataType::Float8E5M2 => typed!(Fp8E5M2),
-        }
+        ferroccl_kernels::with_element!(dtype, T => {
+            // SAFETY: per this function's contract.
+            unsafe { self.collective_at_typed::<T>(kind, send, recv, op) }
+        })
     }
 
     /// # Safety

@@ -56,18 +56,8 @@ impl Staged {
     /// # Safety
     /// As for [`Arenas::stage`]; every part lies in a staged range the call reads.
     pub(crate) unsafe fn copy_in(&self, parts: &[(u64, usize)]) -> Result<()> {
-        let stream = std::ptr::without_provenance_mut(self.stream);
-        for &(dev, len) in parts {
-            if len > 0 {
-                let host = self.part_host(dev, len)?;
-                // SAFETY: per the caller; the host range lies in the arena (`part_host`).
-                unsafe {
-                    self.device
-                        .copy_on_stream(stream, host as *mut u8, dev as *const u8, len)
-                }?;
-            }
-        }
-        Ok(())
+        // SAFETY: per the caller.
+        unsafe { self.copy_parts(parts, true) }
     }
 
     /// Queues on the stream the copies of `parts` (device address, bytes; each inside a
@@ -77,16 +67,23 @@ impl Staged {
     /// # Safety
     /// As for [`Staged::copy_back`]; every part lies in a staged range the call writes.
     pub(crate) unsafe fn copy_back_parts(&self, parts: &[(u64, usize)]) -> Result<()> {
+        // SAFETY: per the caller.
+        unsafe { self.copy_parts(parts, false) }
+    }
+
+    /// # Safety
+    /// As for [`Staged::copy_in`] (`into_arena`) or [`Staged::copy_back_parts`].
+    unsafe fn copy_parts(&self, parts: &[(u64, usize)], into_arena: bool) -> Result<()> {
         let stream = std::ptr::without_provenance_mut(self.stream);
-        for &(dev, len) in parts {
-            if len > 0 {
-                let host = self.part_host(dev, len)?;
-                // SAFETY: per the caller; the host range lies in the arena (`part_host`).
-                unsafe {
-                    self.device
-                        .copy_on_stream(stream, dev as *mut u8, host as *const u8, len)
-                }?;
-            }
+        for &(dev, len) in parts.iter().filter(|p| p.1 > 0) {
+            let host = self.part_host(dev, len)?;
+            let (dst, src) = if into_arena {
+                (host as *mut u8, dev as *const u8)
+            } else {
+                (dev as *mut u8, host as *const u8)
+            };
+            // SAFETY: per the caller; the host range lies in the arena (`part_host`).
+            unsafe { self.device.copy_on_stream(stream, dst, src, len) }?;
         }
         Ok(())
     }

@@ -54,6 +54,7 @@ class TorchCuda:
         host)."""
         if t.device.type != "cuda":
             return None
+        _refuse_capture(t.device.index)
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(t.device))
         return ev
@@ -65,13 +66,7 @@ class TorchCuda:
         host thread, outside any graph."""
         index, _, side = on
         current = torch.cuda.current_stream(index)
-        with torch.cuda.device(index):
-            capturing = torch.cuda.is_current_stream_capturing()
-        if capturing:
-            raise RuntimeError(
-                "ferroccl: the current CUDA stream is being captured into a CUDA graph; "
-                "ferroccl's collectives cannot be captured (run them outside the capture)"
-            )
+        _refuse_capture(index)
         if after is None:
             side.wait_stream(current)
         else:
@@ -97,6 +92,18 @@ class TorchCuda:
     def future(self, on):
         """A future that, once completed with CUDA tensors, makes its waiters' streams wait."""
         return torch.futures.Future(devices=[torch.device("cuda", on[0])])
+
+
+def _refuse_capture(index):
+    """Raises if the current stream of device ``index`` is being captured into a CUDA graph:
+    a ferroccl call runs on a host thread, outside any graph."""
+    with torch.cuda.device(index):
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
+        raise RuntimeError(
+            "ferroccl: the current CUDA stream is being captured into a CUDA graph; "
+            "ferroccl's collectives cannot be captured (run them outside the capture)"
+        )
 
 
 class _CudaMark:

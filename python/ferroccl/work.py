@@ -40,8 +40,8 @@ class Work(dist.Work):
         # Made on the first get_future(): most works are only waited on.
         self._future = None
         self._lock = threading.Lock()
-        # On a device: (device index, stream handle); the mark recorded after the operation;
-        # the communicator's asynchronous error (a callable).
+        # On a device: the adapter's (device index, stream handle, stream); the mark recorded
+        # after the operation; the communicator's asynchronous error (a callable).
         self._on = None
         self._mark = None
         self._async = None

@@ -415,19 +415,18 @@ impl Comm {
         Ok(())
     }
 
-    /// Runs `job` on this thread (GIL released) once every queued operation has ended: the
-    /// entry of calls that must be issued on the caller's thread (stream-ordered ones record
-    /// where they stand on the caller's stream when issued).
+    /// Runs `job` on this thread (GIL released) once every queued operation has ended, or at
+    /// once on the worker thread (a callback): the entry of calls that must be issued on the
+    /// caller's thread (stream-ordered ones record where they stand on the caller's stream
+    /// when issued).
     fn run_in_order(&self, py: Python<'_>, job: Job) -> PyResult<()> {
         if std::thread::current().id() == self.worker {
-            // A callback of an operation (a future's `then`) runs on the worker, which counts
-            // as busy until it returns: waiting for it here would never end.
-            return Err(Error::new_err(format!(
-                "ferroccl: rank {}: an operation on CUDA tensors was issued from a callback \
-                 running on the process group's worker thread (a future's then()); issue it \
-                 from the caller's thread",
-                self.rank
-            )));
+            // A callback of an operation (a future's `then`, as DDP's communication hooks
+            // chain them) runs on the worker between two queued operations: the one before
+            // has ended and the next has not started, so issuing here keeps issue order. (The
+            // worker counts as busy until the callback returns: waiting for idle would never
+            // end.)
+            return self.run_now(py, job).map(|_| ());
         }
         while !self.idle() {
             py.allow_threads(|| std::thread::sleep(Duration::from_micros(50)));

@@ -258,6 +258,9 @@ pub struct DeviceBuffer<T: Element> {
     len: usize,
     /// Queued stream jobs using the buffer (shared with them).
     pending: Pending,
+    /// Whether `Drop` frees the memory: false for views of memory owned elsewhere
+    /// ([`DeviceBuffer::view`]), whichever value holds them.
+    owned: bool,
     _elems: PhantomData<T>,
 }
 
@@ -277,6 +280,7 @@ impl<T: Element> DeviceBuffer<T> {
             addr,
             len,
             pending: Pending::default(),
+            owned: true,
             _elems: PhantomData,
         })
     }
@@ -423,6 +427,10 @@ impl<T: Element> DeviceBuffer<T> {
 
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
+        if !self.owned {
+            // A view: the memory is its owner's, and the jobs using it hold the count.
+            return;
+        }
         // A queued job may still use the memory: free it only once none does.
         self.pending.wait_idle();
         let r = match self.device.provider {

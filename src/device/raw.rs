@@ -9,7 +9,6 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::mem::ManuallyDrop;
 use std::ops::Range;
 
 use ferroccl_kernels::{DataType, Element};
@@ -170,10 +169,10 @@ impl Device {
 }
 
 /// A [`DeviceBuffer`] over device memory it does not own ([`DeviceBuffer::view`]): it
-/// dereferences to the buffer, and dropping it frees no device memory (only its share of the
-/// count of pending stream jobs).
+/// dereferences to the buffer, and neither it nor the buffer inside (even moved out of it)
+/// frees any device memory when dropped.
 #[derive(Debug)]
-pub struct DeviceView<T: Element>(ManuallyDrop<DeviceBuffer<T>>);
+pub struct DeviceView<T: Element>(DeviceBuffer<T>);
 
 impl<T: Element> std::ops::Deref for DeviceView<T> {
     type Target = DeviceBuffer<T>;
@@ -188,15 +187,6 @@ impl<T: Element> std::ops::DerefMut for DeviceView<T> {
     }
 }
 
-impl<T: Element> Drop for DeviceView<T> {
-    fn drop(&mut self) {
-        // SAFETY: the buffer is never dropped (ManuallyDrop: its memory is not this view's),
-        // so its pending count, the one field that owns heap memory, is dropped here once,
-        // and nothing reads the buffer afterwards.
-        unsafe { std::ptr::drop_in_place(&mut self.0.pending) }
-    }
-}
-
 impl<T: Element> DeviceBuffer<T> {
     /// A view of `len` elements of device memory at `addr` that it does not own: dropping
     /// the view frees nothing.
@@ -208,13 +198,14 @@ impl<T: Element> DeviceBuffer<T> {
         len.checked_mul(T::DTYPE.size()).ok_or_else(|| {
             Error::invalid_argument(format!("device view of {len} x {} overflows", T::DTYPE))
         })?;
-        Ok(DeviceView(ManuallyDrop::new(DeviceBuffer {
+        Ok(DeviceView(DeviceBuffer {
             device,
             addr,
             len,
             pending: super::Pending::default(),
+            owned: false,
             _elems: PhantomData,
-        })))
+        }))
     }
 }
 
@@ -224,13 +215,14 @@ impl DeviceBuffer<u8> {
     /// and its `Drop` wait for stream jobs queued on the view. `r` must lie inside the buffer.
     pub(crate) fn typed_part<T: Element>(&self, r: &Range<usize>) -> DeviceView<T> {
         debug_assert!(r.start <= r.end && r.end <= self.len);
-        DeviceView(ManuallyDrop::new(DeviceBuffer {
+        DeviceView(DeviceBuffer {
             device: self.device,
             addr: self.addr + r.start as u64,
             len: r.len() / T::DTYPE.size(),
             pending: self.pending.clone(),
+            owned: false,
             _elems: PhantomData,
-        }))
+        })
     }
 }
 
@@ -605,6 +597,13 @@ mod tests {
         // SAFETY: the buffer's own memory, only read while the view lives.
         let v = unsafe { DeviceBuffer::<u8>::view(dev, buf.addr, 32) }.unwrap();
         assert_eq!(v.to_vec().unwrap(), [7u8; 32]);
+        drop(v);
+        assert_eq!(buf.to_vec().unwrap(), [7u8; 32]);
+        // Nor does the buffer inside a view, moved out of it and dropped.
+        // SAFETY: as above.
+        let mut v = unsafe { DeviceBuffer::<u8>::view(dev, buf.addr, 32) }.unwrap();
+        let other = DeviceBuffer::<u8>::new(dev, 8).unwrap();
+        drop(std::mem::replace(&mut *v, other));
         drop(v);
         assert_eq!(buf.to_vec().unwrap(), [7u8; 32]);
     }

@@ -145,6 +145,24 @@ pub(super) fn count_of(
     }
 }
 
+/// [`count_of`] for rank `rank` of `n`, or the error naming the call and the length that
+/// does not split into `n` blocks.
+pub(super) fn call_count(
+    kind: CollKind,
+    rank: usize,
+    send: Option<usize>,
+    recv: usize,
+    n: usize,
+) -> Result<usize> {
+    count_of(kind, send, recv, n).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "{} on rank {rank}: buffer of {} elements is not a multiple of nranks {n}",
+            kind.name(),
+            send.unwrap_or(recv)
+        ))
+    })
+}
+
 impl Communicator {
     /// Binds this communicator to `device`: device buffers passed to its collectives must live
     /// there. Binding another device drops the cached staging of the previous one.
@@ -264,13 +282,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         let (name, rank, n) = (kind.name(), self.inner.rank, self.inner.nranks);
-        let count =
-            count_of(kind, send.as_ref().map(BufRef::len), recv.len(), n).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "{name} on rank {rank}: buffer of {} elements is not a multiple of nranks {n}",
-                    send.as_ref().map_or(recv.len(), BufRef::len)
-                ))
-            })?;
+        let count = call_count(kind, rank, send.as_ref().map(BufRef::len), recv.len(), n)?;
         match (send, recv) {
             (None, BufMut::Host(r)) => {
                 self.raw_collective(kind, None, as_bytes_mut(r), count, T::DTYPE, op)

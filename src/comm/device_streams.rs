@@ -33,7 +33,7 @@ use crate::device::stream_stage::{arena_bytes, Span};
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
-use super::device_calls::count_of;
+use super::device_calls::call_count;
 use super::group::{check_peers, DeviceBytes, P2p};
 use super::*;
 
@@ -145,16 +145,8 @@ impl Communicator {
         ferroccl_kernels::with_element!(dtype, T => {
             let s = send.as_ref().map(|(b, r)| b.typed_part::<T>(r));
             let mut r = recv.0.typed_part::<T>(&recv.1);
-            let n = self.inner.nranks;
-            let count = count_of(kind, s.as_ref().map(|s| s.len()), r.len(), n);
-            let count = count.ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "{} on rank {}: buffer of {} elements is not a multiple of nranks {n}",
-                    kind.name(),
-                    self.inner.rank,
-                    s.as_ref().map_or(r.len(), |s| s.len()),
-                ))
-            })?;
+            let (rank, n) = (self.inner.rank, self.inner.nranks);
+            let count = call_count(kind, rank, s.as_ref().map(|s| s.len()), r.len(), n)?;
             self.run_device_on(kind, s.as_deref(), &mut r, count, op, stream)
         })
     }

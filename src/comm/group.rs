@@ -19,9 +19,9 @@ use crate::{Error, Result};
 pub(super) trait DeviceBytes: std::fmt::Debug {
     /// Where it is.
     fn mem(&self) -> MemRef;
-    /// Checks it is live memory of the communicator's device; waits for queued stream jobs
-    /// that use it.
-    fn ready(&self, comm: &Communicator, what: &str) -> Result<()>;
+    /// Checks it is live memory of the communicator's device (returned); waits for queued
+    /// stream jobs that use it.
+    fn ready(&self, comm: &Communicator, what: &str) -> Result<Device>;
     /// Checks it is live memory of the communicator's device, without waiting for anything.
     fn check(&self, comm: &Communicator, what: &str) -> Result<Device>;
     /// Counts a queued stream job using it until the hold drops.
@@ -33,10 +33,10 @@ impl<T: Element> DeviceBytes for DeviceBuffer<T> {
         DeviceBuffer::mem(self)
     }
 
-    fn ready(&self, comm: &Communicator, what: &str) -> Result<()> {
-        comm.device_for("send/recv group", what, self)?;
+    fn ready(&self, comm: &Communicator, what: &str) -> Result<Device> {
+        let dev = comm.device_for("send/recv group", what, self)?;
         self.wait_idle();
-        Ok(())
+        Ok(dev)
     }
 
     fn check(&self, comm: &Communicator, what: &str) -> Result<Device> {
@@ -167,15 +167,8 @@ impl<'a> Group<'a> {
         let mut dev = None;
         for o in &self.ops {
             match o {
-                P2p::SendDevice { buf, .. } => dev = Some(buf.check(self.comm, "send")?),
-                P2p::RecvDevice { buf, .. } => dev = Some(buf.check(self.comm, "receive")?),
-                _ => {}
-            }
-        }
-        for o in &self.ops {
-            match o {
-                P2p::SendDevice { buf, .. } => buf.ready(self.comm, "send")?,
-                P2p::RecvDevice { buf, .. } => buf.ready(self.comm, "receive")?,
+                P2p::SendDevice { buf, .. } => dev = Some(buf.ready(self.comm, "send")?),
+                P2p::RecvDevice { buf, .. } => dev = Some(buf.ready(self.comm, "receive")?),
                 _ => {}
             }
         }

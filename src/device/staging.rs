@@ -273,21 +273,8 @@ impl Staging {
     /// Each span is live device memory of this staging's device, not written until this
     /// returns.
     pub(crate) unsafe fn stage_spans_in(&mut self, spans: &[(u64, usize)]) -> Result<()> {
-        let base = self.checked(Slot::Input, spans_bytes(spans))?;
-        let mut queued = Ok(());
-        for (&(src, len), off) in spans.iter().zip(span_offsets(spans)) {
-            if len > 0 {
-                // SAFETY: `base + off` starts `len` reserved bytes of the input buffer (checked
-                // for `spans_bytes` above), owned by `self`; `src` per this function's
-                // contract; both live until the synchronize below.
-                queued = unsafe { self.stream.download(base.add(off), src, len) };
-                if queued.is_err() {
-                    break;
-                }
-            }
-        }
-        let waited = self.stream.synchronize();
-        queued.and(waited)
+        // SAFETY: per this function's contract.
+        unsafe { self.copy_spans(Slot::Input, spans) }
     }
 
     /// Copies the output buffer's places for receives of `spans` (see
@@ -298,15 +285,33 @@ impl Staging {
     /// Each span is live device memory of this staging's device, used by nothing else until
     /// this returns.
     pub(crate) unsafe fn stage_spans_out(&mut self, spans: &[(u64, usize)]) -> Result<()> {
-        let base = self.checked(Slot::Output, spans_bytes(spans))?;
+        // SAFETY: per this function's contract.
+        unsafe { self.copy_spans(Slot::Output, spans) }
+    }
+
+    /// Copies `spans` at [`span_offsets`] of staging buffer `s`: device to host for the
+    /// input buffer, host to device for the output one; then waits for the stream.
+    ///
+    /// # Safety
+    /// As for [`Staging::stage_spans_in`] (input) or [`Staging::stage_spans_out`] (output).
+    unsafe fn copy_spans(&mut self, s: Slot, spans: &[(u64, usize)]) -> Result<()> {
+        let base = self.checked(s, spans_bytes(spans))?;
         let mut queued = Ok(());
-        for (&(dst, len), off) in spans.iter().zip(span_offsets(spans)) {
-            if len > 0 {
-                // SAFETY: as in `stage_spans_in`, with the direction reversed.
-                queued = unsafe { self.stream.upload(dst, base.add(off), len) };
-                if queued.is_err() {
-                    break;
+        for (&(dev, len), off) in spans.iter().zip(span_offsets(spans)) {
+            if len == 0 {
+                continue;
+            }
+            // SAFETY: `base + off` starts `len` reserved bytes of buffer `s` (checked for
+            // `spans_bytes` above), owned by `self`; `dev` per the caller's contract; both
+            // live until the synchronize below.
+            queued = unsafe {
+                match s {
+                    Slot::Input => self.stream.download(base.add(off), dev, len),
+                    Slot::Output => self.stream.upload(dev, base.add(off), len),
                 }
+            };
+            if queued.is_err() {
+                break;
             }
         }
         let waited = self.stream.synchronize();

@@ -17,7 +17,7 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
-use crate::device::staging::slice_range;
+use crate::device::staging::{slice_range, staged_bytes};
 use crate::device::stream_queue::{async_supported, blocks_always};
 use crate::device::{Device, DeviceBuffer, Provider, Staging};
 use crate::exec::Memory;
@@ -643,7 +643,10 @@ pub(super) fn staged<T: Element>(
     let slices = slices(inner, kind, count, es);
     let mut st = lock(state);
     let staging = Communicator::staging(&mut st, dev)?;
-    staging.reserve(in_len * es, recv.bytes())?;
+    staging.reserve(
+        staged_bytes(count, slices, in_len, es),
+        staged_bytes(count, slices, recv.len(), es),
+    )?;
     staging.pipeline(
         send,
         recv,

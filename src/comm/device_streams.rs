@@ -78,34 +78,16 @@ impl Communicator {
             return self.run_device(kind, send, recv, count, op);
         }
         let handle = stream.handle();
-        let is_root = kind.root() == Some(rank);
-        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
-        let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
-        let in_place = send.is_none();
-        // The ranges the jobs read and write, staged through the stream's pinned arena by
+        // The ranges the jobs read and write are staged through the stream's pinned arena by
         // copies queued on the stream now (`device::stream_stage`): the jobs run the host
         // collective on the arena and make no driver call. Cut into slices as the blocking
-        // form cuts the call (`stream_slices`).
-        let mut spans = vec![Span {
-            addr: recv.addr(),
-            len: recv.bytes(),
-            read: in_place,
-            written: recv_written,
-        }];
-        if let Some(s) = send.filter(|_| send_read) {
-            spans.push(Span {
-                addr: s.addr(),
-                len: s.bytes(),
-                read: true,
-                written: false,
-            });
-        }
-        if !orders_call(dev, arena_bytes(&spans)) {
+        // form cuts the call, the slices in flight staged at once (`stream_slices`).
+        let arena = self.slices_arena_bytes(dev, kind, send, recv, count);
+        if !orders_call(dev, arena) {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
-        let slices = super::device_calls::slices(&self.inner, kind, count, T::DTYPE.size());
-        self.run_slices_on(dev, kind, send, recv, count, op, handle, &spans, slices)
+        self.run_slices_on(dev, kind, send, recv, count, op, handle)
     }
 
     /// [`Communicator::raw_collective_device`] ordered on `stream`, as the typed `*_device_on`

@@ -3,21 +3,29 @@
 //! The call is cut as the blocking form cuts it (`device_calls::slices`: element-wise
 //! collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the others whole), so that ranks that
 //! take the blocking form and ranks that take the stream-ordered one exchange the same
-//! messages. On the caller's stream, in this order: every slice's copies in, each followed by
-//! its gate; then, per slice, the wait for its job's flag and its copies back. The stream so
-//! copies later slices in while earlier slices' collectives run, and copies earlier slices back
-//! while later ones run. The queue's thread runs the jobs in order: job `k` waits for gate `k`
-//! only. The last job holds the buffers until the stream has copied everything back.
+//! messages. The stream's arena holds the slices in flight (`SLICES_IN_FLIGHT` at most),
+//! whatever the call's size: slice `k` lives in place `k mod` that many. On the caller's
+//! stream, in this order: the first slices' copies in, each followed by its gate; then, per
+//! slice, the wait for its job's flag, its copies back, and the copy in (and gate) of the slice
+//! that takes its place next. The stream so copies later slices in while earlier slices'
+//! collectives run, and copies earlier slices back while later ones run. The queue's thread
+//! runs the jobs in order: job `k` waits for gate `k` only. The last job holds the buffers until
+//! the stream has copied everything back.
+//!
+//! The Rust API's typed calls and the C ABI's stream calls both queue their slices here
+//! ([`Communicator::queue_slices`]).
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
 use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
-use crate::device::staging::slice_range;
-use crate::device::stream_queue::{landing, record_gates};
-use crate::device::stream_stage::Span;
+use crate::device::gate::Gate;
+use crate::device::staging::{slice_bytes, slice_range, slices_in_flight};
+use crate::device::stream_queue::{landing, record_gates, Work};
+use crate::device::stream_stage::{Staged, Window};
 use crate::device::{Device, DeviceBuffer};
 use crate::Result;
 
@@ -25,9 +33,96 @@ use super::call::header_kind;
 use super::device_streams::Held;
 use super::*;
 
+/// One element-wise or whole device collective on a stream, as [`Communicator::queue_slices`]
+/// cuts it: device addresses and lengths in elements.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sliced {
+    /// The device and the caller's stream of it.
+    pub dev: Device,
+    pub handle: usize,
+    /// The call's count, how many slices it is cut into, and its element size.
+    pub count: usize,
+    pub slices: usize,
+    pub es: usize,
+    /// The send buffer's address and the elements the call reads of it (`None`: in place,
+    /// or not read, as a broadcast's non-root).
+    pub read: Option<(u64, usize)>,
+    /// The receive buffer's address and length.
+    pub recv: (u64, usize),
+    /// In place: the receive buffer is read too.
+    pub in_place: bool,
+    /// Whether the receive buffer is written (not a reduce's non-root).
+    pub written: bool,
+}
+
+/// What one slice's job works on: host addresses in the arena and lengths in bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SliceJob {
+    /// The slice's count.
+    pub count: usize,
+    /// Its input (`None` in place; a length of 0 where the call reads nothing).
+    pub input: Option<(usize, usize)>,
+    /// Its output.
+    pub output: (usize, usize),
+}
+
+impl Sliced {
+    /// Bytes of the stream's arena the call takes: room for the slices in flight.
+    pub(crate) fn arena_bytes(&self) -> usize {
+        Window::bytes(self.place_bytes(), slices_in_flight(self.slices))
+    }
+
+    /// Bytes one slice's place takes: its input part at a 256-byte boundary, then its output
+    /// part.
+    fn place_bytes(&self) -> usize {
+        let (c, n, es) = (self.count, self.slices, self.es);
+        let in_len = self.read.map_or(0, |r| r.1);
+        slice_bytes(c, n, in_len, es).next_multiple_of(ALIGN_INPUT)
+            + slice_bytes(c, n, self.recv.1, es)
+    }
+}
+
 impl Communicator {
-    /// Queues checked collective `kind` on the caller's stream `handle` of `dev` as `slices`
-    /// jobs; `spans` are the call's ranges (read and written) as staged through the arena.
+    /// The [`Sliced`] form of checked collective `kind` on these device buffers.
+    fn sliced<T: Element>(
+        &self,
+        dev: Device,
+        handle: usize,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &DeviceBuffer<T>,
+        count: usize,
+    ) -> Sliced {
+        let es = T::DTYPE.size();
+        let is_root = kind.root() == Some(self.inner.rank);
+        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
+        Sliced {
+            dev,
+            handle,
+            count,
+            slices: super::device_calls::slices(&self.inner, kind, count, es),
+            es,
+            read: send.filter(|_| send_read).map(|s| (s.addr(), s.len())),
+            recv: (recv.addr(), recv.len()),
+            in_place: send.is_none(),
+            written: !matches!(kind, CollKind::Reduce { .. }) || is_root,
+        }
+    }
+
+    /// Bytes of the stream's arena [`Communicator::run_slices_on`] takes for this call.
+    pub(super) fn slices_arena_bytes<T: Element>(
+        &self,
+        dev: Device,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &DeviceBuffer<T>,
+        count: usize,
+    ) -> usize {
+        self.sliced(dev, 0, kind, send, recv, count).arena_bytes()
+    }
+
+    /// Queues checked collective `kind` on the caller's stream `handle` of `dev` as jobs, one
+    /// per slice.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn run_slices_on<T: Element>(
         &self,
@@ -38,91 +133,139 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
         handle: usize,
-        spans: &[Span],
-        slices: usize,
     ) -> Result<()> {
-        let es = T::DTYPE.size();
-        let is_root = kind.root() == Some(self.inner.rank);
-        let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
-        let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
-        let in_place = send.is_none();
-        let read = send.filter(|_| send_read);
-        let (in_len, out_len) = (read.map_or(0, |s| s.len()), recv.len());
+        let call = self.sliced(dev, handle, kind, send, recv, count);
+        let keep = (Held::of(recv), send.map(Held::of));
+        let in_place = call.in_place;
+        let job = |j: SliceJob| -> Work {
+            let inner = Arc::clone(&self.inner);
+            Box::new(move || {
+                let run = || {
+                    // SAFETY: the ranges are the arena copies of this slice of the buffers
+                    // (0 bytes where empty), which the stream filled before the gate the
+                    // worker waited for, and which no other job uses (a place is copied into
+                    // again only after this job's flag and copies back; a later call's copies
+                    // in come after those too).
+                    let (input, output) = unsafe {
+                        let output: &mut [u8] = match j.output {
+                            (_, 0) => &mut [],
+                            (at, n) => std::slice::from_raw_parts_mut(at as *mut u8, n),
+                        };
+                        let input: Option<&[u8]> = match j.input {
+                            None if in_place => None,
+                            None | Some((_, 0)) => Some(&[]),
+                            Some((at, n)) => Some(std::slice::from_raw_parts(at as *const u8, n)),
+                        };
+                        (input, output)
+                    };
+                    super::calls::blocking_on(
+                        &inner,
+                        kind.name(),
+                        header_kind(kind),
+                        kind,
+                        input,
+                        output,
+                        j.count,
+                        T::DTYPE,
+                        op,
+                    )
+                };
+                let r = run();
+                if let Err(e) = &r {
+                    inner.fail(e.clone());
+                }
+                r
+            })
+        };
+        // SAFETY: both buffers are live device memory of `dev` (checked by the caller), held
+        // by the last job (`keep`) until the stream has run every copy back; `handle` is the
+        // caller's stream of `dev`.
+        unsafe { self.queue_slices(&call, keep, job) }
+    }
+
+    /// Queues `call` on its stream as one job per slice, `job` making each slice's work, the
+    /// last job holding `keep` until the stream has copied every slice back. Cut short after
+    /// some jobs were queued, the communicator fails (the slices queued would leave the call
+    /// half run, out of step with the peers) and the stream is waited for before the error
+    /// returns.
+    ///
+    /// # Safety
+    /// The call's ranges are live device memory of `call.dev` that stays the call's until the
+    /// stream has run past it (what `keep` holds, or NCCL's contract); `call.handle` is the
+    /// caller's stream of that device.
+    pub(crate) unsafe fn queue_slices<K: Send + 'static>(
+        &self,
+        call: &Sliced,
+        keep: K,
+        mut job: impl FnMut(SliceJob) -> Work,
+    ) -> Result<()> {
+        let Sliced {
+            dev,
+            handle,
+            count,
+            slices,
+            es,
+            read,
+            recv,
+            in_place,
+            written,
+        } = *call;
         let range = |len: usize, k: usize| slice_range(count, slices, len, k);
         let part = |addr: u64, r: &Range<usize>| (addr + (r.start * es) as u64, r.len() * es);
-        // SAFETY: both buffers are live device memory of `dev` (checked by the caller), held
-        // by the last job until the stream has run every copy back; `handle` is a stream of
-        // `dev`.
-        let st = unsafe { self.streams.place(dev, handle, spans) }?;
-        let recv_at = st.host_of(recv.addr()).unwrap_or(0);
-        let send_at = read.map(|s| st.host_of(s.addr()).unwrap_or(0));
-        let mut holds = Some((Held::of(recv), send.map(Held::of)));
+        let window = slices_in_flight(slices);
+        let room = self
+            .streams
+            .window(dev, handle, call.place_bytes(), window)?;
+        // Slice `k` in its place: the input's part first (out of place), then the output's
+        // (the last range).
+        let out_i = usize::from(read.is_some());
+        let stage = |k: usize| -> Result<Staged> {
+            let mut ranges = Vec::with_capacity(2);
+            if let Some((a, n)) = read {
+                let (at, len) = part(a, &range(n, k));
+                ranges.push((at, len, false));
+            }
+            let (at, len) = part(recv.0, &range(recv.1, k));
+            ranges.push((at, len, written));
+            room.slice(k, &ranges)
+        };
+        // The copy in of slice `k` (the output's part in place, else the input's), then its
+        // gate.
+        let copy_in = |st: &Staged| -> Result<Vec<Gate>> {
+            if in_place || read.is_some() {
+                // SAFETY: per the caller for the device range, one the call reads; its place
+                // is free: the slice that had it before was copied back earlier on this
+                // stream, and a call before this one copied its last slice back before this
+                // call's first copy in.
+                unsafe { st.copy_range(0, true) }?;
+            }
+            record_gates(dev, &[handle])
+        };
+        let mut keep = Some(keep);
         let mut queued = 0usize;
         let mut queue = || -> Result<()> {
-            let mut gates = Vec::with_capacity(slices);
-            for k in 0..slices {
-                let mut parts = Vec::with_capacity(2);
-                if in_place {
-                    parts.push(part(recv.addr(), &range(out_len, k)));
-                }
-                if let Some(s) = read {
-                    parts.push(part(s.addr(), &range(in_len, k)));
-                }
-                // SAFETY: as for the placing above; the parts lie in the ranges the call reads.
-                unsafe { st.copy_in(&parts) }?;
-                gates.push(record_gates(dev, &[handle])?);
+            let mut ahead = VecDeque::with_capacity(window);
+            for k in 0..window {
+                let st = stage(k)?;
+                let gate = copy_in(&st)?;
+                ahead.push_back((st, gate));
             }
-            for (k, gate) in gates.into_iter().enumerate() {
-                let (ri, ro) = (range(in_len, k), range(out_len, k));
-                let count_k = range(count, k).len();
-                let output_at = recv_at + ro.start * es;
-                let input_at = send_at.map(|a| a + ri.start * es);
-                let (in_n, out_n) = (ri.len(), ro.len());
-                let inner = Arc::clone(&self.inner);
-                let work = Box::new(move || {
-                    let run = || {
-                        // SAFETY: `output_at` and `input_at` are the arena copies of this slice of
-                        // the buffers (`out_n` and `in_n` elements, 0 where empty), which the
-                        // stream filled before the gate the worker waited for, and which no other
-                        // job uses (the slices are disjoint; the stream copies a later call in
-                        // only after this job's flag and copies back).
-                        let (input, output) = unsafe {
-                            let output: &mut [u8] = if out_n == 0 {
-                                &mut []
-                            } else {
-                                std::slice::from_raw_parts_mut(output_at as *mut u8, out_n * es)
-                            };
-                            let input: Option<&[u8]> = match (in_n, input_at) {
-                                (_, None) if in_place => None,
-                                (0, _) | (_, None) => Some(&[]),
-                                (n, Some(at)) => {
-                                    Some(std::slice::from_raw_parts(at as *const u8, n * es))
-                                }
-                            };
-                            (input, output)
-                        };
-                        super::calls::blocking_on(
-                            &inner,
-                            kind.name(),
-                            header_kind(kind),
-                            kind,
-                            input,
-                            output,
-                            count_k,
-                            T::DTYPE,
-                            op,
-                        )
-                    };
-                    let r = run();
-                    if let Err(e) = &r {
-                        inner.fail(e.clone());
-                    }
-                    r
+            for k in 0..slices {
+                let Some((st, gate)) = ahead.pop_front() else {
+                    return Err(crate::Error::internal(format!(
+                        "stream slices: slice {k} of {slices} was never staged"
+                    )));
+                };
+                let bytes = |len: usize| range(len, k).len() * es;
+                let work = job(SliceJob {
+                    count: range(count, k).len(),
+                    input: read.map(|(_, n)| (st.host_at(0).unwrap_or(0), bytes(n))),
+                    output: (st.host_at(out_i).unwrap_or(0), bytes(recv.1)),
                 });
                 // The last job waits, after its flag, until the stream has run every copy back
-                // (they run in order), then lets the buffers go: host access and `Drop` wait.
+                // (they run in order), then lets the buffers go.
                 let last = k + 1 == slices;
-                let (landed, after) = match if last { holds.take() } else { None } {
+                let (landed, after) = match if last { keep.take() } else { None } {
                     Some(h) => {
                         let (l, a) = landing(h);
                         (Some(l), Some(a))
@@ -131,13 +274,17 @@ impl Communicator {
                 };
                 self.streams.enqueue(dev, &[handle], gate, work, after)?;
                 queued += 1;
-                let mut parts = Vec::with_capacity(1);
-                if recv_written {
-                    parts.push(part(recv.addr(), &ro));
+                if written {
+                    // SAFETY: as for the copies in; the range is the part of the call's output
+                    // this slice writes, queued after this job's flag wait.
+                    unsafe { st.copy_range(out_i, false) }?;
                 }
-                // SAFETY: as for the placing above; the parts lie in the range the call writes,
-                // queued after this job's flag wait.
-                unsafe { st.copy_back_parts(&parts) }?;
+                // The slice that takes this place next is copied in after this copy back.
+                if k + window < slices {
+                    let next = stage(k + window)?;
+                    let gate = copy_in(&next)?;
+                    ahead.push_back((next, gate));
+                }
                 if let Some(l) = landed {
                     let g = record_gates(dev, &[handle])?;
                     let _ = l.send(g);
@@ -148,16 +295,73 @@ impl Communicator {
         let Err(e) = queue() else {
             return Ok(());
         };
-        // Cut short: the slices queued would leave the call half run, out of step with the
-        // peers, so the communicator fails (its queued jobs end promptly). The stream may still
-        // copy from and into the buffers: it is waited for before the caller gets them back.
         if queued > 0 {
             self.inner.fail(e.clone());
         }
         // SAFETY: `handle` is the caller's stream of `dev` (the caller's contract); every
         // flag it waits on belongs to a job already queued, which stores it.
         let _ = unsafe { dev.sync_stream(std::ptr::without_provenance_mut(handle)) };
-        drop(holds);
+        drop(keep);
         Err(e)
+    }
+}
+
+/// Where an output part starts after its slice's input part: the arena places every range
+/// at a multiple of this ([`Window::slice`]).
+const ALIGN_INPUT: usize = 256;
+
+#[cfg(test)]
+mod tests {
+    use crate::device::{Device, DeviceBuffer, DeviceStream, Provider};
+    use crate::{Communicator, Config, ReduceOp};
+
+    /// A call of many slices stages only the slices in flight in the stream's arena: 1021
+    /// floats in 64-byte slices are 64 jobs, and the arena holds 4 places of one slice's input
+    /// and output, not the call.
+    #[test]
+    fn the_arena_holds_the_slices_in_flight_not_the_call() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let config = Config {
+            device_slice_bytes: 64,
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(2, config).unwrap();
+        let count = 1021usize;
+        let value = |r: usize, i: usize| (i * 3 + r * 5000) as f32;
+        std::thread::scope(|sc| {
+            for c in &comms {
+                sc.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let r = c.rank();
+                    let s = DeviceStream::new(dev).unwrap();
+                    let mine: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+                    let sum: Vec<f32> = (0..count).map(|i| value(0, i) + value(1, i)).collect();
+                    let send = DeviceBuffer::from_host(dev, &mine).unwrap();
+                    let mut out = DeviceBuffer::<f32>::new(dev, count).unwrap();
+                    c.all_reduce_device_on(&send, &mut out, ReduceOp::Sum, &s)
+                        .unwrap();
+                    let mut buf = DeviceBuffer::from_host(dev, &mine).unwrap();
+                    c.all_reduce_device_in_place_on(&mut buf, ReduceOp::Sum, &s)
+                        .unwrap();
+                    // Reduce to rank 1: rank 0's output is neither read nor written.
+                    let mut red = DeviceBuffer::from_host(dev, &vec![-1.0f32; count]).unwrap();
+                    c.reduce_device_on(&send, &mut red, ReduceOp::Sum, 1, &s)
+                        .unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(out.to_vec().unwrap(), sum, "rank {r}: out of place");
+                    assert_eq!(buf.to_vec().unwrap(), sum, "rank {r}: in place");
+                    let want = if r == 1 {
+                        sum.clone()
+                    } else {
+                        vec![-1.0; count]
+                    };
+                    assert_eq!(red.to_vec().unwrap(), want, "rank {r}: reduce");
+                    let arena = c.streams.arena_bytes();
+                    // A place: 64 input bytes at a 256-byte boundary, then 64 output bytes.
+                    assert!(arena <= 4 * 512, "rank {r}: arena of {arena} bytes");
+                    assert!(c.async_error().is_none());
+                });
+            }
+        });
     }
 }

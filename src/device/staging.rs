@@ -1,8 +1,9 @@
 //! Pinned host staging: how device data crosses the host-only transports (shm, TCP).
 //!
 //! A communicator keeps one [`Staging`] per bound device: a stream and two page-locked host
-//! buffers (input and output), grown to the largest call seen and reused afterwards, so calls
-//! after the first of their size allocate nothing. A device collective copies its device input
+//! buffers (input and output), grown to the largest need seen and reused afterwards, so calls
+//! after the first of their size allocate nothing. A collective cut into slices needs room for
+//! [`SLICES_IN_FLIGHT`] slices, whatever its size; one staged whole needs its buffers' size. A device collective copies its device input
 //! into the input buffer (device to host, on the stream), runs the host schedule on the
 //! staging buffers, then copies the output buffer back (host to device): [`Staging::pipeline`]
 //! does so in slices whose copies overlap the other slices' transfers (element-wise
@@ -353,18 +354,21 @@ impl Staging {
     }
 
     /// Runs one collective through the staging buffers, in `slices` pieces whose copies
-    /// overlap the work on the others: every slice's device-to-host copy is queued at once,
-    /// each followed by a mark; slice `k` waits only for its own mark, runs `run(count_k,
-    /// input, output)` on the host, and queues its host-to-device copy, so the copies in and
-    /// out of the other slices proceed while `run` moves slice `k` over the transports.
+    /// overlap the work on the others. The staging holds [`SLICES_IN_FLIGHT`] slices at most
+    /// ([`staged_bytes`]), whatever the call's size: slice `k` lives in place `k mod` that
+    /// many. The device-to-host copies of the first slices are queued at once, each followed
+    /// by a mark; slice `k` waits only for its own mark, runs `run(count_k, input, output)` on
+    /// the host, queues its host-to-device copy and then the copy in of the slice that takes
+    /// its place next (the stream runs them in that order), so the copies in and out of the
+    /// other slices proceed while `run` moves slice `k` over the transports.
     ///
     /// `src: None` is in place: `dst` is read into the output buffer. Otherwise `src` is read
     /// into the input buffer when `read`. `dst` is written back when `write`. With one slice,
     /// whole buffers are staged and `count_k` is `count`. With more (element-wise collectives
     /// only), slice `k` is elements `k * per .. (k + 1) * per` of `count` (`per = count /
     /// slices` rounded up) of each buffer, clipped to its length. `run` gets `None` as input
-    /// in place. Buffers must be reserved first. Returns after every queued copy has
-    /// completed, also when `run` fails (or panics).
+    /// in place. Buffers must be reserved first ([`staged_bytes`] of each). Returns after
+    /// every queued copy has completed, also when `run` fails (or panics).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pipeline<T: Element>(
         &mut self,
@@ -394,9 +398,12 @@ impl Staging {
                 "device staging: {slices} slices of an input of {in_len} elements, count {count}"
             )));
         }
-        let in_ptr = self.checked(Slot::Input, in_len * es)?;
-        let out_ptr = self.checked(Slot::Output, out_len * es)?;
+        let in_ptr = self.checked(Slot::Input, staged_bytes(count, slices, in_len, es))?;
+        let out_ptr = self.checked(Slot::Output, staged_bytes(count, slices, out_len, es))?;
         let range = |len: usize, k: usize| slice_range(count, slices, len, k);
+        let window = slices_in_flight(slices);
+        // Where slice `k` lives in a staging buffer, in bytes.
+        let at = |k: usize| slice_place(count, slices, k) * es;
         let (read_ptr, read_addr, read_len) = match src {
             None => (out_ptr, dst.addr, out_len),
             Some(s) if read => (in_ptr, s.addr, in_len),
@@ -404,34 +411,39 @@ impl Staging {
         };
         let dst_addr = dst.addr;
         let stream = &mut self.stream;
+        // Queues slice `k`'s copy in, then its mark.
+        let copy_in = |stream: &mut Stream, k: usize| -> Result<()> {
+            let r = range(read_len, k);
+            // SAFETY: `read_ptr + at(k)` starts room for a slice (reserved for
+            // `staged_bytes`, checked above) and the device buffer holds `read_len` elements
+            // (it is `src` or `dst`, borrowed for this call); every queued copy completes
+            // before this function returns (synchronize below, on every path).
+            unsafe {
+                stream.download(
+                    read_ptr.add(at(k)),
+                    read_addr + (r.start * es) as u64,
+                    r.len() * es,
+                )?
+            };
+            stream.mark(k % window)
+        };
         let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
-            for k in 0..slices {
-                let r = range(read_len, k);
-                // SAFETY: `read_ptr` holds `read_len` elements (reserved, checked above) and
-                // the device buffer as many (it is `src` or `dst`, borrowed for this call);
-                // every queued copy completes before this function returns (synchronize
-                // below, on every path).
-                unsafe {
-                    stream.download(
-                        read_ptr.add(r.start * es),
-                        read_addr + (r.start * es) as u64,
-                        r.len() * es,
-                    )?
-                };
-                stream.mark(k)?;
+            for k in 0..window {
+                copy_in(stream, k)?;
             }
             for k in 0..slices {
-                stream.wait_mark(k)?;
+                stream.wait_mark(k % window)?;
                 let (ri, ro) = (range(in_len, k), range(out_len, k));
                 let input: Option<&[T]> = match (in_place, ri.is_empty()) {
                     (true, _) => None,
                     (false, true) => Some(&[]),
                     // SAFETY: the ranges lie in the reserved buffers; slice `k`'s download has
-                    // completed (its mark was waited for), no other queued copy touches these
-                    // ranges (other slices' copies cover disjoint ranges), and its upload is
-                    // queued only after `run` returns and the slices are dropped.
+                    // completed (its mark was waited for), no other queued copy touches its
+                    // place (the slices in flight have places of their own, and the slice
+                    // that takes this place next is copied in only after this slice's upload,
+                    // which is queued only after `run` returns and the slices are dropped).
                     (false, false) => Some(unsafe {
-                        std::slice::from_raw_parts(in_ptr.cast::<T>().add(ri.start), ri.len())
+                        std::slice::from_raw_parts(in_ptr.add(at(k)).cast::<T>(), ri.len())
                     }),
                 };
                 let output: &mut [T] = if ro.is_empty() {
@@ -439,20 +451,24 @@ impl Staging {
                 } else {
                     // SAFETY: as above.
                     unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.cast::<T>().add(ro.start), ro.len())
+                        std::slice::from_raw_parts_mut(out_ptr.add(at(k)).cast::<T>(), ro.len())
                     }
                 };
                 run(range(count, k).len(), input, output)?;
                 if write {
                     // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
-                    // call; the staging range stays untouched until the synchronize below.
+                    // call; the staging range stays untouched until this upload has run (the
+                    // next copy into this place is queued after it on the same stream).
                     unsafe {
                         stream.upload(
                             dst_addr + (ro.start * es) as u64,
-                            out_ptr.add(ro.start * es),
+                            out_ptr.add(at(k)),
                             ro.len() * es,
                         )?
                     };
+                }
+                if k + window < slices {
+                    copy_in(stream, k + window)?;
                 }
             }
             Ok(())
@@ -507,6 +523,46 @@ pub(crate) fn span_offsets(spans: &[(u64, usize)]) -> impl Iterator<Item = usize
 /// The staging bytes `spans` take at [`span_offsets`].
 pub(crate) fn spans_bytes(spans: &[(u64, usize)]) -> usize {
     spans.iter().map(|&(_, len)| len.next_multiple_of(64)).sum()
+}
+
+/// How many slices of a device collective are staged at once: the pinned memory a call
+/// takes is this many slices (of `FERRO_DEVICE_SLICE_BYTES`), not the call's size, and while
+/// one slice moves over the transports the copies of the others proceed.
+pub(crate) const SLICES_IN_FLIGHT: usize = 4;
+
+/// How many of a call's `slices` are staged at once ([`SLICES_IN_FLIGHT`] at most).
+pub(crate) fn slices_in_flight(slices: usize) -> usize {
+    slices.clamp(1, SLICES_IN_FLIGHT)
+}
+
+/// The first element of the place where slice `k` of a call of `count` elements cut into
+/// `slices` is staged: slices in flight at once have places of their own, one after another,
+/// and a later slice takes the place of the slice [`slices_in_flight`] before it.
+pub(crate) fn slice_place(count: usize, slices: usize, k: usize) -> usize {
+    if slices <= 1 {
+        return 0;
+    }
+    (k % slices_in_flight(slices)) * count.div_ceil(slices).max(1)
+}
+
+/// The staging bytes a buffer of `len` elements of `es` bytes takes in a call of `count`
+/// elements cut into `slices`: the whole buffer for one slice, else the places of the slices
+/// in flight (clipped to the buffer).
+pub(crate) fn staged_bytes(count: usize, slices: usize, len: usize, es: usize) -> usize {
+    if slices <= 1 {
+        return len * es;
+    }
+    let places = slices_in_flight(slices) * count.div_ceil(slices).max(1);
+    places.min(len) * es
+}
+
+/// The most bytes one slice of a buffer of `len` elements of `es` bytes holds, in a call of
+/// `count` elements cut into `slices`.
+pub(crate) fn slice_bytes(count: usize, slices: usize, len: usize, es: usize) -> usize {
+    if slices <= 1 {
+        return len * es;
+    }
+    count.div_ceil(slices).max(1).min(len) * es
 }
 
 /// Elements of slice `k` of a buffer of `len` elements, when a call of `count` elements is cut
@@ -627,5 +683,83 @@ mod tests {
         )
         .unwrap();
         assert_eq!(dst.to_vec().unwrap(), before);
+    }
+
+    #[test]
+    fn a_call_of_many_slices_stages_only_the_slices_in_flight() {
+        let dev = Device::new(Provider::Host, 3).unwrap();
+        let (count, slices) = (37usize, 9usize);
+        let data: Vec<u32> = (0..count as u32).map(|i| i * 7 + 1).collect();
+        let src = DeviceBuffer::from_host(dev, &data).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, count).unwrap();
+        let room = staged_bytes(count, slices, count, 4);
+        assert_eq!(
+            room,
+            SLICES_IN_FLIGHT * 5 * 4,
+            "places of 5 elements, not 37"
+        );
+        assert_eq!(
+            staged_bytes(count, 1, count, 4),
+            count * 4,
+            "one slice: whole"
+        );
+        assert_eq!(staged_bytes(8, 4, 8, 4), 8 * 4, "clipped to the buffer");
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve(room, room).unwrap();
+        let mut seen = Vec::new();
+        st.pipeline(
+            Some(&src),
+            &mut dst,
+            true,
+            true,
+            count,
+            slices,
+            |n, input, output| {
+                let input = input.expect("out of place");
+                seen.extend_from_slice(input);
+                assert_eq!(n, input.len());
+                for (o, i) in output.iter_mut().zip(input) {
+                    *o = i * 3;
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(seen, data, "every slice read its own elements, in order");
+        let tripled: Vec<u32> = data.iter().map(|x| x * 3).collect();
+        assert_eq!(dst.to_vec().unwrap(), tripled);
+        // In place through the same room; a slice that reuses a place sees its own data.
+        st.pipeline(
+            None,
+            &mut dst,
+            true,
+            true,
+            count,
+            slices,
+            |_, input, output| {
+                assert!(input.is_none());
+                output.iter_mut().for_each(|x| *x += 1);
+                Ok(())
+            },
+        )
+        .unwrap();
+        let plus: Vec<u32> = tripled.iter().map(|x| x + 1).collect();
+        assert_eq!(dst.to_vec().unwrap(), plus);
+        assert_eq!(st.allocations(), 2, "the room reserved once");
+        // Less room than the slices in flight need is an error before anything is copied.
+        let mut small = Staging::new(dev).unwrap();
+        small.reserve(room / 2, room / 2).unwrap();
+        let e = small
+            .pipeline(
+                Some(&src),
+                &mut dst,
+                true,
+                true,
+                count,
+                slices,
+                |_, _, _| Ok(()),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("not reserved"), "{e}");
     }
 }

@@ -299,19 +299,22 @@ impl StreamQueue {
         unsafe { lock(&self.arenas).stage(device, stream, spans) }
     }
 
-    /// Places `spans` of a job in the arena of the caller's `stream` without copying anything
-    /// (the caller queues the copies in, slice by slice: `Staged::copy_in`).
-    ///
-    /// # Safety
-    /// As for `Arenas::stage`.
-    pub(crate) unsafe fn place(
+    /// Bytes of pinned memory in this queue's arenas.
+    #[cfg(test)]
+    pub(crate) fn arena_bytes(&self) -> usize {
+        lock(&self.arenas).bytes()
+    }
+
+    /// Room for the slices in flight of a call on the caller's `stream` in its arena
+    /// (`Arenas::window`); nothing is copied.
+    pub(crate) fn window(
         &self,
         device: Device,
         stream: usize,
-        spans: &[Span],
-    ) -> Result<Staged> {
-        // SAFETY: per the caller.
-        unsafe { lock(&self.arenas).place(device, stream, spans, false) }
+        place: usize,
+        places: usize,
+    ) -> Result<crate::device::stream_stage::Window> {
+        lock(&self.arenas).window(device, stream, place, places)
     }
 
     /// Queues `staged`'s copies back on its stream (after the job's flag wait, queued by

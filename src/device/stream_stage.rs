@@ -50,55 +50,33 @@ impl Staged {
             .map(|&(start, _, host, _)| host + (addr - start) as usize)
     }
 
-    /// Queues on the stream the copies of `parts` (device address, bytes; each inside a
-    /// staged range) into the arena: a sliced call copies each slice in before its gate.
-    ///
-    /// # Safety
-    /// As for [`Arenas::stage`]; every part lies in a staged range the call reads.
-    pub(crate) unsafe fn copy_in(&self, parts: &[(u64, usize)]) -> Result<()> {
-        // SAFETY: per the caller.
-        unsafe { self.copy_parts(parts, true) }
+    /// The arena address of staged range `i` (in the order they were placed).
+    pub(crate) fn host_at(&self, i: usize) -> Option<usize> {
+        self.spans.get(i).map(|s| s.2)
     }
 
-    /// Queues on the stream the copies of `parts` (device address, bytes; each inside a
-    /// staged range) back from the arena: a sliced call copies each slice back after its
-    /// job's flag wait.
+    /// Queues on the stream the copy of staged range `i` whole: into the arena when
+    /// `into_arena`, else back to device memory.
     ///
-    /// # Safety
-    /// As for [`Staged::copy_back`]; every part lies in a staged range the call writes.
-    pub(crate) unsafe fn copy_back_parts(&self, parts: &[(u64, usize)]) -> Result<()> {
-        // SAFETY: per the caller.
-        unsafe { self.copy_parts(parts, false) }
-    }
-
     /// # Safety
     /// As for [`Staged::copy_in`] (`into_arena`) or [`Staged::copy_back_parts`].
-    unsafe fn copy_parts(&self, parts: &[(u64, usize)], into_arena: bool) -> Result<()> {
-        let stream = std::ptr::without_provenance_mut(self.stream);
-        for &(dev, len) in parts.iter().filter(|p| p.1 > 0) {
-            let host = self.part_host(dev, len)?;
-            let (dst, src) = if into_arena {
-                (host as *mut u8, dev as *const u8)
-            } else {
-                (dev as *mut u8, host as *const u8)
-            };
-            // SAFETY: per the caller; the host range lies in the arena (`part_host`).
-            unsafe { self.device.copy_on_stream(stream, dst, src, len) }?;
+    pub(crate) unsafe fn copy_range(&self, i: usize, into_arena: bool) -> Result<()> {
+        let Some(&(dev, len, host, _)) = self.spans.get(i) else {
+            return Err(crate::Error::internal(format!(
+                "stream staging: no staged range {i}"
+            )));
+        };
+        if len == 0 {
+            return Ok(());
         }
-        Ok(())
-    }
-
-    /// The arena address of device range `[dev, dev + len)`, which one staged range holds.
-    fn part_host(&self, dev: u64, len: usize) -> Result<usize> {
-        self.spans
-            .iter()
-            .find(|&&(start, n, ..)| dev >= start && dev + len as u64 <= start + n as u64)
-            .map(|&(start, _, host, _)| host + (dev - start) as usize)
-            .ok_or_else(|| {
-                crate::Error::internal(format!(
-                    "stream staging: device bytes 0x{dev:x} + {len} lie in no staged range"
-                ))
-            })
+        let (dst, src) = if into_arena {
+            (host as *mut u8, dev as *const u8)
+        } else {
+            (dev as *mut u8, host as *const u8)
+        };
+        let stream = std::ptr::without_provenance_mut(self.stream);
+        // SAFETY: per the caller; the host range lies in the arena (placed for `len` bytes).
+        unsafe { self.device.copy_on_stream(stream, dst, src, len) }
     }
 
     /// Queues on the stream the copies of the written ranges back to device memory (after the
@@ -119,6 +97,48 @@ impl Staged {
             }
         }
         Ok(())
+    }
+}
+
+/// Places for the slices of one call in flight in a stream's arena ([`Arenas::window`]).
+#[derive(Debug)]
+pub(crate) struct Window {
+    device: Device,
+    stream: usize,
+    base: usize,
+    /// Bytes per place (a multiple of `ALIGN`).
+    place: usize,
+    places: usize,
+}
+
+impl Window {
+    /// Bytes a window of `places` places for `place` bytes each takes in an arena.
+    pub(crate) fn bytes(place: usize, places: usize) -> usize {
+        place.next_multiple_of(ALIGN) * places
+    }
+
+    /// Slice `k`'s ranges (device address, bytes, written; at most the place's bytes in all)
+    /// placed one after another in place `k mod places`. Slice `k + places` takes the same
+    /// place: its copies in must be queued after slice `k`'s copies back.
+    pub(crate) fn slice(&self, k: usize, ranges: &[(u64, usize, bool)]) -> Result<Staged> {
+        let mut host = self.base + (k % self.places) * self.place;
+        let end = host + self.place;
+        let mut spans = Vec::with_capacity(ranges.len());
+        for &(addr, len, written) in ranges {
+            if host + len > end {
+                return Err(crate::Error::internal(format!(
+                    "stream staging: slice {k} needs more than its place of {} bytes",
+                    self.place
+                )));
+            }
+            spans.push((addr, len, host, written));
+            host += len.next_multiple_of(ALIGN);
+        }
+        Ok(Staged {
+            device: self.device,
+            stream: self.stream,
+            spans,
+        })
     }
 }
 
@@ -175,22 +195,6 @@ impl Arenas {
         stream: usize,
         spans: &[Span],
     ) -> Result<Staged> {
-        // SAFETY: per the caller.
-        unsafe { self.place(device, stream, spans, true) }
-    }
-
-    /// [`Arenas::stage`] without the copies in when `copy_in` is false (the caller queues
-    /// them itself, a part at a time: [`Staged::copy_in`]).
-    ///
-    /// # Safety
-    /// As for [`Arenas::stage`].
-    pub(crate) unsafe fn place(
-        &mut self,
-        device: Device,
-        stream: usize,
-        spans: &[Span],
-        copy_in: bool,
-    ) -> Result<Staged> {
         let merged = merge(spans);
         let need = placed_bytes(&merged);
         let base = self.arena(device, stream, need)?;
@@ -203,7 +207,7 @@ impl Arenas {
         let mut at = 0;
         for s in merged {
             let host = base as usize + at;
-            if s.read && copy_in {
+            if s.read {
                 // SAFETY: per the caller for the device range; the host range lies in the
                 // arena (sized above), which lives until the queue drops.
                 unsafe {
@@ -214,6 +218,34 @@ impl Arenas {
             at += s.len.next_multiple_of(ALIGN);
         }
         Ok(out)
+    }
+
+    /// Room for `places` places of `place` bytes each in the arena of `stream` (grown if
+    /// needed): a call cut into slices stages the slices in flight there, a slice at a time
+    /// ([`Window::slice`]).
+    pub(crate) fn window(
+        &mut self,
+        device: Device,
+        stream: usize,
+        place: usize,
+        places: usize,
+    ) -> Result<Window> {
+        let place = place.next_multiple_of(ALIGN);
+        let base = self.arena(device, stream, place * places)? as usize;
+        Ok(Window {
+            device,
+            stream,
+            base,
+            place,
+            places,
+        })
+    }
+
+    /// Bytes of every arena, the outgrown ones too.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        let live = self.by_stream.iter().map(|(_, p)| p.raw().1);
+        live.chain(self.retired.iter().map(|p| p.raw().1)).sum()
     }
 
     /// The arena of `stream`, at least `need` bytes.

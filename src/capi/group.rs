@@ -19,6 +19,7 @@ use std::sync::Arc;
 use super::comm::Shared;
 use super::ops::{coll_layout, rooted_layout, validate, Layout, Op, Reduction};
 use super::run::execute;
+use super::slices::{self, Lone};
 use super::stream::OnStream;
 use super::types::*;
 use crate::device::gate::Gate;
@@ -204,7 +205,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     for (shared, ops) in &batches {
         let plan = if shared.blocking {
             let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
-            plan_job(shared, ops, checked)?
+            plan_job(shared, ops, checked, batches.len() == 1)?
         } else {
             Plan::Host
         };
@@ -218,6 +219,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     let job = stream_job(&shared, ops, device, spans)?;
                     stream_jobs.push((shared, job));
                 }
+                Plan::Slices(lone) => slices::queue(&shared, lone)?,
                 Plan::Host | Plan::Block => blocking.push((shared, ops)),
             }
             continue;
@@ -313,13 +315,16 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
+    /// The batch is one element-wise collective and the group's only batch: one stream job
+    /// per slice (`slices`).
+    Slices(Lone),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
 fn all_or_none(plans: &mut [Plan]) {
     if plans.iter().any(|p| matches!(p, Plan::Block)) {
         for p in plans {
-            if matches!(p, Plan::Job(..)) {
+            if matches!(p, Plan::Job(..) | Plan::Slices(..)) {
                 *p = Plan::Block;
             }
         }
@@ -329,8 +334,9 @@ fn all_or_none(plans: &mut [Plan]) {
 /// Whether the batch `ops` of blocking communicator `shared` can run as one stream job: every
 /// operation has a stream, the device can wait on a flag, and the ranges fit the arenas
 /// ([`orders_call`]); with the ranges to stage per stream. `checked`: the operations'
-/// arguments were checked when they were issued.
-fn plan_job(shared: &Shared, ops: &[Op], checked: bool) -> Result<Plan> {
+/// arguments were checked when they were issued. `alone`: the group's only batch, which may
+/// then run as one job per slice ([`Plan::Slices`]).
+fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<Plan> {
     let Some(first) = ops.iter().find_map(stream_of) else {
         return Ok(Plan::Host);
     };
@@ -348,6 +354,14 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool) -> Result<Plan> {
         || !comm.stream_jobs_supported(first.device, &streams)
     {
         return Ok(Plan::Block);
+    }
+    if alone {
+        if let Some(lone) = slices::lone(&comm, first.device, ops, checked)? {
+            if !orders_call(first.device, lone.arena_bytes()) {
+                return Ok(Plan::Block);
+            }
+            return Ok(Plan::Slices(lone));
+        }
     }
     let by_stream = stream_spans(shared, first.device, ops, checked)?;
     if !orders_call(
@@ -702,6 +716,7 @@ mod tests {
                     Plan::Host => "host",
                     Plan::Block => "block",
                     Plan::Job(..) => "job",
+                    Plan::Slices(..) => "slices",
                 })
                 .collect()
         };

@@ -100,6 +100,7 @@ mod param;
 mod run;
 mod shared;
 mod simulate;
+mod slices;
 mod stream;
 pub mod types;
 mod unsupported;

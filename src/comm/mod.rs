@@ -32,6 +32,8 @@ use crate::{Error, ErrorKind, Result};
 pub use config::{parse_size, Config, DebugLevel};
 pub use device_calls::{BufMut, BufRef};
 pub use group::Group;
+#[cfg(feature = "capi")]
+pub(crate) use stream_slices::{SliceJob, Sliced};
 pub use work::Work;
 
 use call::{header_kind, Call};

@@ -24,7 +24,7 @@ use ferroccl_kernels::Element;
 use crate::coll::CollKind;
 use crate::device::gate::Gate;
 use crate::device::staging::{slice_bytes, slice_range, slices_in_flight};
-use crate::device::stream_queue::{landing, record_gates, Work};
+use crate::device::stream_queue::{landing, record_gates, StreamQueue, Work};
 use crate::device::stream_stage::{Staged, Window};
 use crate::device::{Device, DeviceBuffer};
 use crate::Result;
@@ -180,11 +180,11 @@ impl Communicator {
         // SAFETY: both buffers are live device memory of `dev` (checked by the caller), held
         // by the last job (`keep`) until the stream has run every copy back; `handle` is the
         // caller's stream of `dev`.
-        unsafe { self.queue_slices(&call, keep, job) }
+        unsafe { self.queue_slices(&self.streams, &call, keep, job) }
     }
 
-    /// Queues `call` on its stream as one job per slice, `job` making each slice's work, the
-    /// last job holding `keep` until the stream has copied every slice back. Cut short after
+    /// Queues `call` on its stream as one job per slice of `queue` (this communicator's, or the
+    /// C ABI's queue of it), `job` making each slice's work, the last job holding `keep` until the stream has copied every slice back. Cut short after
     /// some jobs were queued, the communicator fails (the slices queued would leave the call
     /// half run, out of step with the peers) and the stream is waited for before the error
     /// returns.
@@ -195,6 +195,7 @@ impl Communicator {
     /// caller's stream of that device.
     pub(crate) unsafe fn queue_slices<K: Send + 'static>(
         &self,
+        queue: &StreamQueue,
         call: &Sliced,
         keep: K,
         mut job: impl FnMut(SliceJob) -> Work,
@@ -243,7 +244,7 @@ impl Communicator {
         };
         let mut keep = Some(keep);
         let mut queued = 0usize;
-        let mut queue = || -> Result<()> {
+        let mut issue = || -> Result<()> {
             let mut ahead = VecDeque::with_capacity(window);
             for k in 0..window {
                 let st = stage(k)?;
@@ -272,7 +273,7 @@ impl Communicator {
                     }
                     None => (None, None),
                 };
-                self.streams.enqueue(dev, &[handle], gate, work, after)?;
+                queue.enqueue(dev, &[handle], gate, work, after)?;
                 queued += 1;
                 if written {
                     // SAFETY: as for the copies in; the range is the part of the call's output
@@ -292,7 +293,7 @@ impl Communicator {
             }
             Ok(())
         };
-        let Err(e) = queue() else {
+        let Err(e) = issue() else {
             return Ok(());
         };
         if queued > 0 {

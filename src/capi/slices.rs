@@ -1,0 +1,223 @@
+//! A lone element-wise collective on a stream (`ncclAllReduce`, `ncclBroadcast` or
+//! `ncclReduce` outside a group, with a built-in operation or a pre-multiplied sum whose
+//! scalar is known): queued slice by slice, as the Rust API's stream calls are
+//! (`comm::stream_slices`), so that its copies in and back overlap the transfers of the other
+//! slices and its pinned arena holds the slices in flight, not the call. Grouped operations
+//! stay one job per communicator (`group`).
+
+use std::sync::Arc;
+
+use super::comm::Shared;
+use super::ops::{coll_layout, validate, Layout, Op, Reduction};
+use super::run::execute;
+use crate::coll::CollKind;
+use crate::comm::{SliceJob, Sliced};
+use crate::device::stream_queue::Work;
+use crate::device::Device;
+use crate::{Communicator, DataType, ReduceOp, Result};
+
+/// The one collective of a batch, cut into slices.
+pub(super) struct Lone {
+    call: Sliced,
+    api: &'static str,
+    kind: CollKind,
+    dtype: DataType,
+    op: ReduceOp,
+}
+
+impl Lone {
+    /// Bytes of the stream's arena it takes.
+    pub(super) fn arena_bytes(&self) -> usize {
+        self.call.arena_bytes()
+    }
+}
+
+/// `ops` as a [`Lone`] collective on `device`, where it is one: a single element-wise
+/// collective with a stream and a reduction known now, of at least one element. `checked`: its
+/// arguments were checked when it was issued.
+pub(super) fn lone(
+    comm: &Communicator,
+    device: Device,
+    ops: &[Op],
+    checked: bool,
+) -> Result<Option<Lone>> {
+    let [op] = ops else {
+        return Ok(None);
+    };
+    let Op::Coll {
+        api,
+        kind,
+        send,
+        recv,
+        count,
+        dtype,
+        red: Reduction::Op(red),
+        on: Some(on),
+    } = *op
+    else {
+        return Ok(None);
+    };
+    if !matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+    ) || on.device != device
+    {
+        return Ok(None);
+    }
+    let (rank, n) = (comm.rank(), comm.nranks());
+    if !checked {
+        validate(op, rank, n)?;
+    }
+    let es = dtype.size();
+    let (read, recv, in_place) = match coll_layout(api, kind, send, recv, count, dtype, rank, n)? {
+        Layout::Empty => return Ok(None),
+        Layout::InPlace { buf, len } => (None, (buf as u64, len / es), true),
+        Layout::Apart {
+            send,
+            send_len,
+            recv,
+            recv_len,
+        } => (
+            (send_len > 0).then_some((send as u64, send_len / es)),
+            (recv as u64, recv_len / es),
+            false,
+        ),
+    };
+    let written = !matches!(kind, CollKind::Reduce { root } if root != rank);
+    let call = Sliced {
+        dev: device,
+        handle: on.stream,
+        count,
+        slices: comm.device_slices(kind, count, es),
+        es,
+        read,
+        recv,
+        in_place,
+        written: written && recv.1 > 0,
+    };
+    Ok(Some(Lone {
+        call,
+        api,
+        kind,
+        dtype,
+        op: red,
+    }))
+}
+
+/// Queues `lone` on its stream, one job per slice. Each job runs the host collective on its
+/// slice's arena copies (as any C ABI operation runs, `run::execute`).
+pub(super) fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
+    let comm = shared.wait_ready()?;
+    let Lone {
+        call,
+        api,
+        kind,
+        dtype,
+        op,
+    } = lone;
+    let rank = comm.rank();
+    let job = |j: SliceJob| -> Work {
+        let s = Arc::clone(shared);
+        let recv = if j.output.1 == 0 && !call.in_place {
+            std::ptr::null_mut()
+        } else {
+            j.output.0 as *mut u8
+        };
+        let send = match j.input {
+            None if call.in_place => recv.cast_const(),
+            None => std::ptr::null(),
+            Some((at, _)) => at as *const u8,
+        };
+        let op = Op::Coll {
+            api,
+            kind,
+            send,
+            recv,
+            count: j.count,
+            dtype,
+            red: Reduction::Op(op),
+            on: None,
+        };
+        Box::new(move || {
+            let comm = s.wait_ready()?;
+            execute(&comm, vec![op]).map_err(|e| {
+                e.context(api).append(format!(
+                    "rank {rank}; the operation was queued on a stream and ran after the call \
+                     returned"
+                ))
+            })
+        })
+    };
+    // SAFETY: the call's ranges were checked as live memory of its device when it was made
+    // (`validate`), and NCCL's contract keeps them the call's until the stream has run past
+    // them; `call.handle` is the caller's stream of that device.
+    unsafe { comm.queue_slices(&shared.streams, &call, (), job) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::stream::OnStream;
+    use crate::device::Provider;
+    use crate::Config;
+
+    #[test]
+    fn a_lone_element_wise_call_is_cut_and_the_rest_is_not() {
+        let config = Config {
+            device_slice_bytes: 16,
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(2, config).unwrap();
+        let comm = &comms[1];
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let on = Some(OnStream {
+            device: dev,
+            stream: 0x77,
+        });
+        let (send, recv) = (0x1000 as *const u8, 0x9000 as *mut u8);
+        let coll = |kind, send, count, red| Op::Coll {
+            api: "ncclAllReduce",
+            kind,
+            send,
+            recv,
+            count,
+            dtype: DataType::Float32,
+            red,
+            on,
+        };
+        let sum = Reduction::Op(ReduceOp::Sum);
+        let cut = |ops: &[Op]| lone(comm, dev, ops, true).unwrap();
+
+        // 10 floats in 16-byte slices: 3 slices, 3 places of 16 input and 16 output bytes.
+        let l = cut(&[coll(CollKind::AllReduce, send, 10, sum)]).expect("cut");
+        assert_eq!((l.call.slices, l.call.handle), (3, 0x77));
+        assert_eq!(l.call.read, Some((0x1000, 10)));
+        assert_eq!(l.call.recv, (0x9000, 10));
+        assert!(!l.call.in_place && l.call.written);
+        assert!(l.arena_bytes() <= 3 * 512, "{}", l.arena_bytes());
+        // In place.
+        let l = cut(&[coll(CollKind::AllReduce, recv, 10, sum)]).expect("cut");
+        assert!(l.call.in_place && l.call.read.is_none());
+        // A reduce's non-root (rank 1, root 0) writes nothing back.
+        let l = cut(&[coll(CollKind::Reduce { root: 0 }, send, 10, sum)]).expect("cut");
+        assert!(!l.call.written);
+        // A broadcast's non-root reads nothing.
+        let l = cut(&[coll(CollKind::Broadcast { root: 0 }, send, 10, sum)]).expect("cut");
+        assert!(l.call.read.is_none() && !l.call.in_place);
+
+        // Not cut here: blocked layouts, a scalar read when it runs, no elements, two
+        // operations, another device.
+        let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);
+        let other = Device::new(Provider::Host, 1).unwrap();
+        assert!(cut(&[coll(CollKind::AllGather, send, 10, sum)]).is_none());
+        assert!(cut(&[coll(CollKind::AllReduce, send, 10, scalar)]).is_none());
+        assert!(cut(&[coll(CollKind::AllReduce, send, 0, sum)]).is_none());
+        let two = [
+            coll(CollKind::AllReduce, send, 10, sum),
+            coll(CollKind::AllReduce, send, 10, sum),
+        ];
+        assert!(cut(&two).is_none());
+        let ops = [coll(CollKind::AllReduce, send, 10, sum)];
+        assert!(lone(comm, other, &ops, true).unwrap().is_none());
+    }
+}

@@ -93,6 +93,11 @@ pub struct Args {
     /// `FERRO_DEVICE_PROVIDER` (default `cuda`) and run the device collectives. Off (host
     /// buffers) by default.
     pub device_buffers: bool,
+    /// `-B 2`: device buffers as `-B 1`, and the collectives ordered on a stream, as NCCL
+    /// programs call them: each call returns once queued, and a timed block of calls ends
+    /// when the stream has run them all (nccl-tests' timing). Point-to-point patterns
+    /// (send/recv, gather, scatter, hypercube) keep the blocking calls.
+    pub stream_ordered: bool,
     /// `-R 1` / `-R 2` (nccl-tests' buffer registration): host buffers in shared memory
     /// ([`ferroccl::SharedBuf`]), which the shared-memory transport lets peers on the host
     /// read without copying them through its rings. With `-B 1` it has no effect. Default 0.
@@ -129,6 +134,7 @@ impl Default for Args {
             ignored: Vec::new(),
             argv: Vec::new(),
             device_buffers: false,
+            stream_ordered: false,
             local_register: 0,
             min_busbw: None,
         }
@@ -262,7 +268,7 @@ pub fn usage(program: &str) -> String {
 [-V,--device_cta_count <n>] (ignored: GPU only) \n\t\
 [-M,--memory_report <0/1>] (ignored: GPU only) \n\t\
 [-u,--unalign <bytes> offset buffers from their allocation] \n\t\
-[-B,--device_buffers <0/1> buffers on the device of FERRO_DEVICE_PROVIDER (default: 0, host)] \n\t\
+[-B,--device_buffers <0/1/2> buffers on the device of FERRO_DEVICE_PROVIDER, 2: calls ordered on a stream (default: 0, host)] \n\t\
 [-h,--help]\n"
     )
 }
@@ -466,7 +472,11 @@ impl Args {
                 }
             }
             'u' => self.unalign = size()?,
-            'B' => self.device_buffers = int(0, 1)? == 1,
+            'B' => {
+                let b = int(0, 2)?;
+                self.device_buffers = b >= 1;
+                self.stream_ordered = b == 2;
+            }
             'R' => self.local_register = int(0, 2)? as u32,
             'J' => {
                 if value.is_empty() {
@@ -558,7 +568,10 @@ mod tests {
         assert!(parse("-B 1").unwrap().device_buffers);
         assert!(parse("--device_buffers=1").unwrap().device_buffers);
         assert!(!parse("-B 0").unwrap().device_buffers);
-        assert!(parse("-B 2").is_err());
+        let b2 = parse("-B 2").unwrap();
+        assert!(b2.device_buffers && b2.stream_ordered);
+        assert!(!parse("-B 1").unwrap().stream_ordered);
+        assert!(parse("-B 3").is_err());
         let a = parse("-G 1").unwrap();
         assert!(!a.device_buffers, "-G is nccl-tests' --cudagraph, ignored");
         assert_eq!(a.ignored, ["-G 1"]);

@@ -4,13 +4,15 @@
 //! With `-B 1` (`--device_buffers 1`) the send and receive buffers live on a device of
 //! `FERRO_DEVICE_PROVIDER` (default `cuda`; `host` is the test stand-in): the driver's host
 //! buffers are copied there before each checked call and the output copied back before the
-//! check, outside the timed loop, and the calls are ferroccl's device collectives.
+//! check, outside the timed loop, and the calls are ferroccl's device collectives. With `-B 2`
+//! the collectives are ordered on a stream of that device (`raw_collective_device_on`): each
+//! returns once queued, and a timed block ends when the stream has run them all.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferroccl::coll::CollKind;
-use ferroccl::device::{Device, DeviceBuffer, Provider, RawDeviceP2p};
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider, RawDeviceP2p};
 use ferroccl::{bootstrap, Communicator, Config, DataType, Error, ReduceOp, Result};
 
 use crate::{report, run::hostname, run_perf, Args, Coll, PerfComm, PerfOp};
@@ -21,6 +23,8 @@ struct DeviceBufs {
     device: Device,
     send: DeviceBuffer<u8>,
     recv: DeviceBuffer<u8>,
+    /// `-B 2`: the stream the collectives are ordered on.
+    stream: Option<DeviceStream>,
 }
 
 impl DeviceBufs {
@@ -59,8 +63,13 @@ impl FerroComm {
 
     /// Wraps `comm` with buffers on the device of `FERRO_DEVICE_PROVIDER` numbered by the
     /// local rank (modulo the devices this process sees, so several ranks may share one),
-    /// offset by `unalign` bytes as `-u` asks.
-    pub fn with_device_buffers(comm: Communicator, unalign: usize) -> Result<Self> {
+    /// offset by `unalign` bytes as `-u` asks; with `stream_ordered` the collectives are
+    /// ordered on a stream of it (`-B 2`).
+    pub fn with_device_buffers(
+        comm: Communicator,
+        unalign: usize,
+        stream_ordered: bool,
+    ) -> Result<Self> {
         let provider = Provider::from_env()?;
         let count = provider.device_count()?.max(1);
         let device = Device::new(provider, comm.local_rank() as u32 % count)?;
@@ -69,6 +78,11 @@ impl FerroComm {
             device,
             send: DeviceBuffer::new(device, 0)?,
             recv: DeviceBuffer::new(device, 0)?,
+            stream: if stream_ordered {
+                Some(DeviceStream::new(device)?)
+            } else {
+                None
+            },
         };
         Ok(FerroComm {
             comm,
@@ -103,15 +117,19 @@ impl FerroComm {
         };
         bufs.reserve(off + send.unwrap_or(0), off + recv)?;
         let DeviceBufs {
-            send: ds, recv: dr, ..
+            send: ds,
+            recv: dr,
+            stream,
+            ..
         } = bufs;
-        self.comm.raw_collective_device(
-            kind,
-            send.map(|len| (&*ds, off..off + len)),
-            (dr, off..off + recv),
-            dtype,
-            op,
-        )
+        let send = send.map(|len| (&*ds, off..off + len));
+        let recv = (dr, off..off + recv);
+        match stream {
+            Some(s) => self
+                .comm
+                .raw_collective_device_on(kind, send, recv, dtype, op, s),
+            None => self.comm.raw_collective_device(kind, send, recv, dtype, op),
+        }
     }
 
     /// The point-to-point patterns (send/recv, gather, scatter, hypercube) on the device
@@ -299,6 +317,13 @@ impl PerfComm for FerroComm {
 
     fn barrier(&self) -> Result<()> {
         self.comm.barrier()
+    }
+
+    fn finish(&self) -> Result<()> {
+        match self.device_bufs() {
+            Some(b) => b.stream.as_ref().map_or(Ok(()), DeviceStream::synchronize),
+            None => Ok(()),
+        }
     }
 
     fn sum_host_bytes(&self, buf: &mut [u8]) -> Result<()> {
@@ -533,7 +558,7 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
             .map(|c| {
                 s.spawn(move || {
                     let fc = if args.device_buffers {
-                        FerroComm::with_device_buffers(c, args.unalign)?
+                        FerroComm::with_device_buffers(c, args.unalign, args.stream_ordered)?
                     } else {
                         FerroComm::new(c)
                     };

@@ -77,6 +77,13 @@ pub trait PerfComm {
     /// Returns when every rank has called it.
     fn barrier(&self) -> Result<()>;
 
+    /// Returns when every call made so far is complete on this rank: calls that return once
+    /// queued on a stream (`-B 2`) are waited for. The default: calls complete when they
+    /// return.
+    fn finish(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The maximum (`max`) or the sum of `v` over ranks, on every rank.
     fn allreduce_f64(&self, v: f64, max: bool) -> Result<f64>;
 
@@ -431,6 +438,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
         }
         // Synchronizing call.
         self.call(t, layout, in_place)?;
+        self.comm.finish()?;
         self.comm.barrier()?;
 
         let mut excluded = Duration::ZERO;
@@ -439,15 +447,18 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
             for _ in 0..args.agg_iters {
                 self.call(t, layout, in_place)?;
                 if args.blocking == 1 {
+                    self.comm.finish()?;
                     self.comm.barrier()?;
                 }
             }
             if args.blocking == 3 {
                 let b = Instant::now();
+                self.comm.finish()?;
                 self.comm.barrier()?;
                 excluded += b.elapsed();
             }
         }
+        self.comm.finish()?;
         let elapsed = start.elapsed().saturating_sub(excluded);
         let sec = elapsed.as_secs_f64() / (args.iters * args.agg_iters) as f64;
         let sec = self.combine_time(sec)?;

@@ -195,6 +195,58 @@ fn every_collective_tool_on_stand_in_device_buffers() {
     }
 }
 
+/// `-B 2`: the collective tools with their calls ordered on a stream (each returns once
+/// queued; a timed block ends when the stream has run them), every result checked, in slices
+/// of 256 bytes so that the larger calls cycle through the stream's arena many times.
+#[test]
+fn collective_tools_with_calls_ordered_on_a_stream() {
+    let tools: [(&str, &str, &[&str]); 6] = [
+        (
+            "all_reduce_perf",
+            env!("CARGO_BIN_EXE_all_reduce_perf"),
+            &["-o", "all", "-u", "3"],
+        ),
+        (
+            "broadcast_perf",
+            env!("CARGO_BIN_EXE_broadcast_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "reduce_perf",
+            env!("CARGO_BIN_EXE_reduce_perf"),
+            &["-r", "all"],
+        ),
+        (
+            "all_gather_perf",
+            env!("CARGO_BIN_EXE_all_gather_perf"),
+            &[],
+        ),
+        (
+            "reduce_scatter_perf",
+            env!("CARGO_BIN_EXE_reduce_scatter_perf"),
+            &[],
+        ),
+        ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf"), &[]),
+    ];
+    for (name, bin, extra) in tools {
+        let out = command(Path::new(bin))
+            .args([
+                "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-t", "3", "-B", "2",
+            ])
+            .args(extra)
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .env("FERRO_DEVICE_SLICE_BYTES", "256")
+            .output()
+            .expect("running a perf tool");
+        let t = text(&out);
+        assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
+        assert!(
+            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
+            "{name}: footer\n{t}"
+        );
+    }
+}
+
 /// The point-to-point tools (send/recv, gather, scatter, hypercube) on device buffers as
 /// processes: over shared memory (host copies) and over the GPU peer-to-peer transport's host
 /// provider, which takes the stand-in's device memory itself.

@@ -81,7 +81,9 @@ fn broadcast_all_gather_reduce_scatter_on_1_2_3_5_thread_ranks() {
 }
 
 /// Small device slices: all_reduce, broadcast and reduce run as many pipelined slices (1021
-/// f32 in 256-byte slices: 16; 65537: 1025), the blocked collectives whole.
+/// f32 in 256-byte slices: 16; 65537: 1025); so do the blocked layouts, by the bytes of their
+/// larger buffer (all_gather of 1021 f32 on 3 ranks: 48 slices), each slice's blocks staged
+/// one after another.
 #[test]
 fn pipelined_slices_on_2_and_3_thread_ranks() {
     let config = Config {
@@ -92,7 +94,14 @@ fn pipelined_slices_on_2_and_3_thread_ranks() {
         dtypes: vec![DataType::Float32, DataType::Float64, DataType::Int8],
         ops: vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)],
         counts: vec![0, 1, 63, 64, 65, 1021, 65537],
-        colls: vec!["all_reduce", "broadcast", "reduce", "all_gather"],
+        colls: vec![
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "reduce_scatter",
+            "all_to_all",
+        ],
     };
     for n in [2, 3] {
         sweep_threads_with(n, &sweep, config.clone());

@@ -196,15 +196,41 @@ fn a_stream_ordered_rank_and_a_blocking_rank_exchange_the_same_slices() {
                 let send = DeviceBuffer::from_host(dev, &values::<f64>(r, count)).unwrap();
                 let mut out = DeviceBuffer::<f64>::new(dev, count).unwrap();
                 let mut buf = DeviceBuffer::from_host(dev, &values::<f64>(r, count)).unwrap();
+                // The blocked layouts are cut too (by their larger buffer's bytes).
+                let mut all = DeviceBuffer::<f64>::new(dev, 2 * count).unwrap();
+                let both = DeviceBuffer::from_host(dev, &values::<f64>(r, 2 * count)).unwrap();
+                let mut mine = DeviceBuffer::<f64>::new(dev, count).unwrap();
                 if r == 0 {
                     c.all_reduce_device_on(&send, &mut out, ReduceOp::Sum, &s)
                         .unwrap();
                     c.broadcast_device_on(&mut buf, 1, &s).unwrap();
+                    c.all_gather_device_on(&send, &mut all, &s).unwrap();
+                    c.reduce_scatter_device_on(&both, &mut mine, ReduceOp::Sum, &s)
+                        .unwrap();
                     s.synchronize().unwrap();
                 } else {
                     c.all_reduce_device(&send, &mut out, ReduceOp::Sum).unwrap();
                     c.broadcast_device(&mut buf, 1).unwrap();
+                    c.all_gather_device(&send, &mut all).unwrap();
+                    c.reduce_scatter_device(&both, &mut mine, ReduceOp::Sum)
+                        .unwrap();
                 }
+                let gathered: Vec<f64> = (0..2)
+                    .flat_map(|p| (0..count).map(move |i| value(p, i)))
+                    .collect();
+                assert_eq!(
+                    floats(&all.to_vec().unwrap()),
+                    gathered,
+                    "rank {r}: all_gather"
+                );
+                let scattered: Vec<f64> = (0..count)
+                    .map(|i| value(0, r * count + i) + value(1, r * count + i))
+                    .collect();
+                assert_eq!(
+                    floats(&mine.to_vec().unwrap()),
+                    scattered,
+                    "rank {r}: reduce_scatter"
+                );
                 assert_eq!(floats(&out.to_vec().unwrap()), *sum, "rank {r}: all_reduce");
                 let root: Vec<f64> = (0..count).map(|i| value(1, i)).collect();
                 assert_eq!(floats(&buf.to_vec().unwrap()), root, "rank {r}: broadcast");

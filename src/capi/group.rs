@@ -22,6 +22,7 @@ use super::run::execute;
 use super::slices::{self, Lone};
 use super::stream::OnStream;
 use super::types::*;
+use crate::coll::CollKind;
 use crate::device::gate::Gate;
 use crate::device::staging::slice_range;
 use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
@@ -363,6 +364,18 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
             return Ok(Plan::Slices(lone));
         }
     }
+    // A job runs its staged collectives on the arena's copies of whole buffers, where a
+    // blocked layout cut into slices has no contiguous slice to run on: such a group blocks
+    // (the blocking form cuts it as every path does).
+    let cut_blocks = ops.iter().any(|op| match *op {
+        Op::Coll {
+            kind, count, dtype, ..
+        } => !elementwise(kind) && comm.device_slices(kind, count, dtype.size()) > 1,
+        _ => false,
+    });
+    if cut_blocks {
+        return Ok(Plan::Block);
+    }
     let by_stream = stream_spans(shared, first.device, ops, checked)?;
     if !orders_call(
         first.device,
@@ -552,7 +565,7 @@ fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
                 dtype,
                 red,
                 on: None,
-            } if colls.contains(&i) => {
+            } if colls.contains(&i) && elementwise(kind) => {
                 let n = comm.device_slices(kind, count, dtype.size());
                 for k in 0..n {
                     let r = slice_range(count, n, count, k);
@@ -586,6 +599,14 @@ fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
         }
     }
     out
+}
+
+/// Whether `kind` is element-wise (its buffers all hold `count` elements).
+fn elementwise(kind: CollKind) -> bool {
+    matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+    )
 }
 
 /// A batch of one communicator that will run as one stream job.

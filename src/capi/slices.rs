@@ -1,9 +1,9 @@
-//! A lone element-wise collective on a stream (`ncclAllReduce`, `ncclBroadcast` or
-//! `ncclReduce` outside a group, with a built-in operation or a pre-multiplied sum whose
-//! scalar is known): queued slice by slice, as the Rust API's stream calls are
-//! (`comm::stream_slices`), so that its copies in and back overlap the transfers of the other
-//! slices and its pinned arena holds the slices in flight, not the call. Grouped operations
-//! stay one job per communicator (`group`).
+//! A lone collective on a stream (`ncclAllReduce`, `ncclBroadcast`, `ncclReduce`,
+//! `ncclAllGather`, `ncclReduceScatter` or `ncclAlltoAll` outside a group, with a built-in
+//! operation or a pre-multiplied sum whose scalar is known): queued slice by slice, as the
+//! Rust API's stream calls are (`comm::stream_slices`), so that its copies in and back overlap
+//! the transfers of the other slices and its pinned arena holds the slices in flight, not the
+//! call. Grouped operations stay one job per communicator (`group`).
 
 use std::sync::Arc;
 
@@ -32,9 +32,9 @@ impl Lone {
     }
 }
 
-/// `ops` as a [`Lone`] collective on `device`, where it is one: a single element-wise
-/// collective with a stream and a reduction known now, of at least one element. `checked`: its
-/// arguments were checked when it was issued.
+/// `ops` as a [`Lone`] collective on `device`, where it is one: a single collective with a
+/// stream and a reduction known now, of at least one element. `checked`: its arguments were
+/// checked when it was issued.
 pub(super) fn lone(
     comm: &Communicator,
     device: Device,
@@ -57,11 +57,7 @@ pub(super) fn lone(
     else {
         return Ok(None);
     };
-    if !matches!(
-        kind,
-        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-    ) || on.device != device
-    {
+    if on.device != device {
         return Ok(None);
     }
     let (rank, n) = (comm.rank(), comm.nranks());
@@ -87,8 +83,7 @@ pub(super) fn lone(
     let call = Sliced {
         dev: device,
         handle: on.stream,
-        count,
-        slices: comm.device_slices(kind, count, es),
+        cut: comm.device_cut(kind, count, es),
         es,
         read,
         recv,
@@ -116,17 +111,28 @@ pub(super) fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
         op,
     } = lone;
     let rank = comm.rank();
+    let es = dtype.size();
     let job = |j: SliceJob| -> Work {
         let s = Arc::clone(shared);
-        let recv = if j.output.1 == 0 && !call.in_place {
-            std::ptr::null_mut()
+        let (send, recv) = if call.in_place {
+            // One buffer, NCCL's in-place layout for the slice's count.
+            let (i, o) = kind.in_place_offsets(j.count, rank);
+            let base = j.output.0 as *mut u8;
+            (
+                base.wrapping_add(i * es).cast_const(),
+                base.wrapping_add(o * es),
+            )
         } else {
-            j.output.0 as *mut u8
-        };
-        let send = match j.input {
-            None if call.in_place => recv.cast_const(),
-            None => std::ptr::null(),
-            Some((at, _)) => at as *const u8,
+            let recv = if j.output.1 == 0 {
+                std::ptr::null_mut()
+            } else {
+                j.output.0 as *mut u8
+            };
+            let send = match j.input {
+                None => std::ptr::null(),
+                Some((at, _)) => at as *const u8,
+            };
+            (send, recv)
         };
         let op = Op::Coll {
             api,
@@ -162,7 +168,7 @@ mod tests {
     use crate::Config;
 
     #[test]
-    fn a_lone_element_wise_call_is_cut_and_the_rest_is_not() {
+    fn a_lone_call_is_cut_and_the_rest_is_not() {
         let config = Config {
             device_slice_bytes: 16,
             ..Config::default()
@@ -190,7 +196,7 @@ mod tests {
 
         // 10 floats in 16-byte slices: 3 slices, 3 places of 16 input and 16 output bytes.
         let l = cut(&[coll(CollKind::AllReduce, send, 10, sum)]).expect("cut");
-        assert_eq!((l.call.slices, l.call.handle), (3, 0x77));
+        assert_eq!((l.call.cut.slices, l.call.handle), (3, 0x77));
         assert_eq!(l.call.read, Some((0x1000, 10)));
         assert_eq!(l.call.recv, (0x9000, 10));
         assert!(!l.call.in_place && l.call.written);
@@ -205,11 +211,19 @@ mod tests {
         let l = cut(&[coll(CollKind::Broadcast { root: 0 }, send, 10, sum)]).expect("cut");
         assert!(l.call.read.is_none() && !l.call.in_place);
 
-        // Not cut here: blocked layouts, a scalar read when it runs, no elements, two
-        // operations, another device.
+        // all_gather: 10 floats per rank into 2 blocks, cut by the larger buffer's bytes (80
+        // in 16-byte slices: 5 slices of 2 elements per block).
+        let l = cut(&[coll(CollKind::AllGather, send, 10, sum)]).expect("cut");
+        assert_eq!((l.call.cut.in_blocks, l.call.cut.out_blocks), (1, 2));
+        assert_eq!((l.call.cut.slices, l.call.recv), (5, (0x9000, 20)));
+        // In place: block 1 of the output is the input.
+        let l = cut(&[coll(CollKind::AllGather, recv.wrapping_add(40), 10, sum)]).expect("cut");
+        assert!(l.call.in_place && l.call.recv == (0x9000, 20));
+
+        // Not cut here: a scalar read when it runs, no elements, two operations, another
+        // device.
         let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);
         let other = Device::new(Provider::Host, 1).unwrap();
-        assert!(cut(&[coll(CollKind::AllGather, send, 10, sum)]).is_none());
         assert!(cut(&[coll(CollKind::AllReduce, send, 10, scalar)]).is_none());
         assert!(cut(&[coll(CollKind::AllReduce, send, 0, sum)]).is_none());
         let two = [

@@ -17,7 +17,7 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
-use crate::device::staging::{slice_range, staged_bytes};
+use crate::device::staging::{slice_range, Cut};
 use crate::device::stream_queue::{async_supported, blocks_always};
 use crate::device::{Device, DeviceBuffer, Provider, Staging};
 use crate::exec::Memory;
@@ -250,6 +250,12 @@ impl Communicator {
     #[cfg(feature = "capi")]
     pub(crate) fn device_slices(&self, kind: CollKind, count: usize, es: usize) -> usize {
         slices(&self.inner, kind, count, es)
+    }
+
+    /// How a device collective of `count` elements of `es` bytes is cut ([`cut`]).
+    #[cfg(feature = "capi")]
+    pub(crate) fn device_cut(&self, kind: CollKind, count: usize, es: usize) -> Cut {
+        cut(&self.inner, kind, count, es)
     }
 
     /// Device allocations made for collectives that run straight on device buffers (the
@@ -547,21 +553,50 @@ fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
     provider == Provider::Cuda && device_transport
 }
 
-/// How many slices a device collective is cut into, the same whether it is staged or runs on
-/// the device buffers (so that ranks taking either path exchange the same messages):
-/// element-wise collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts whole
-/// (each slice's elements: [`slice_range`]).
-pub(super) fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
+/// How a device collective is cut into slices ([`Cut`]), the same on every path (blocking
+/// and stream-ordered, staged and straight on the device), so that ranks taking different
+/// paths exchange the same messages. Element-wise collectives in slices of
+/// `FERRO_DEVICE_SLICE_BYTES`; the blocked layouts (all_gather, reduce_scatter, all_to_all)
+/// in slices of about that many bytes of their larger buffer, except where collectives may run
+/// straight on device buffers (the p2p transport in `FERRO_TRANSPORTS`), which run those whole:
+/// a rank may take either path (`FERRO_DEVICE_DIRECT` may differ between ranks), and only the
+/// transport list is the same on every rank. Every rank must see the same
+/// `FERRO_DEVICE_SLICE_BYTES` and `FERRO_TRANSPORTS`.
+pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut {
+    let n = inner.nranks;
+    let (in_len, out_len) = kind.buffer_lens(1, n);
+    let bytes = inner.config.device_slice_bytes.max(1);
     let elementwise = matches!(
         kind,
         CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
     );
-    if elementwise {
-        let per = (inner.config.device_slice_bytes / es).max(1);
+    let slices = if elementwise {
+        let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
+    } else if cuts_blocks(&inner.config) {
+        (count * es * in_len.max(out_len))
+            .div_ceil(bytes)
+            .clamp(1, count.max(1))
     } else {
         1
+    };
+    Cut {
+        count,
+        slices,
+        in_blocks: in_len,
+        out_blocks: out_len,
     }
+}
+
+/// Whether the blocked layouts are cut into slices: no collective can run straight on device
+/// buffers (no transport that carries device memory is tried), whose path runs them whole.
+fn cuts_blocks(config: &Config) -> bool {
+    !config.transports.iter().any(|t| t == "p2p")
+}
+
+/// How many slices a device collective is cut into ([`cut`]).
+pub(super) fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
+    cut(inner, kind, count, es).slices
 }
 
 /// Runs a checked device collective on the device buffers themselves: every connection
@@ -583,6 +618,18 @@ fn direct<T: Element>(
     let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
     let out_len = recv.len();
     let slices = slices(inner, kind, count, es);
+    let elementwise = matches!(
+        kind,
+        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+    );
+    if slices > 1 && !elementwise {
+        // `cuts_blocks` keeps the blocked layouts whole where this path can be taken.
+        return Err(Error::internal(format!(
+            "{} on rank {}: {slices} slices of a blocked layout on the device path",
+            kind.name(),
+            inner.rank
+        )));
+    }
     let range = |len: usize, k: usize| slice_range(count, slices, len, k);
     let (name, hkind) = (kind.name(), header_kind(kind));
     let space = recv.device().space();
@@ -637,23 +684,25 @@ pub(super) fn staged<T: Element>(
     let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
     let recv_written = !matches!(kind, CollKind::Reduce { .. }) || is_root;
     let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
-    // Element-wise collectives run slice by slice, each slice's copies overlapping the
-    // transfers of the others; the blocked layouts (gather, scatter, all-to-all) are
-    // staged whole.
-    let slices = slices(inner, kind, count, es);
+    // Slice by slice, each slice's copies overlapping the transfers of the others.
+    let cut = cut(inner, kind, count, es);
+    let out_blocks = if send.is_none() {
+        cut.in_blocks.max(cut.out_blocks)
+    } else {
+        cut.out_blocks
+    };
     let mut st = lock(state);
     let staging = Communicator::staging(&mut st, dev)?;
     staging.reserve(
-        staged_bytes(count, slices, in_len, es),
-        staged_bytes(count, slices, recv.len(), es),
+        cut.staged(cut.in_blocks, in_len) * es,
+        cut.staged(out_blocks, recv.len()) * es,
     )?;
     staging.pipeline(
         send,
         recv,
         send_read,
         recv_written,
-        count,
-        slices,
+        cut,
         |count, input, output| {
             let input = input.map(|i| as_bytes(i));
             let (name, hkind) = (kind.name(), header_kind(kind));

@@ -16,14 +16,13 @@
 //! ([`Communicator::queue_slices`]).
 
 use std::collections::VecDeque;
-use std::ops::Range;
 use std::sync::Arc;
 
 use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
 use crate::device::gate::Gate;
-use crate::device::staging::{slice_bytes, slice_range, slices_in_flight};
+use crate::device::staging::{slices_in_flight, Cut};
 use crate::device::stream_queue::{landing, record_gates, StreamQueue, Work};
 use crate::device::stream_stage::{Staged, Window};
 use crate::device::{Device, DeviceBuffer};
@@ -33,21 +32,21 @@ use super::call::header_kind;
 use super::device_streams::Held;
 use super::*;
 
-/// One element-wise or whole device collective on a stream, as [`Communicator::queue_slices`]
-/// cuts it: device addresses and lengths in elements.
+/// One device collective on a stream, as [`Communicator::queue_slices`] cuts it: device
+/// addresses and lengths in elements.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sliced {
     /// The device and the caller's stream of it.
     pub dev: Device,
     pub handle: usize,
-    /// The call's count, how many slices it is cut into, and its element size.
-    pub count: usize,
-    pub slices: usize,
+    /// How the call is cut (`device_calls::cut`), and its element size.
+    pub cut: Cut,
     pub es: usize,
     /// The send buffer's address and the elements the call reads of it (`None`: in place,
     /// or not read, as a broadcast's non-root).
     pub read: Option<(u64, usize)>,
-    /// The receive buffer's address and length.
+    /// The receive buffer's address and length (in place: the one buffer, holding the larger
+    /// of the input's and the output's blocks).
     pub recv: (u64, usize),
     /// In place: the receive buffer is read too.
     pub in_place: bool,
@@ -69,16 +68,25 @@ pub(crate) struct SliceJob {
 impl Sliced {
     /// Bytes of the stream's arena the call takes: room for the slices in flight.
     pub(crate) fn arena_bytes(&self) -> usize {
-        Window::bytes(self.place_bytes(), slices_in_flight(self.slices))
+        Window::bytes(self.place_bytes(), slices_in_flight(self.cut.slices))
     }
 
-    /// Bytes one slice's place takes: its input part at a 256-byte boundary, then its output
-    /// part.
+    /// Blocks the receive buffer holds.
+    fn recv_blocks(&self) -> usize {
+        if self.in_place {
+            self.cut.in_blocks.max(self.cut.out_blocks)
+        } else {
+            self.cut.out_blocks
+        }
+    }
+
+    /// Bytes one slice's place takes: its input's parts at a 256-byte boundary, then its
+    /// output's.
     fn place_bytes(&self) -> usize {
-        let (c, n, es) = (self.count, self.slices, self.es);
+        let (cut, es) = (self.cut, self.es);
         let in_len = self.read.map_or(0, |r| r.1);
-        slice_bytes(c, n, in_len, es).next_multiple_of(ALIGN_INPUT)
-            + slice_bytes(c, n, self.recv.1, es)
+        (cut.slice_elems(cut.in_blocks, in_len) * es).next_multiple_of(ALIGN_INPUT)
+            + cut.slice_elems(self.recv_blocks(), self.recv.1) * es
     }
 }
 
@@ -99,8 +107,7 @@ impl Communicator {
         Sliced {
             dev,
             handle,
-            count,
-            slices: super::device_calls::slices(&self.inner, kind, count, es),
+            cut: super::device_calls::cut(&self.inner, kind, count, es),
             es,
             read: send.filter(|_| send_read).map(|s| (s.addr(), s.len())),
             recv: (recv.addr(), recv.len()),
@@ -203,42 +210,42 @@ impl Communicator {
         let Sliced {
             dev,
             handle,
-            count,
-            slices,
+            cut,
             es,
             read,
             recv,
             in_place,
             written,
         } = *call;
-        let range = |len: usize, k: usize| slice_range(count, slices, len, k);
-        let part = |addr: u64, r: &Range<usize>| (addr + (r.start * es) as u64, r.len() * es);
+        let slices = cut.slices.max(1);
         let window = slices_in_flight(slices);
-        let room = self
-            .streams
-            .window(dev, handle, call.place_bytes(), window)?;
-        // Slice `k` in its place: the input's part first (out of place), then the output's
-        // (the last range).
-        let out_i = usize::from(read.is_some());
-        let stage = |k: usize| -> Result<Staged> {
-            let mut ranges = Vec::with_capacity(2);
-            if let Some((a, n)) = read {
-                let (at, len) = part(a, &range(n, k));
-                ranges.push((at, len, false));
-            }
-            let (at, len) = part(recv.0, &range(recv.1, k));
-            ranges.push((at, len, written));
-            room.slice(k, &ranges)
+        let room = queue.window(dev, handle, call.place_bytes(), window)?;
+        let recv_blocks = call.recv_blocks();
+        // Device ranges (address, bytes) of slice `k`'s parts of a buffer.
+        let parts = |k: usize, (addr, len): (u64, usize), blocks: usize| -> Vec<(u64, usize)> {
+            cut.parts(k, blocks, len)
+                .into_iter()
+                .map(|(first, n)| (addr + (first * es) as u64, n * es))
+                .collect()
         };
-        // The copy in of slice `k` (the output's part in place, else the input's), then its
-        // gate.
-        let copy_in = |st: &Staged| -> Result<Vec<Gate>> {
-            if in_place || read.is_some() {
+        // Slice `k` in its place: the input's parts first (out of place), one after another,
+        // then the output's. Also returns how many parts the input has.
+        let stage = |k: usize| -> Result<(Staged, usize)> {
+            let input = read.map_or(Vec::new(), |r| parts(k, r, cut.in_blocks));
+            let output = parts(k, recv, recv_blocks);
+            let st = room.slice(k, &[(&input, false), (&output, written)])?;
+            Ok((st, input.len()))
+        };
+        // The copies in of slice `k` (the output's parts in place, else the input's), then
+        // its gate.
+        let copy_in = |(st, n_in): &(Staged, usize)| -> Result<Vec<Gate>> {
+            let reads = if in_place { st.len() } else { *n_in };
+            for i in 0..reads {
                 // SAFETY: per the caller for the device range, one the call reads; its place
                 // is free: the slice that had it before was copied back earlier on this
                 // stream, and a call before this one copied its last slice back before this
                 // call's first copy in.
-                unsafe { st.copy_range(0, true) }?;
+                unsafe { st.copy_range(i, true) }?;
             }
             record_gates(dev, &[handle])
         };
@@ -247,21 +254,21 @@ impl Communicator {
         let mut issue = || -> Result<()> {
             let mut ahead = VecDeque::with_capacity(window);
             for k in 0..window {
-                let st = stage(k)?;
-                let gate = copy_in(&st)?;
-                ahead.push_back((st, gate));
+                let staged = stage(k)?;
+                let gate = copy_in(&staged)?;
+                ahead.push_back((staged, gate));
             }
             for k in 0..slices {
-                let Some((st, gate)) = ahead.pop_front() else {
+                let Some(((st, n_in), gate)) = ahead.pop_front() else {
                     return Err(crate::Error::internal(format!(
                         "stream slices: slice {k} of {slices} was never staged"
                     )));
                 };
-                let bytes = |len: usize| range(len, k).len() * es;
+                let bytes = |from: usize, to: usize| (from..to).map(|i| st.len_at(i)).sum();
                 let work = job(SliceJob {
-                    count: range(count, k).len(),
-                    input: read.map(|(_, n)| (st.host_at(0).unwrap_or(0), bytes(n))),
-                    output: (st.host_at(out_i).unwrap_or(0), bytes(recv.1)),
+                    count: cut.range(k).len(),
+                    input: read.map(|_| (st.host_at(0).unwrap_or(0), bytes(0, n_in))),
+                    output: (st.host_at(n_in).unwrap_or(0), bytes(n_in, st.len())),
                 });
                 // The last job waits, after its flag, until the stream has run every copy back
                 // (they run in order), then lets the buffers go.
@@ -276,11 +283,13 @@ impl Communicator {
                 queue.enqueue(dev, &[handle], gate, work, after)?;
                 queued += 1;
                 if written {
-                    // SAFETY: as for the copies in; the range is the part of the call's output
-                    // this slice writes, queued after this job's flag wait.
-                    unsafe { st.copy_range(out_i, false) }?;
+                    for i in n_in..st.len() {
+                        // SAFETY: as for the copies in; the range is a part of the call's
+                        // output this slice writes, queued after this job's flag wait.
+                        unsafe { st.copy_range(i, false) }?;
+                    }
                 }
-                // The slice that takes this place next is copied in after this copy back.
+                // The slice that takes this place next is copied in after these copies back.
                 if k + window < slices {
                     let next = stage(k + window)?;
                     let gate = copy_in(&next)?;

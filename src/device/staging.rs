@@ -353,35 +353,32 @@ impl Staging {
         Ok((i, o))
     }
 
-    /// Runs one collective through the staging buffers, in `slices` pieces whose copies
-    /// overlap the work on the others. The staging holds [`SLICES_IN_FLIGHT`] slices at most
-    /// ([`staged_bytes`]), whatever the call's size: slice `k` lives in place `k mod` that
-    /// many. The device-to-host copies of the first slices are queued at once, each followed
-    /// by a mark; slice `k` waits only for its own mark, runs `run(count_k, input, output)` on
-    /// the host, queues its host-to-device copy and then the copy in of the slice that takes
-    /// its place next (the stream runs them in that order), so the copies in and out of the
-    /// other slices proceed while `run` moves slice `k` over the transports.
+    /// Runs one collective through the staging buffers, cut as `cut` says, the slices'
+    /// copies overlapping the work on the others. The staging holds [`SLICES_IN_FLIGHT`]
+    /// slices at most ([`Cut::staged`]), whatever the call's size: slice `k` lives in place `k
+    /// mod` that many. The device-to-host copies of the first slices are queued at once, each
+    /// followed by a mark; slice `k` waits only for its own mark, runs `run(count_k, input,
+    /// output)` on the host, queues its host-to-device copies and then the copies in of the
+    /// slice that takes its place next (the stream runs them in that order), so the copies in
+    /// and out of the other slices proceed while `run` moves slice `k` over the transports.
     ///
-    /// `src: None` is in place: `dst` is read into the output buffer. Otherwise `src` is read
-    /// into the input buffer when `read`. `dst` is written back when `write`. With one slice,
-    /// whole buffers are staged and `count_k` is `count`. With more (element-wise collectives
-    /// only), slice `k` is elements `k * per .. (k + 1) * per` of `count` (`per = count /
-    /// slices` rounded up) of each buffer, clipped to its length. `run` gets `None` as input
-    /// in place. Buffers must be reserved first ([`staged_bytes`] of each). Returns after
+    /// `src: None` is in place: `dst` (holding the larger of the input's and the output's
+    /// blocks) is read into the output buffer. Otherwise `src` is read into the input buffer
+    /// when `read`. `dst` is written back when `write`. `run` gets slice `k`'s blocks one
+    /// after another ([`Cut::parts`]; the whole buffers for one slice), and `None` as input in
+    /// place. Buffers must be reserved first ([`Cut::staged`] elements of each). Returns after
     /// every queued copy has completed, also when `run` fails (or panics).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn pipeline<T: Element>(
         &mut self,
         src: Option<&DeviceBuffer<T>>,
         dst: &mut DeviceBuffer<T>,
         read: bool,
         write: bool,
-        count: usize,
-        slices: usize,
+        cut: Cut,
         mut run: impl FnMut(usize, Option<&[T]>, &mut [T]) -> Result<()>,
     ) -> Result<()> {
         let es = T::DTYPE.size();
-        let slices = slices.max(1);
+        let slices = cut.slices.max(1);
         if let Some(s) = src {
             self.same_device(s.device)?;
         }
@@ -393,38 +390,40 @@ impl Staging {
             src.filter(|_| read).map_or(0, DeviceBuffer::len)
         };
         let out_len = dst.len();
-        if slices > 1 && in_len != 0 && in_len != count {
-            return Err(Error::internal(format!(
-                "device staging: {slices} slices of an input of {in_len} elements, count {count}"
-            )));
-        }
-        let in_ptr = self.checked(Slot::Input, staged_bytes(count, slices, in_len, es))?;
-        let out_ptr = self.checked(Slot::Output, staged_bytes(count, slices, out_len, es))?;
-        let range = |len: usize, k: usize| slice_range(count, slices, len, k);
+        let in_blocks = cut.in_blocks;
+        let out_blocks = if in_place {
+            cut.in_blocks.max(cut.out_blocks)
+        } else {
+            cut.out_blocks
+        };
+        let in_ptr = self.checked(Slot::Input, cut.staged(in_blocks, in_len) * es)?;
+        let out_ptr = self.checked(Slot::Output, cut.staged(out_blocks, out_len) * es)?;
         let window = slices_in_flight(slices);
-        // Where slice `k` lives in a staging buffer, in bytes.
-        let at = |k: usize| slice_place(count, slices, k) * es;
-        let (read_ptr, read_addr, read_len) = match src {
-            None => (out_ptr, dst.addr, out_len),
-            Some(s) if read => (in_ptr, s.addr, in_len),
-            Some(_) => (in_ptr, 0, 0),
+        let (read_ptr, read_addr, read_len, read_blocks) = match src {
+            None => (out_ptr, dst.addr, out_len, out_blocks),
+            Some(s) if read => (in_ptr, s.addr, in_len, in_blocks),
+            Some(_) => (in_ptr, 0, 0, in_blocks),
         };
         let dst_addr = dst.addr;
         let stream = &mut self.stream;
-        // Queues slice `k`'s copy in, then its mark.
+        // Queues slice `k`'s copies in, then its mark.
         let copy_in = |stream: &mut Stream, k: usize| -> Result<()> {
-            let r = range(read_len, k);
-            // SAFETY: `read_ptr + at(k)` starts room for a slice (reserved for
-            // `staged_bytes`, checked above) and the device buffer holds `read_len` elements
-            // (it is `src` or `dst`, borrowed for this call); every queued copy completes
-            // before this function returns (synchronize below, on every path).
-            unsafe {
-                stream.download(
-                    read_ptr.add(at(k)),
-                    read_addr + (r.start * es) as u64,
-                    r.len() * es,
-                )?
-            };
+            let mut at = cut.place(k, read_blocks);
+            for (first, n) in cut.parts(k, read_blocks, read_len) {
+                // SAFETY: `read_ptr + at` lies in the room for slice `k`'s place (reserved
+                // for `Cut::staged`, checked above; a place holds a slice's parts) and the
+                // device buffer holds `read_len` elements, the part among them (it is `src`
+                // or `dst`, borrowed for this call); every queued copy completes before this
+                // function returns (synchronize below, on every path).
+                unsafe {
+                    stream.download(
+                        read_ptr.add(at * es),
+                        read_addr + (first * es) as u64,
+                        n * es,
+                    )?
+                };
+                at += n;
+            }
             stream.mark(k % window)
         };
         let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
@@ -433,39 +432,48 @@ impl Staging {
             }
             for k in 0..slices {
                 stream.wait_mark(k % window)?;
-                let (ri, ro) = (range(in_len, k), range(out_len, k));
-                let input: Option<&[T]> = match (in_place, ri.is_empty()) {
+                let in_n: usize = cut.parts(k, in_blocks, in_len).iter().map(|p| p.1).sum();
+                let out_parts = cut.parts(k, out_blocks, out_len);
+                let out_n: usize = out_parts.iter().map(|p| p.1).sum();
+                let (in_at, out_at) = (cut.place(k, in_blocks), cut.place(k, out_blocks));
+                let input: Option<&[T]> = match (in_place, in_n) {
                     (true, _) => None,
-                    (false, true) => Some(&[]),
-                    // SAFETY: the ranges lie in the reserved buffers; slice `k`'s download has
-                    // completed (its mark was waited for), no other queued copy touches its
-                    // place (the slices in flight have places of their own, and the slice
-                    // that takes this place next is copied in only after this slice's upload,
-                    // which is queued only after `run` returns and the slices are dropped).
-                    (false, false) => Some(unsafe {
-                        std::slice::from_raw_parts(in_ptr.add(at(k)).cast::<T>(), ri.len())
+                    (false, 0) => Some(&[]),
+                    // SAFETY: the range lies in the reserved buffer (slice `k`'s place);
+                    // slice `k`'s downloads have completed (its mark was waited for), no
+                    // other queued copy touches its place (the slices in flight have places
+                    // of their own, and the slice that takes this place next is copied in
+                    // only after this slice's uploads, which are queued only after `run`
+                    // returns and the slices are dropped).
+                    (false, n) => Some(unsafe {
+                        std::slice::from_raw_parts(in_ptr.add(in_at * es).cast::<T>(), n)
                     }),
                 };
-                let output: &mut [T] = if ro.is_empty() {
+                let output: &mut [T] = if out_n == 0 {
                     &mut []
                 } else {
                     // SAFETY: as above.
                     unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.add(at(k)).cast::<T>(), ro.len())
+                        std::slice::from_raw_parts_mut(out_ptr.add(out_at * es).cast::<T>(), out_n)
                     }
                 };
-                run(range(count, k).len(), input, output)?;
+                run(cut.range(k).len(), input, output)?;
                 if write {
-                    // SAFETY: `dst` holds `out_len` elements and is borrowed mutably for this
-                    // call; the staging range stays untouched until this upload has run (the
-                    // next copy into this place is queued after it on the same stream).
-                    unsafe {
-                        stream.upload(
-                            dst_addr + (ro.start * es) as u64,
-                            out_ptr.add(at(k)),
-                            ro.len() * es,
-                        )?
-                    };
+                    let mut at = out_at;
+                    for (first, n) in out_parts {
+                        // SAFETY: `dst` holds `out_len` elements, the part among them, and is
+                        // borrowed mutably for this call; the staging range stays untouched
+                        // until this upload has run (the next copy into this place is queued
+                        // after it on the same stream).
+                        unsafe {
+                            stream.upload(
+                                dst_addr + (first * es) as u64,
+                                out_ptr.add(at * es),
+                                n * es,
+                            )?
+                        };
+                        at += n;
+                    }
                 }
                 if k + window < slices {
                     copy_in(stream, k + window)?;
@@ -535,34 +543,85 @@ pub(crate) fn slices_in_flight(slices: usize) -> usize {
     slices.clamp(1, SLICES_IN_FLIGHT)
 }
 
-/// The first element of the place where slice `k` of a call of `count` elements cut into
-/// `slices` is staged: slices in flight at once have places of their own, one after another,
-/// and a later slice takes the place of the slice [`slices_in_flight`] before it.
-pub(crate) fn slice_place(count: usize, slices: usize, k: usize) -> usize {
-    if slices <= 1 {
-        return 0;
-    }
-    (k % slices_in_flight(slices)) * count.div_ceil(slices).max(1)
+/// How a device collective is cut into slices, the same on every path: `count` elements per
+/// block, `slices` slices, and how many blocks of `count` its input and its output hold (1,
+/// or nranks for the blocked layouts: all_gather's output, reduce_scatter's input,
+/// all_to_all's both). Slice `k` is elements [`slice_range`] `k` of every block; a slice's
+/// blocks are staged one after another, the layout of the collective of that slice's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub count: usize,
+    pub slices: usize,
+    pub in_blocks: usize,
+    pub out_blocks: usize,
 }
 
-/// The staging bytes a buffer of `len` elements of `es` bytes takes in a call of `count`
-/// elements cut into `slices`: the whole buffer for one slice, else the places of the slices
-/// in flight (clipped to the buffer).
-pub(crate) fn staged_bytes(count: usize, slices: usize, len: usize, es: usize) -> usize {
-    if slices <= 1 {
-        return len * es;
+impl Cut {
+    /// The call whole, element-wise buffers (`count` elements each).
+    #[cfg(test)]
+    pub(crate) fn elementwise(count: usize, slices: usize) -> Cut {
+        Cut {
+            count,
+            slices,
+            in_blocks: 1,
+            out_blocks: 1,
+        }
     }
-    let places = slices_in_flight(slices) * count.div_ceil(slices).max(1);
-    places.min(len) * es
-}
 
-/// The most bytes one slice of a buffer of `len` elements of `es` bytes holds, in a call of
-/// `count` elements cut into `slices`.
-pub(crate) fn slice_bytes(count: usize, slices: usize, len: usize, es: usize) -> usize {
-    if slices <= 1 {
-        return len * es;
+    /// Elements of each block in slice `k` (the slice's count).
+    pub(crate) fn range(&self, k: usize) -> Range<usize> {
+        slice_range(self.count, self.slices, self.count, k)
     }
-    count.div_ceil(slices).max(1).min(len) * es
+
+    /// Slice `k`'s parts of a buffer of `len` elements holding `blocks` blocks: (first
+    /// element, elements) in the buffer, in staging order. One slice: the whole buffer.
+    pub(crate) fn parts(&self, k: usize, blocks: usize, len: usize) -> Vec<(usize, usize)> {
+        if self.slices <= 1 {
+            return vec![(0, len)];
+        }
+        let r = self.range(k);
+        (0..blocks)
+            .map(|b| {
+                let start = (b * self.count + r.start).min(len);
+                let end = (b * self.count + r.end).min(len);
+                (start, end - start)
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
+    /// Where slice `k` of a buffer holding `blocks` blocks starts in its staging, in elements:
+    /// slices in flight at once have places of their own, one after another, and a later slice
+    /// takes the place of the slice [`slices_in_flight`] before it.
+    pub(crate) fn place(&self, k: usize, blocks: usize) -> usize {
+        if self.slices <= 1 {
+            return 0;
+        }
+        (k % slices_in_flight(self.slices)) * blocks * self.per()
+    }
+
+    /// The most elements one slice of a buffer of `len` elements holding `blocks` blocks
+    /// stages.
+    pub(crate) fn slice_elems(&self, blocks: usize, len: usize) -> usize {
+        if self.slices <= 1 {
+            return len;
+        }
+        (blocks * self.per()).min(len)
+    }
+
+    /// The staging elements a buffer of `len` elements holding `blocks` blocks takes: the
+    /// whole buffer for one slice, else the places of the slices in flight (clipped to the
+    /// buffer).
+    pub(crate) fn staged(&self, blocks: usize, len: usize) -> usize {
+        if self.slices <= 1 {
+            return len;
+        }
+        (slices_in_flight(self.slices) * blocks * self.per()).min(len)
+    }
+
+    fn per(&self) -> usize {
+        self.count.div_ceil(self.slices.max(1)).max(1)
+    }
 }
 
 /// Elements of slice `k` of a buffer of `len` elements, when a call of `count` elements is cut
@@ -623,8 +682,7 @@ mod tests {
             &mut dst,
             true,
             true,
-            10,
-            3,
+            Cut::elementwise(10, 3),
             |count, input, output| {
                 let input = input.expect("out of place");
                 seen.push((count, input.to_vec()));
@@ -649,15 +707,22 @@ mod tests {
         // slices before it were written back.
         let mut k = 0;
         let e = st
-            .pipeline(None, &mut dst, true, true, 10, 2, |_, input, output| {
-                assert!(input.is_none());
-                k += 1;
-                if k == 2 {
-                    return Err(Error::internal("slice 2 failed"));
-                }
-                output.iter_mut().for_each(|x| *x *= 2);
-                Ok(())
-            })
+            .pipeline(
+                None,
+                &mut dst,
+                true,
+                true,
+                Cut::elementwise(10, 2),
+                |_, input, output| {
+                    assert!(input.is_none());
+                    k += 1;
+                    if k == 2 {
+                        return Err(Error::internal("slice 2 failed"));
+                    }
+                    output.iter_mut().for_each(|x| *x *= 2);
+                    Ok(())
+                },
+            )
             .unwrap_err();
         assert!(e.to_string().contains("slice 2 failed"));
         assert_eq!(
@@ -673,8 +738,7 @@ mod tests {
             &mut dst,
             false,
             false,
-            10,
-            2,
+            Cut::elementwise(10, 2),
             |_, input, output| {
                 assert_eq!(input.map(<[u32]>::len), Some(0));
                 output.iter_mut().for_each(|x| *x = 0);
@@ -692,18 +756,23 @@ mod tests {
         let data: Vec<u32> = (0..count as u32).map(|i| i * 7 + 1).collect();
         let src = DeviceBuffer::from_host(dev, &data).unwrap();
         let mut dst = DeviceBuffer::<u32>::new(dev, count).unwrap();
-        let room = staged_bytes(count, slices, count, 4);
+        let cut = Cut::elementwise(count, slices);
+        let room = cut.staged(1, count) * 4;
         assert_eq!(
             room,
             SLICES_IN_FLIGHT * 5 * 4,
             "places of 5 elements, not 37"
         );
         assert_eq!(
-            staged_bytes(count, 1, count, 4),
-            count * 4,
-            "one slice: whole"
+            Cut::elementwise(count, 1).staged(1, count),
+            count,
+            "one slice"
         );
-        assert_eq!(staged_bytes(8, 4, 8, 4), 8 * 4, "clipped to the buffer");
+        assert_eq!(
+            Cut::elementwise(8, 4).staged(1, 8),
+            8,
+            "clipped to the buffer"
+        );
         let mut st = Staging::new(dev).unwrap();
         st.reserve(room, room).unwrap();
         let mut seen = Vec::new();
@@ -712,8 +781,7 @@ mod tests {
             &mut dst,
             true,
             true,
-            count,
-            slices,
+            Cut::elementwise(count, slices),
             |n, input, output| {
                 let input = input.expect("out of place");
                 seen.extend_from_slice(input);
@@ -734,8 +802,7 @@ mod tests {
             &mut dst,
             true,
             true,
-            count,
-            slices,
+            Cut::elementwise(count, slices),
             |_, input, output| {
                 assert!(input.is_none());
                 output.iter_mut().for_each(|x| *x += 1);
@@ -755,11 +822,80 @@ mod tests {
                 &mut dst,
                 true,
                 true,
-                count,
-                slices,
+                Cut::elementwise(count, slices),
                 |_, _, _| Ok(()),
             )
             .unwrap_err();
         assert!(e.to_string().contains("not reserved"), "{e}");
+    }
+
+    /// A blocked layout cut into slices: reduce_scatter's input of 3 blocks of 11 and
+    /// all_gather's output of 3 blocks, 4 slices of at most 3 elements per block, each staged
+    /// as the slice's blocks one after another.
+    #[test]
+    fn blocked_layouts_stage_each_slice_as_its_blocks_one_after_another() {
+        let dev = Device::new(Provider::Host, 1).unwrap();
+        let (n, count, slices) = (3usize, 11usize, 4usize);
+        let cut = Cut {
+            count,
+            slices,
+            in_blocks: n,
+            out_blocks: 1,
+        };
+        assert_eq!(cut.parts(1, n, n * count), [(3, 3), (14, 3), (25, 3)]);
+        assert_eq!(cut.parts(3, n, n * count), [(9, 2), (20, 2), (31, 2)]);
+        assert_eq!(cut.place(2, n), 2 * n * 3);
+        let data: Vec<u32> = (0..(n * count) as u32).collect();
+        let src = DeviceBuffer::from_host(dev, &data).unwrap();
+        let mut dst = DeviceBuffer::<u32>::new(dev, count).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve(cut.staged(n, n * count) * 4, cut.staged(1, count) * 4)
+            .unwrap();
+        // "reduce_scatter" by hand: the sum of the blocks' elements.
+        st.pipeline(Some(&src), &mut dst, true, true, cut, |c, input, output| {
+            let input = input.expect("out of place");
+            assert_eq!((input.len(), output.len()), (n * c, c));
+            for (i, o) in output.iter_mut().enumerate() {
+                *o = (0..n).map(|b| input[b * c + i]).sum();
+            }
+            Ok(())
+        })
+        .unwrap();
+        let want: Vec<u32> = (0..count as u32).map(|i| 3 * i + 33).collect();
+        assert_eq!(dst.to_vec().unwrap(), want);
+
+        // "all_gather": each slice's input written to every output block, times the block.
+        let gather = Cut {
+            in_blocks: 1,
+            out_blocks: n,
+            ..cut
+        };
+        let mine = DeviceBuffer::from_host(dev, &want).unwrap();
+        let mut all = DeviceBuffer::<u32>::new(dev, n * count).unwrap();
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve(gather.staged(1, count) * 4, gather.staged(n, n * count) * 4)
+            .unwrap();
+        st.pipeline(
+            Some(&mine),
+            &mut all,
+            true,
+            true,
+            gather,
+            |c, input, output| {
+                let input = input.expect("out of place");
+                for b in 0..n {
+                    for i in 0..c {
+                        output[b * c + i] = input[i] * (b as u32 + 1);
+                    }
+                }
+                Ok(())
+            },
+        )
+        .unwrap();
+        let got = all.to_vec().unwrap();
+        for b in 0..n {
+            let block: Vec<u32> = want.iter().map(|x| x * (b as u32 + 1)).collect();
+            assert_eq!(got[b * count..(b + 1) * count], block[..], "block {b}");
+        }
     }
 }

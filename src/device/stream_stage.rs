@@ -55,6 +55,16 @@ impl Staged {
         self.spans.get(i).map(|s| s.2)
     }
 
+    /// The bytes of staged range `i` (0 past the last).
+    pub(crate) fn len_at(&self, i: usize) -> usize {
+        self.spans.get(i).map_or(0, |s| s.1)
+    }
+
+    /// How many ranges are staged.
+    pub(crate) fn len(&self) -> usize {
+        self.spans.len()
+    }
+
     /// Queues on the stream the copy of staged range `i` whole: into the arena when
     /// `into_arena`, else back to device memory.
     ///
@@ -117,22 +127,28 @@ impl Window {
         place.next_multiple_of(ALIGN) * places
     }
 
-    /// Slice `k`'s ranges (device address, bytes, written; at most the place's bytes in all)
-    /// placed one after another in place `k mod places`. Slice `k + places` takes the same
-    /// place: its copies in must be queued after slice `k`'s copies back.
-    pub(crate) fn slice(&self, k: usize, ranges: &[(u64, usize, bool)]) -> Result<Staged> {
-        let mut host = self.base + (k % self.places) * self.place;
-        let end = host + self.place;
-        let mut spans = Vec::with_capacity(ranges.len());
-        for &(addr, len, written) in ranges {
-            if host + len > end {
-                return Err(crate::Error::internal(format!(
-                    "stream staging: slice {k} needs more than its place of {} bytes",
-                    self.place
-                )));
+    /// Slice `k`'s ranges placed in place `k mod places`: `groups` of (device address, bytes)
+    /// ranges, each group's ranges back to back (a slice's blocks, as one host buffer), each
+    /// group at an `ALIGN` boundary, with whether the group is written back; at most the place's
+    /// bytes in all. The ranges keep their order ([`Staged::host_at`]). Slice `k + places`
+    /// takes the same place: its copies in must be queued after slice `k`'s copies back.
+    pub(crate) fn slice(&self, k: usize, groups: &[(&[(u64, usize)], bool)]) -> Result<Staged> {
+        let start = self.base + (k % self.places) * self.place;
+        let end = start + self.place;
+        let mut host = start;
+        let mut spans = Vec::new();
+        for &(ranges, written) in groups {
+            host = start + (host - start).next_multiple_of(ALIGN);
+            for &(addr, len) in ranges {
+                if host + len > end {
+                    return Err(crate::Error::internal(format!(
+                        "stream staging: slice {k} needs more than its place of {} bytes",
+                        self.place
+                    )));
+                }
+                spans.push((addr, len, host, written));
+                host += len;
             }
-            spans.push((addr, len, host, written));
-            host += len.next_multiple_of(ALIGN);
         }
         Ok(Staged {
             device: self.device,

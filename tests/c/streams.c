@@ -144,6 +144,17 @@ static void collectives(ncclComm_t comm) {
       EXPECT(lr[r * C + i] == (int64_t)r * 100000 + i, "allgather [%d][%d] = %lld", r, i,
              (long long)lr[r * C + i]);
 
+  /* all-gather in place: the input is block `rank` of the output */
+  for (int i = 0; i < C; i++) ls[i] = (int64_t)rank * 7000 + 3 * i;
+  to_dev((int64_t *)d_recv + (size_t)rank * C, ls, sizeof(int64_t) * C);
+  CHECK(ncclAllGather((int64_t *)d_recv + (size_t)rank * C, d_recv, C, ncclInt64, comm,
+                      g_stream));
+  from_dev(lr, d_recv, sizeof(int64_t) * C * n);
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < C; i++)
+      EXPECT(lr[r * C + i] == (int64_t)r * 7000 + 3 * i, "allgather in place [%d][%d] = %lld",
+             r, i, (long long)lr[r * C + i]);
+
   /* reduce-scatter, sum of double: block b element i of rank r is r + b * 10000 + i */
   double *ds = (double *)fs, *dr = (double *)fr;
   for (int b = 0; b < n; b++)
@@ -154,6 +165,16 @@ static void collectives(ncclComm_t comm) {
   for (int i = 0; i < C; i++) {
     double want = (double)(n * (n - 1) / 2) + (double)n * (rank * 10000 + i);
     EXPECT(dr[i] == want, "reducescatter [%d] = %f, want %f", i, dr[i], want);
+  }
+
+  /* reduce-scatter in place: the result lands in block `rank` of the input */
+  to_dev(d_send, ds, sizeof(double) * C * n);
+  CHECK(ncclReduceScatter(d_send, (double *)d_send + (size_t)rank * C, C, ncclDouble, ncclSum,
+                          comm, g_stream));
+  from_dev(dr, (double *)d_send + (size_t)rank * C, sizeof(double) * C);
+  for (int i = 0; i < C; i++) {
+    double want = (double)(n * (n - 1) / 2) + (double)n * (rank * 10000 + i);
+    EXPECT(dr[i] == want, "reducescatter in place [%d] = %f, want %f", i, dr[i], want);
   }
 
   /* reduce, sum of int64 to rank n / 2: element i of rank r is r * 100000 + i */

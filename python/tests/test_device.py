@@ -324,4 +324,9 @@ if __name__ == "__main__":
     for world in (2, 3):
         for fn in (collectives, exchanges, errors):
             res.run(f"{fn.__name__} world {world}", harness.spawn, fn, world)
+    # Small device slices: every call of more than a few elements becomes several stream jobs,
+    # the blocked layouts too, cycling through the places of the stream's arena.
+    os.environ["FERRO_DEVICE_SLICE_BYTES"] = "256"
+    res.run("collectives world 3, 256-byte slices", harness.spawn, collectives, 3)
+    del os.environ["FERRO_DEVICE_SLICE_BYTES"]
     res.finish("device path on the host stand-in")

@@ -196,24 +196,22 @@ echo
 echo "== 6. host-staged device buffers against host buffers: 2 processes over shared memory (ferrorun), all_reduce_perf 8 B, then 1 MiB .. 64 MiB by x4, host then device buffers, twice (target: device >= 70 % of host busbw at 64 MiB). 6a: host (-B 0) and blocking device calls (-B 1); 6b: device calls ordered on a stream (-B 2, as NCCL programs call them), interleaved with host buffers, then 256 MiB .. 1 GiB on a stream (the arena holds 4 slices in flight, so these queue instead of blocking)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
-    for round in 1 2; do
-        for b in 0 1; do
-            echo "-- round $round, -B $b"
-            FERRO_DEVICE_PROVIDER=cuda part=6a step "$bundle/bin/ferrorun" -n 2 -- \
-                "$bundle/bin/all_reduce_perf" -b 8 -e 8 -n 1000 -w 100 -B "$b" || rc=1
-            FERRO_DEVICE_PROVIDER=cuda part=6a step "$bundle/bin/ferrorun" -n 2 -- \
-                "$bundle/bin/all_reduce_perf" -b 1M -e 64M -f 4 -n 20 -w 5 -B "$b" || rc=1
+    # rounds PART B...: two rounds of 8 B and 1 MiB .. 64 MiB, with each -B value in turn.
+    rounds() {
+        local p=$1 round b
+        shift
+        for round in 1 2; do
+            for b in "$@"; do
+                echo "-- $p round $round, -B $b"
+                FERRO_DEVICE_PROVIDER=cuda part=$p step "$bundle/bin/ferrorun" -n 2 -- \
+                    "$bundle/bin/all_reduce_perf" -b 8 -e 8 -n 1000 -w 100 -B "$b" || rc=1
+                FERRO_DEVICE_PROVIDER=cuda part=$p step "$bundle/bin/ferrorun" -n 2 -- \
+                    "$bundle/bin/all_reduce_perf" -b 1M -e 64M -f 4 -n 20 -w 5 -B "$b" || rc=1
+            done
         done
-    done
-    for round in 1 2; do
-        for b in 2 0; do
-            echo "-- 6b round $round, -B $b"
-            FERRO_DEVICE_PROVIDER=cuda part=6b step "$bundle/bin/ferrorun" -n 2 -- \
-                "$bundle/bin/all_reduce_perf" -b 8 -e 8 -n 1000 -w 100 -B "$b" || rc=1
-            FERRO_DEVICE_PROVIDER=cuda part=6b step "$bundle/bin/ferrorun" -n 2 -- \
-                "$bundle/bin/all_reduce_perf" -b 1M -e 64M -f 4 -n 20 -w 5 -B "$b" || rc=1
-        done
-    done
+    }
+    rounds 6a 0 1
+    rounds 6b 2 0
     echo "-- 6b: 256 MiB .. 1 GiB ordered on a stream"
     FERRO_DEVICE_PROVIDER=cuda FERRO_DEBUG=INFO part=6b step "$bundle/bin/ferrorun" -n 2 -- \
         "$bundle/bin/all_reduce_perf" -b 256M -e 1G -f 4 -n 3 -w 1 -B 2 || rc=1

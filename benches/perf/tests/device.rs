@@ -174,25 +174,40 @@ fn every_collective_tool_on_stand_in_device_buffers() {
         ),
     ];
     for (name, bin, extra) in tools {
-        let out = command(Path::new(bin))
-            .args([
-                "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-t", "3", "-B", "1",
-            ])
-            .args(extra)
-            .env("FERRO_DEVICE_PROVIDER", "host")
-            .output()
-            .expect("running a perf tool");
-        let t = text(&out);
-        assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
-        assert!(
-            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
-            "{name}: footer\n{t}"
-        );
+        let t = passes_on_3_stand_in_ranks(name, bin, "1", extra, &[]);
         assert!(
             t.contains("[stand-in] host stand-in device 2"),
             "{name}\n{t}"
         );
     }
+}
+
+/// Runs perf tool `bin` on 3 thread ranks of the stand-in, 8 B .. 64 KiB, with `-B b`,
+/// `extra` arguments and `env`; asserts it exits 0 with 0 wrong elements and returns its
+/// output.
+fn passes_on_3_stand_in_ranks(
+    name: &str,
+    bin: &str,
+    b: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let out = command(Path::new(bin))
+        .args([
+            "-b", "8", "-e", "64K", "-f", "8", "-n", "2", "-t", "3", "-B", b,
+        ])
+        .args(extra)
+        .env("FERRO_DEVICE_PROVIDER", "host")
+        .envs(env.iter().copied())
+        .output()
+        .expect("running a perf tool");
+    let t = text(&out);
+    assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
+    assert!(
+        t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
+        "{name}: footer\n{t}"
+    );
+    t
 }
 
 /// `-B 2`: the collective tools with their calls ordered on a stream (each returns once
@@ -229,21 +244,8 @@ fn collective_tools_with_calls_ordered_on_a_stream() {
         ("alltoall_perf", env!("CARGO_BIN_EXE_alltoall_perf"), &[]),
     ];
     for (name, bin, extra) in tools {
-        let out = command(Path::new(bin))
-            .args([
-                "-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-t", "3", "-B", "2",
-            ])
-            .args(extra)
-            .env("FERRO_DEVICE_PROVIDER", "host")
-            .env("FERRO_DEVICE_SLICE_BYTES", "256")
-            .output()
-            .expect("running a perf tool");
-        let t = text(&out);
-        assert!(out.status.success(), "{name}: exit {}\n{t}", out.status);
-        assert!(
-            t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
-            "{name}: footer\n{t}"
-        );
+        let slices = [("FERRO_DEVICE_SLICE_BYTES", "256")];
+        passes_on_3_stand_in_ranks(name, bin, "2", extra, &slices);
     }
 }
 

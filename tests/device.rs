@@ -103,7 +103,7 @@ fn pipelined_slices_on_2_and_3_thread_ranks() {
             "all_to_all",
         ],
     };
-    for n in [2, 3] {
+    for n in [1, 2, 3] {
         sweep_threads_with(n, &sweep, config.clone());
     }
 }

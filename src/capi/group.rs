@@ -316,8 +316,8 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
-    /// The batch is one element-wise collective and the group's only batch: one stream job
-    /// per slice (`slices`).
+    /// The batch is one collective and the group's only batch: one stream job per slice
+    /// (`slices`).
     Slices(Lone),
 }
 

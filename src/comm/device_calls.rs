@@ -246,7 +246,7 @@ impl Communicator {
     }
 
     /// How many collectives a device collective of `count` elements of `es` bytes is cut into
-    /// (`FERRO_DEVICE_SLICE_BYTES`; element-wise kinds only), on every path alike.
+    /// ([`cut`]), on every path alike.
     #[cfg(feature = "capi")]
     pub(crate) fn device_slices(&self, kind: CollKind, count: usize, es: usize) -> usize {
         slices(&self.inner, kind, count, es)
@@ -560,7 +560,8 @@ fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
 /// in slices of about that many bytes of their larger buffer, except where collectives may run
 /// straight on device buffers (the p2p transport in `FERRO_TRANSPORTS`), which run those whole:
 /// a rank may take either path (`FERRO_DEVICE_DIRECT` may differ between ranks), and only the
-/// transport list is the same on every rank. Every rank must see the same
+/// transport list is the same on every rank; and on one rank, which has no connection that
+/// could refuse device memory. No slice is without elements. Every rank must see the same
 /// `FERRO_DEVICE_SLICE_BYTES` and `FERRO_TRANSPORTS`.
 pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut {
     let n = inner.nranks;
@@ -573,11 +574,15 @@ pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut
     let slices = if elementwise {
         let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
-    } else if cuts_blocks(&inner.config) {
-        (count * es * in_len.max(out_len))
+    } else if n > 1 && cuts_blocks(&inner.config) {
+        let wanted = (count * es * in_len.max(out_len))
             .div_ceil(bytes)
-            .clamp(1, count.max(1))
+            .clamp(1, count.max(1));
+        // No slice without elements: every path runs each slice as a collective.
+        count.div_ceil(count.div_ceil(wanted).max(1)).max(1)
     } else {
+        // One rank: no connection, so the path straight on device buffers is open, and it
+        // runs these layouts whole.
         1
     };
     Cut {
@@ -715,6 +720,41 @@ pub(super) fn staged<T: Element>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocked_layouts_are_cut_by_their_larger_buffer_and_no_slice_is_empty() {
+        let config = Config {
+            device_slice_bytes: 256,
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(3, config.clone()).unwrap();
+        let inner = &comms[0].inner;
+        // 1021 f32 per block, 3 blocks: 48 slices wanted, of 22 elements; 47 hold them all.
+        let c = cut(inner, CollKind::AllGather, 1021, 4);
+        assert_eq!((c.slices, c.in_blocks, c.out_blocks), (47, 1, 3));
+        let c = cut(inner, CollKind::ReduceScatter, 1021, 4);
+        assert_eq!((c.slices, c.in_blocks, c.out_blocks), (47, 3, 1));
+        assert_eq!(cut(inner, CollKind::AllReduce, 1021, 4).slices, 16);
+        for kind in [CollKind::AllGather, CollKind::AllToAll, CollKind::AllReduce] {
+            for count in (0..200).chain([1021, 4099, 65537]) {
+                let c = cut(inner, kind, count, 8);
+                let total: usize = (0..c.slices).map(|k| c.range(k).len()).sum();
+                assert_eq!(total, count, "{kind:?} {count}");
+                assert!(
+                    count == 0 || (0..c.slices).all(|k| !c.range(k).is_empty()),
+                    "{kind:?} {count}: {c:?}"
+                );
+            }
+        }
+        // Whole where the p2p transport is tried, and on one rank.
+        let p2p = Config {
+            transports: vec!["p2p".into(), "shm".into()],
+            ..config.clone()
+        };
+        assert!(cuts_blocks(&config) && !cuts_blocks(&p2p));
+        let one = Communicator::local_group(1, config).unwrap();
+        assert_eq!(cut(&one[0].inner, CollKind::AllGather, 1021, 4).slices, 1);
+    }
 
     #[test]
     fn counts_follow_the_typed_calls() {

@@ -1,7 +1,8 @@
 //! A stream-ordered device collective as stream jobs, one per slice of the call.
 //!
-//! The call is cut as the blocking form cuts it (`device_calls::slices`: element-wise
-//! collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the others whole), so that ranks that
+//! The call is cut as the blocking form cuts it (`device_calls::cut`: element-wise
+//! collectives in slices of `FERRO_DEVICE_SLICE_BYTES`, the blocked layouts by their larger
+//! buffer's bytes, each slice's blocks staged one after another), so that ranks that
 //! take the blocking form and ranks that take the stream-ordered one exchange the same
 //! messages. The stream's arena holds the slices in flight (`SLICES_IN_FLIGHT` at most),
 //! whatever the call's size: slice `k` lives in place `k mod` that many. On the caller's

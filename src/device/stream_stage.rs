@@ -69,7 +69,10 @@ impl Staged {
     /// `into_arena`, else back to device memory.
     ///
     /// # Safety
-    /// As for [`Staged::copy_in`] (`into_arena`) or [`Staged::copy_back_parts`].
+    /// The range is live device memory of the stream's device that the call owns until the
+    /// stream has run the copy; into the arena, the range's place is not in use by a job or a
+    /// queued copy (the slice that had it was copied back earlier on this stream); back, the
+    /// copy is queued after the job's flag wait. The arena lives until the queue drops.
     pub(crate) unsafe fn copy_range(&self, i: usize, into_arena: bool) -> Result<()> {
         let Some(&(dev, len, host, _)) = self.spans.get(i) else {
             return Err(crate::Error::internal(format!(

@@ -148,41 +148,33 @@ impl Communicator {
         let job = |j: SliceJob| -> Work {
             let inner = Arc::clone(&self.inner);
             Box::new(move || {
-                let run = || {
-                    // SAFETY: the ranges are the arena copies of this slice of the buffers
-                    // (0 bytes where empty), which the stream filled before the gate the
-                    // worker waited for, and which no other job uses (a place is copied into
-                    // again only after this job's flag and copies back; a later call's copies
-                    // in come after those too).
-                    let (input, output) = unsafe {
-                        let output: &mut [u8] = match j.output {
-                            (_, 0) => &mut [],
-                            (at, n) => std::slice::from_raw_parts_mut(at as *mut u8, n),
-                        };
-                        let input: Option<&[u8]> = match j.input {
-                            None if in_place => None,
-                            None | Some((_, 0)) => Some(&[]),
-                            Some((at, n)) => Some(std::slice::from_raw_parts(at as *const u8, n)),
-                        };
-                        (input, output)
+                // SAFETY: the ranges are the arena copies of this slice of the buffers (0 bytes
+                // where empty), which the stream filled before the gate the worker waited for,
+                // and which no other job uses (a place is copied into again only after this
+                // job's flag and copies back; a later call's copies in come after those too).
+                let (input, output) = unsafe {
+                    let output: &mut [u8] = match j.output {
+                        (_, 0) => &mut [],
+                        (at, n) => std::slice::from_raw_parts_mut(at as *mut u8, n),
                     };
-                    super::calls::blocking_on(
-                        &inner,
-                        kind.name(),
-                        header_kind(kind),
-                        kind,
-                        input,
-                        output,
-                        j.count,
-                        T::DTYPE,
-                        op,
-                    )
+                    let input: Option<&[u8]> = match j.input {
+                        None if in_place => None,
+                        None | Some((_, 0)) => Some(&[]),
+                        Some((at, n)) => Some(std::slice::from_raw_parts(at as *const u8, n)),
+                    };
+                    (input, output)
                 };
-                let r = run();
-                if let Err(e) = &r {
-                    inner.fail(e.clone());
-                }
-                r
+                super::calls::blocking_on(
+                    &inner,
+                    kind.name(),
+                    header_kind(kind),
+                    kind,
+                    input,
+                    output,
+                    j.count,
+                    T::DTYPE,
+                    op,
+                )
             })
         };
         // SAFETY: both buffers are live device memory of `dev` (checked by the caller), held
@@ -266,10 +258,20 @@ impl Communicator {
                     )));
                 };
                 let bytes = |from: usize, to: usize| (from..to).map(|i| st.len_at(i)).sum();
-                let work = job(SliceJob {
+                let slice = job(SliceJob {
                     count: cut.range(k).len(),
                     input: read.map(|_| (st.host_at(0).unwrap_or(0), bytes(0, n_in))),
                     output: (st.host_at(n_in).unwrap_or(0), bytes(n_in, st.len())),
+                });
+                // A slice that fails fails the communicator: the slices after it then fail at
+                // once instead of running out of step with the peers.
+                let inner = Arc::clone(&self.inner);
+                let work: Work = Box::new(move || {
+                    let r = slice();
+                    if let Err(e) = &r {
+                        inner.fail(e.clone());
+                    }
+                    r
                 });
                 // The last job waits, after its flag, until the stream has run every copy back
                 // (they run in order), then lets the buffers go.

@@ -564,9 +564,13 @@ fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
 /// could refuse device memory. No slice is without elements. Every rank must see the same
 /// `FERRO_DEVICE_SLICE_BYTES` and `FERRO_TRANSPORTS`.
 pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut {
-    let n = inner.nranks;
+    cut_for(&inner.config, inner.nranks, kind, count, es)
+}
+
+/// [`cut`] for a communicator of `n` ranks with `config`.
+fn cut_for(config: &Config, n: usize, kind: CollKind, count: usize, es: usize) -> Cut {
     let (in_len, out_len) = kind.buffer_lens(1, n);
-    let bytes = inner.config.device_slice_bytes.max(1);
+    let bytes = config.device_slice_bytes.max(1);
     let elementwise = matches!(
         kind,
         CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
@@ -574,10 +578,13 @@ pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut
     let slices = if elementwise {
         let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
-    } else if n > 1 && cuts_blocks(&inner.config) {
+    } else if n > 1 && cuts_blocks(config) {
+        // A slice's part of one block is one copy each way: at least 1/64 of a slice's bytes
+        // (64 KiB by default), so that many ranks do not make many tiny copies.
+        let most = (count * es / (bytes / 64).max(1)).max(1);
         let wanted = (count * es * in_len.max(out_len))
             .div_ceil(bytes)
-            .clamp(1, count.max(1));
+            .clamp(1, most.min(count.max(1)));
         // No slice without elements: every path runs each slice as a collective.
         count.div_ceil(count.div_ceil(wanted).max(1)).max(1)
     } else {
@@ -752,6 +759,18 @@ mod tests {
             ..config.clone()
         };
         assert!(cuts_blocks(&config) && !cuts_blocks(&p2p));
+        // Many ranks: a slice's part of a block stays at least 1/64 of the slice bytes.
+        let c = cut_for(&config, 80, CollKind::AllToAll, 1021, 4);
+        assert_eq!(
+            c.slices, 1021,
+            "parts of 4 bytes, not 80 × 1021 × 4 / 256 slices"
+        );
+        let big = Config {
+            device_slice_bytes: 4 << 20,
+            ..config.clone()
+        };
+        let c = cut_for(&big, 80, CollKind::AllGather, 1 << 20, 4);
+        assert_eq!(c.slices, 64, "80 blocks of 4 MiB: parts of 64 KiB");
         let one = Communicator::local_group(1, config).unwrap();
         assert_eq!(cut(&one[0].inner, CollKind::AllGather, 1021, 4).slices, 1);
     }

@@ -640,3 +640,106 @@ fn without_a_driver_a_cuda_stream_is_the_clear_error() {
         .unwrap_err();
     assert!(e.to_string().contains(DRIVER_MISSING), "{e}");
 }
+
+/// Calls of every kind and awkward counts in 64-byte slices, queued back to back without a
+/// synchronize between them, each rank taking the stream-ordered or the blocking form call by
+/// call as a hash picks (so both forms meet on every kind): the arena's places are reused
+/// within and across calls, and every result is checked at the end.
+#[test]
+fn stream_and_blocking_calls_mixed_back_to_back_in_small_slices() {
+    let dev = host_device();
+    let config = Config {
+        device_slice_bytes: 64,
+        ..Config::default()
+    };
+    let n = 3;
+    let comms = Communicator::local_group(n, config).unwrap();
+    let v = |call: usize, r: usize, i: usize| (i * 3 + r * 5000 + call * 7) as f32 - 2000.0;
+    let kinds = [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "broadcast",
+    ];
+    let counts = [1usize, 7, 63, 257, 1021];
+    let plan: Vec<(&str, usize)> = (0..30)
+        .map(|k| (kinds[(k * 7 + k / 5) % 5], counts[(k * 3 + 1) % 5]))
+        .collect();
+    std::thread::scope(|sc| {
+        for c in &comms {
+            let plan = &plan;
+            sc.spawn(move || {
+                c.set_device(dev).unwrap();
+                let r = c.rank();
+                let s = DeviceStream::new(dev).unwrap();
+                let mut held = Vec::new();
+                for (call, &(kind, count)) in plan.iter().enumerate() {
+                    let on = (call * 31 + r * 17) % 3 != 0;
+                    let input_len = match kind {
+                        "reduce_scatter" | "all_to_all" => n * count,
+                        _ => count,
+                    };
+                    let output_len = match kind {
+                        "all_gather" | "all_to_all" => n * count,
+                        _ => count,
+                    };
+                    let mine: Vec<f32> = (0..input_len).map(|i| v(call, r, i)).collect();
+                    let send = DeviceBuffer::from_host(dev, &mine).unwrap();
+                    let mut recv = DeviceBuffer::<f32>::new(dev, output_len).unwrap();
+                    let sum = ReduceOp::Sum;
+                    let rr = match (kind, on) {
+                        ("all_reduce", true) => c.all_reduce_device_on(&send, &mut recv, sum, &s),
+                        ("all_reduce", false) => c.all_reduce_device(&send, &mut recv, sum),
+                        ("all_gather", true) => c.all_gather_device_on(&send, &mut recv, &s),
+                        ("all_gather", false) => c.all_gather_device(&send, &mut recv),
+                        ("reduce_scatter", true) => {
+                            c.reduce_scatter_device_on(&send, &mut recv, sum, &s)
+                        }
+                        ("reduce_scatter", false) => c.reduce_scatter_device(&send, &mut recv, sum),
+                        ("all_to_all", true) => c.all_to_all_device_on(&send, &mut recv, &s),
+                        ("all_to_all", false) => c.all_to_all_device(&send, &mut recv),
+                        (_, true) => {
+                            recv = DeviceBuffer::from_host(dev, &mine).unwrap();
+                            c.broadcast_device_on(&mut recv, call % n, &s)
+                        }
+                        (_, false) => {
+                            recv = DeviceBuffer::from_host(dev, &mine).unwrap();
+                            c.broadcast_device(&mut recv, call % n)
+                        }
+                    };
+                    rr.unwrap_or_else(|e| panic!("rank {r} call {call} {kind} {count}: {e}"));
+                    held.push((call, kind, count, send, recv));
+                }
+                s.synchronize().unwrap();
+                for (call, kind, count, _, recv) in held {
+                    let want: Vec<f32> = match kind {
+                        "all_reduce" => (0..count)
+                            .map(|i| (0..n).map(|p| v(call, p, i)).sum())
+                            .collect(),
+                        "all_gather" => (0..n * count)
+                            .map(|k| v(call, k / count, k % count))
+                            .collect(),
+                        "reduce_scatter" => (0..count)
+                            .map(|i| (0..n).map(|p| v(call, p, r * count + i)).sum())
+                            .collect(),
+                        "all_to_all" => (0..n * count)
+                            .map(|k| v(call, k / count, r * count + k % count))
+                            .collect(),
+                        _ => (0..count).map(|i| v(call, call % n, i)).collect(),
+                    };
+                    let got = recv.to_vec().unwrap();
+                    let bad = got.iter().zip(&want).position(|(g, w)| g != w);
+                    assert!(
+                        got.len() == want.len() && bad.is_none(),
+                        "rank {r} call {call}: {kind} of {count}: element {bad:?} is {:?}, \
+                         want {:?}",
+                        bad.map(|i| got[i]),
+                        bad.map(|i| want[i])
+                    );
+                }
+                assert!(c.async_error().is_none());
+            });
+        }
+    });
+}

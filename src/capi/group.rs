@@ -220,7 +220,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     let job = stream_job(&shared, ops, device, spans)?;
                     stream_jobs.push((shared, job));
                 }
-                Plan::Slices(lone) => slices::queue(&shared, lone)?,
+                Plan::Slices(lones) => slices::queue_all(&shared, lones)?,
                 Plan::Host | Plan::Block => blocking.push((shared, ops)),
             }
             continue;
@@ -316,9 +316,9 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
-    /// The batch is one collective and the group's only batch: one stream job per slice
-    /// (`slices`).
-    Slices(Lone),
+    /// The batch holds collectives only and is the group's only batch: one stream job per
+    /// slice of each (`slices`).
+    Slices(Vec<Lone>),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
@@ -357,11 +357,13 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
         return Ok(Plan::Block);
     }
     if alone {
-        if let Some(lone) = slices::lone(&comm, first.device, ops, checked)? {
-            if !orders_call(first.device, lone.arena_bytes()) {
+        if let Some(lones) = slices::lone(&comm, first.device, ops, checked)? {
+            // They run one after another: a stream's arena holds the largest.
+            let most = lones.iter().map(Lone::arena_bytes).max().unwrap_or(0);
+            if !orders_call(first.device, most) {
                 return Ok(Plan::Block);
             }
-            return Ok(Plan::Slices(lone));
+            return Ok(Plan::Slices(lones));
         }
     }
     // A job runs its staged collectives on the arena's copies of whole buffers, where a

@@ -1,9 +1,11 @@
-//! A lone collective on a stream (`ncclAllReduce`, `ncclBroadcast`, `ncclReduce`,
-//! `ncclAllGather`, `ncclReduceScatter` or `ncclAlltoAll` outside a group, with a built-in
-//! operation or a pre-multiplied sum whose scalar is known): queued slice by slice, as the
-//! Rust API's stream calls are (`comm::stream_slices`), so that its copies in and back overlap
-//! the transfers of the other slices and its pinned arena holds the slices in flight, not the
-//! call. Grouped operations stay one job per communicator (`group`).
+//! Collectives on a stream of one communicator, alone in their group (`ncclAllReduce`,
+//! `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter` or `ncclAlltoAll`
+//! outside a group, or several of them between `ncclGroupStart` and `ncclGroupEnd`, each with
+//! a built-in operation or a pre-multiplied sum whose scalar is known): queued one after
+//! another, each slice by slice, as the Rust API's stream calls are (`comm::stream_slices`), so
+//! that their copies in and back overlap the transfers of the other slices and the pinned
+//! arena holds the slices in flight, not the calls. Groups of several communicators, or with
+//! sends and receives, stay one job per communicator (`group`).
 
 use std::sync::Arc;
 
@@ -32,18 +34,36 @@ impl Lone {
     }
 }
 
-/// `ops` as a [`Lone`] collective on `device`, where it is one: a single collective with a
-/// stream and a reduction known now, of at least one element. `checked`: its arguments were
-/// checked when it was issued.
+/// `ops` as [`Lone`] collectives on `device`, where they all are: collectives with a stream
+/// and a reduction known now (the ones of no element dropped, as every path skips them).
+/// `checked`: their arguments were checked when they were issued.
 pub(super) fn lone(
     comm: &Communicator,
     device: Device,
     ops: &[Op],
     checked: bool,
-) -> Result<Option<Lone>> {
-    let [op] = ops else {
-        return Ok(None);
-    };
+) -> Result<Option<Vec<Lone>>> {
+    let mut all = Vec::with_capacity(ops.len());
+    for op in ops {
+        match one(comm, device, op, checked)? {
+            One::Cut(l) => all.push(l),
+            One::Empty => {}
+            One::Not => return Ok(None),
+        }
+    }
+    Ok(Some(all))
+}
+
+/// What [`one`] makes of an operation.
+enum One {
+    Cut(Lone),
+    /// A collective of no element.
+    Empty,
+    /// Not one that is cut here.
+    Not,
+}
+
+fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<One> {
     let Op::Coll {
         api,
         kind,
@@ -55,10 +75,10 @@ pub(super) fn lone(
         on: Some(on),
     } = *op
     else {
-        return Ok(None);
+        return Ok(One::Not);
     };
     if on.device != device {
-        return Ok(None);
+        return Ok(One::Not);
     }
     let (rank, n) = (comm.rank(), comm.nranks());
     if !checked {
@@ -66,7 +86,7 @@ pub(super) fn lone(
     }
     let es = dtype.size();
     let (read, recv, in_place) = match coll_layout(api, kind, send, recv, count, dtype, rank, n)? {
-        Layout::Empty => return Ok(None),
+        Layout::Empty => return Ok(One::Empty),
         Layout::InPlace { buf, len } => (None, (buf as u64, len / es), true),
         Layout::Apart {
             send,
@@ -90,13 +110,28 @@ pub(super) fn lone(
         in_place,
         written: written && recv.1 > 0,
     };
-    Ok(Some(Lone {
+    Ok(One::Cut(Lone {
         call,
         api,
         kind,
         dtype,
         op: red,
     }))
+}
+
+/// Queues `lones` on their streams in order ([`queue`] each). One that cannot be queued after
+/// another was fails the communicator: the group would be half issued, out of step with the
+/// peers.
+pub(super) fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
+    for (i, lone) in lones.into_iter().enumerate() {
+        if let Err(e) = queue(shared, lone) {
+            if i > 0 {
+                shared.wait_ready()?.fail_with(e.clone());
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// Queues `lone` on its stream, one job per slice. Each job runs the host collective on its
@@ -168,7 +203,7 @@ mod tests {
     use crate::Config;
 
     #[test]
-    fn a_lone_call_is_cut_and_the_rest_is_not() {
+    fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
         let config = Config {
             device_slice_bytes: 16,
             ..Config::default()
@@ -192,7 +227,8 @@ mod tests {
             on,
         };
         let sum = Reduction::Op(ReduceOp::Sum);
-        let cut = |ops: &[Op]| lone(comm, dev, ops, true).unwrap();
+        let cuts = |ops: &[Op]| lone(comm, dev, ops, true).unwrap();
+        let cut = |ops: &[Op]| cuts(ops).map(|mut v| v.remove(0));
 
         // 10 floats in 16-byte slices: 3 slices, 3 places of 16 input and 16 output bytes.
         let l = cut(&[coll(CollKind::AllReduce, send, 10, sum)]).expect("cut");
@@ -220,17 +256,31 @@ mod tests {
         let l = cut(&[coll(CollKind::AllGather, recv.wrapping_add(40), 10, sum)]).expect("cut");
         assert!(l.call.in_place && l.call.recv == (0x9000, 20));
 
-        // Not cut here: a scalar read when it runs, no elements, two operations, another
-        // device.
+        // Several collectives: each cut on its own; one of no element dropped.
+        let three = [
+            coll(CollKind::AllReduce, send, 10, sum),
+            coll(CollKind::AllReduce, send, 0, sum),
+            coll(CollKind::AllToAll, send, 10, sum),
+        ];
+        let all = cuts(&three).expect("cut");
+        assert_eq!(all.len(), 2);
+        assert_eq!(
+            (all[1].call.cut.in_blocks, all[1].call.cut.out_blocks),
+            (2, 2)
+        );
+        assert!(cuts(&[coll(CollKind::AllReduce, send, 0, sum)])
+            .expect("cut")
+            .is_empty());
+
+        // Not cut here: a scalar read when it runs (alone or among others), another device.
         let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);
         let other = Device::new(Provider::Host, 1).unwrap();
-        assert!(cut(&[coll(CollKind::AllReduce, send, 10, scalar)]).is_none());
-        assert!(cut(&[coll(CollKind::AllReduce, send, 0, sum)]).is_none());
+        assert!(cuts(&[coll(CollKind::AllReduce, send, 10, scalar)]).is_none());
         let two = [
             coll(CollKind::AllReduce, send, 10, sum),
-            coll(CollKind::AllReduce, send, 10, sum),
+            coll(CollKind::AllReduce, send, 10, scalar),
         ];
-        assert!(cut(&two).is_none());
+        assert!(cuts(&two).is_none());
         let ops = [coll(CollKind::AllReduce, send, 10, sum)];
         assert!(lone(comm, other, &ops, true).unwrap().is_none());
     }

@@ -258,6 +258,13 @@ impl Communicator {
         self.inner.failed_error()
     }
 
+    /// Fails this communicator with `e`: every later operation returns it (the C ABI's calls
+    /// left half issued).
+    #[cfg(feature = "capi")]
+    pub(crate) fn fail_with(&self, e: Error) {
+        self.inner.fail(e);
+    }
+
     /// Aborts: every operation in flight or queued fails promptly with an `Aborted` error,
     /// connections are closed so peers notice at once, and every later call fails. Returns
     /// without waiting for peers.

@@ -8,9 +8,10 @@
 //! their work queued on their background thread and the call returns `ncclInProgress`.
 //!
 //! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
-//! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`): the
-//! call, or the outermost `ncclGroupEnd`, returns without waiting for it. Other work on a
-//! communicator waits until its stream queue is empty, then runs as above.
+//! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`),
+//! or, for collectives of one communicator alone in their group, jobs slice by slice
+//! (`slices`): the call, or the outermost `ncclGroupEnd`, returns without waiting for them.
+//! Other work on a communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -316,8 +317,8 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
-    /// The batch holds collectives only and is the group's only batch: one stream job per
-    /// slice of each (`slices`).
+    /// The batch holds collectives on one stream only and is the group's only batch: one
+    /// stream job per slice of each (`slices`).
     Slices(Vec<Lone>),
 }
 

@@ -4,8 +4,10 @@
 //! a built-in operation or a pre-multiplied sum whose scalar is known): queued one after
 //! another, each slice by slice, as the Rust API's stream calls are (`comm::stream_slices`), so
 //! that their copies in and back overlap the transfers of the other slices and the pinned
-//! arena holds the slices in flight, not the calls. Groups of several communicators, or with
-//! sends and receives, stay one job per communicator (`group`).
+//! arena holds the slices in flight, not the calls. Groups of several communicators, with
+//! sends and receives, over several streams (NCCL joins a group's streams), or of several
+//! collectives none of which is cut (one job is one round trip, not one per call), stay one job
+//! per communicator (`group`).
 
 use std::sync::Arc;
 
@@ -18,7 +20,7 @@ use crate::device::stream_queue::Work;
 use crate::device::Device;
 use crate::{Communicator, DataType, ReduceOp, Result};
 
-/// The one collective of a batch, cut into slices.
+/// One collective of a batch, cut into slices.
 pub(super) struct Lone {
     call: Sliced,
     api: &'static str,
@@ -34,22 +36,29 @@ impl Lone {
     }
 }
 
-/// `ops` as [`Lone`] collectives on `device`, where they all are: collectives with a stream
-/// and a reduction known now (the ones of no element dropped, as every path skips them).
-/// `checked`: their arguments were checked when they were issued.
+/// `ops` as [`Lone`] collectives on `device`, where they all are: collectives on one stream
+/// with a reduction known now (the ones of no element dropped, as every path skips them),
+/// and, when there are several, at least one cut into several slices. `checked`: their
+/// arguments were checked when they were issued.
 pub(super) fn lone(
     comm: &Communicator,
     device: Device,
     ops: &[Op],
     checked: bool,
 ) -> Result<Option<Vec<Lone>>> {
-    let mut all = Vec::with_capacity(ops.len());
+    let mut all: Vec<Lone> = Vec::with_capacity(ops.len());
     for op in ops {
         match one(comm, device, op, checked)? {
             One::Cut(l) => all.push(l),
             One::Empty => {}
             One::Not => return Ok(None),
         }
+    }
+    if all.iter().any(|l| l.call.handle != all[0].call.handle) {
+        return Ok(None);
+    }
+    if all.len() > 1 && all.iter().all(|l| l.call.cut.slices <= 1) {
+        return Ok(None);
     }
     Ok(Some(all))
 }
@@ -119,10 +128,16 @@ fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<On
     }))
 }
 
-/// Queues `lones` on their streams in order ([`queue`] each). One that cannot be queued after
-/// another was fails the communicator: the group would be half issued, out of step with the
-/// peers.
+/// Queues `lones` (on one stream) in order ([`queue`] each), the stream's arena first grown
+/// for the largest, so that nothing is left to fail after the first is queued but a driver
+/// call or a stopped queue. One that cannot be queued after another was fails the
+/// communicator: the group would be half issued, out of step with the peers.
 pub(super) fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
+    if let Some(most) = lones.iter().max_by_key(|l| l.arena_bytes()) {
+        shared
+            .wait_ready()?
+            .reserve_slices(&shared.streams, &most.call)?;
+    }
     for (i, lone) in lones.into_iter().enumerate() {
         if let Err(e) = queue(shared, lone) {
             if i > 0 {
@@ -271,6 +286,26 @@ mod tests {
         assert!(cuts(&[coll(CollKind::AllReduce, send, 0, sum)])
             .expect("cut")
             .is_empty());
+        // Several of one slice each: one job is one round trip, not one per call.
+        let small = [
+            coll(CollKind::AllReduce, send, 4, sum),
+            coll(CollKind::AllReduce, send, 3, sum),
+        ];
+        assert!(cuts(&small).is_none());
+        assert!(
+            cuts(&small[..1]).is_some(),
+            "alone, it is queued as any call"
+        );
+        // Over two streams: NCCL joins a group's streams, which one job does.
+        let mut other_stream = coll(CollKind::AllReduce, send, 10, sum);
+        if let Op::Coll { on, .. } = &mut other_stream {
+            *on = Some(OnStream {
+                device: dev,
+                stream: 0x78,
+            });
+        }
+        let two_streams = [coll(CollKind::AllReduce, send, 10, sum), other_stream];
+        assert!(cuts(&two_streams).is_none());
 
         // Not cut here: a scalar read when it runs (alone or among others), another device.
         let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);

@@ -183,6 +183,16 @@ impl Communicator {
         unsafe { self.queue_slices(&self.streams, &call, keep, job) }
     }
 
+    /// Grows the arena of `call`'s stream in `queue` to what [`Communicator::queue_slices`]
+    /// takes for it (nothing is copied), so that calls queued after it need no larger one.
+    #[cfg(feature = "capi")]
+    pub(crate) fn reserve_slices(&self, queue: &StreamQueue, call: &Sliced) -> Result<()> {
+        let window = slices_in_flight(call.cut.slices.max(1));
+        queue
+            .window(call.dev, call.handle, call.place_bytes(), window)
+            .map(drop)
+    }
+
     /// Queues `call` on its stream as one job per slice of `queue` (this communicator's, or the
     /// C ABI's queue of it), `job` making each slice's work, the last job holding `keep` until the stream has copied every slice back. Cut short after
     /// some jobs were queued, the communicator fails (the slices queued would leave the call

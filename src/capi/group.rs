@@ -23,9 +23,7 @@ use super::run::execute;
 use super::slices::{self, Lone};
 use super::stream::OnStream;
 use super::types::*;
-use crate::coll::CollKind;
 use crate::device::gate::Gate;
-use crate::device::staging::slice_range;
 use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
 use crate::device::stream_stage::{arena_bytes, Span, Staged};
 use crate::device::Device;
@@ -373,7 +371,7 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
     let cut_blocks = ops.iter().any(|op| match *op {
         Op::Coll {
             kind, count, dtype, ..
-        } => !elementwise(kind) && comm.device_slices(kind, count, dtype.size()) > 1,
+        } => !kind.is_elementwise() && comm.device_cut(kind, count, dtype.size()).slices > 1,
         _ => false,
     });
     if cut_blocks {
@@ -553,7 +551,7 @@ fn stage_ops(
 
 /// `ops` with each collective at an index of `colls` (device collectives staged for a stream
 /// job) cut into the slices the blocking form cuts a device collective into
-/// ([`Communicator::device_slices`]), so that a rank whose call blocks and one whose call is
+/// ([`Communicator::device_cut`]), so that a rank whose call blocks and one whose call is
 /// a stream job exchange the same messages.
 fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
     let mut out = Vec::with_capacity(ops.len());
@@ -568,14 +566,13 @@ fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
                 dtype,
                 red,
                 on: None,
-            } if colls.contains(&i) && elementwise(kind) => {
-                let n = comm.device_slices(kind, count, dtype.size());
-                for k in 0..n {
-                    let r = slice_range(count, n, count, k);
+            } if colls.contains(&i) && kind.is_elementwise() => {
+                let cut = comm.device_cut(kind, count, dtype.size());
+                for k in 0..cut.slices {
+                    let r = cut.range(k);
                     let off = r.start * dtype.size();
-                    // Element-wise collectives only are cut (else `n` is 1): their buffers
-                    // all hold `count` elements, so a slice is the same range of each; an
-                    // unused (NULL) buffer stays NULL.
+                    // Element-wise collectives' buffers all hold `count` elements, so a slice
+                    // is the same range of each; an unused (NULL) buffer stays NULL.
                     let send = if send.is_null() {
                         send
                     } else {
@@ -602,14 +599,6 @@ fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
         }
     }
     out
-}
-
-/// Whether `kind` is element-wise (its buffers all hold `count` elements).
-fn elementwise(kind: CollKind) -> bool {
-    matches!(
-        kind,
-        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-    )
 }
 
 /// A batch of one communicator that will run as one stream job.

@@ -77,6 +77,15 @@ impl CollKind {
         )
     }
 
+    /// Whether the collective is element-wise: its buffers all hold `count` elements, and
+    /// element `i` of the output depends on element `i` of the inputs only.
+    pub const fn is_elementwise(self) -> bool {
+        matches!(
+            self,
+            CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
+        )
+    }
+
     /// Elements in the input and the output buffer for `count` (NCCL's meaning of count:
     /// all_gather counts what each rank sends, reduce_scatter what each rank receives,
     /// all_to_all what goes to each peer).

@@ -245,13 +245,6 @@ impl Communicator {
         false
     }
 
-    /// How many collectives a device collective of `count` elements of `es` bytes is cut into
-    /// ([`cut`]), on every path alike.
-    #[cfg(feature = "capi")]
-    pub(crate) fn device_slices(&self, kind: CollKind, count: usize, es: usize) -> usize {
-        slices(&self.inner, kind, count, es)
-    }
-
     /// How a device collective of `count` elements of `es` bytes is cut ([`cut`]).
     #[cfg(feature = "capi")]
     pub(crate) fn device_cut(&self, kind: CollKind, count: usize, es: usize) -> Cut {
@@ -571,11 +564,7 @@ pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut
 fn cut_for(config: &Config, n: usize, kind: CollKind, count: usize, es: usize) -> Cut {
     let (in_len, out_len) = kind.buffer_lens(1, n);
     let bytes = config.device_slice_bytes.max(1);
-    let elementwise = matches!(
-        kind,
-        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-    );
-    let slices = if elementwise {
+    let slices = if kind.is_elementwise() {
         let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
     } else if n > 1 && cuts_blocks(config) {
@@ -606,11 +595,6 @@ fn cuts_blocks(config: &Config) -> bool {
     !config.transports.iter().any(|t| t == "p2p")
 }
 
-/// How many slices a device collective is cut into ([`cut`]).
-pub(super) fn slices(inner: &Inner, kind: CollKind, count: usize, es: usize) -> usize {
-    cut(inner, kind, count, es).slices
-}
-
 /// Runs a checked device collective on the device buffers themselves: every connection
 /// carries device memory, the schedule's copies and reductions run on the device through
 /// `arena`'s reducer, and nothing passes through host memory. Slice by slice as the staged
@@ -629,12 +613,8 @@ fn direct<T: Element>(
     let send_read = !matches!(kind, CollKind::Broadcast { .. }) || is_root;
     let in_len = send.filter(|_| send_read).map_or(0, |s| s.len());
     let out_len = recv.len();
-    let slices = slices(inner, kind, count, es);
-    let elementwise = matches!(
-        kind,
-        CollKind::AllReduce | CollKind::Broadcast { .. } | CollKind::Reduce { .. }
-    );
-    if slices > 1 && !elementwise {
+    let slices = cut(inner, kind, count, es).slices;
+    if slices > 1 && !kind.is_elementwise() {
         // `cuts_blocks` keeps the blocked layouts whole where this path can be taken.
         return Err(Error::internal(format!(
             "{} on rank {}: {slices} slices of a blocked layout on the device path",

@@ -277,6 +277,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         """Starts ``work`` as the list of native ``steps`` (callables taking the work): on the
         host, or in stream order where its tensors are device memory."""
         self._flush()
+        work._comm = self._comm
         used = list(_tensors([work._outputs, work._keep]))
         work._on = _on(name, self._rank, used, self._streams)
         if work._on is not None:
@@ -555,6 +556,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         self._flush()
         ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
         work = Work(outputs, keep=[t for _, t, _ in ops], post=post)
+        work._comm = self._comm
         used = list(_tensors([outputs, work._keep]))
         work._on = _on(name, self._rank, used, self._streams)
         work._expect(1)
@@ -681,6 +683,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
                 f"ferroccl {name} on rank {self._rank}: invalid peer {peer} (0..{self._size - 1})"
             )
         work = Work(tensors, keep=(t,), flush=self._flush)
+        work._comm = self._comm
         work._steps = 1
         # A device tensor's send or receive runs after the work issued before it on the stream
         # current now (it starts when flushed, maybe under another current stream).
@@ -705,6 +708,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         except Error as e:
             return DoneWork([], e)
         work = Work([])
+        work._comm = self._comm
         work._expect(1)
         self._comm.barrier(work._done)
         return work

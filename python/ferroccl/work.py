@@ -47,6 +47,9 @@ class Work(dist.Work):
         self._async = None
         # A send or receive on a device: where it was issued (the adapter's token).
         self._issued = None
+        # The native communicator it runs on (its ``on_worker`` says whether the calling
+        # thread is the one that would complete it).
+        self._comm = None
 
     def _expect(self, steps):
         """The operation completes after ``steps`` native steps have called back."""
@@ -121,6 +124,15 @@ class Work(dist.Work):
             secs = timeout.total_seconds()
         else:
             secs = float(timeout or 0)
+        comm = self._comm
+        if not self._event.is_set() and comm is not None and comm.on_worker:
+            # A callback (a future's ``then``) waiting for an operation queued before it was
+            # issued: that operation runs on this thread after the callback returns.
+            raise Error(
+                f"ferroccl: wait() on rank {comm.rank} in a callback on the communicator's "
+                "worker thread, for an operation queued behind the callback: it would wait "
+                "for itself (chain it with get_future().then(...) instead)"
+            )
         if not self._event.wait(secs if secs > 0 else None):
             raise Error(f"ferroccl: operation did not complete within {secs:.3f} s (wait timeout)")
         if self._error is not None:

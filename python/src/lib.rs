@@ -221,6 +221,7 @@ impl Comm {
     #[pyo3(signature = (kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar, done))]
     fn collective(
         &self,
+        py: Python<'_>,
         kind: &str,
         send_ptr: Option<usize>,
         send_len: usize,
@@ -236,7 +237,7 @@ impl Comm {
         let job = coll_job(
             kind, send_ptr, send_len, recv_ptr, recv_len, count, dtype, op, root, scalar,
         )?;
-        self.submit(job, done)
+        self.submit(py, job, done)
     }
 
     /// Runs collective `kind` (arguments as for `collective`) on this thread with the GIL
@@ -270,8 +271,14 @@ impl Comm {
 
     /// Queues a group of sends and receives that run together: `ops` holds
     /// `(is_send, address, byte length, peer)`.
-    fn p2p(&self, ops: Vec<(bool, usize, usize, usize)>, done: Py<PyAny>) -> PyResult<()> {
+    fn p2p(
+        &self,
+        py: Python<'_>,
+        ops: Vec<(bool, usize, usize, usize)>,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
         self.submit(
+            py,
             Box::new(move |c| {
                 let mut g = c.group();
                 for &(is_send, addr, len, peer) in &ops {
@@ -362,8 +369,15 @@ impl Comm {
     }
 
     /// Queues a barrier.
-    fn barrier(&self, done: Py<PyAny>) -> PyResult<()> {
-        self.submit(Box::new(|c| c.barrier()), done)
+    fn barrier(&self, py: Python<'_>, done: Py<PyAny>) -> PyResult<()> {
+        self.submit(py, Box::new(|c| c.barrier()), done)
+    }
+
+    /// Whether this is the worker thread (running a callback of an operation): a wait there
+    /// for an operation still queued behind the callback would wait for itself.
+    #[getter]
+    fn on_worker(&self) -> bool {
+        std::thread::current().id() == self.worker
     }
 
     /// A barrier on this thread if nothing is queued or running (as `collective_now`).
@@ -403,10 +417,27 @@ impl Comm {
 }
 
 impl Comm {
-    fn submit(&self, job: Job, done: Py<PyAny>) -> PyResult<()> {
+    /// Queues `job` on the worker; `done` is called there with its result. Issued from a
+    /// callback on the worker itself (a future's `then`), the job runs at once instead and
+    /// `done` is called before this returns: the operation takes its place right after the
+    /// one whose callback issued it, on every rank alike (queued, it would land after whatever
+    /// other threads had queued meanwhile, which differs from rank to rank), and a wait for it
+    /// inside the callback does not wait for the worker the callback is holding.
+    fn submit(&self, py: Python<'_>, job: Job, done: Py<PyAny>) -> PyResult<()> {
         let Some(tx) = self.tx.as_ref() else {
             return Err(Error::new_err("ferroccl: the communicator was closed"));
         };
+        if self.on_worker() {
+            self.pending.fetch_add(1, Ordering::AcqRel);
+            let r = {
+                let _turn = self.running.lock().unwrap_or_else(|e| e.into_inner());
+                let (comm, rank) = (&self.comm, self.rank);
+                py.allow_threads(|| run_job(job, comm, rank))
+            };
+            call_done(py, &done, r);
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            return Ok(());
+        }
         self.pending.fetch_add(1, Ordering::AcqRel);
         if tx.send((job, done)).is_err() {
             self.pending.fetch_sub(1, Ordering::AcqRel);

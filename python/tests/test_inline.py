@@ -103,6 +103,70 @@ def broadcast_interleave(rank, world):
         assert torch.equal(small, torch.full((20,), root + i, dtype=torch.int64)), i
 
 
+def callbacks(rank, world):
+    # Operations issued from a callback on the worker thread (a future's then(), as DDP's
+    # communication hooks chain them) run right after the operation whose callback issued
+    # them, on every rank alike, and can be waited for there. Rank 0 chains on a large
+    # all_reduce that cannot end before the other ranks issue theirs, which they do only once
+    # rank 0 has queued the next operation too, so its callback runs on the worker with that
+    # operation queued behind it. The other ranks issue the same calls in the order the
+    # callback gives them, from their own thread.
+    store = dist.distributed_c10d._get_default_store()
+    s = world * (world + 1) / 2
+    a = torch.full((BIG,), float(rank + 1), dtype=torch.float64)
+    # b and c have the same shape: run in the wrong order, their values would swap silently.
+    b = torch.full((BIG,), float(10 * (rank + 1)), dtype=torch.float64)
+    c = torch.full((BIG,), float(100 * (rank + 1)), dtype=torch.float64)
+    d = torch.arange(7, dtype=torch.float64) + rank
+    if rank == 0:
+
+        def chained(f):
+            dist.all_reduce(c)  # waits: runs on this thread now
+            wd = dist.all_reduce(d, async_op=True)
+            assert wd.is_completed(), "a small call from a callback did not run at once"
+            return c
+
+        wa = dist.all_reduce(a, async_op=True)
+        fut = wa.get_future().then(chained)
+        wb = dist.all_reduce(b, async_op=True)
+        store.set("ferroccl-test/chained", "set")
+        assert torch.equal(fut.wait(), torch.full((BIG,), 100 * s, dtype=torch.float64))
+        wb.wait()
+    else:
+        store.wait(["ferroccl-test/chained"])
+        dist.all_reduce(a)
+        dist.all_reduce(c)
+        dist.all_reduce(d)
+        dist.all_reduce(b)
+    assert torch.equal(a, torch.full((BIG,), s, dtype=torch.float64)), "a"
+    assert torch.equal(b, torch.full((BIG,), 10 * s, dtype=torch.float64)), "b: order broken"
+    assert torch.equal(c, torch.full((BIG,), 100 * s, dtype=torch.float64)), "c: order broken"
+    want = (torch.arange(7, dtype=torch.float64) * world) + (world - 1) * world / 2
+    assert torch.equal(d, want), "d"
+    # A callback waiting for an operation queued behind it is told, not left to wait forever.
+    dist.barrier()
+    x = torch.full((BIG,), float(rank), dtype=torch.float64)
+    y = torch.full((BIG,), float(rank), dtype=torch.float64)
+    if rank == 0:
+        wx = dist.all_reduce(x, async_op=True)
+        wy = dist.all_reduce(y, async_op=True)
+        fut = wx.get_future().then(lambda f: wy.wait())
+        store.set("ferroccl-test/behind", "set")
+        try:
+            fut.wait()
+        except RuntimeError as e:
+            assert "would wait for itself" in str(e) and "rank 0" in str(e), e
+        else:
+            raise AssertionError("a wait for an operation queued behind its callback returned")
+        wy.wait()
+    else:
+        store.wait(["ferroccl-test/behind"])
+        dist.all_reduce(x)
+        dist.all_reduce(y)
+    half = float(world * (world - 1) // 2)
+    assert torch.equal(y, torch.full((BIG,), half, dtype=torch.float64)), "y"
+
+
 def inline_error(rank, world):
     # Sizes that differ across ranks fail the small operation while it runs on this thread:
     # the call returns a completed work holding the error, as a queued operation would.
@@ -129,6 +193,8 @@ def main():
         res.run(f"inline work, future, then [{world}]", harness.spawn, inline_future, world)
         res.run(f"small and large interleaved, issue order [{world}]", harness.spawn, interleave, world)
         res.run(f"large then small broadcast, issue order [{world}]", harness.spawn, broadcast_interleave, world)
+    for world in (2, 3):
+        res.run(f"operations issued and waited in callbacks [{world}]", harness.spawn, callbacks, world, timeout_s=60)
     res.run("inline error in the work and its future [3]", harness.spawn, inline_error, 3, timeout_s=10)
     res.finish("test_inline")
 

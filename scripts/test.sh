@@ -15,6 +15,8 @@ echo "== cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
+echo "== device tests again on eager stand-in streams (copies run as early as a GPU could run them)"
+FERRO_STANDIN_EAGER=1 cargo test -p ferroccl --lib --test device --test device_streams --no-fail-fast
 echo "== benches/resnet/scaling.sh smoke run (1 rank, 1 step, ferroccl and PyTorch DDP)"
 benches/resnet/scaling.sh --ranks 1 --modes weak --steps 1 --warmup-steps 0 --weak-batch 4 \
   -o target/scaling-smoke --md target/scaling-smoke/SCALING.md
@@ -24,5 +26,8 @@ FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" FERROCCL_REQUIRE_NVIDIA_
 FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
   cargo test -p ferroccl --features capi --lib --test capi --test capi_programs --test capi_inprocess \
     --test topo --no-fail-fast
+FERRO_STANDIN_EAGER=1 FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" \
+FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
+  cargo test -p ferroccl --features capi --lib --test capi_programs --no-fail-fast -- capi:: stream
 echo "== Python package (python/): maturin wheel, operation sweep, errors, DDP/FSDP2, PyTorch's suite"
 python/tests/run.sh

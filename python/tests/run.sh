@@ -32,6 +32,8 @@ echo "== python: bad input"
 "$PYTHON" test_errors.py
 echo "== python: the device path (CUDA tensors' path) on the host stand-in provider"
 "$PYTHON" test_device.py
+echo "== python: the device path again on eager stand-in streams (copies run as early as a GPU could)"
+FERRO_STANDIN_EAGER=1 "$PYTHON" test_device.py
 echo "== python: small operations on the calling thread: futures, errors, issue order"
 "$PYTHON" test_inline.py
 echo "== python: DDP and FSDP2 against gloo"

@@ -5,7 +5,9 @@
 //! It exists so that everything about device buffers except the CUDA calls — the API's checks,
 //! the staging path, the collectives — runs in the CPU test suite. Because queued copies run
 //! only at [`Queue::synchronize`], a path that reads a staging buffer before waiting for its
-//! copy sees stale bytes in the tests, as it would on a GPU. An address the registry does not
+//! copy sees stale bytes in the tests, as it would on a GPU; with `FERRO_STANDIN_EAGER=1` they
+//! run as they are queued instead, so a path that fills memory after queuing the copy that
+//! reads it sees the copy take stale bytes (`host_stream`, "Eager streams"). An address the registry does not
 //! hold (a plain `Vec`, a freed buffer) is "not device memory", as the CUDA driver's
 //! pointer-attribute query answers for host memory.
 
@@ -154,6 +156,10 @@ impl Queue {
                 src: src as usize,
                 len,
             });
+            if super::host_stream::eager() {
+                // As early as a GPU could: nothing is queued before it that has not run.
+                self.run_to(self.copies.len());
+            }
         }
     }
 
@@ -246,6 +252,11 @@ mod tests {
             q.copy(dst.as_mut_ptr(), src.as_ptr(), 4);
             q.copy(dst.as_mut_ptr().add(1), src2.as_ptr(), 2);
         }
+        if crate::device::host_stream::eager() {
+            assert_eq!(q.pending(), 0);
+            assert_eq!(dst, [1, 9, 9, 4], "eager: run as queued, in issue order");
+            return;
+        }
         assert_eq!(q.pending(), 2);
         assert_eq!(dst, [0; 4], "nothing runs before synchronize");
         q.synchronize();
@@ -264,6 +275,10 @@ mod tests {
             q.mark(0);
             q.copy(dst.as_mut_ptr().add(2), src.as_ptr().add(2), 2);
             q.mark(1);
+        }
+        if crate::device::host_stream::eager() {
+            assert_eq!(dst, [1, 2, 3, 4], "eager: run as queued");
+            return;
         }
         q.wait_mark(0).unwrap();
         assert_eq!(dst, [1, 2, 0, 0]);

@@ -12,6 +12,15 @@
 //! waiting for it runs the entries before it. A flag wait that is never released would block
 //! a synchronize forever, as on a GPU; the stand-in gives up after [`WAIT_LIMIT`] with an error
 //! instead, so a test that breaks that promise fails rather than hangs.
+//!
+//! **Eager streams** (`FERRO_STANDIN_EAGER=1`, read once per process). Running entries only
+//! when waited for is the latest a GPU could run them: a path that reads what a queued copy
+//! writes without waiting for it sees stale bytes. The opposite mistake — filling memory on
+//! the host after queuing a copy that reads it, as if the GPU had not got there yet — passes
+//! that model. With eager streams every stream runs as early as a GPU could: an entry runs
+//! as it is queued when the stream has nothing before it, and a "device" thread runs what a
+//! released flag unblocks; the staging queues ([`super::host::Queue`]) copy as they are
+//! queued. The suite runs the device tests in both modes (`scripts/test.sh`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,10 +69,69 @@ pub(crate) fn reached(v: u32, target: u32) -> bool {
     (v.wrapping_sub(target) as i32) >= 0
 }
 
+/// Whether stand-in streams run as early as a GPU could (`FERRO_STANDIN_EAGER=1`; see the
+/// module docs). Read once per process.
+pub(crate) fn eager() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRO_STANDIN_EAGER").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// Runs the entries at the front of `f` before position `upto` that can run now (copies;
+/// waits whose flag got there), stopping at the first wait that cannot; whether it ran any.
+fn run_ready(f: &mut Fifo, upto: u64) -> bool {
+    let mut ran = false;
+    while f.run < upto {
+        let ready = match f.entries.front() {
+            None => return ran,
+            Some(Entry::Copy { dst, src, len }) => {
+                // SAFETY: `copy`'s caller keeps both ranges valid until the stream has run the
+                // copy, which is now; the stream's lock orders it after earlier entries.
+                unsafe { std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len) };
+                true
+            }
+            Some(Entry::WaitFlag { flag, value }) => reached(flag.load(Ordering::Acquire), *value),
+        };
+        if !ready {
+            return ran;
+        }
+        f.entries.pop_front();
+        f.run += 1;
+        ran = true;
+    }
+    ran
+}
+
+/// With eager streams: runs what stream `s` can run now, and makes sure the "device" thread
+/// runs what later flag releases unblock on any stream.
+fn kick(s: &Mutex<Fifo>) {
+    if !eager() {
+        return;
+    }
+    run_ready(&mut lock(s), u64::MAX);
+    static DEVICE: std::sync::Once = std::sync::Once::new();
+    DEVICE.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("ferroccl-standin-device".into())
+            .spawn(|| loop {
+                let all: Vec<Arc<Mutex<Fifo>>> = lock(&STREAMS).values().map(Arc::clone).collect();
+                let mut ran = false;
+                for f in &all {
+                    ran |= run_ready(&mut lock(f), u64::MAX);
+                }
+                if !ran {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            });
+        // Without the thread a stream still runs when waited for, as in the lazy model.
+        drop(spawned);
+    });
+}
+
 /// Queues a wait until `flag` reaches `value` on stand-in stream `handle`.
 pub(crate) fn wait_flag(handle: usize, flag: Arc<AtomicU32>, value: u32) {
     let s = stream(handle);
     lock(&s).entries.push_back(Entry::WaitFlag { flag, value });
+    kick(&s);
 }
 
 /// Queues a copy of `len` bytes on stand-in stream `handle`.
@@ -81,6 +149,7 @@ pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usiz
         src: src as usize,
         len,
     });
+    kick(&s);
 }
 
 /// Records an event at the current end of stand-in stream `handle`: its position.
@@ -99,26 +168,10 @@ pub(crate) fn run_to(handle: usize, upto: u64) -> Result<()> {
     loop {
         {
             let mut f = lock(&s);
-            if f.run >= upto {
+            if f.run >= upto || f.entries.is_empty() {
                 return Ok(());
             }
-            let ready = match f.entries.front() {
-                None => return Ok(()),
-                Some(Entry::Copy { dst, src, len }) => {
-                    // SAFETY: `copy`'s caller keeps both ranges valid until the stream has run
-                    // the copy, which is now; the stream's lock orders it after earlier entries.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len)
-                    };
-                    true
-                }
-                Some(Entry::WaitFlag { flag, value }) => {
-                    reached(flag.load(Ordering::Acquire), *value)
-                }
-            };
-            if ready {
-                f.entries.pop_front();
-                f.run += 1;
+            if run_ready(&mut f, upto) {
                 since = None;
                 nap = Duration::from_micros(20);
                 continue;
@@ -204,6 +257,41 @@ mod tests {
         assert_eq!(dst, [7; 4], "the copy ran after the wait");
         assert_eq!(pending(h), 0);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn eager_streams_run_what_a_released_flag_unblocks_without_a_wait() {
+        // Checked where the suite runs with FERRO_STANDIN_EAGER=1 (scripts/test.sh); the lazy
+        // model is the test above.
+        if !eager() {
+            return;
+        }
+        let h = 0xEA9E2;
+        let flag = Arc::new(AtomicU32::new(0));
+        let src = Box::new([5u8; 8]);
+        let dst = Box::new(std::sync::Mutex::new([0u8; 8]));
+        let d = dst.lock().unwrap().as_mut_ptr();
+        // SAFETY: both boxes outlive the stream's run of the copy (waited for below).
+        unsafe { copy(h, d, src.as_ptr(), 4) };
+        wait_flag(h, Arc::clone(&flag), 1);
+        // SAFETY: as above.
+        unsafe { copy(h, d.wrapping_add(4), src.as_ptr(), 4) };
+        assert_eq!(
+            pending(h),
+            2,
+            "the copy before the wait ran as it was queued"
+        );
+        flag.store(1, Ordering::Release);
+        let t0 = Instant::now();
+        while pending(h) > 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "nothing ran the released stream"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(*dst.lock().unwrap(), [5; 8]);
+        remove(h);
     }
 
     #[test]

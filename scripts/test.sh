@@ -16,7 +16,8 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
 echo "== device tests again on eager stand-in streams (copies run as early as a GPU could run them)"
-FERRO_STANDIN_EAGER=1 cargo test -p ferroccl --lib --test device --test device_streams --no-fail-fast
+FERRO_STANDIN_EAGER=1 cargo test -p ferroccl --lib --test device --test device_streams --test device_faults \
+  --no-fail-fast
 echo "== benches/resnet/scaling.sh smoke run (1 rank, 1 step, ferroccl and PyTorch DDP)"
 benches/resnet/scaling.sh --ranks 1 --modes weak --steps 1 --warmup-steps 0 --weak-batch 4 \
   -o target/scaling-smoke --md target/scaling-smoke/SCALING.md

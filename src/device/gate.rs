@@ -188,6 +188,9 @@ pub(crate) struct Flag {
     /// Per stream waited on, a gate recorded after its last wait: before the pinned memory is
     /// freed, these are waited for, so no stream still waits on freed memory.
     passed: Mutex<Vec<(usize, Gate)>>,
+    /// A stream waits on the word with no gate after its wait (recording one failed): the
+    /// word is never freed.
+    ungated: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -239,7 +242,7 @@ impl Drop for Flag {
                 stuck = true;
             }
         }
-        if stuck {
+        if stuck || *self.ungated.get_mut() {
             // A stream may still wait on the word: never free it under the GPU.
             return;
         }
@@ -285,6 +288,7 @@ impl Device {
             device: self,
             mem,
             passed: Mutex::new(Vec::new()),
+            ungated: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -346,12 +350,25 @@ impl Device {
             }
         }
         if let Provider::Cuda = self.provider {
+            // The wait is queued: from here on the stream waits on the flag whatever happens,
+            // so this returns Ok and the caller must store the value (an error here would
+            // leave the stream waiting for a number nobody writes).
             // SAFETY: as above.
-            let g = unsafe { self.record_gate(stream) }?;
-            let key = stream as usize;
-            let mut passed = flag.passed.lock().unwrap_or_else(|p| p.into_inner());
-            passed.retain(|(s, _)| *s != key);
-            passed.push((key, g));
+            match unsafe { self.record_gate(stream) } {
+                Ok(g) => {
+                    let key = stream as usize;
+                    let mut passed = flag.passed.lock().unwrap_or_else(|p| p.into_inner());
+                    passed.retain(|(s, _)| *s != key);
+                    passed.push((key, g));
+                }
+                Err(e) => {
+                    flag.ungated.store(true, Ordering::Relaxed);
+                    ferroccl_transport::log_line!(
+                        "ferroccl WARN DEVICE: no gate after a stream's wait on a completion \
+                         flag ({e}); the flag's 4 bytes of pinned memory stay allocated"
+                    );
+                }
+            }
         }
         Ok(())
     }

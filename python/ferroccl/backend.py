@@ -10,9 +10,11 @@ group), so every init method of PyTorch works with no extra variable or port. Ev
 (``new_group`` included) is its own communicator, met the same way under its own prefix.
 """
 
+import atexit
 import datetime
 import math
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,19 @@ from ._ferroccl import Error
 from .work import DoneWork, Work
 
 BACKEND_NAME = "ferroccl"
+
+# Groups not shut down yet: at interpreter exit their stream-ordered work is let finish (a
+# process that left with it queued would fail its peers mid-collective).
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_all():
+    for pg in list(_LIVE):
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001 - exiting; a failure was reported when it happened
+            pass
 
 # Collectives whose buffers are at most this many bytes run on the calling thread (GIL
 # released) when nothing is queued or running; larger ones go to the worker thread, so that
@@ -164,6 +179,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
         self._p2p = []
         self._group_name = ""
         self._group_desc = ""
+        _LIVE.add(self)
 
     # ----- identity -----
 
@@ -719,10 +735,14 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
     # ----- lifetime -----
 
     def shutdown(self):
+        """Lets every operation issued so far finish (stream-ordered ones included), then
+        stops the group's worker thread."""
+        _LIVE.discard(self)
         self._flush()
         self._comm.close()
 
     def abort(self):
+        _LIVE.discard(self)
         self._comm.abort()
         self._comm.close()
 

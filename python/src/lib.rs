@@ -404,8 +404,12 @@ impl Comm {
         self.comm.async_error().map(|e| e.to_string())
     }
 
-    /// Lets queued operations finish, then stops the worker thread (the GIL is released
-    /// meanwhile, since finishing operations call back into Python).
+    /// Lets queued operations finish, then stops the worker thread, then waits for the
+    /// operations queued on device streams (the GIL is released meanwhile, since finishing
+    /// operations call back into Python). Without that wait a process that shuts down right
+    /// after its last stream-ordered call leaves while its jobs are queued, and its peers fail
+    /// mid-collective. A failure was reported when it happened (a warning line, and the next
+    /// wait or call); it is not raised again here.
     fn close(&mut self, py: Python<'_>) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
@@ -413,6 +417,8 @@ impl Comm {
                 let _ = t.join();
             });
         }
+        let comm = &self.comm;
+        let _ = py.allow_threads(|| comm.finalize());
     }
 }
 

@@ -47,13 +47,15 @@ def ddp_cuda(rank, world, out):
 
 
 def fsdp2_cuda(rank, world, out):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     m = on_gpu(test_train.model())
+    mesh = init_device_mesh("cuda", (world,))
     for layer in m:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(m)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
     train_cuda(m, rank)
     full = {k: v.full_tensor().detach().cpu() for k, v in m.state_dict().items()}
     if rank == 0:
@@ -87,7 +89,8 @@ def main():
         sys.exit(77)
     res = harness.Results()
     for world in [int(a) for a in sys.argv[1:]] or (2,):
-        for fn in (test_device.collectives, test_device.exchanges, test_device.errors):
+        for fn in (test_device.collectives, test_device.exchanges, test_device.errors,
+                   test_device.leaving):
             res.run(f"{fn.__name__} on CUDA, world {world}", harness.spawn, fn, world,
                     timeout_s=120, args=("cuda",))
         res.run(f"DDP on CUDA matches gloo on CPU, world {world}", against_gloo_on_cpu,

@@ -79,8 +79,13 @@ class StandIn(device.HostOrder):
                 return (0, STREAM, None)
         return None
 
+    # Whether a call's completion waits for its stream (its host-side copies out need the
+    # results); a test whose calls copy nothing out may leave them queued, as on a GPU.
+    settle_waits = True
+
     def settle(self, on):
-        _ferroccl.stream_synchronize(*on[:2])
+        if self.settle_waits:
+            _ferroccl.stream_synchronize(*on[:2])
 
     def mark(self, on):
         return _Mark(on)
@@ -318,6 +323,29 @@ def errors(rank, world, kind="standin"):
     check(t, torch.full((5,), float(world)), "all_reduce after refusals")
 
 
+_HELD = []
+
+
+def leaving(rank, world, kind="standin"):
+    # The last rank shuts the group down right after queuing its calls, waiting for none of
+    # them: the shutdown lets them finish, so the other ranks get their results (a rank that
+    # left with its calls queued would fail them mid-collective, or leave them wrong).
+    sd = tensors(kind)
+    sd.settle_waits = False  # all_reduce copies nothing out: the calls stay queued
+    n = (1 << 16) + 3  # in 256-byte slices: 1025 stream jobs a call
+    ts = [sd.tensor(values(rank, n, torch.float32, salt=k)) for k in range(6)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    if rank == world - 1:
+        # Held past the group's destruction, as a DDP module holds its group: the group is not
+        # freed (which would let its calls finish) before the process ends.
+        _HELD.append((dist.group.WORLD, works))
+        return
+    for k, (t, w) in enumerate(zip(ts, works)):
+        w.wait()
+        want = sum(values(r, n, torch.float32, salt=k) for r in range(world))
+        check(t, want, f"all_reduce {k}, the last rank gone")
+
+
 if __name__ == "__main__":
     os.environ["FERRO_DEVICE_PROVIDER"] = "host"
     res = harness.Results()
@@ -328,5 +356,6 @@ if __name__ == "__main__":
     # the blocked layouts too, cycling through the places of the stream's arena.
     os.environ["FERRO_DEVICE_SLICE_BYTES"] = "256"
     res.run("collectives world 3, 256-byte slices", harness.spawn, collectives, 3)
+    res.run("a rank shuts down with its calls queued, world 3", harness.spawn, leaving, 3)
     del os.environ["FERRO_DEVICE_SLICE_BYTES"]
     res.finish("device path on the host stand-in")

@@ -47,13 +47,16 @@ def ddp(rank, world, out):
 
 
 def fsdp2(rank, world, out):
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # An explicit CPU mesh: without one FSDP2 picks the GPU where PyTorch sees one.
+    mesh = init_device_mesh("cpu", (world,))
     m = model()
     for layer in m:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(m)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
     train(m, rank)
     full = {k: v.full_tensor().detach() for k, v in m.state_dict().items()}
     if rank == 0:

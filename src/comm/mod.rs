@@ -285,6 +285,21 @@ impl Communicator {
         self.inner.publish_failure(&e, Duration::ZERO);
     }
 
+    /// Waits for every operation issued so far — stream-ordered ones included, until their
+    /// results are in device memory — and returns the communicator's error if it failed (not
+    /// an abort), as NCCL's `ncclCommFinalize` does. The connections stay open: a process that
+    /// leaves right after its last stream-ordered call, with the jobs still queued, would fail
+    /// its peers mid-collective.
+    pub fn finalize(&self) -> Result<()> {
+        self.streams.drain_if_used();
+        let t = self.inner.ticket();
+        let r = self.inner.execute(t, |_| Ok(()));
+        match self.async_error() {
+            Some(e) if e.kind() != ErrorKind::Aborted => Err(e),
+            _ => r.or(Ok(())),
+        }
+    }
+
     /// Waits for every queued operation, then closes the connections. Returns the
     /// communicator's error if it failed.
     pub fn destroy(self) -> Result<()> {

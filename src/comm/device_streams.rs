@@ -424,7 +424,7 @@ impl Group<'_> {
                 ))
             });
             if let Err(e) = &r {
-                inner.fail(e.clone());
+                inner.fail_and_tell(e.clone());
             }
             r
         });

@@ -228,6 +228,7 @@ impl Communicator {
                 engine: Mutex::new(engine),
                 failed: Mutex::new(None),
                 has_failed: AtomicBool::new(false),
+                told: AtomicBool::new(false),
                 aborted,
                 next_ticket: AtomicU64::new(0),
                 order: Mutex::new(()),

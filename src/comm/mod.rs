@@ -98,6 +98,10 @@ struct Inner {
     failed: Mutex<Option<Error>>,
     /// Whether `failed` holds an error (set once, after it does).
     has_failed: AtomicBool,
+    /// Whether the peers were told of the failure (a notice and the connections closed).
+    /// A failure recorded off the engine (a stream job's copy, a call left half queued) is
+    /// told by the first turn after it, or at once where the engine is free.
+    told: AtomicBool,
     aborted: Arc<AtomicBool>,
     /// The next ticket: handed out at issue, served in order (`serving`). A collective's
     /// sequence number is taken in its turn ([`Engine::next_seq`]), so it follows the same
@@ -262,7 +266,7 @@ impl Communicator {
     /// left half issued).
     #[cfg(feature = "capi")]
     pub(crate) fn fail_with(&self, e: Error) {
-        self.inner.fail(e);
+        self.inner.fail_and_tell(e);
     }
 
     /// Aborts: every operation in flight or queued fails promptly with an `Aborted` error,
@@ -278,6 +282,7 @@ impl Communicator {
         // Queued stream jobs fail without running (their streams are still released).
         self.streams.abort();
         if let Ok(mut engine) = self.inner.engine.try_lock() {
+            self.inner.told.store(true, Ordering::SeqCst);
             engine.notify_failure(&e, 0);
             engine.shutdown_all();
         }

@@ -63,6 +63,35 @@ impl Inner {
         }
     }
 
+    /// Records the first failure and tells the peers where the engine is free (a notice, the
+    /// connections closed, the reason left in the store), without waiting for a turn: for a
+    /// failure off the engine, on a thread that may hold a turn's place itself. Where the
+    /// engine is busy, the turn that holds it tells them when it ends.
+    pub(super) fn fail_and_tell(&self, e: Error) {
+        if self.failed_error().is_some() {
+            return;
+        }
+        self.fail(e);
+        let Some(e) = self.failed_error() else {
+            return;
+        };
+        if let Ok(mut engine) = self.engine.try_lock() {
+            self.tell(&mut engine, &e);
+        }
+    }
+
+    /// Tells the peers of `e` once: a failure notice where one can be written, the
+    /// connections closed, then the reason in the store (whose host may be the rank that
+    /// failed), not waited for.
+    fn tell(&self, engine: &mut Engine, e: &Error) {
+        if self.told.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        engine.notify_failure(e, 0);
+        engine.shutdown_all();
+        self.publish_failure(e, Duration::ZERO);
+    }
+
     /// Runs `f` on the engine when `ticket`'s turn comes; failures fail the communicator.
     pub(super) fn execute(
         &self,
@@ -114,21 +143,35 @@ impl Inner {
         }
         let _turn = Turn(self, ticket);
         if let Some(e) = self.failed_error() {
+            if !self.told.load(Ordering::SeqCst) {
+                self.tell(&mut lock(&self.engine), &e);
+            }
             return Err(e);
         }
         let mut engine = lock(&self.engine);
         match f(&mut engine) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // A failure recorded off the engine while this turn held it is told now.
+                if let Some(e) = self.failed_error() {
+                    self.tell(&mut engine, &e);
+                }
+                Ok(())
+            }
             Err(e) => {
                 // Peers hear of it first, over the connections (a failure notice where one can
                 // be written, then the close), and only then through the store, whose host may
                 // be the rank that failed.
                 let e = self.explain(engine.with_pending_notice(e));
                 self.fail(e.clone());
-                engine.notify_failure(&e, 0);
-                engine.shutdown_all();
+                let first = !self.told.swap(true, Ordering::SeqCst);
+                if first {
+                    engine.notify_failure(&e, 0);
+                    engine.shutdown_all();
+                }
                 drop(engine);
-                self.publish_failure(&e, PUBLISH_WAIT);
+                if first {
+                    self.publish_failure(&e, PUBLISH_WAIT);
+                }
                 Err(e)
             }
         }
@@ -168,5 +211,51 @@ impl Inner {
             )),
             _ => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Communicator, Config, Error, ErrorKind, ReduceOp};
+
+    /// A failure recorded off the engine (as a stream job's copy or a call left half queued
+    /// records one) reaches the peers at once, not at their deadline: the peer's next call
+    /// fails naming the reason, while the failed rank's communicator is still alive.
+    #[test]
+    fn a_failure_off_the_engine_is_told_to_the_peers() {
+        let config = Config {
+            timeout: Duration::from_secs(60),
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(2, config).unwrap();
+        // Rank 0 keeps its communicator until rank 1 is through (its sender dropped, however
+        // it ended): a dropped communicator would close the connections anyway.
+        let (through, wait) = std::sync::mpsc::channel::<()>();
+        let mut wait = Some(wait);
+        let mut through = Some(through);
+        std::thread::scope(|sc| {
+            for c in &comms {
+                let wait = if c.rank() == 0 { wait.take() } else { None };
+                let through = if c.rank() == 1 { through.take() } else { None };
+                sc.spawn(move || {
+                    let _through = through;
+                    if let Some(w) = wait {
+                        let why = "rank 0: a copy of a queued slice failed (test)";
+                        c.inner
+                            .fail_and_tell(Error::new(ErrorKind::System, why.to_string()));
+                        assert!(c.async_error().is_some());
+                        let _ = w.recv();
+                    } else {
+                        let send = [1.0f32; 5];
+                        let mut recv = [0.0f32; 5];
+                        let e = c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap_err();
+                        assert_ne!(e.kind(), ErrorKind::Timeout, "{e}");
+                        assert!(e.to_string().contains("rank 0"), "{e}");
+                    }
+                });
+            }
+        });
     }
 }

@@ -279,7 +279,7 @@ impl Communicator {
                 let work: Work = Box::new(move || {
                     let r = slice();
                     if let Err(e) = &r {
-                        inner.fail(e.clone());
+                        inner.fail_and_tell(e.clone());
                     }
                     r
                 });
@@ -319,7 +319,7 @@ impl Communicator {
             return Ok(());
         };
         if queued > 0 {
-            self.inner.fail(e.clone());
+            self.inner.fail_and_tell(e.clone());
         }
         // SAFETY: `handle` is the caller's stream of `dev` (the caller's contract); every
         // flag it waits on belongs to a job already queued, which stores it.

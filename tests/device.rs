@@ -87,7 +87,7 @@ fn broadcast_all_gather_reduce_scatter_on_1_2_3_5_thread_ranks() {
 #[test]
 fn pipelined_slices_on_2_and_3_thread_ranks() {
     let config = Config {
-        device_slice_bytes: 256,
+        device_slice_bytes: Some(256),
         ..Config::default()
     };
     let sweep = Sweep {

@@ -162,7 +162,7 @@ fn every_stream_collective_on_1_2_3_thread_ranks() {
 #[test]
 fn every_stream_collective_in_slices_on_1_2_3_thread_ranks() {
     let config = Config {
-        device_slice_bytes: 64,
+        device_slice_bytes: Some(64),
         ..Config::default()
     };
     on_1_2_3_thread_ranks_with(config, |c, s| {
@@ -180,7 +180,7 @@ fn every_stream_collective_in_slices_on_1_2_3_thread_ranks() {
 fn a_stream_ordered_rank_and_a_blocking_rank_exchange_the_same_slices() {
     let dev = host_device();
     let config = Config {
-        device_slice_bytes: 256,
+        device_slice_bytes: Some(256),
         ..Config::default()
     };
     let comms = Communicator::local_group(2, config).unwrap();
@@ -595,7 +595,7 @@ fn abort_fails_queued_jobs_and_releases_the_stream() {
     abort_fails_queued_jobs_with(Config::default());
     // 7 floats in 16-byte slices: each call is two stream jobs.
     abort_fails_queued_jobs_with(Config {
-        device_slice_bytes: 16,
+        device_slice_bytes: Some(16),
         ..Config::default()
     });
 }
@@ -649,7 +649,7 @@ fn without_a_driver_a_cuda_stream_is_the_clear_error() {
 fn stream_and_blocking_calls_mixed_back_to_back_in_small_slices() {
     let dev = host_device();
     let config = Config {
-        device_slice_bytes: 64,
+        device_slice_bytes: Some(64),
         ..Config::default()
     };
     let n = 3;

@@ -669,7 +669,7 @@ mod tests {
     #[test]
     fn staged_device_collectives_are_cut_as_the_blocking_form_cuts_them() {
         let config = Config {
-            device_slice_bytes: 16,
+            device_slice_bytes: Some(16),
             ..Config::default()
         };
         let comm = Communicator::local_group(1, config).unwrap().remove(0);

@@ -220,7 +220,7 @@ mod tests {
     #[test]
     fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
         let config = Config {
-            device_slice_bytes: 16,
+            device_slice_bytes: Some(16),
             ..Config::default()
         };
         let comms = Communicator::local_group(2, config).unwrap();

@@ -25,9 +25,12 @@ pub struct Config {
     /// Default 4 MiB.
     pub slice_bytes: usize,
     /// `FERRO_DEVICE_SLICE_BYTES`: how device buffers of element-wise collectives (all_reduce,
-    /// broadcast, reduce) are cut for pipelined staging: one collective per slice, the copies
-    /// of the other slices overlapping it. Must be equal on every rank. Default 4 MiB.
-    pub device_slice_bytes: usize,
+    /// broadcast, reduce) are cut: one collective per slice, the copies of the other slices
+    /// overlapping it where they are staged. Must be equal on every rank. `None` (unset):
+    /// 4 MiB, or 64 MiB in a communicator whose ranks are all on one host and whose transport
+    /// list has `p2p`, where calls can run straight on the device buffers and each slice costs
+    /// host round trips of its own.
+    pub device_slice_bytes: Option<usize>,
     /// `FERRO_DEVICE_DIRECT` (`1` default, `0`): device collectives run straight on the device
     /// buffers (the schedules' copies and reductions on the device, the transports moving
     /// device memory themselves) where every connection of the rank carries device memory
@@ -117,7 +120,7 @@ impl Default for Config {
             nstreams: 2,
             socket_ifname: None,
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
-            device_slice_bytes: 4 << 20,
+            device_slice_bytes: None,
             device_direct: true,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
@@ -184,7 +187,7 @@ impl Config {
             if n < 64 {
                 return Err(bad("FERRO_DEVICE_SLICE_BYTES", &v, "at least 64 bytes"));
             }
-            c.device_slice_bytes = n;
+            c.device_slice_bytes = Some(n);
         }
         if let Some(v) = var("FERRO_DEVICE_DIRECT") {
             c.device_direct = flag(&v, "FERRO_DEVICE_DIRECT")?;
@@ -355,9 +358,9 @@ mod tests {
 
     #[test]
     fn device_slice_bytes() {
-        assert_eq!(with(&[]).unwrap().device_slice_bytes, 4 << 20);
+        assert_eq!(with(&[]).unwrap().device_slice_bytes, None);
         let c = with(&[("FERRO_DEVICE_SLICE_BYTES", "64K")]).unwrap();
-        assert_eq!(c.device_slice_bytes, 64 << 10);
+        assert_eq!(c.device_slice_bytes, Some(64 << 10));
         assert!(with(&[]).unwrap().device_direct);
         assert!(!with(&[("FERRO_DEVICE_DIRECT", "0")]).unwrap().device_direct);
         assert!(with(&[("FERRO_DEVICE_DIRECT", "maybe")]).is_err());

@@ -557,13 +557,35 @@ fn job_calls_driver(provider: Provider, device_transport: bool) -> bool {
 /// could refuse device memory. No slice is without elements. Every rank must see the same
 /// `FERRO_DEVICE_SLICE_BYTES` and `FERRO_TRANSPORTS`.
 pub(super) fn cut(inner: &Inner, kind: CollKind, count: usize, es: usize) -> Cut {
-    cut_for(&inner.config, inner.nranks, kind, count, es)
+    let one_host = inner.hosts.iter().all(|h| Some(h) == inner.hosts.first());
+    cut_for(&inner.config, inner.nranks, one_host, kind, count, es)
 }
 
-/// [`cut`] for a communicator of `n` ranks with `config`.
-fn cut_for(config: &Config, n: usize, kind: CollKind, count: usize, es: usize) -> Cut {
+/// Slices of element-wise device collectives where `FERRO_DEVICE_SLICE_BYTES` is unset.
+const DEVICE_SLICE_BYTES: usize = 4 << 20;
+/// The same in a communicator on one host that tries the p2p transport: a slice straight on
+/// the device costs host round trips of its own (a flag, an event, a launch per step), which
+/// 4 MiB slices paid 32 times for 128 MiB; 64 MiB ones halved the time of 8–256 MiB calls on
+/// an H100 and an H200. A rank of such a communicator that stages (`FERRO_DEVICE_DIRECT=0`,
+/// or a peer without peer access) stages in these slices too: its staging overlaps less.
+const DIRECT_SLICE_BYTES: usize = 64 << 20;
+
+/// [`cut`] for a communicator of `n` ranks with `config`, all on one host where `one_host`
+/// (the same on every rank: every rank knows every rank's host).
+fn cut_for(
+    config: &Config,
+    n: usize,
+    one_host: bool,
+    kind: CollKind,
+    count: usize,
+    es: usize,
+) -> Cut {
     let (in_len, out_len) = kind.buffer_lens(1, n);
-    let bytes = config.device_slice_bytes.max(1);
+    let bytes = match config.device_slice_bytes {
+        Some(b) => b.max(1),
+        None if one_host && !cuts_blocks(config) => DIRECT_SLICE_BYTES,
+        None => DEVICE_SLICE_BYTES,
+    };
     let slices = if kind.is_elementwise() {
         let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
@@ -711,7 +733,7 @@ mod tests {
     #[test]
     fn blocked_layouts_are_cut_by_their_larger_buffer_and_no_slice_is_empty() {
         let config = Config {
-            device_slice_bytes: 256,
+            device_slice_bytes: Some(256),
             ..Config::default()
         };
         let comms = Communicator::local_group(3, config.clone()).unwrap();
@@ -740,19 +762,39 @@ mod tests {
         };
         assert!(cuts_blocks(&config) && !cuts_blocks(&p2p));
         // Many ranks: a slice's part of a block stays at least 1/64 of the slice bytes.
-        let c = cut_for(&config, 80, CollKind::AllToAll, 1021, 4);
+        let c = cut_for(&config, 80, true, CollKind::AllToAll, 1021, 4);
         assert_eq!(
             c.slices, 1021,
             "parts of 4 bytes, not 80 × 1021 × 4 / 256 slices"
         );
         let big = Config {
-            device_slice_bytes: 4 << 20,
+            device_slice_bytes: Some(4 << 20),
             ..config.clone()
         };
-        let c = cut_for(&big, 80, CollKind::AllGather, 1 << 20, 4);
+        let c = cut_for(&big, 80, false, CollKind::AllGather, 1 << 20, 4);
         assert_eq!(c.slices, 64, "80 blocks of 4 MiB: parts of 64 KiB");
         let one = Communicator::local_group(1, config).unwrap();
         assert_eq!(cut(&one[0].inner, CollKind::AllGather, 1021, 4).slices, 1);
+    }
+
+    #[test]
+    fn unset_device_slices_are_larger_on_one_host_with_p2p() {
+        let unset = Config::default();
+        let p2p = Config {
+            transports: vec!["p2p".into(), "shm".into()],
+            ..Config::default()
+        };
+        let count = 100 << 20; // 400 MiB of f32
+        let slices =
+            |c: &Config, one_host| cut_for(c, 2, one_host, CollKind::AllReduce, count, 4).slices;
+        assert_eq!(slices(&unset, true), 100, "4 MiB slices without p2p");
+        assert_eq!(slices(&p2p, false), 100, "4 MiB slices across hosts");
+        assert_eq!(slices(&p2p, true), 7, "64 MiB slices on one host with p2p");
+        let set = Config {
+            device_slice_bytes: Some(1 << 20),
+            ..p2p
+        };
+        assert_eq!(slices(&set, true), 400, "FERRO_DEVICE_SLICE_BYTES wins");
     }
 
     #[test]

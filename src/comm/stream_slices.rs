@@ -345,7 +345,7 @@ mod tests {
     fn the_arena_holds_the_slices_in_flight_not_the_call() {
         let dev = Device::new(Provider::Host, 0).unwrap();
         let config = Config {
-            device_slice_bytes: 64,
+            device_slice_bytes: Some(64),
             ..Config::default()
         };
         let comms = Communicator::local_group(2, config).unwrap();

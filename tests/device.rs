@@ -108,6 +108,33 @@ fn pipelined_slices_on_2_and_3_thread_ranks() {
     }
 }
 
+/// Ranks that would cut device collectives into different slices (their calls would not
+/// match) fail at init, every one of them, naming both settings, instead of mid-call.
+#[test]
+fn ranks_that_would_cut_device_calls_differently_fail_at_init() {
+    let store: std::sync::Arc<dyn ferroccl::bootstrap::Store> =
+        std::sync::Arc::new(ferroccl::bootstrap::MemoryStore::new());
+    let hs: Vec<_> = (0..3)
+        .map(|r| {
+            let cfg = Config {
+                device_slice_bytes: (r == 2).then_some(64 << 10),
+                timeout: Duration::from_secs(20),
+                ..Config::default()
+            };
+            let store = std::sync::Arc::clone(&store);
+            std::thread::spawn(move || Communicator::init(store, r, 3, 41, cfg))
+        })
+        .collect();
+    for (r, h) in hs.into_iter().enumerate() {
+        let e = h.join().expect("init thread").expect_err("the cuts differ");
+        assert_eq!(e.kind(), ErrorKind::InvalidUsage, "rank {r}: {e}");
+        let m = e.message();
+        assert!(m.contains(&format!("init on rank {r}")), "{e}");
+        assert!(m.contains("FERRO_DEVICE_SLICE_BYTES=65536"), "{e}");
+        assert!(m.contains("FERRO_DEVICE_SLICE_BYTES=unset"), "{e}");
+    }
+}
+
 #[test]
 fn staging_is_cached_per_communicator() {
     let comms = Communicator::local_group(2, Config::default()).unwrap();

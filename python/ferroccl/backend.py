@@ -14,6 +14,7 @@ import atexit
 import datetime
 import math
 import os
+import sys
 import weakref
 
 import torch
@@ -33,10 +34,20 @@ _LIVE = weakref.WeakSet()
 @atexit.register
 def _finish_all():
     for pg in list(_LIVE):
+        if pg._p2p:
+            # Sends and receives never waited for start only now: each waits for its peer,
+            # up to the group's timeout, and the process cannot leave before.
+            print(
+                f"ferroccl rank {pg._rank} WARN: at exit, {len(pg._p2p)} send/recv issued "
+                "but never waited for run now; each waits for its peer (up to the timeout)",
+                file=sys.stderr,
+                flush=True,
+            )
         try:
             pg.shutdown()
-        except Exception:  # noqa: BLE001 - exiting; a failure was reported when it happened
-            pass
+        except Exception as e:  # noqa: BLE001 - exiting: say it, do not raise
+            print(f"ferroccl rank {pg._rank}: shutting the group down at exit: {e}",
+                  file=sys.stderr, flush=True)
 
 # Collectives whose buffers are at most this many bytes run on the calling thread (GIL
 # released) when nothing is queued or running; larger ones go to the worker thread, so that

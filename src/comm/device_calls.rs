@@ -17,7 +17,7 @@ use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
 use crate::device::direct::DirectArena;
-use crate::device::staging::{slice_range, Cut};
+use crate::device::staging::{slice_range, slices_in_flight, Cut};
 use crate::device::stream_queue::{async_supported, blocks_always};
 use crate::device::{Device, DeviceBuffer, Provider, Staging};
 use crate::exec::Memory;
@@ -608,6 +608,7 @@ fn cut_for(
         slices,
         in_blocks: in_len,
         out_blocks: out_len,
+        window: slices_in_flight(slices, bytes),
     }
 }
 
@@ -795,6 +796,37 @@ mod tests {
             ..p2p
         };
         assert_eq!(slices(&set, true), 400, "FERRO_DEVICE_SLICE_BYTES wins");
+    }
+
+    #[test]
+    fn large_slices_stage_fewer_at_once_and_stay_in_stream_order() {
+        use crate::device::stream_queue::ORDER_MAX_BYTES;
+        let p2p = Config {
+            transports: vec!["p2p".into(), "shm".into()],
+            ..Config::default()
+        };
+        let count = 256 << 20; // 1 GiB of f32
+        let cut = |c: &Config, one_host| cut_for(c, 2, one_host, CollKind::AllReduce, count, 4);
+        // Out of place a call stages its input and its output slices in flight.
+        let staged = |c: Cut| 2 * c.staged(1, count) * 4;
+        let (small, large) = (cut(&p2p, false), cut(&p2p, true));
+        assert_eq!((small.in_flight(), staged(small)), (4, 32 << 20));
+        assert_eq!(large.in_flight(), 2, "64 MiB slices: 2 in flight");
+        assert!(
+            staged(large) <= ORDER_MAX_BYTES,
+            "{} bytes staged would leave stream order",
+            staged(large)
+        );
+        // Never fewer than 2, so that copies overlap the transfer; never more than the slices.
+        let huge = Config {
+            device_slice_bytes: Some(512 << 20),
+            ..p2p
+        };
+        assert_eq!(cut(&huge, true).in_flight(), 2);
+        assert_eq!(
+            cut_for(&huge, 2, true, CollKind::AllReduce, 5, 4).in_flight(),
+            1
+        );
     }
 
     #[test]

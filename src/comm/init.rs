@@ -53,6 +53,10 @@ pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
         debug: config.debug,
         link_delay: config.link_delay,
         small_lane_bytes: config.small_lane_bytes,
+        device_cut: (
+            config.device_slice_bytes.map_or(0, |b| b as u64),
+            config.transports.iter().any(|t| t == "p2p"),
+        ),
     }
 }
 

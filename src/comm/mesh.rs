@@ -40,6 +40,9 @@ pub(crate) struct MeshOptions {
     pub link_delay: Duration,
     /// The largest allreduce this rank lets run through the small-message lanes.
     pub small_lane_bytes: usize,
+    /// What decides how device collectives are cut into slices, which every rank must see the
+    /// same (`FERRO_DEVICE_SLICE_BYTES`, 0 where unset; whether `p2p` is tried).
+    pub device_cut: (u64, bool),
 }
 
 /// The connections of one rank and the transport chosen for each peer.
@@ -280,7 +283,7 @@ pub(crate) fn connect_mesh(
         .zip(handles)
         .filter_map(|(tr, h)| Some((tr.name(), h?)))
         .collect();
-    let lane_bytes = agree_on_lanes(ex, &mut conns, opts.small_lane_bytes)?;
+    let lane_bytes = agree_on_lanes(ex, &mut conns, opts, ctx.rank)?;
     Ok(Mesh {
         lane_bytes,
         handles,
@@ -298,23 +301,59 @@ pub(crate) fn connect_mesh(
 fn agree_on_lanes(
     ex: &mut dyn Exchange,
     conns: &mut [Option<Conn>],
-    limit: usize,
+    opts: &MeshOptions,
+    rank: usize,
 ) -> Result<usize> {
     let mine = conns
         .iter_mut()
         .flatten()
         .map(Conn::lane_capacity)
-        .fold(limit, usize::min);
+        .fold(opts.small_lane_bytes, usize::min);
     let mine = u32::try_from(mine).unwrap_or(u32::MAX);
-    let all = ex.allgather("lanes", &mine.to_le_bytes())?;
-    let least = all
-        .iter()
-        .map(|b| {
-            b.get(..4)
-                .map_or(0, |w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-        })
-        .fold(mine, u32::min);
+    let (slice, p2p) = opts.device_cut;
+    let mut card = mine.to_le_bytes().to_vec();
+    card.extend_from_slice(&slice.to_le_bytes());
+    card.push(p2p.into());
+    let all = ex.allgather("lanes", &card)?;
+    // A little-endian number of `n` bytes at `at`, where the card holds them.
+    let word = |b: &[u8], at: usize, n: usize| {
+        b.get(at..at + n)
+            .map(|w| w.iter().rev().fold(0u64, |a, &x| a << 8 | u64::from(x)))
+    };
+    let mut least = mine;
+    for (peer, b) in all.iter().enumerate() {
+        least = least.min(word(b, 0, 4).map_or(0, |w| w as u32));
+        if let (Some(slice), Some(f)) = (word(b, 4, 8), word(b, 12, 1)) {
+            let theirs = (slice, f != 0);
+            if theirs != opts.device_cut {
+                return Err(cut_mismatch(rank, opts.device_cut, peer, theirs));
+            }
+        }
+    }
     Ok(least as usize)
+}
+
+/// The error of ranks that would cut device collectives differently (their slices would not
+/// match, the calls would fail mid-way or hang).
+fn cut_mismatch(rank: usize, mine: (u64, bool), peer: usize, theirs: (u64, bool)) -> Error {
+    let say = |(slice, p2p): (u64, bool)| {
+        let slice = if slice == 0 {
+            "unset".to_string()
+        } else {
+            slice.to_string()
+        };
+        format!(
+            "FERRO_DEVICE_SLICE_BYTES={slice} with p2p {}",
+            if p2p { "tried" } else { "not tried" }
+        )
+    };
+    Error::invalid_usage(format!(
+        "init on rank {rank}: rank {rank} has {} but rank {peer} has {}; every rank must set \
+         FERRO_DEVICE_SLICE_BYTES alike (or none) and list p2p in FERRO_TRANSPORTS alike, \
+         which decide how device collectives are cut into slices",
+        say(mine),
+        say(theirs)
+    ))
 }
 
 /// Wraps a connection across hosts in the link delay of `FERRO_LINK_DELAY_US` (test and

@@ -66,12 +66,19 @@ impl Inner {
     /// Records the first failure and tells the peers where the engine is free (a notice, the
     /// connections closed, the reason left in the store), without waiting for a turn: for a
     /// failure off the engine, on a thread that may hold a turn's place itself. Where the
-    /// engine is busy, the turn that holds it tells them when it ends.
+    /// engine is busy, the turn that holds it tells them when it ends, or the next turn when
+    /// it starts.
     pub(super) fn fail_and_tell(&self, e: Error) {
-        if self.failed_error().is_some() {
+        self.fail(e);
+        self.tell_if_untold();
+    }
+
+    /// Tells the peers of the failure recorded, where there is one they were not told of and
+    /// the engine is free.
+    fn tell_if_untold(&self) {
+        if self.told.load(Ordering::SeqCst) {
             return;
         }
-        self.fail(e);
         let Some(e) = self.failed_error() else {
             return;
         };
@@ -121,6 +128,9 @@ impl Inner {
         struct Turn<'a>(&'a Inner, u64);
         impl Drop for Turn<'_> {
             fn drop(&mut self) {
+                // A failure recorded off the engine after this turn last looked (the engine
+                // is free now: the turn's guard went first).
+                self.0.tell_if_untold();
                 // SeqCst, with the waiters' count below and in the wait: either this load sees
                 // a waiter's count (and the notify under the lock reaches it, as it holds the
                 // lock from its check to its wait), or that waiter's check sees this store.
@@ -163,6 +173,10 @@ impl Inner {
                 // be the rank that failed.
                 let e = self.explain(engine.with_pending_notice(e));
                 self.fail(e.clone());
+                // A failure recorded off the engine during the turn came first: `f` may have
+                // failed of it (the connections it closed), and it is what the peers and the
+                // caller must hear.
+                let e = self.failed_error().unwrap_or(e);
                 let first = !self.told.swap(true, Ordering::SeqCst);
                 if first {
                     engine.notify_failure(&e, 0);

@@ -23,7 +23,7 @@ use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
 use crate::device::gate::Gate;
-use crate::device::staging::{slices_in_flight, Cut};
+use crate::device::staging::Cut;
 use crate::device::stream_queue::{landing, record_gates, StreamQueue, Work};
 use crate::device::stream_stage::{Staged, Window};
 use crate::device::{Device, DeviceBuffer};
@@ -69,7 +69,7 @@ pub(crate) struct SliceJob {
 impl Sliced {
     /// Bytes of the stream's arena the call takes: room for the slices in flight.
     pub(crate) fn arena_bytes(&self) -> usize {
-        Window::bytes(self.place_bytes(), slices_in_flight(self.cut.slices))
+        Window::bytes(self.place_bytes(), self.cut.in_flight())
     }
 
     /// Blocks the receive buffer holds.
@@ -187,7 +187,7 @@ impl Communicator {
     /// takes for it (nothing is copied), so that calls queued after it need no larger one.
     #[cfg(feature = "capi")]
     pub(crate) fn reserve_slices(&self, queue: &StreamQueue, call: &Sliced) -> Result<()> {
-        let window = slices_in_flight(call.cut.slices.max(1));
+        let window = call.cut.in_flight();
         queue
             .window(call.dev, call.handle, call.place_bytes(), window)
             .map(drop)
@@ -221,7 +221,7 @@ impl Communicator {
             written,
         } = *call;
         let slices = cut.slices.max(1);
-        let window = slices_in_flight(slices);
+        let window = cut.in_flight();
         let room = queue.window(dev, handle, call.place_bytes(), window)?;
         let recv_blocks = call.recv_blocks();
         // Device ranges (address, bytes) of slice `k`'s parts of a buffer.

@@ -398,7 +398,7 @@ impl Staging {
         };
         let in_ptr = self.checked(Slot::Input, cut.staged(in_blocks, in_len) * es)?;
         let out_ptr = self.checked(Slot::Output, cut.staged(out_blocks, out_len) * es)?;
-        let window = slices_in_flight(slices);
+        let window = cut.in_flight();
         let (read_ptr, read_addr, read_len, read_blocks) = match src {
             None => (out_ptr, dst.addr, out_len, out_blocks),
             Some(s) if read => (in_ptr, s.addr, in_len, in_blocks),
@@ -538,9 +538,18 @@ pub(crate) fn spans_bytes(spans: &[(u64, usize)]) -> usize {
 /// one slice moves over the transports the copies of the others proceed.
 pub(crate) const SLICES_IN_FLIGHT: usize = 4;
 
-/// How many of a call's `slices` are staged at once ([`SLICES_IN_FLIGHT`] at most).
-pub(crate) fn slices_in_flight(slices: usize) -> usize {
-    slices.clamp(1, SLICES_IN_FLIGHT)
+/// The bytes of one buffer's slices in flight that a call cut into slices larger than 4 MiB
+/// keeps to: [`SLICES_IN_FLIGHT`] slices of 4 MiB.
+pub(crate) const WINDOW_BYTES: usize = SLICES_IN_FLIGHT * (4 << 20);
+
+/// How many of a call's `slices`, of about `slice_bytes` each, are staged at once:
+/// [`SLICES_IN_FLIGHT`] at most, fewer for slices larger than 4 MiB (their places take about
+/// [`WINDOW_BYTES`] of each buffer: 64 MiB slices, 2 places, 256 MiB of a stream's arena out
+/// of place, within what stays in stream order), and never fewer than 2, so that a slice's
+/// copies still overlap another's transfer.
+pub(crate) fn slices_in_flight(slices: usize, slice_bytes: usize) -> usize {
+    let most = (WINDOW_BYTES / slice_bytes.max(1)).clamp(2, SLICES_IN_FLIGHT);
+    slices.clamp(1, most)
 }
 
 /// How a device collective is cut into slices, the same on every path: `count` elements per
@@ -554,6 +563,9 @@ pub(crate) struct Cut {
     pub slices: usize,
     pub in_blocks: usize,
     pub out_blocks: usize,
+    /// Slices staged at once ([`slices_in_flight`]): a rank's own choice, which its peers do
+    /// not see.
+    pub window: usize,
 }
 
 impl Cut {
@@ -565,6 +577,7 @@ impl Cut {
             slices,
             in_blocks: 1,
             out_blocks: 1,
+            window: slices_in_flight(slices, 0),
         }
     }
 
@@ -597,7 +610,7 @@ impl Cut {
         if self.slices <= 1 {
             return 0;
         }
-        (k % slices_in_flight(self.slices)) * blocks * self.per()
+        (k % self.in_flight()) * blocks * self.per()
     }
 
     /// The most elements one slice of a buffer of `len` elements holding `blocks` blocks
@@ -616,7 +629,12 @@ impl Cut {
         if self.slices <= 1 {
             return len;
         }
-        (slices_in_flight(self.slices) * blocks * self.per()).min(len)
+        (self.in_flight() * blocks * self.per()).min(len)
+    }
+
+    /// Slices staged at once (one place each).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.window.clamp(1, self.slices.max(1))
     }
 
     fn per(&self) -> usize {
@@ -841,6 +859,7 @@ mod tests {
             slices,
             in_blocks: n,
             out_blocks: 1,
+            window: 4,
         };
         assert_eq!(cut.parts(1, n, n * count), [(3, 3), (14, 3), (25, 3)]);
         assert_eq!(cut.parts(3, n, n * count), [(9, 2), (20, 2), (31, 2)]);

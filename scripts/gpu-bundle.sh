@@ -57,7 +57,7 @@ cp python/tests/harness.py python/tests/test_device.py python/tests/test_train.p
     python/tests/test_cuda.py "$out/python/tests/"
 strip "$out"/bin/* "$out/lib/libnccl.so.2" "$out/python/ferroccl/_ferroccl.abi3.so"
 cp kernels/cuda/ferro_reduce.h kernels/cuda/ferro_reduce.cu "$out/kernels/"
-cp scripts/gpu-check.sh "$out/"
+cp scripts/gpu-check.sh scripts/gpu-targets.sh "$out/"
 echo "== compiling the kernels for sm_70..sm_90 with NVRTC" >&2
 "$out/bin/ferro-gpu-check" --build-cache "$out/kernel-cache" >&2
 

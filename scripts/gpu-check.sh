@@ -14,7 +14,26 @@
 # selection says so in its last line: it proves only what it ran.
 # Every step runs under a deadline (FERRO_GPU_STEP_TIMEOUT seconds, default 300): a step that
 # hangs is reported as such and fails the check, and the later steps still run.
+#
+# The whole output also goes to a log (FERRO_GPU_CHECK_LOG, default a new file under /tmp), from
+# which scripts/gpu-targets.sh prints the speed targets against this run's own figures after
+# the verdict; the verdict line is then printed again, last.
 set -uo pipefail
+if [ -z "${FERRO_GPU_CHECK_TEE:-}" ]; then
+    log=${FERRO_GPU_CHECK_LOG:-$(mktemp "${TMPDIR:-/tmp}/gpu-check.XXXXXX")}
+    FERRO_GPU_CHECK_TEE=1 bash "$0" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    targets="$(cd "$(dirname "$0")" && pwd)/gpu-targets.sh"
+    echo
+    if [ -x "$targets" ]; then
+        "$targets" "$log"
+    else
+        echo "-- no gpu-targets.sh beside gpu-check.sh: the targets are not summed up"
+    fi
+    echo "-- the whole output: $log"
+    tail -n 1 "$log"
+    exit "$rc"
+fi
 step_timeout=${FERRO_GPU_STEP_TIMEOUT:-300}
 
 # Runs one step's command under the deadline (`deadline=S step ...` sets another for one

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Reads the output of scripts/gpu-check.sh (a file, or standard input) and prints the CUDA
+# speed targets against the figures of that one run, so that every ratio compares numbers
+# measured on the same GPU in the same run:
+#
+#   kernels   f32 and bf16 `dst = a + b` at >= 90 % of the device-to-device copy (step 1)
+#   p2p       2 ranks on one GPU, 256 MiB allreduce straight on the device (step 8b, direct):
+#             the schedule's memory traffic at >= 60 % of step 1's copy rate
+#   8 B       allreduce on device buffers, 2 ranks on one GPU: <= 20 us (steps 8b and 5)
+#   staged    2 processes over shm, 64 MiB: device busbw >= 70 % of host busbw (step 6a)
+#
+# The ring of 2 ranks moves 9 x S bytes of device memory for an S-byte allreduce (each rank:
+# its half copied into the peer's slot, read and written, 1 x S; the reduction reads the slot
+# and the input and writes the output, 1.5 x S; the reduced half copied over and out, 2 x S).
+# A target whose step did not run is reported as not measured. Exits 0 whatever the figures:
+# the targets are benchmarks, not part of gpu-check's verdict.
+#
+#     scripts/gpu-targets.sh gpu-check.log
+set -euo pipefail
+awk '
+function num(s) { return s + 0 }
+function pct(a, b) { return sprintf("%.0f %%", 100 * a / b) }
+function verdict(ok) { return ok ? "met" : "NOT met" }
+function bytes(n) {
+    if (n >= 1048576) return sprintf("%g MiB", n / 1048576)
+    if (n >= 1024) return sprintf("%g KiB", n / 1024)
+    return n " B"
+}
+# The part a table belongs to: the last header line that is not a step time ("-- tool: 5 s").
+/^== [0-9]+\./ { part = $2; sub(/\.$/, "", part); next }
+/^-- / {
+    if ($0 ~ /^-- [^ ]+: [0-9]+ s$/) next
+    part = ""
+    if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=1/) part = "8b-direct"
+    else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
+    else if (match($0, /^-- 6a round [0-9]+, -B [01]/)) {
+        split(substr($0, 4, RLENGTH - 3), w, /[ ,]+/)
+        part = "6a-" w[3] "-" w[5]
+        rounds[w[3]] = 1
+    }
+    next
+}
+/device-to-device copy [0-9.]+ GB\/s/ {
+    for (i = 1; i < NF; i++) if ($i == "copy" && $(i + 1) ~ /^[0-9.]+$/) copy = num($(i + 1))
+    copy_line = $0
+    next
+}
+/dst = a \+ b .* % of copy/ { kern[++nkern] = $0; next }
+# A perf tool row: size count type redop root, then time algbw busbw #wrong twice.
+NF >= 13 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && part != "" {
+    key = part SUBSEP num($1)
+    oop_t[key] = num($6); oop_bw[key] = num($8)
+    ip_t[key] = num($10); ip_bw[key] = num($12)
+    if (num($1) > largest[part]) largest[part] = num($1)
+    next
+}
+END {
+    print "== targets, from the figures of this run (benchmarks: not part of the verdict above)"
+    if (copy > 0) print "-- copy rate: " copy " GB/s (step 1)"
+    else print "-- copy rate: not measured in this run (step 1 did not run)"
+    if (nkern == 0) print "-- kernels: not measured in this run (step 1 did not run)"
+    for (i = 1; i <= nkern; i++) {
+        line = kern[i]
+        sub(/^# bandwidth /, "", line)
+        print "-- kernels: " line
+    }
+
+    s = largest["8b-direct"]
+    key = "8b-direct" SUBSEP s
+    if (s == 0 || !(key in oop_t)) {
+        print "-- p2p allreduce, 2 ranks on one GPU: not measured in this run (step 8b did not run)"
+    } else {
+        t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
+        traffic = 9 * s / (t * 1e3)
+        line = sprintf("-- p2p allreduce, 2 ranks on one GPU, %s (8b, direct): %.1f / %.1f us out of / in place; 9 x S of traffic in the faster, %.1f us, is %.0f GB/s", bytes(s), oop_t[key], ip_t[key], t, traffic)
+        if (s != 268435456) line = line " (the target is set at 256 MiB)"
+        if (copy > 0) line = line sprintf(", %s of the copy rate (target >= 60 %%): %s", pct(traffic, copy), verdict(100 * traffic / copy >= 60))
+        else line = line " (no copy rate to compare with)"
+        print line
+    }
+
+    split("8b-direct 8b-staged 5", eight, " ")
+    names["8b-direct"] = "8b, p2p, direct"; names["8b-staged"] = "8b, p2p, staged"; names["5"] = "5, shm, staged"
+    seen8 = 0
+    for (i = 1; i <= 3; i++) {
+        key = eight[i] SUBSEP 8
+        if (!(key in oop_t)) continue
+        seen8 = 1
+        printf "-- 8 B allreduce on device buffers, 2 ranks on one GPU (%s): %.1f / %.1f us out of / in place (target <= 20 us): %s\n", names[eight[i]], oop_t[key], ip_t[key], verdict(oop_t[key] <= 20)
+    }
+    if (!seen8) print "-- 8 B allreduce on device buffers: not measured in this run (steps 5 and 8b did not run)"
+
+    seen6 = 0
+    for (r in rounds) {
+        h = "6a-" r "-0" SUBSEP 67108864
+        d = "6a-" r "-1" SUBSEP 67108864
+        if (!(h in oop_bw) || !(d in oop_bw) || oop_bw[h] == 0 || ip_bw[h] == 0) continue
+        seen6 = 1
+        printf "-- shm staged, 2 processes, 64 MiB (6a round %s): device %.2f / %.2f GB/s busbw against host %.2f / %.2f out of / in place: %s / %s of host (target >= 70 %%): %s\n", r, oop_bw[d], ip_bw[d], oop_bw[h], ip_bw[h], pct(oop_bw[d], oop_bw[h]), pct(ip_bw[d], ip_bw[h]), verdict(oop_bw[d] >= 0.7 * oop_bw[h] && ip_bw[d] >= 0.7 * ip_bw[h])
+    }
+    if (!seen6) print "-- shm staged against host buffers at 64 MiB: not measured in this run (step 6a did not run)"
+}
+' "${1:--}"

@@ -180,8 +180,14 @@ pub fn stream_synchronize(py: Python<'_>, index: u32, handle: usize) -> PyResult
 
 fn check_live(d: Device, addr: u64, nbytes: usize) -> PyResult<()> {
     if nbytes > 0 && d.find(addr, nbytes) != Some(d.ordinal()) {
+        let past = if d.find(addr, 1) == Some(d.ordinal()) {
+            ": they start in it but run past the allocation (or the mapped memory) of their \
+             first byte"
+        } else {
+            ""
+        };
         return Err(crate::Error::new_err(format!(
-            "ferroccl: {nbytes} bytes at 0x{addr:x} are not live memory of {d}"
+            "ferroccl: {nbytes} bytes at 0x{addr:x} are not live memory of {d}{past}"
         )));
     }
     Ok(())

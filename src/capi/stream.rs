@@ -211,6 +211,10 @@ pub(crate) fn check_span(
     }
     let space = match found {
         Some(o) => format!("memory of {} device {o}", dev.provider()),
+        // Its first byte is the device's: the count runs past the memory behind it.
+        None if dev.find(p as u64, 1) == Some(dev.ordinal()) => format!(
+            "not all device memory: it starts in memory of {dev} but runs past the allocation              (or the mapped memory) its first byte lies in"
+        ),
         None => "host memory (or not live device memory)".to_string(),
     };
     Err(Error::invalid_argument(format!(

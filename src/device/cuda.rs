@@ -53,9 +53,9 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
     unsafe { d.free(addr) }.map_err(|e| convert(&e))
 }
 
-/// The device owning `[addr, addr + len)`, all of it inside one allocation (the driver's
-/// range of the first byte), or `None`: host memory, an address the driver does not know, or
-/// a range running past its allocation into the next (no driver: `None` as well).
+/// The device owning `[addr, addr + len)` (see [`holder`]), or `None`: host memory, an
+/// address the driver does not know, or a range running past its memory (no driver: `None`
+/// as well).
 pub(crate) fn locate(addr: u64, len: usize, hint: u32) -> Option<u32> {
     let d = loaded().ok()?;
     // The pointer queries need a current context (without one the driver answers
@@ -66,15 +66,65 @@ pub(crate) fn locate(addr: u64, len: usize, hint: u32) -> Option<u32> {
         let dev = d.device(hint).ok()?;
         d.bind_primary_context(dev).ok()?;
     }
-    let first = d.device_of_pointer(addr as DevicePtr)?;
-    if len > 1 {
-        let (start, size) = d.allocation_of_pointer(addr as DevicePtr)?;
-        let end = addr.checked_add(len as u64)?;
-        if end > start.checked_add(size as u64)? {
-            return None;
-        }
+    holder(d, addr, len)
+}
+
+/// What the driver tells of a device address: a trait so that [`holder`] runs over a model
+/// of the driver in the tests.
+trait Pointers {
+    /// The device of the memory at `p` (`cuPointerGetAttribute`, memory type and ordinal).
+    fn device(&self, p: u64) -> Option<u32>;
+    /// The mapped piece holding `p` (`cuMemGetAddressRange`): the allocation of `cuMemAlloc`
+    /// memory, one piece of memory mapped with `cuMemMap`.
+    fn mapping(&self, p: u64) -> Option<(u64, usize)>;
+    /// The range holding `p` (the range attributes): the allocation, or the reserved range of
+    /// memory mapped with `cuMemMap`, mapped or not.
+    fn range(&self, p: u64) -> Option<(u64, usize)>;
+    /// Whether `p` is mapped to memory.
+    fn mapped(&self, p: u64) -> Option<bool>;
+}
+
+impl Pointers for Driver {
+    fn device(&self, p: u64) -> Option<u32> {
+        self.device_of_pointer(p as DevicePtr)
     }
-    Some(first)
+    fn mapping(&self, p: u64) -> Option<(u64, usize)> {
+        self.mapping_of_pointer(p as DevicePtr)
+    }
+    fn range(&self, p: u64) -> Option<(u64, usize)> {
+        self.allocation_of_pointer(p as DevicePtr)
+    }
+    fn mapped(&self, p: u64) -> Option<bool> {
+        self.is_mapped(p as DevicePtr)
+    }
+}
+
+/// The device whose memory holds all of `[addr, addr + len)`: inside the mapped piece of its
+/// first byte (for `cuMemAlloc` memory, its allocation: one query past the first), or, for
+/// memory mapped piece by piece into a reserved range (`cuMemAddressReserve` + `cuMemMap`, as
+/// PyTorch's expandable segments make it), inside that one reserved range with its last
+/// byte mapped on the same device. Two allocations that happen to touch are two ranges, so a
+/// buffer running from one into the next is refused: the driver refuses a copy across them.
+/// An unmapped hole between the first and the last byte of a reservation is not looked for
+/// (a piece at a time would cost a query per piece); a copy over one fails in the driver.
+fn holder(q: &impl Pointers, addr: u64, len: usize) -> Option<u32> {
+    let first = q.device(addr)?;
+    if len <= 1 {
+        return Some(first);
+    }
+    let end = addr.checked_add(len as u64)?;
+    let within =
+        |(start, size): (u64, usize)| start.checked_add(size as u64).is_some_and(|e| end <= e);
+    if q.mapping(addr).is_some_and(within) {
+        return Some(first);
+    }
+    let range = q.range(addr)?;
+    let last = end - 1;
+    let ok = within(range)
+        && q.range(last) == Some(range)
+        && q.mapped(last) == Some(true)
+        && q.device(last) == Some(first);
+    ok.then_some(first)
 }
 
 /// `len` bytes of page-locked host memory (contents unspecified).
@@ -297,5 +347,138 @@ impl Drop for Stream {
                 let _ = d.destroy_stream(self.handle);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{holder, Pointers};
+    use std::cell::Cell;
+
+    /// A model of the driver's answers: allocations and reserved ranges, each with its device
+    /// and its mapped pieces (an allocation is one piece, its whole self).
+    struct Model {
+        ranges: Vec<Range>,
+        queries: Cell<usize>,
+    }
+
+    /// An allocation or a reserved range: start, size, device, mapped pieces (start, size).
+    struct Range(u64, usize, u32, Vec<(u64, usize)>);
+
+    impl Model {
+        fn new() -> Model {
+            Model {
+                ranges: Vec::new(),
+                queries: Cell::new(0),
+            }
+        }
+        /// A `cuMemAlloc` allocation.
+        fn alloc(mut self, start: u64, size: usize, dev: u32) -> Model {
+            self.ranges
+                .push(Range(start, size, dev, vec![(start, size)]));
+            self
+        }
+        /// A reserved range with these pieces mapped.
+        fn reserve(mut self, start: u64, size: usize, dev: u32, pieces: &[(u64, usize)]) -> Model {
+            self.ranges.push(Range(start, size, dev, pieces.to_vec()));
+            self
+        }
+        fn find(&self, p: u64) -> Option<&Range> {
+            self.queries.set(self.queries.get() + 1);
+            self.ranges
+                .iter()
+                .find(|r| p >= r.0 && p - r.0 < r.1 as u64)
+        }
+        fn piece(&self, p: u64) -> Option<(u64, usize)> {
+            let r = self.find(p)?;
+            r.3.iter()
+                .copied()
+                .find(|&(s, n)| p >= s && p - s < n as u64)
+        }
+    }
+
+    impl Pointers for Model {
+        // An unmapped address of a reservation still answers its device: the check must not
+        // lean on the driver refusing it.
+        fn device(&self, p: u64) -> Option<u32> {
+            self.find(p).map(|r| r.2)
+        }
+        fn mapping(&self, p: u64) -> Option<(u64, usize)> {
+            self.piece(p)
+        }
+        fn range(&self, p: u64) -> Option<(u64, usize)> {
+            self.find(p).map(|r| (r.0, r.1))
+        }
+        fn mapped(&self, p: u64) -> Option<bool> {
+            self.find(p)?;
+            Some(self.piece(p).is_some())
+        }
+    }
+
+    #[test]
+    fn a_buffer_inside_one_allocation_costs_two_queries() {
+        let m = Model::new().alloc(0x1000, 0x1000, 0);
+        assert_eq!(holder(&m, 0x1000, 0x1000), Some(0));
+        assert_eq!(
+            m.queries.get(),
+            2,
+            "the device and the mapped piece, nothing more"
+        );
+        assert_eq!(holder(&m, 0x1800, 0x800), Some(0));
+        assert_eq!(
+            holder(&m, 0x1800, 0x801),
+            None,
+            "one byte past the allocation"
+        );
+        assert_eq!(holder(&m, 0x1fff, 1), Some(0));
+        assert_eq!(holder(&m, 0x1fff, 0), Some(0));
+        assert_eq!(holder(&m, 0x3000, 4), None, "not device memory");
+        assert_eq!(
+            holder(&m, u64::MAX - 1, 16),
+            None,
+            "an end past the address space"
+        );
+    }
+
+    #[test]
+    fn allocations_that_touch_are_not_one_buffer() {
+        let m = Model::new()
+            .alloc(0x1000, 0x1000, 0)
+            .alloc(0x2000, 0x1000, 0);
+        assert_eq!(holder(&m, 0x1800, 0x1000), None);
+        assert_eq!(holder(&m, 0x2000, 0x1000), Some(0));
+    }
+
+    #[test]
+    fn a_reserved_range_mapped_piece_by_piece_holds_buffers_across_its_pieces() {
+        // PyTorch's expandable segments: a reservation, pieces mapped from its start, the rest
+        // not mapped (yet).
+        let m = Model::new().reserve(0x10000, 0x10000, 1, &[(0x10000, 0x4000), (0x14000, 0x4000)]);
+        assert_eq!(holder(&m, 0x13000, 0x2000), Some(1), "across two pieces");
+        assert_eq!(holder(&m, 0x10000, 0x8000), Some(1), "every mapped piece");
+        assert_eq!(holder(&m, 0x11000, 0x1000), Some(1), "inside one piece");
+        assert_eq!(
+            holder(&m, 0x16000, 0x4000),
+            None,
+            "its last byte not mapped"
+        );
+        assert_eq!(holder(&m, 0x1f000, 0x2000), None, "past the reservation");
+        assert_eq!(holder(&m, 0x18000, 0x10), None, "not mapped at all");
+    }
+
+    #[test]
+    fn a_buffer_is_refused_where_its_last_byte_is_another_devices_or_another_ranges() {
+        let m = Model::new()
+            .reserve(0x10000, 0x8000, 0, &[(0x10000, 0x8000)])
+            .reserve(0x18000, 0x8000, 1, &[(0x18000, 0x8000)]);
+        assert_eq!(holder(&m, 0x17000, 0x2000), None);
+        let m = Model::new()
+            .reserve(0x10000, 0x8000, 0, &[(0x10000, 0x8000)])
+            .reserve(0x18000, 0x8000, 0, &[(0x18000, 0x8000)]);
+        assert_eq!(
+            holder(&m, 0x17000, 0x2000),
+            None,
+            "two reservations that touch"
+        );
     }
 }

@@ -277,9 +277,9 @@ static void collectives(ncclComm_t comm) {
          "argument and space in \"%s\"", ncclGetLastError(NULL));
   EXPECT_ERR(ncclAllGather(d_send, fr, C, ncclInt64, comm, g_stream), ncclInvalidArgument,
              "recvbuff");
-  /* a buffer running past its allocation is not device memory either */
+  /* a buffer running past its allocation is refused, saying so */
   EXPECT_ERR(ncclAllReduce(d_send, d_recv, C * n * 2 + 1, ncclFloat, ncclSum, comm, g_stream),
-             ncclInvalidArgument, "not live device memory");
+             ncclInvalidArgument, "runs past the allocation");
   /* the refused calls ran nothing: the communicator still works, host buffers too */
   for (int i = 0; i < C; i++) fs[i] = 1.0f;
   CHECK(ncclAllReduce(fs, fr, C, ncclFloat, ncclSum, comm, NULL));

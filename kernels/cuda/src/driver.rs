@@ -40,10 +40,14 @@ pub const ATTR_CC_MINOR: c_int = 76;
 pub const POINTER_MEMORY_TYPE: c_int = 2;
 /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (answers an `int`).
 pub const POINTER_DEVICE_ORDINAL: c_int = 9;
-/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (answers a `CUdeviceptr`).
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` (answers a `CUdeviceptr`): the start of the
+/// allocation, or of the reserved range (`cuMemAddressReserve`) of memory mapped with `cuMemMap`.
 pub const POINTER_RANGE_START: c_int = 11;
-/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (answers a `size_t`).
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE` (answers a `size_t`), of the same range.
 pub const POINTER_RANGE_SIZE: c_int = 12;
+/// `CU_POINTER_ATTRIBUTE_MAPPED` (answers a boolean, 32 bits): whether the address is mapped to
+/// memory.
+pub const POINTER_MAPPED: c_int = 13;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
 
@@ -105,6 +109,7 @@ driver_api! {
     stream_destroy = "cuStreamDestroy_v2": fn(Handle);
     stream_wait_event = "cuStreamWaitEvent": fn(Handle, Handle, c_uint);
     pointer_attribute = "cuPointerGetAttribute": fn(*mut c_void, c_int, DevicePtr);
+    mem_get_address_range = "cuMemGetAddressRange_v2": fn(*mut DevicePtr, *mut usize, DevicePtr);
     event_create = "cuEventCreate": fn(*mut Handle, c_uint);
     event_record = "cuEventRecord": fn(Handle, Handle);
     event_synchronize = "cuEventSynchronize": fn(Handle);
@@ -576,8 +581,9 @@ impl Driver {
         (s == 0 && ordinal >= 0).then_some(ordinal as u32)
     }
 
-    /// The allocation holding device pointer `ptr`: its start and size (`None`: not an address
-    /// the driver knows).
+    /// The address range holding device pointer `ptr`, its start and size: the allocation
+    /// (`cuMemAlloc`), or for memory mapped piece by piece (`cuMemMap`) the whole reserved range
+    /// (`cuMemAddressReserve`), mapped or not. `None`: not an address the driver knows.
     pub fn allocation_of_pointer(&self, ptr: DevicePtr) -> Option<(DevicePtr, usize)> {
         let mut start: DevicePtr = 0;
         let mut size: usize = 0;
@@ -598,6 +604,30 @@ impl Driver {
             (self.pointer_attribute)((&mut size as *mut usize).cast(), POINTER_RANGE_SIZE, ptr)
         };
         (s == 0).then_some((start, size))
+    }
+
+    /// The mapped piece of memory holding device pointer `ptr` (`cuMemGetAddressRange`), its
+    /// start and size: the whole allocation of `cuMemAlloc` memory; for memory mapped piece by
+    /// piece into a reserved range (`cuMemMap`, as PyTorch's expandable segments), the one
+    /// piece. `None`: not mapped memory the driver knows.
+    pub fn mapping_of_pointer(&self, ptr: DevicePtr) -> Option<(DevicePtr, usize)> {
+        let (mut start, mut size): (DevicePtr, usize) = (0, 0);
+        // SAFETY: valid out-pointers of the function's types (CUdeviceptr, size_t); the driver
+        // only looks the address up.
+        let s = unsafe { (self.mem_get_address_range)(&mut start, &mut size, ptr) };
+        (s == 0).then_some((start, size))
+    }
+
+    /// Whether device pointer `ptr` is mapped to memory (`None`: the driver did not answer).
+    /// An address of a reserved range that is not mapped (yet) answers `false`.
+    pub fn is_mapped(&self, ptr: DevicePtr) -> Option<bool> {
+        let mut mapped: c_uint = 0;
+        // SAFETY: a valid out-pointer of the attribute's type (a 32-bit boolean); the driver
+        // only looks the address up.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut mapped as *mut c_uint).cast(), POINTER_MAPPED, ptr)
+        };
+        (s == 0).then_some(mapped != 0)
     }
 
     /// Copies host bytes to device memory; returns once they are in device memory.

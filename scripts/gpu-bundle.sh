@@ -49,6 +49,8 @@ cp "$lib" "$out/lib/libnccl.so.2"
 # libnccl.so.2 from LD_LIBRARY_PATH at run time); it opens libcuda.so.1 itself at run time.
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
     -o "$out/bin/streams"
+# Memory mapped piece by piece (cuMemMap, as PyTorch's expandable segments) through the C ABI.
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/vmm.c "$lib" -ldl -o "$out/bin/vmm"
 # The Python package and the tests step 9 runs (python/tests/test_cuda.py and what it imports).
 mkdir -p "$out/python/ferroccl" "$out/python/tests"
 cp python/ferroccl/*.py "$out/python/ferroccl/"

@@ -165,7 +165,7 @@ fi
 
 if want 4; then
 echo
-echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused"
+echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused; 4e: tests/c/vmm.c, memory mapped piece by piece"
 if [ -x "$bundle/bin/streams" ]; then
     rc=0
     # 4a: the blocking form: a call with a stream waits for the stream, runs, then returns;
@@ -190,6 +190,16 @@ if [ -x "$bundle/bin/streams" ]; then
     echo "-- 4d: stream-ordered, FERRO_DEVICE_SLICE_BYTES=256 (calls cut into slices)"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEVICE_SLICE_BYTES=256 \
         FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 deadline=60 part=4d step "$bundle/bin/streams" 2 || rc=1
+    # 4e: device memory mapped piece by piece into one reserved range (cuMemMap, as PyTorch's
+    # expandable segments): buffers spanning two pieces work, one running past the mapped
+    # pieces is refused (tests/c/vmm.c, one rank; not run on a GPU before). Exit 77: skipped.
+    if [ -x "$bundle/bin/vmm" ]; then
+        echo "-- 4e: memory mapped piece by piece (tests/c/vmm.c)"
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4e step "$bundle/bin/vmm" || rc=1
+    else
+        echo "-- 4e: bin/vmm missing from the bundle"
+        rc=1
+    fi
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL"; failed=1; fi
 else
     echo "-- C ABI streams: FAIL (bin/streams missing from the bundle)"

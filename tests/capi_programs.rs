@@ -102,6 +102,32 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
     run_c(&exe, &["2", "all"], &host);
 }
 
+/// `tests/c/vmm.c` (memory mapped piece by piece, run by `gpu-check.sh` on a GPU) builds, and
+/// without a driver says it skipped with exit status 77, which a check must not count as passed.
+#[test]
+fn c_program_on_memory_mapped_piece_by_piece_builds_and_skips_without_a_driver() {
+    let exe = gcc("vmm.c", "vmm", &[&our_include()], true);
+    let out = std::process::Command::new("timeout")
+        .arg("60")
+        .arg(&exe)
+        .env("LD_LIBRARY_PATH", common::capi::lib_dir())
+        .output()
+        .expect("running vmm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.code() == Some(0) {
+        // A machine with a driver and a GPU ran it whole.
+        assert!(text.contains("OK memory mapped piece by piece"), "{text}");
+        return;
+    }
+    assert_eq!(
+        out.status.code(),
+        Some(77),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("SKIP: no CUDA driver"), "{text}");
+}
+
 /// `tests/c/async.c` on the host stand-in: calls with a stream return at once and complete in
 /// stream order; several communicators driven from one thread without a group; a failing
 /// queued collective releases its stream and is reported; abort and destroy. Built against

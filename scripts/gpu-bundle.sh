@@ -7,11 +7,12 @@
 # It holds stripped release binaries (bin/ferro-gpu-check, bin/ferroccl-device-check,
 # bin/all_reduce_perf and the other collectives' perf tools, bin/sendrecv_perf, bin/ferrorun,
 # bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
-# test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2),
+# test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2), bin/vmm
+# (tests/c/vmm.c, the same way),
 # lib/libnccl.so.2, python/ (the PyTorch backend with its extension, and the tests of step 9),
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
-# compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh
-# and a MANIFEST.
+# compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh,
+# gpu-targets.sh and a MANIFEST.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/gpu-bundle}

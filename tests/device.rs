@@ -489,12 +489,13 @@ fn child_device() {
     }
     let peer = (comm.rank() + 1) % comm.nranks();
     println!(
-        "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={}",
+        "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={} lane={}",
         comm.rank(),
         comm.transport(peer).unwrap_or("self"),
         comm.device_direct(),
         comm.staging_allocations(),
-        comm.device_arena_allocations()
+        comm.device_arena_allocations(),
+        comm.small_lane_bytes()
     );
     comm.destroy().expect("destroy");
 }
@@ -559,6 +560,11 @@ fn device_job_staging_rank(
     for l in &lines {
         assert_eq!(field::<usize>(l, "cases"), expected_cases(&want), "{l}");
         assert_eq!(field::<String>(l, "transport"), transport, "{l}");
+        // Shared memory and the p2p transport (its control segments) have small-message
+        // lanes: the tiny allreduces of the sweep went through them, on device buffers too
+        // (copied over and back), beside ranks that stage.
+        let lane = if transport == "tcp" { 0 } else { 96 };
+        assert_eq!(field::<usize>(l, "lane"), lane, "{l}");
         let direct = direct && stage != Some(field::<usize>(l, "rank"));
         assert_eq!(field::<bool>(l, "direct"), direct, "{l}");
         if direct {

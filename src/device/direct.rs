@@ -88,6 +88,33 @@ impl DeviceArena for DirectArena {
         self.buffers.push((use_, buf));
         Ok(mem)
     }
+
+    fn download(&mut self, dst: &mut [u8], src: MemRef) -> Result<()> {
+        self.check_operand("download", &src, dst.len())?;
+        // SAFETY: `src` is live memory of this device holding `dst.len()` bytes (checked
+        // above), which the call that lent it does not touch while the engine runs it.
+        unsafe { self.device.read_raw(src.addr as u64, dst) }
+    }
+
+    fn upload(&mut self, dst: MemRef, src: &[u8]) -> Result<()> {
+        self.check_operand("upload", &dst, src.len())?;
+        // SAFETY: as in `download`: live memory of this device for `src.len()` bytes, the
+        // call's output, written by nothing else while the engine runs it.
+        unsafe { self.device.write_raw(dst.addr as u64, src) }
+    }
+}
+
+impl DirectArena {
+    /// Checks that `m` is memory of this arena's device holding at least `bytes`.
+    fn check_operand(&self, what: &str, m: &MemRef, bytes: usize) -> Result<()> {
+        if m.space != MemSpace::Cuda(self.device.ordinal()) || m.len < bytes {
+            return Err(Error::internal(format!(
+                "device arena of {}: {what} of {bytes} bytes from {} memory of {} bytes",
+                self.device, m.space, m.len
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The stand-in provider's reducer: the host kernels on the stand-in's "device memory" (host

@@ -21,9 +21,11 @@ use ferroccl_kernels::DataType;
 use ferroccl_kernels::ElemOp;
 use ferroccl_transport::{Error, ErrorKind, Header, LaneTake, Payload, PayloadMut, Result};
 
+use ferroccl_transport::{MemRef, MemSpace};
+
 use super::step::{check_header, OpState, RawOp, MAX_SLEEP};
 use super::wait::{SysWaiter, Waiter, Waiting};
-use super::{Engine, Memory, OpContext};
+use super::{DeviceArena, Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
 
 /// Most ranks an exchange serves: each rank writes and reads `nranks - 1` boxes.
@@ -99,6 +101,74 @@ impl Engine {
             && (2..=LANE_MAX_RANKS).contains(&self.nranks)
             && self.tuning.probe.is_none()
             && self.tuning.overrides == crate::plan::Overrides::default()
+    }
+
+    /// Whether collective `args` on `mem` runs through the lanes: an allreduce that
+    /// [`Engine::lane_fits`], on host buffers the engine's reducer reaches, or on device
+    /// buffers with their arena (copied over and back). The same answer on every rank
+    /// whatever its buffers, so that ranks with host and with device buffers meet.
+    pub(crate) fn takes_lane(
+        &self,
+        args: &CollArgs,
+        esize: usize,
+        premul: Option<f64>,
+        mem: &Memory,
+        arena: bool,
+    ) -> bool {
+        let reach = if mem.space == MemSpace::Host {
+            !arena && self.reducer.serves(MemSpace::Host)
+        } else {
+            arena
+        };
+        reach && self.lane_fits(args, esize, premul.is_some())
+    }
+
+    /// [`Engine::lane_all_reduce`] on device buffers: the input comes to the host through
+    /// `arena`, the exchange runs on host bytes, and the result goes back.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lane_all_reduce_device(
+        &mut self,
+        args: &CollArgs,
+        dtype: DataType,
+        op: ElemOp,
+        mem: &Memory,
+        ctx: &OpContext,
+        waits: Option<&mut [u64]>,
+        arena: &mut dyn DeviceArena,
+    ) -> Result<()> {
+        let bytes = args.count * dtype.size();
+        let (src, src_len) = if mem.in_place {
+            (mem.output as usize, mem.output_len)
+        } else {
+            (mem.input as usize, mem.input_len)
+        };
+        let dev = |addr: usize, len: usize| MemRef {
+            space: mem.space,
+            addr,
+            len,
+        };
+        let (mut input, mut output) = (Slot::default(), Slot::default());
+        if bytes > ROOM {
+            return Err(Error::internal(format!(
+                "{}: {bytes} bytes through a lane of {ROOM}",
+                ctx.label()
+            )));
+        }
+        arena
+            .download(&mut input.0[..bytes], dev(src, src_len))
+            .map_err(|e| e.context(ctx.label()))?;
+        let host = Memory {
+            input: input.0.as_ptr(),
+            input_len: bytes,
+            output: output.0.as_mut_ptr(),
+            output_len: bytes,
+            in_place: false,
+            space: MemSpace::Host,
+        };
+        self.lane_all_reduce(args, dtype, op, &host, ctx, waits)?;
+        arena
+            .upload(dev(mem.output as usize, mem.output_len), &output.0[..bytes])
+            .map_err(|e| e.context(ctx.label()))
     }
 
     /// Runs an allreduce that [`Engine::lane_fits`] as one lane exchange.

@@ -400,8 +400,7 @@ impl Engine {
             return self.collective(args, dtype, op, premul, mem, ctx, arena, None);
         }
         let mut waits = vec![0u64; self.nranks];
-        let lane =
-            mem.space == MemSpace::Host && self.lane_fits(args, dtype.size(), premul.is_some());
+        let lane = self.takes_lane(args, dtype.size(), premul, &mem, arena.is_some());
         let start = std::time::Instant::now();
         let r = self.collective(args, dtype, op, premul, mem, ctx, arena, Some(&mut waits));
         let end = std::time::Instant::now();
@@ -458,13 +457,17 @@ impl Engine {
         waits: Option<&mut [u64]>,
     ) -> Result<()> {
         let es = dtype.size();
-        if mem.space == MemSpace::Host
-            && arena.is_none()
-            && self.reducer.serves(MemSpace::Host)
-            && self.lane_fits(args, es, premul.is_some())
-        {
+        if self.takes_lane(args, es, premul, &mem, arena.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);
-            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits);
+            let r = match arena.as_deref_mut() {
+                // Device buffers: the lane carries host bytes, so the input comes over and the
+                // result goes back (every rank takes the lane for this call, whatever its
+                // buffers: the choice depends only on what all agreed).
+                Some(a) if mem.space != MemSpace::Host => {
+                    self.lane_all_reduce_device(args, dtype, op, &mem, ctx, waits, a)
+                }
+                _ => self.lane_all_reduce(args, dtype, op, &mem, ctx, waits),
+            };
             crate::profile::phase(crate::profile::Phase::Leave);
             return r;
         }

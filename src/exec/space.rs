@@ -21,6 +21,13 @@ pub(crate) trait DeviceArena: Send {
     /// Device memory of at least `bytes` for `use_`, live until the arena drops; the same
     /// memory for the same use while no larger one is asked for.
     fn buffer(&mut self, use_: ArenaUse, bytes: usize) -> Result<MemRef>;
+
+    /// Copies `dst.len()` bytes of the device's memory at `src` to the host; returns once they
+    /// are there (a tiny allreduce through the small-message lanes reads its input so).
+    fn download(&mut self, dst: &mut [u8], src: MemRef) -> Result<()>;
+
+    /// Copies `src` to the device's memory at `dst`; returns once it is there.
+    fn upload(&mut self, dst: MemRef, src: &[u8]) -> Result<()>;
 }
 
 /// What an arena buffer is for (each use has its own buffer).

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Doorbell, Error, Header, Payload, PayloadMut, PeerInfo, PollFd, Progress, Result,
-    HEADER_LEN,
+    Connection, Doorbell, Error, Header, LaneTake, Payload, PayloadMut, PeerInfo, PollFd, Progress,
+    Result, SmallLane, HEADER_LEN,
 };
-use ferroccl_transport_shm::{Bell, PeerWatch};
+use ferroccl_transport_shm::{Bell, PeerWatch, LANE_BYTES};
 
 use crate::proto::{Flags, Layout, Mover, RecvSide, SendSide, LINE_WORDS};
 use crate::provider::Copier;
@@ -363,6 +363,10 @@ impl Connection for P2pConnection {
         Some(Arc::clone(&self.p.my_bell) as Arc<dyn Doorbell>)
     }
 
+    fn small_lane(&mut self) -> Option<&mut dyn SmallLane> {
+        Some(self)
+    }
+
     fn shutdown(&mut self) {
         if !self.closed {
             self.closed = true;
@@ -370,6 +374,57 @@ impl Connection for P2pConnection {
             self.p.rx.set_flag(RECEIVER_CLOSED);
             self.p.peer_bell.ring();
         }
+    }
+}
+
+/// The lane's boxes live in the control segments, in host shared memory, whatever the
+/// provider: a lane message never touches the GPU.
+impl SmallLane for P2pConnection {
+    fn capacity(&self) -> usize {
+        LANE_BYTES
+    }
+
+    fn put(&mut self, n: u64, tag: [u64; 3], data: &[u8]) -> Result<()> {
+        if data.len() > LANE_BYTES {
+            return Err(Error::internal(format!(
+                "lane message to {}: {} bytes, at most {LANE_BYTES} fit",
+                self.p.peer,
+                data.len()
+            )));
+        }
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        self.p.tx.lane_box(n).put(n, tag, data);
+        self.p.peer_bell.ring();
+        Ok(())
+    }
+
+    fn take(&mut self, n: u64, out: &mut [u8]) -> Result<LaneTake> {
+        if self.closed {
+            return Err(self.closed_error());
+        }
+        if let Some(tag) = self.p.rx.lane_box(n).take(n, out) {
+            return Ok(LaneTake::Arrived(tag));
+        }
+        if self.recv.waiting(&self.p.layout, &self.p.rx) {
+            // The peer wrote its lane messages before the flags of the stream messages that
+            // follow them (Release, then Release), and the Acquire that saw that flag makes
+            // such a message visible now: look once more before calling it a stray.
+            if let Some(tag) = self.p.rx.lane_box(n).take(n, out) {
+                return Ok(LaneTake::Arrived(tag));
+            }
+            return Ok(LaneTake::Stream);
+        }
+        if let Err(e) = self.check_peer() {
+            // A message written just before the close counts (the close flag's Acquire makes
+            // it visible).
+            if let Some(tag) = self.p.rx.lane_box(n).take(n, out) {
+                return Ok(LaneTake::Arrived(tag));
+            }
+            return Err(e);
+        }
+        Ok(LaneTake::Empty)
     }
 }
 

@@ -227,6 +227,11 @@ impl RecvSide {
         Ok(Some(h))
     }
 
+    /// Whether the next message's first flag is out: a message waits in the ring.
+    pub fn waiting(&self, l: &Layout, flags: &dyn Flags) -> bool {
+        flags.flag(l.slot(self.next)) == self.next + 1
+    }
+
     /// Starts the payload of the message whose header [`RecvSide::header`] returned.
     pub fn start(&mut self, p: &mut Progress, len: usize) {
         start_parts(p, len);

@@ -12,7 +12,8 @@
 //!
 //! A block: word 0 the sender's rank + 1; word 1 `SENDER_CLOSED`; word 2 `RECEIVER_CLOSED`;
 //! byte 64 the tail (slots the receiver has emptied, ever: the sender's credit); byte 128 +
-//! 64 × s the flag line of slot `s` (8 words, see `proto::Line`).
+//! 64 × s the flag line of slot `s` (8 words, see `proto::Line`); after the last line, the two
+//! boxes of the sender's small-message lane (128 bytes each, shared memory's `LaneBox`).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -21,13 +22,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferroccl_transport::{Error, Result};
-use ferroccl_transport_shm::Bell;
+use ferroccl_transport_shm::{Bell, LaneBox};
 use memmap2::{MmapMut, MmapOptions};
 
 use crate::proto::LINE_WORDS;
 
 const MAGIC: u64 = 0x5032_5053_4c43_5246; // "FRCLSP2P"
-const VERSION: u64 = 1;
+/// 2: blocks end with the small-message lane's boxes.
+const VERSION: u64 = 2;
 const HDR_BYTES: usize = 4096;
 const BELL_OFF: usize = 2048;
 const SLEEPERS_OFF: usize = BELL_OFF + 4;
@@ -49,9 +51,15 @@ pub(crate) const RECEIVER_CLOSED: usize = 2;
 const B_TAIL: usize = 8;
 const B_LINES: usize = 16;
 
+/// Byte offset, in a block with `nslots` flag lines, of the lane's first box (64-aligned: the
+/// lines are whole cache lines).
+fn lane_offset(nslots: usize) -> usize {
+    B_LINES * 8 + nslots * LINE_WORDS * 8
+}
+
 /// Bytes of one block with `nslots` flag lines.
 fn block_bytes(nslots: usize) -> usize {
-    (B_LINES * 8 + nslots * LINE_WORDS * 8).next_multiple_of(4096)
+    (lane_offset(nslots) + 2 * std::mem::size_of::<LaneBox>()).next_multiple_of(4096)
 }
 
 /// A mapped control segment: 64-bit words shared with other processes.
@@ -90,6 +98,21 @@ impl Shared {
         // SAFETY: in bounds and 8-aligned (asserted; the mapping is page-aligned), mapped while
         // `self` lives; any bit pattern is a valid AtomicU64 and every access is atomic.
         unsafe { &*self.ptr.add(off).cast::<AtomicU64>() }
+    }
+
+    /// The lane box at byte `off` (64-aligned, in bounds: checked).
+    fn lane_box(&self, off: usize) -> &LaneBox {
+        let size = std::mem::size_of::<LaneBox>();
+        assert!(
+            off.is_multiple_of(std::mem::align_of::<LaneBox>()) && off + size <= self.len,
+            "lane box at {off} of a {}-byte segment",
+            self.len
+        );
+        // SAFETY: in bounds and aligned for `LaneBox` (asserted; the mapping is page-aligned),
+        // mapped while `self` lives. A `LaneBox` is atomic words only (any bit pattern is a
+        // valid value, all zeros an empty box) and every access to it is atomic, so peers that
+        // write it at the same time cannot cause undefined behaviour here.
+        unsafe { &*self.ptr.add(off).cast::<LaneBox>() }
     }
 
     fn header(&self, i: usize) -> u64 {
@@ -143,6 +166,13 @@ impl Block {
     /// The tail: slots the receiver has emptied, ever.
     pub(crate) fn tail(&self) -> &AtomicU64 {
         self.word(B_TAIL)
+    }
+
+    /// Box `n % 2` of the lane that carries message `n` from the block's sender.
+    pub(crate) fn lane_box(&self, n: u64) -> &LaneBox {
+        let b = (n % 2) as usize;
+        self.shared
+            .lane_box(self.base + lane_offset(self.nslots) + b * std::mem::size_of::<LaneBox>())
     }
 
     /// Word `w` of slot `s`'s flag line.

@@ -420,3 +420,105 @@ fn lent_device_receives_hand_over_every_byte_once_in_whole_units() {
     let (_c, d) = host_pair(&odd).unwrap();
     assert!(!d.lends_device());
 }
+
+/// Sends `msg` from `a` to `b` through the ordered stream, both sides driven to the end.
+fn stream_message(a: &mut dyn Connection, b: &mut dyn Connection, msg: &[u8]) -> Vec<u8> {
+    let h = Header {
+        len: msg.len() as u64,
+        ..Header::default()
+    };
+    let (mut sp, mut rp) = (Progress::default(), Progress::default());
+    let (mut rh, mut got) = (Header::default(), vec![0u8; msg.len()]);
+    let (mut sent, mut recvd) = (false, false);
+    while !(sent && recvd) {
+        if !sent {
+            sent = a.send(&h, Payload::Host(msg), &mut sp).unwrap();
+        }
+        if !recvd {
+            recvd = b
+                .recv(&mut rh, PayloadMut::Host(&mut got), &mut rp)
+                .unwrap();
+        }
+    }
+    assert_eq!(rh, h);
+    got
+}
+
+#[test]
+fn the_lane_carries_tiny_messages_beside_the_stream() {
+    use ferroccl_transport::LaneTake;
+    let (mut a, mut b) = host_pair(&small()).unwrap();
+    let cap = a.small_lane().unwrap().capacity();
+    assert_eq!(cap, ferroccl_transport_shm::LANE_BYTES);
+    let mut out = vec![0u8; cap];
+    // Each direction, messages 0, 1, 2 (boxes 0, 1, 0), every length edge.
+    for n in 0..3u64 {
+        for forward in [true, false] {
+            let (from, to) = if forward {
+                (&mut a, &mut b)
+            } else {
+                (&mut b, &mut a)
+            };
+            let len = [cap, 1, 0][n as usize];
+            let data: Vec<u8> = (0..len).map(|i| (i as u64 * 31 + n) as u8).collect();
+            let lane = to.small_lane().unwrap();
+            assert_eq!(lane.take(n, &mut out[..len]).unwrap(), LaneTake::Empty);
+            from.small_lane().unwrap().put(n, [n, 7, 9], &data).unwrap();
+            let lane = to.small_lane().unwrap();
+            assert_eq!(lane.take(n + 1, &mut out[..len]).unwrap(), LaneTake::Empty);
+            assert_eq!(
+                lane.take(n, &mut out[..len]).unwrap(),
+                LaneTake::Arrived([n, 7, 9])
+            );
+            assert_eq!(out[..len], data[..], "message {n}");
+        }
+    }
+    let too_big = vec![0u8; cap + 1];
+    let e = a
+        .small_lane()
+        .unwrap()
+        .put(3, [0; 3], &too_big)
+        .unwrap_err();
+    assert!(e.message().contains("at most"), "{e}");
+
+    // A peer that went on to the stream instead: the lane says so, and the stream message is
+    // read as usual.
+    let msg: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+    let h = Header {
+        len: msg.len() as u64,
+        ..Header::default()
+    };
+    let mut sp = Progress::default();
+    while !a.send(&h, Payload::Host(&msg), &mut sp).unwrap() {
+        if b.small_lane().unwrap().take(3, &mut out).unwrap() == LaneTake::Stream {
+            break;
+        }
+    }
+    assert_eq!(
+        b.small_lane().unwrap().take(3, &mut out).unwrap(),
+        LaneTake::Stream
+    );
+    let (mut rh, mut got, mut rp) = (Header::default(), vec![0u8; msg.len()], Progress::default());
+    while !b
+        .recv(&mut rh, PayloadMut::Host(&mut got), &mut rp)
+        .unwrap()
+    {
+        a.send(&h, Payload::Host(&msg), &mut sp).unwrap();
+    }
+    assert_eq!(got, msg);
+    assert_eq!(stream_message(&mut *b, &mut *a, &msg), msg);
+
+    // A message written before the close still arrives; after it, the close is an error.
+    a.small_lane().unwrap().put(3, [3, 3, 3], b"last").unwrap();
+    a.shutdown();
+    let lane = b.small_lane().unwrap();
+    assert_eq!(
+        lane.take(3, &mut out[..4]).unwrap(),
+        LaneTake::Arrived([3, 3, 3])
+    );
+    assert!(lane.take(4, &mut out[..4]).is_err(), "the peer closed");
+    assert!(
+        a.small_lane().unwrap().put(4, [0; 3], b"x").is_err(),
+        "closed here"
+    );
+}

@@ -17,10 +17,12 @@ const WORDS: usize = 12;
 /// The most payload bytes a lane message carries.
 pub const LANE_BYTES: usize = WORDS * 8;
 
-/// One box. All zeros (a fresh segment) reads as "no message yet" (stamps start at 1).
+/// One box. All zeros (a fresh segment) reads as "no message yet" (stamps start at 1). Other
+/// transports whose peers share host memory (the GPU peer-to-peer transport's control
+/// segment) keep their lanes in boxes of this layout too.
 #[repr(C, align(64))]
 #[derive(Debug)]
-pub(crate) struct LaneBox {
+pub struct LaneBox {
     /// Message number plus one of the message in the box.
     stamp: AtomicU64,
     tag: [AtomicU64; 3],
@@ -29,7 +31,7 @@ pub(crate) struct LaneBox {
 
 impl LaneBox {
     /// Stores message `n`: payload and tag, then the stamp that publishes them.
-    pub(crate) fn put(&self, n: u64, tag: [u64; 3], data: &[u8]) {
+    pub fn put(&self, n: u64, tag: [u64; 3], data: &[u8]) {
         debug_assert!(data.len() <= LANE_BYTES);
         for (w, chunk) in self.words.iter().zip(data.chunks(8)) {
             let mut b = [0u8; 8];
@@ -45,7 +47,7 @@ impl LaneBox {
     }
 
     /// Message `n` into `out` (at most [`LANE_BYTES`]) and its tag, if it is in the box.
-    pub(crate) fn take(&self, n: u64, out: &mut [u8]) -> Option<[u64; 3]> {
+    pub fn take(&self, n: u64, out: &mut [u8]) -> Option<[u64; 3]> {
         // Acquire: pairs with the writer's Release store of the stamp.
         if self.stamp.load(Ordering::Acquire) != n + 1 {
             return None;

@@ -54,7 +54,7 @@ pub use conn::ShmConnection;
 #[cfg(not(loom))]
 pub use host::namespace_inode;
 #[cfg(not(loom))]
-pub use lane::LANE_BYTES;
+pub use lane::{LaneBox, LANE_BYTES};
 #[cfg(not(loom))]
 pub use segment::{segment_bytes, Mapping, OwnSegment, PeerSegment};
 #[cfg(not(loom))]

@@ -12,8 +12,8 @@
 # The ring of 2 ranks moves 9 x S bytes of device memory for an S-byte allreduce (each rank:
 # its half copied into the peer's slot, read and written, 1 x S; the reduction reads the slot
 # and the input and writes the output, 1.5 x S; the reduced half copied over and out, 2 x S).
-# A target whose step did not run is reported as not measured. Exits 0 whatever the figures:
-# the targets are benchmarks, not part of gpu-check's verdict.
+# A target whose step gave no figure (not run, or stopped early) is reported as not measured.
+# Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
 #
 #     scripts/gpu-targets.sh gpu-check.log
 set -euo pipefail
@@ -57,8 +57,8 @@ NF >= 13 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && part != "" {
 END {
     print "== targets, from the figures of this run (benchmarks: not part of the verdict above)"
     if (copy > 0) print "-- copy rate: " copy " GB/s (step 1)"
-    else print "-- copy rate: not measured in this run (step 1 did not run)"
-    if (nkern == 0) print "-- kernels: not measured in this run (step 1 did not run)"
+    else print "-- copy rate: not measured in this run (no figure from step 1)"
+    if (nkern == 0) print "-- kernels: not measured in this run (no figure from step 1)"
     for (i = 1; i <= nkern; i++) {
         line = kern[i]
         sub(/^# bandwidth /, "", line)
@@ -68,7 +68,7 @@ END {
     s = largest["8b-direct"]
     key = "8b-direct" SUBSEP s
     if (s == 0 || !(key in oop_t)) {
-        print "-- p2p allreduce, 2 ranks on one GPU: not measured in this run (step 8b did not run)"
+        print "-- p2p allreduce, 2 ranks on one GPU: not measured in this run (no figure from step 8b)"
     } else {
         t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
         traffic = 9 * s / (t * 1e3)
@@ -88,7 +88,7 @@ END {
         seen8 = 1
         printf "-- 8 B allreduce on device buffers, 2 ranks on one GPU (%s): %.1f / %.1f us out of / in place (target <= 20 us): %s\n", names[eight[i]], oop_t[key], ip_t[key], verdict(oop_t[key] <= 20)
     }
-    if (!seen8) print "-- 8 B allreduce on device buffers: not measured in this run (steps 5 and 8b did not run)"
+    if (!seen8) print "-- 8 B allreduce on device buffers: not measured in this run (no figure from steps 5 and 8b)"
 
     seen6 = 0
     for (r in rounds) {
@@ -98,6 +98,6 @@ END {
         seen6 = 1
         printf "-- shm staged, 2 processes, 64 MiB (6a round %s): device %.2f / %.2f GB/s busbw against host %.2f / %.2f out of / in place: %s / %s of host (target >= 70 %%): %s\n", r, oop_bw[d], ip_bw[d], oop_bw[h], ip_bw[h], pct(oop_bw[d], oop_bw[h]), pct(ip_bw[d], ip_bw[h]), verdict(oop_bw[d] >= 0.7 * oop_bw[h] && ip_bw[d] >= 0.7 * ip_bw[h])
     }
-    if (!seen6) print "-- shm staged against host buffers at 64 MiB: not measured in this run (step 6a did not run)"
+    if (!seen6) print "-- shm staged against host buffers at 64 MiB: not measured in this run (no figure from step 6a)"
 }
 ' "${1:--}"

@@ -2,9 +2,7 @@
 //! stream, through [`stream`]): collectives and splits in issue order, then every send and
 //! receive of the group together.
 
-use super::ops::{
-    coll_layout, overlaps, p2p_check, read_scalar, rooted_layout, Layout, Op, Reduction, Rooted,
-};
+use super::ops::{coll_layout, overlaps, p2p_check, rooted_layout, Layout, Op, Reduction, Rooted};
 use super::stream;
 use crate::{Communicator, Error, ReduceOp, Result};
 
@@ -51,9 +49,9 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
                 Reduction::Op(op) => op,
                 Reduction::ScalarAt(p, d) => {
                     // SAFETY: the scalar's address was given to ncclRedOpCreatePreMulSum with
-                    // ncclScalarDevice; NCCL's contract keeps it readable while operations
-                    // use it.
-                    let v = unsafe { read_scalar(p, d) };
+                    // ncclScalarDevice; NCCL's contract keeps it readable (host or device
+                    // memory) while operations use it.
+                    let v = unsafe { stream::read_scalar_host_call(p, d) }?;
                     ReduceOp::PreMulSum(v)
                 }
             };

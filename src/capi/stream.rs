@@ -156,6 +156,16 @@ pub(crate) fn stream_arg(
     // SAFETY: `stream` is the caller's stream of the communicator's device, per the NCCL
     // contract, or a special handle.
     unsafe { check_capture(api, shared, device, stream) }?;
+    if page_locked_only(device, bufs) {
+        // Page-locked host memory (`cudaMallocHost`), which NCCL reaches through unified
+        // addressing: the call runs as one on host buffers once the work queued on the stream
+        // before it is done, and is done when it returns, so later work on the stream sees its
+        // result.
+        // SAFETY: `stream` is the caller's stream of the device, per the NCCL contract, or a
+        // special handle.
+        unsafe { device.sync_stream(stream.cast()) }.map_err(|e| system(api, e))?;
+        return Ok(None);
+    }
     if provider == Provider::Cuda && stream as usize == CUDA_STREAM_PER_THREAD {
         // `cudaStreamPerThread` names the calling thread's stream: the call may run on another
         // thread (a group's, a non-blocking communicator's), where it names another stream, so
@@ -168,6 +178,13 @@ pub(crate) fn stream_arg(
         device,
         stream: stream as usize,
     }))
+}
+
+/// Whether every buffer of `bufs` (NULL ones aside; at least one) is page-locked host memory
+/// (one pointer query for the first buffer of a device-buffer call, which is not).
+fn page_locked_only(device: Device, bufs: &[*const c_void]) -> bool {
+    let mut used = bufs.iter().filter(|p| !p.is_null()).peekable();
+    used.peek().is_some() && used.all(|&p| device.is_page_locked(p as u64))
 }
 
 /// Refuses a `stream` of `device` that is being captured into a CUDA graph
@@ -213,8 +230,13 @@ pub(crate) fn check_span(
         Some(o) => format!("memory of {} device {o}", dev.provider()),
         // Its first byte is the device's: the count runs past the memory behind it.
         None if dev.find(p as u64, 1) == Some(dev.ordinal()) => format!(
-            "not all device memory: it starts in memory of {dev} but runs past the allocation              (or the mapped memory) its first byte lies in"
+            "not all device memory: it starts in memory of {dev} but runs past the allocation \
+             (or the mapped memory) its first byte lies in"
         ),
+        None if dev.is_page_locked(p as u64) => "page-locked host memory beside device memory \
+             in one call (page-locked host memory is taken where all the call's buffers are: \
+             the call then runs on them as host buffers once the stream's earlier work is done)"
+            .to_string(),
         None => "host memory (or not live device memory)".to_string(),
     };
     Err(Error::invalid_argument(format!(
@@ -258,6 +280,29 @@ pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream)
     unsafe { dev.read_private(p as u64, &mut b[..dtype.size()]) }?;
     // SAFETY: `b` holds the element's bytes.
     Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
+}
+
+/// Reads a pre-multiplied sum's scalar at `p` for a call on host buffers: from the device
+/// where `p` is device memory (a `ncclScalarDevice` scalar beside page-locked host buffers
+/// passed with a stream), else from host memory. Where the CUDA driver is not loaded in the
+/// process, `p` is host memory and no pointer query is made.
+///
+/// # Safety
+/// `p` points to one readable element of `dtype`, in host memory or device memory.
+pub(crate) unsafe fn read_scalar_host_call(p: *const u8, dtype: DataType) -> Result<f64> {
+    let device = Provider::from_env()
+        .ok()
+        .filter(|&pr| pr != Provider::Cuda || cuda_in_process())
+        .and_then(|pr| {
+            let o = pr.locate(p as u64, dtype.size())?;
+            Device::new(pr, o).ok()
+        });
+    match device {
+        // SAFETY: per the caller; device memory of `device` (located above).
+        Some(device) => unsafe { read_scalar_on(p, dtype, OnStream { device, stream: 0 }) },
+        // SAFETY: host memory, readable per the caller.
+        None => Ok(unsafe { read_scalar(p, dtype) }),
+    }
 }
 
 /// Runs collective `kind` on the device buffers of `layout` after waiting for the caller's
@@ -669,9 +714,84 @@ pub unsafe extern "C" fn ferrocclMemcpyAsync(
     })
 }
 
+/// Allocates `bytes` of page-locked host memory through the device provider
+/// (`cuMemAllocHost`; the host stand-in: heap memory it registers as page-locked), into
+/// `*ptr`. Not part of NCCL's API: the test programs' `cudaMallocHost`.
+///
+/// # Safety
+/// `ptr` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclMemAllocHost(ptr: *mut *mut c_void, bytes: usize) -> ncclResult_t {
+    const API: &str = "ferrocclMemAllocHost";
+    guard(API, || {
+        if ptr.is_null() {
+            return Err(Error::invalid_argument(format!("{API}: ptr is NULL")));
+        }
+        let p = hook_device(API)?
+            .alloc_pinned_raw(bytes)
+            .map_err(|e| system(API, e))?;
+        // SAFETY: checked non-NULL; writable per the caller.
+        unsafe { *ptr = p.cast() };
+        Ok(ncclSuccess)
+    })
+}
+
+/// Frees memory from [`ferrocclMemAllocHost`]. Not part of NCCL's API: the test programs'
+/// `cudaFreeHost`.
+///
+/// # Safety
+/// `ptr` came from `ferrocclMemAllocHost`, is freed once, and no work still uses it.
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclMemFreeHost(ptr: *mut c_void) -> ncclResult_t {
+    const API: &str = "ferrocclMemFreeHost";
+    guard(API, || {
+        // SAFETY: per the caller.
+        unsafe { hook_device(API)?.free_pinned_raw(ptr.cast()) }.map_err(|e| system(API, e))?;
+        Ok(ncclSuccess)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_calls_whose_buffers_are_all_page_locked_run_as_host_calls() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let a = dev.alloc_pinned_raw(64).unwrap();
+        let b = dev.alloc_pinned_raw(64).unwrap();
+        let d = dev.alloc_raw(64).unwrap() as *const c_void;
+        let pageable = [0u8; 64];
+        let null = std::ptr::null();
+        let (a_, b_) = (
+            a.cast_const().cast::<c_void>(),
+            b.cast_const().cast::<c_void>(),
+        );
+        assert!(page_locked_only(dev, &[a_, b_]));
+        assert!(page_locked_only(dev, &[null, b_]), "in place: one buffer");
+        assert!(!page_locked_only(dev, &[null, null]), "no buffer at all");
+        assert!(!page_locked_only(dev, &[a_, d]), "beside device memory");
+        assert!(
+            !page_locked_only(dev, &[a_, pageable.as_ptr().cast()]),
+            "beside pageable"
+        );
+        let on = OnStream {
+            device: dev,
+            stream: 1,
+        };
+        let e = check_span("ncclAllReduce", 0, "sendbuff", a, 64, on).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("page-locked host memory beside device memory"),
+            "{e}"
+        );
+        // SAFETY: allocated above, unused.
+        unsafe {
+            dev.free_pinned_raw(a).unwrap();
+            dev.free_pinned_raw(b).unwrap();
+            dev.free_raw(d as u64).unwrap();
+        }
+    }
 
     #[test]
     fn host_memory_on_a_stream_is_named() {

@@ -69,6 +69,23 @@ pub(crate) fn locate(addr: u64, len: usize, hint: u32) -> Option<u32> {
     holder(d, addr, len)
 }
 
+/// Whether `addr` is page-locked host memory the driver knows (`false` without a driver). The
+/// query runs in device `hint`'s primary context where the thread has no current one.
+pub(crate) fn is_page_locked(addr: u64, hint: u32) -> bool {
+    let Ok(d) = loaded() else {
+        return false;
+    };
+    if !d.has_current_context() {
+        let Ok(dev) = d.device(hint) else {
+            return false;
+        };
+        if d.bind_primary_context(dev).is_err() {
+            return false;
+        }
+    }
+    d.is_page_locked_host(addr as DevicePtr)
+}
+
 /// What the driver tells of a device address: a trait so that [`holder`] runs over a model
 /// of the driver in the tests.
 trait Pointers {

@@ -110,18 +110,42 @@ pub(crate) fn check_copy_range(what: &str, addr: u64, len: usize) -> Result<()> 
     )))
 }
 
+/// Live page-locked allocations' stand-ins: start address and length.
+static PINNED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+fn pinned() -> MutexGuard<'static, BTreeMap<usize, usize>> {
+    PINNED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Page-locked host memory's stand-in: plain heap memory, zeroed, not registered as device
-/// memory.
+/// memory but as page-locked (as the driver knows `cuMemAllocHost` memory).
 pub(crate) fn alloc_pinned(len: usize) -> Result<*mut u8> {
-    raw_alloc(len)
+    let p = raw_alloc(len)?;
+    pinned().insert(p as usize, len);
+    Ok(p)
 }
 
 /// # Safety
 /// `p` came from [`alloc_pinned`] with the same `len`, is freed once and no queued copy still
 /// uses it.
 pub(crate) unsafe fn free_pinned(p: *mut u8, len: usize) {
+    pinned().remove(&(p as usize));
     // SAFETY: per the caller.
     unsafe { raw_free(p, len) }
+}
+
+/// The length of the live page-locked allocation starting at `p`, if it is one.
+pub(crate) fn pinned_len(p: *mut u8) -> Option<usize> {
+    pinned().get(&(p as usize)).copied()
+}
+
+/// Whether `addr` lies in a live page-locked allocation.
+pub(crate) fn is_pinned(addr: u64) -> bool {
+    let addr = addr as usize;
+    pinned()
+        .range(..=addr)
+        .next_back()
+        .is_some_and(|(&start, &len)| addr < start + len.max(1))
 }
 
 /// A copy waiting in a [`Queue`].

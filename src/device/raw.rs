@@ -51,6 +51,49 @@ impl Device {
         }
     }
 
+    /// Whether `addr` is page-locked host memory (`cudaMallocHost`, `cudaHostAlloc`,
+    /// `cudaHostRegister`; the host stand-in: its page-locked allocations, as
+    /// [`Device::alloc_pinned_raw`] makes them). Pageable host memory and device memory are not.
+    pub fn is_page_locked(self, addr: u64) -> bool {
+        match self.provider {
+            Provider::Cuda => cuda::is_page_locked(addr, self.ordinal),
+            Provider::Host => host::is_pinned(addr),
+        }
+    }
+
+    /// Allocates `bytes` of page-locked host memory (`cuMemAllocHost`; the stand-in: heap
+    /// memory it registers as page-locked), for test programs; free it with
+    /// [`Device::free_pinned_raw`].
+    pub fn alloc_pinned_raw(self, bytes: usize) -> Result<*mut u8> {
+        match self.provider {
+            Provider::Cuda => cuda::alloc_pinned(self.ordinal, bytes),
+            Provider::Host => host::alloc_pinned(bytes),
+        }
+    }
+
+    /// Frees memory from [`Device::alloc_pinned_raw`].
+    ///
+    /// # Safety
+    /// `p` came from `alloc_pinned_raw` on this device, is freed once, and no work still uses
+    /// it.
+    pub unsafe fn free_pinned_raw(self, p: *mut u8) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::free_pinned(self.ordinal, p) },
+            Provider::Host => {
+                let Some(len) = host::pinned_len(p) else {
+                    return Err(Error::invalid_argument(format!(
+                        "host stand-in: free of {p:p}, which is not live page-locked memory"
+                    )));
+                };
+                // SAFETY: a live page-locked allocation of `len` bytes (the registry holds
+                // it), freed once per the caller.
+                unsafe { host::free_pinned(p, len) };
+                Ok(())
+            }
+        }
+    }
+
     /// Frees memory from [`Device::alloc_raw`].
     ///
     /// # Safety

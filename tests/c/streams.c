@@ -1,8 +1,9 @@
 /* Device buffers through the C ABI: a non-NULL stream means the buffers are device memory of
  * the communicator's device. ncclMemAlloc'd buffers, every collective (all-reduce, broadcast,
  * reduce, all-gather, reduce-scatter, all-to-all) with a distinct value in every element, a
- * pre-multiplied sum with its scalar in device memory, a group of two calls, send/recv in a
- * group, gather, scatter, a host pointer refused, ncclMemFree.
+ * pre-multiplied sum with its scalar in device memory, page-locked host buffers with the
+ * stream, a group of two calls, send/recv in a group, gather, scatter, a host pointer refused,
+ * ncclMemFree.
  *
  *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
@@ -32,6 +33,9 @@
 /* The stand-in's stream synchronize and copy (exported by ferroccl's libnccl.so.2 for tests). */
 int ferrocclStreamSynchronize(cudaStream_t stream);
 int ferrocclMemcpyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+/* Page-locked host memory through the device provider (the stand-in's, or cuMemAllocHost). */
+int ferrocclMemAllocHost(void **ptr, size_t bytes);
+int ferrocclMemFreeHost(void *ptr);
 
 static int g_standin = 0;
 static cudaStream_t g_stream = (cudaStream_t)0x1;
@@ -215,6 +219,28 @@ static void collectives(ncclComm_t comm) {
     float want = 2.0f * (float)(n * (n - 1) / 2 + n * i);
     EXPECT(fr[i] == want, "premulsum [%d] = %f, want %f", i, fr[i], want);
   }
+  /* page-locked host buffers (cudaMallocHost) with the stream: the call runs on them as host
+   * buffers once the stream's earlier work is done, and is done when it returns; the device
+   * scalar of the pre-multiplied sum is read from the device */
+  float *h_send = NULL, *h_recv = NULL;
+  CHECK(ferrocclMemAllocHost((void **)&h_send, sizeof(float) * C));
+  CHECK(ferrocclMemAllocHost((void **)&h_recv, sizeof(float) * C));
+  for (int i = 0; i < C; i++) h_send[i] = (float)(rank * 7 + i);
+  CHECK(ncclAllReduce(h_send, h_recv, C, ncclFloat, premul, comm, g_stream));
+  for (int i = 0; i < C; i++) {
+    float want = 2.0f * (float)(7 * n * (n - 1) / 2 + n * i);
+    EXPECT(h_recv[i] == want, "page-locked premulsum [%d] = %f, want %f", i, h_recv[i], want);
+  }
+  CHECK(ncclAllReduce(h_recv, h_recv, C, ncclFloat, ncclMax, comm, g_stream));
+  for (int i = 0; i < C; i++) {
+    float want = 2.0f * (float)(7 * n * (n - 1) / 2 + n * i);
+    EXPECT(h_recv[i] == want, "page-locked in-place max [%d] = %f, want %f", i, h_recv[i], want);
+  }
+  /* beside device memory in one call: refused, saying so */
+  EXPECT_ERR(ncclAllReduce(h_send, d_recv, C, ncclFloat, ncclSum, comm, g_stream),
+             ncclInvalidArgument, "page-locked host memory beside device memory");
+  CHECK(ferrocclMemFreeHost(h_send));
+  CHECK(ferrocclMemFreeHost(h_recv));
   CHECK(ncclRedOpDestroy(premul, comm));
   CHECK(ncclMemFree(d_scalar));
 

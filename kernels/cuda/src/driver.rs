@@ -50,6 +50,9 @@ pub const POINTER_RANGE_SIZE: c_int = 12;
 pub const POINTER_MAPPED: c_int = 13;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
+/// `CU_MEMORYTYPE_HOST`: page-locked host memory the driver knows (`cuMemAllocHost`,
+/// `cuMemHostAlloc`, `cuMemHostRegister`).
+pub const MEMORYTYPE_HOST: c_uint = 1;
 
 macro_rules! driver_api {
     ($($field:ident = $sym:literal : fn($($arg:ty),*);)*) => {
@@ -604,6 +607,19 @@ impl Driver {
             (self.pointer_attribute)((&mut size as *mut usize).cast(), POINTER_RANGE_SIZE, ptr)
         };
         (s == 0).then_some((start, size))
+    }
+
+    /// Whether `ptr` is page-locked host memory the driver knows (`cuMemAllocHost`,
+    /// `cuMemHostAlloc`, `cuMemHostRegister`); `false` for pageable host memory, which the
+    /// driver does not know, and for device memory.
+    pub fn is_page_locked_host(&self, ptr: DevicePtr) -> bool {
+        let mut kind: c_uint = 0;
+        // SAFETY: `kind` is a valid out-pointer of the attribute's type (CUmemorytype, 32 bits);
+        // the driver only looks the address up, it never dereferences it.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut kind as *mut c_uint).cast(), POINTER_MEMORY_TYPE, ptr)
+        };
+        s == 0 && kind == MEMORYTYPE_HOST
     }
 
     /// The mapped piece of memory holding device pointer `ptr` (`cuMemGetAddressRange`), its

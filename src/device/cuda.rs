@@ -57,33 +57,26 @@ pub(crate) unsafe fn free(ordinal: u32, addr: u64) -> Result<()> {
 /// address the driver does not know, or a range running past its memory (no driver: `None`
 /// as well).
 pub(crate) fn locate(addr: u64, len: usize, hint: u32) -> Option<u32> {
+    holder(querying(hint)?, addr, len)
+}
+
+/// Whether `addr` is page-locked host memory the driver knows (`false` without a driver).
+pub(crate) fn is_page_locked(addr: u64, hint: u32) -> bool {
+    querying(hint).is_some_and(|d| d.is_page_locked_host(addr as DevicePtr))
+}
+
+/// The driver, ready for pointer queries on this thread. They need a current context
+/// (without one the driver answers CUDA_ERROR_INVALID_CONTEXT, which would read as "not device
+/// memory"): a thread with none (a thread of ferroccl's, or a program's thread that made no
+/// CUDA call) gets the primary context of `hint`, the device the caller expects, rather than
+/// one made on device 0. `None` without a driver.
+fn querying(hint: u32) -> Option<&'static Driver> {
     let d = loaded().ok()?;
-    // The pointer queries need a current context (without one the driver answers
-    // CUDA_ERROR_INVALID_CONTEXT, which would read as "not device memory"): a thread with none
-    // (a thread of ferroccl's, or a program's thread that made no CUDA call) gets the primary
-    // context of `hint`, the device the caller expects, rather than one made on device 0.
     if !d.has_current_context() {
         let dev = d.device(hint).ok()?;
         d.bind_primary_context(dev).ok()?;
     }
-    holder(d, addr, len)
-}
-
-/// Whether `addr` is page-locked host memory the driver knows (`false` without a driver). The
-/// query runs in device `hint`'s primary context where the thread has no current one.
-pub(crate) fn is_page_locked(addr: u64, hint: u32) -> bool {
-    let Ok(d) = loaded() else {
-        return false;
-    };
-    if !d.has_current_context() {
-        let Ok(dev) = d.device(hint) else {
-            return false;
-        };
-        if d.bind_primary_context(dev).is_err() {
-            return false;
-        }
-    }
-    d.is_page_locked_host(addr as DevicePtr)
+    Some(d)
 }
 
 /// What the driver tells of a device address: a trait so that [`holder`] runs over a model

@@ -105,7 +105,7 @@ impl Engine {
 
     /// Whether collective `args` on `mem` runs through the lanes: an allreduce that
     /// [`Engine::lane_fits`], on host buffers the engine's reducer reaches, or on device
-    /// buffers with their arena (copied over and back). The same answer on every rank
+    /// buffers with their arena (copied over and back by [`Engine::lane_all_reduce`]). The same answer on every rank
     /// whatever its buffers, so that ranks with host and with device buffers meet.
     pub(crate) fn takes_lane(
         &self,
@@ -123,55 +123,10 @@ impl Engine {
         reach && self.lane_fits(args, esize, premul.is_some())
     }
 
-    /// [`Engine::lane_all_reduce`] on device buffers: the input comes to the host through
-    /// `arena`, the exchange runs on host bytes, and the result goes back.
+    /// Runs an allreduce that [`Engine::lane_fits`] as one lane exchange. Device buffers
+    /// (with their `arena`) are read into this rank's slot and written from the result through
+    /// the arena; the lane itself carries host bytes.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn lane_all_reduce_device(
-        &mut self,
-        args: &CollArgs,
-        dtype: DataType,
-        op: ElemOp,
-        mem: &Memory,
-        ctx: &OpContext,
-        waits: Option<&mut [u64]>,
-        arena: &mut dyn DeviceArena,
-    ) -> Result<()> {
-        let bytes = args.count * dtype.size();
-        let (src, src_len) = if mem.in_place {
-            (mem.output as usize, mem.output_len)
-        } else {
-            (mem.input as usize, mem.input_len)
-        };
-        let dev = |addr: usize, len: usize| MemRef {
-            space: mem.space,
-            addr,
-            len,
-        };
-        let (mut input, mut output) = (Slot::default(), Slot::default());
-        if bytes > ROOM {
-            return Err(Error::internal(format!(
-                "{}: {bytes} bytes through a lane of {ROOM}",
-                ctx.label()
-            )));
-        }
-        arena
-            .download(&mut input.0[..bytes], dev(src, src_len))
-            .map_err(|e| e.context(ctx.label()))?;
-        let host = Memory {
-            input: input.0.as_ptr(),
-            input_len: bytes,
-            output: output.0.as_mut_ptr(),
-            output_len: bytes,
-            in_place: false,
-            space: MemSpace::Host,
-        };
-        self.lane_all_reduce(args, dtype, op, &host, ctx, waits)?;
-        arena
-            .upload(dev(mem.output as usize, mem.output_len), &output.0[..bytes])
-            .map_err(|e| e.context(ctx.label()))
-    }
-
-    /// Runs an allreduce that [`Engine::lane_fits`] as one lane exchange.
     pub(super) fn lane_all_reduce(
         &mut self,
         args: &CollArgs,
@@ -180,6 +135,7 @@ impl Engine {
         mem: &Memory,
         ctx: &OpContext,
         waits: Option<&mut [u64]>,
+        mut arena: Option<&mut (dyn DeviceArena + 'static)>,
     ) -> Result<()> {
         let bytes = args.count * dtype.size();
         let (src, src_len) = if mem.in_place {
@@ -187,25 +143,37 @@ impl Engine {
         } else {
             (mem.input, mem.input_len)
         };
-        if src_len < bytes || mem.output_len < bytes {
+        if src_len < bytes || mem.output_len < bytes || bytes > ROOM {
             return Err(Error::internal(format!(
-                "{}: buffers of {src_len} and {} bytes for {bytes} bytes",
+                "{}: buffers of {src_len} and {} bytes for {bytes} bytes (a lane holds {ROOM})",
                 ctx.label(),
                 mem.output_len
             )));
         }
+        let device = |addr: usize, len: usize| MemRef {
+            space: mem.space,
+            addr,
+            len,
+        };
         let mut slots = self.lanes.slots.take().unwrap_or_default();
-        // SAFETY: `src` holds at least `bytes` readable bytes (checked above against the
-        // length the caller vouched for), and nothing writes it during the call.
-        let input = unsafe { std::slice::from_raw_parts(src, bytes) };
-        slots[self.rank].0[..bytes].copy_from_slice(input);
+        let mine = &mut slots[self.rank].0[..bytes];
+        match arena.as_deref_mut() {
+            Some(a) if mem.space != MemSpace::Host => a
+                .download(mine, device(src as usize, src_len))
+                .map_err(|e| e.context(ctx.label()))?,
+            _ => {
+                // SAFETY: `src` holds at least `bytes` readable bytes (checked above against
+                // the length the caller vouched for), and nothing writes it during the call.
+                mine.copy_from_slice(unsafe { std::slice::from_raw_parts(src, bytes) });
+            }
+        }
         let want = ctx.header(bytes);
         let tag = tag_of(&want);
         let n = self.lanes.next;
         let me = self.rank;
         for p in (0..self.nranks).filter(|&p| p != me) {
             self.lane_of(p, ctx)?
-                .put(n, tag, input)
+                .put(n, tag, &slots[me].0[..bytes])
                 .map_err(|e| e.context(ctx.label()))?;
         }
         self.lane_wait(n, &want, &mut slots, ctx, waits)?;
@@ -221,10 +189,17 @@ impl Engine {
                 Payload::Host(&s.0[..bytes]),
             )?;
         }
-        // SAFETY: `output` holds at least `bytes` writable bytes (checked above); the input
-        // was copied out before, so an in-place call may overwrite it.
-        let out = unsafe { std::slice::from_raw_parts_mut(mem.output, bytes) };
-        out.copy_from_slice(acc);
+        match arena {
+            Some(a) if mem.space != MemSpace::Host => a
+                .upload(device(mem.output as usize, mem.output_len), acc)
+                .map_err(|e| e.context(ctx.label()))?,
+            _ => {
+                // SAFETY: `output` holds at least `bytes` writable bytes (checked above); the
+                // input was copied out before, so an in-place call may overwrite it.
+                let out = unsafe { std::slice::from_raw_parts_mut(mem.output, bytes) };
+                out.copy_from_slice(acc);
+            }
+        }
         self.lanes.slots = Some(slots);
         Ok(())
     }

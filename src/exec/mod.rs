@@ -459,15 +459,9 @@ impl Engine {
         let es = dtype.size();
         if self.takes_lane(args, es, premul, &mem, arena.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);
-            let r = match arena.as_deref_mut() {
-                // Device buffers: the lane carries host bytes, so the input comes over and the
-                // result goes back (every rank takes the lane for this call, whatever its
-                // buffers: the choice depends only on what all agreed).
-                Some(a) if mem.space != MemSpace::Host => {
-                    self.lane_all_reduce_device(args, dtype, op, &mem, ctx, waits, a)
-                }
-                _ => self.lane_all_reduce(args, dtype, op, &mem, ctx, waits),
-            };
+            // Every rank takes the lane for this call whatever its buffers (the choice depends
+            // only on what all agreed); device buffers come over and go back through the arena.
+            let r = self.lane_all_reduce(args, dtype, op, &mem, ctx, waits, arena);
             crate::profile::phase(crate::profile::Phase::Leave);
             return r;
         }

@@ -563,17 +563,12 @@ impl Driver {
     /// context); `None` for host memory and for addresses the driver never allocated. Tells a
     /// host pointer passed where a device pointer is expected (and the reverse) before any copy.
     pub fn device_of_pointer(&self, ptr: DevicePtr) -> Option<u32> {
-        let mut kind: c_uint = 0;
-        // SAFETY: `kind` is a valid out-pointer of the attribute's type (CUmemorytype, 32 bits);
-        // the driver only looks the address up, it never dereferences it.
-        let s = unsafe {
-            (self.pointer_attribute)((&mut kind as *mut c_uint).cast(), POINTER_MEMORY_TYPE, ptr)
-        };
-        if s != 0 || kind != MEMORYTYPE_DEVICE {
+        if self.memory_type(ptr) != Some(MEMORYTYPE_DEVICE) {
             return None;
         }
         let mut ordinal: c_int = -1;
-        // SAFETY: as above; the attribute's type is int.
+        // SAFETY: `ordinal` is a valid out-pointer of the attribute's type (int); the driver
+        // only looks the address up.
         let s = unsafe {
             (self.pointer_attribute)(
                 (&mut ordinal as *mut c_int).cast(),
@@ -613,13 +608,19 @@ impl Driver {
     /// `cuMemHostAlloc`, `cuMemHostRegister`); `false` for pageable host memory, which the
     /// driver does not know, and for device memory.
     pub fn is_page_locked_host(&self, ptr: DevicePtr) -> bool {
+        self.memory_type(ptr) == Some(MEMORYTYPE_HOST)
+    }
+
+    /// The `CUmemorytype` of `ptr` (`None`: an address the driver does not know, such as
+    /// pageable host memory).
+    fn memory_type(&self, ptr: DevicePtr) -> Option<c_uint> {
         let mut kind: c_uint = 0;
         // SAFETY: `kind` is a valid out-pointer of the attribute's type (CUmemorytype, 32 bits);
         // the driver only looks the address up, it never dereferences it.
         let s = unsafe {
             (self.pointer_attribute)((&mut kind as *mut c_uint).cast(), POINTER_MEMORY_TYPE, ptr)
         };
-        s == 0 && kind == MEMORYTYPE_HOST
+        (s == 0).then_some(kind)
     }
 
     /// The mapped piece of memory holding device pointer `ptr` (`cuMemGetAddressRange`), its

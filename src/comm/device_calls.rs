@@ -581,11 +581,7 @@ fn cut_for(
     es: usize,
 ) -> Cut {
     let (in_len, out_len) = kind.buffer_lens(1, n);
-    let bytes = match config.device_slice_bytes {
-        Some(b) => b.max(1),
-        None if one_host && !cuts_blocks(config) => DIRECT_SLICE_BYTES,
-        None => DEVICE_SLICE_BYTES,
-    };
+    let bytes = slice_bytes(config, one_host);
     let slices = if kind.is_elementwise() {
         let per = (bytes / es).max(1);
         count.div_ceil(per).max(1)
@@ -611,6 +607,29 @@ fn cut_for(
         window: slices_in_flight(slices, bytes),
     }
 }
+
+/// The bytes of a device call's slices for `config`, on a communicator all on one host where
+/// `one_host` (the same on every rank).
+fn slice_bytes(config: &Config, one_host: bool) -> usize {
+    match config.device_slice_bytes {
+        Some(b) => b.max(1),
+        None if one_host && !cuts_blocks(config) => DIRECT_SLICE_BYTES,
+        None => DEVICE_SLICE_BYTES,
+    }
+}
+
+/// The bytes of the pieces that sends and receives of more are cut into, on every path (host
+/// buffers, staged and direct device buffers, stream jobs), so that every rank cuts a message
+/// alike whatever its buffers: the device slices, in whole 64-byte units (whole elements of
+/// every type), so that a staged group holds a few pieces of pinned memory, not its buffers;
+/// at least [`MIN_PIECE_BYTES`], so that tiny slices do not make thousands of messages.
+pub(super) fn piece_bytes(inner: &Inner) -> usize {
+    let one_host = inner.hosts.iter().all(|h| Some(h) == inner.hosts.first());
+    (slice_bytes(&inner.config, one_host) / 64 * 64).max(MIN_PIECE_BYTES)
+}
+
+/// The smallest piece a send or receive is cut into.
+pub(super) const MIN_PIECE_BYTES: usize = 64 << 10;
 
 /// Whether the blocked layouts are cut into slices: no collective can run straight on device
 /// buffers (no transport that carries device memory is tried), whose path runs them whole.

@@ -5,11 +5,14 @@
 //! made before the group's step (sends) and after it (receives), each group's buffers one
 //! after another in the staging buffers, which are kept for later groups.
 
+use std::ops::Range;
+
 use ferroccl_kernels::{as_bytes, as_bytes_mut, DataType, ElemOp, Element};
 use ferroccl_transport::MemRef;
 
+use super::device_calls::piece_bytes;
 use super::{Communicator, Inner};
-use crate::device::staging::spans_bytes;
+use crate::device::staging::{piece_range, pieces, slices_in_flight, RoundViews, Span};
 use crate::device::{Device, DeviceBuffer, Hold, Staging};
 use crate::exec::{OpContext, RawOp};
 use crate::wire::{kind, op};
@@ -199,9 +202,16 @@ pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
     Ok(())
 }
 
-/// Runs checked operations (peers checked, device buffers checked and idle) as one step, in
-/// the communicator's issue order; device buffers a peer's transport cannot reach go through
-/// `staging` (the communicator's, for its bound device; needed only for such buffers).
+/// Runs checked operations (peers checked, device buffers checked and idle) in the
+/// communicator's issue order; device buffers a peer's transport cannot reach (and any to or
+/// from this rank) go through `staging` (the communicator's, for its bound device; needed
+/// only for such buffers).
+///
+/// Every message longer than a piece ([`piece_bytes`]) travels as pieces, one message each,
+/// on every path alike, so ranks whose buffers differ (host, staged, straight on the device)
+/// cut the same way. Without staged buffers the group is one step with every piece of every
+/// message. With them it runs in rounds, round `k` moving piece `k` of every message, while
+/// the staging copies the other rounds' pieces in and out ([`Staging::pipeline_spans`]).
 pub(super) fn execute(
     inner: &Inner,
     mut ops: Vec<P2p<'_>>,
@@ -212,157 +222,317 @@ pub(super) fn execute(
         .groups
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
+    let piece = piece_bytes(inner);
     let ticket = inner.ticket();
     inner.execute(ticket, |engine| {
-            // Device buffers that the peer's transport cannot reach (and any to or from self)
-            // go through the pinned staging: copied in here for sends, back after the step for
-            // receives.
-            let staged = |engine: &crate::exec::Engine, peer: usize, mem: MemRef| {
-                peer == rank || !engine.accepts(peer, mem.space)
-            };
-            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-            for o in &ops {
-                match o {
-                    P2p::SendDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
-                        sends.push((buf.mem().addr as u64, buf.mem().len))
+        check_self(rank, &ops)?;
+        let staged = |engine: &crate::exec::Engine, peer: usize, mem: MemRef| {
+            peer == rank || !engine.accepts(peer, mem.space)
+        };
+        let span = |mem: MemRef| Span {
+            dev: mem.addr as u64,
+            len: mem.len,
+            piece,
+        };
+        let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+        let mut rounds = 1;
+        let mut dtype = DataType::Uint8;
+        for o in &ops {
+            let (len, peer) = match o {
+                P2p::Send { buf, peer, .. } => (buf.len(), *peer),
+                P2p::Recv { buf, peer, .. } => (buf.len(), *peer),
+                P2p::SendDevice { buf, peer, .. } => {
+                    if staged(engine, *peer, buf.mem()) {
+                        sends.push(span(buf.mem()));
                     }
-                    P2p::RecvDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
-                        recvs.push((buf.mem().addr as u64, buf.mem().len))
-                    }
-                    _ => {}
+                    (buf.mem().len, *peer)
                 }
+                P2p::RecvDevice { buf, peer, .. } => {
+                    if staged(engine, *peer, buf.mem()) {
+                        recvs.push(span(buf.mem()));
+                    }
+                    (buf.mem().len, *peer)
+                }
+            };
+            rounds = rounds.max(pieces(len, piece));
+            if let (P2p::Send { dtype: d, .. } | P2p::SendDevice { dtype: d, .. }, true) =
+                (o, peer != rank)
+            {
+                dtype = *d;
             }
-            if staging.is_none() && !(sends.is_empty() && recvs.is_empty()) {
-                return Err(Error::internal(format!(
-                    "send/recv group on rank {rank}: device buffers to stage, no staging"
-                )));
+        }
+        let ctx = OpContext {
+            name: "send/recv group",
+            seq: gno,
+            rank,
+            kind: kind::SEND_RECV,
+            dtype,
+            op: op::NONE,
+            count: 0,
+            root: u32::MAX,
+        };
+        let mut raw = engine.take_ops();
+        let mut r = Round {
+            engine,
+            rank,
+            piece,
+            raw: &mut raw,
+            ctx: &ctx,
+        };
+        let result = match staging.as_deref_mut() {
+            _ if sends.is_empty() && recvs.is_empty() => {
+                r.run(&mut ops, 0..rounds, &staged, (Vec::new(), Vec::new()))
             }
-            if let Some(s) = staging.as_deref_mut() {
-                s.reserve(spans_bytes(&sends), spans_bytes(&recvs))?;
+            None => Err(Error::internal(format!(
+                "send/recv group on rank {rank}: device buffers to stage, no staging"
+            ))),
+            Some(s) => {
+                let room = |v: &[Span]| v.iter().map(|s| s.len.min(piece)).sum::<usize>();
+                let window = slices_in_flight(rounds, room(&sends).max(room(&recvs)));
+                s.reserve_spans(&sends, &recvs, window)?;
                 // SAFETY: the spans are device buffers of the group, checked live memory of
-                // the staging's device (`Group::run`), borrowed by the group while it runs.
-                unsafe { s.stage_spans_in(&sends) }?;
-            }
-            let (sent_copies, mut recv_copies) = match staging.as_deref_mut() {
-                Some(s) => s.span_views(&sends, &recvs)?,
-                None => (Vec::new(), Vec::new()),
-            };
-            // Messages to self are copies, matched in order.
-            let mut self_sends: Vec<&[u8]> = Vec::new();
-            let mut raw = engine.take_ops();
-            let mut dtype = DataType::Uint8;
-            let mut copies = sent_copies.into_iter();
-            for o in ops.iter() {
-                let (buf, d, peer): (&[u8], DataType, usize) = match o {
-                    P2p::Send { buf, dtype, peer } => (buf, *dtype, *peer),
-                    P2p::SendDevice { buf, dtype, peer } if staged(engine, *peer, buf.mem()) => {
-                        (copies.next().expect("one copy per staged send"), *dtype, *peer)
-                    }
-                    P2p::SendDevice { buf, dtype: d, peer } => {
-                        engine.p2p_sent[*peer] += 1;
-                        dtype = *d;
-                        let mem = buf.mem();
-                        raw.push(RawOp::SendDevice {
-                            peer: *peer,
-                            mem,
-                            header: p2p_header(*d, mem.len, engine.p2p_sent[*peer]),
-                        });
-                        continue;
-                    }
-                    P2p::Recv { .. } | P2p::RecvDevice { .. } => continue,
-                };
-                if peer == rank {
-                    self_sends.push(buf);
-                } else {
-                    engine.p2p_sent[peer] += 1;
-                    dtype = d;
-                    raw.push(RawOp::Send {
-                        peer,
-                        ptr: buf.as_ptr(),
-                        len: buf.len(),
-                        header: p2p_header(d, buf.len(), engine.p2p_sent[peer]),
-                    });
+                // the staging's device (`Group::run`), borrowed by the group (receives
+                // mutably) while it runs.
+                unsafe {
+                    s.pipeline_spans(&sends, &recvs, rounds, window, |k, views| {
+                        r.run(&mut ops, k..k + 1, &staged, views)
+                    })
                 }
             }
-            let mut self_recv = 0;
-            let mut copies = recv_copies.iter_mut();
-            for o in ops.iter_mut() {
-                let (buf, d, peer): (&mut [u8], DataType, usize) = match o {
-                    P2p::Recv { buf, dtype, peer } => (buf, *dtype, *peer),
-                    P2p::RecvDevice { buf, dtype, peer } if staged(engine, *peer, buf.mem()) => {
-                        let copy = copies.next().expect("one copy per staged receive");
-                        (copy, *dtype, *peer)
-                    }
-                    P2p::RecvDevice { buf, dtype, peer } => {
-                        engine.p2p_recvd[*peer] += 1;
-                        let mem = buf.mem();
-                        raw.push(RawOp::RecvDevice {
-                            peer: *peer,
-                            mem,
-                            header: p2p_header(*dtype, mem.len, engine.p2p_recvd[*peer]),
-                        });
-                        continue;
-                    }
-                    P2p::Send { .. } | P2p::SendDevice { .. } => continue,
-                };
-                if peer == rank {
-                    let src = self_sends.get(self_recv).ok_or_else(|| {
-                        Error::invalid_usage(format!(
-                            "group on rank {rank}: a receive from self has no matching send to self"
-                        ))
-                    })?;
-                    if src.len() != buf.len() {
-                        return Err(Error::invalid_argument(format!(
-                            "group on rank {rank}: send to self of {} bytes, receive from self of {} bytes",
-                            src.len(),
-                            buf.len()
-                        )));
-                    }
-                    buf.copy_from_slice(src);
-                    self_recv += 1;
-                } else {
-                    engine.p2p_recvd[peer] += 1;
-                    raw.push(RawOp::Recv {
-                        peer,
-                        ptr: buf.as_mut_ptr(),
-                        len: buf.len(),
-                        header: p2p_header(d, buf.len(), engine.p2p_recvd[peer]),
-                    });
-                }
-            }
-            if self_recv != self_sends.len() {
-                return Err(Error::invalid_usage(format!(
-                    "group on rank {rank}: {} send(s) to self but {self_recv} receive(s) from self",
-                    self_sends.len()
-                )));
-            }
-            let ctx = OpContext {
-                name: "send/recv group",
-                seq: gno,
-                rank,
-                kind: kind::SEND_RECV,
-                dtype,
-                op: op::NONE,
-                count: 0,
-                root: u32::MAX,
-            };
-            let r = if raw.is_empty() {
-                Ok(())
-            } else {
-                engine.run_step(&raw, DataType::Uint8, ElemOp::Sum, &ctx)
-            };
-            engine.return_ops(raw);
-            r?;
-            match staging {
-                // SAFETY: the receive spans are device buffers of the group, checked live
-                // memory of the staging's device and borrowed mutably by it while it runs.
-                Some(s) if !recvs.is_empty() => unsafe { s.stage_spans_out(&recvs) },
-                _ => Ok(()),
-            }
-        })
+        };
+        engine.return_ops(raw);
+        result
+    })
 }
 
-fn p2p_header(dtype: DataType, len: usize, seq: u64) -> ferroccl_transport::Header {
+/// Sends to this rank and receives from it match in order, one for one, of equal lengths:
+/// checked before anything moves.
+fn check_self(rank: usize, ops: &[P2p<'_>]) -> Result<()> {
+    let len = |o: &P2p<'_>| match o {
+        P2p::Send { buf, .. } => buf.len(),
+        P2p::Recv { buf, .. } => buf.len(),
+        P2p::SendDevice { buf, .. } => buf.mem().len,
+        P2p::RecvDevice { buf, .. } => buf.mem().len,
+    };
+    let to_self = |o: &&P2p<'_>| match o {
+        P2p::Send { peer, .. }
+        | P2p::Recv { peer, .. }
+        | P2p::SendDevice { peer, .. }
+        | P2p::RecvDevice { peer, .. } => *peer == rank,
+    };
+    let is_send = |o: &&P2p<'_>| matches!(o, P2p::Send { .. } | P2p::SendDevice { .. });
+    let sends: Vec<usize> = ops
+        .iter()
+        .filter(to_self)
+        .filter(is_send)
+        .map(len)
+        .collect();
+    let recvs: Vec<usize> = ops
+        .iter()
+        .filter(to_self)
+        .filter(|o| !is_send(o))
+        .map(len)
+        .collect();
+    for (i, (&s, &r)) in sends.iter().zip(&recvs).enumerate() {
+        if s != r {
+            return Err(Error::invalid_argument(format!(
+                "group on rank {rank}: send to self of {s} bytes, receive from self of {r} \
+                 bytes (the {} pair to self)",
+                ordinal(i + 1)
+            )));
+        }
+    }
+    if recvs.len() > sends.len() {
+        return Err(Error::invalid_usage(format!(
+            "group on rank {rank}: a receive from self has no matching send to self"
+        )));
+    }
+    if sends.len() > recvs.len() {
+        return Err(Error::invalid_usage(format!(
+            "group on rank {rank}: {} send(s) to self but {} receive(s) from self",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    Ok(())
+}
+
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// One step of a group: the pieces of a range of rounds of every message.
+struct Round<'e, 'r> {
+    engine: &'e mut crate::exec::Engine,
+    rank: usize,
+    piece: usize,
+    raw: &'r mut Vec<RawOp>,
+    ctx: &'r OpContext,
+}
+
+impl Round<'_, '_> {
+    /// Moves pieces `rounds` of every message of `ops`; `views` holds the staged buffers'
+    /// pieces (one round, in the order of their ops), `staged` says which device buffers are
+    /// staged.
+    fn run(
+        &mut self,
+        ops: &mut [P2p<'_>],
+        rounds: Range<usize>,
+        staged: &dyn Fn(&crate::exec::Engine, usize, MemRef) -> bool,
+        (sent, mut recvd): RoundViews<'_>,
+    ) -> Result<()> {
+        let (rank, piece) = (self.rank, self.piece);
+        let engine = &mut *self.engine;
+        let raw = &mut *self.raw;
+        raw.clear();
+        let is_staged: Vec<bool> = ops
+            .iter()
+            .map(|o| match o {
+                P2p::SendDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
+                P2p::RecvDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
+                _ => false,
+            })
+            .collect();
+        // The bytes of `rounds`' pieces of a message of `len` bytes: one range (pieces are
+        // consecutive); `None` when it has none of them.
+        let part = |len: usize| -> Option<Range<usize>> {
+            let n = pieces(len, piece);
+            (rounds.start < n).then(|| {
+                piece_range(len, piece, rounds.start).start
+                    ..piece_range(len, piece, rounds.end.min(n) - 1).end
+            })
+        };
+        let mut header = |peer: usize, d: DataType, len: usize, bytes: usize, send: bool| {
+            let seq = if send {
+                &mut engine.p2p_sent[peer]
+            } else {
+                &mut engine.p2p_recvd[peer]
+            };
+            *seq += 1;
+            p2p_header(d, len, bytes, *seq)
+        };
+        let mut self_sends: Vec<&[u8]> = Vec::new();
+        let mut staged_sends = sent.into_iter();
+        for (o, &staged) in ops.iter().zip(&is_staged) {
+            match o {
+                P2p::Send { buf, dtype, peer } => {
+                    let Some(r) = part(buf.len()) else { continue };
+                    if *peer == rank {
+                        self_sends.push(&buf[r]);
+                        continue;
+                    }
+                    for k in rounds.start..rounds.end.min(pieces(buf.len(), piece)) {
+                        let p = piece_range(buf.len(), piece, k);
+                        raw.push(RawOp::Send {
+                            peer: *peer,
+                            ptr: buf[p.clone()].as_ptr(),
+                            len: p.len(),
+                            header: header(*peer, *dtype, buf.len(), p.len(), true),
+                        });
+                    }
+                }
+                P2p::SendDevice { buf, dtype, peer } if staged => {
+                    let view = staged_sends.next().expect("one view per staged send");
+                    if part(buf.mem().len).is_none() {
+                        continue;
+                    }
+                    if *peer == rank {
+                        self_sends.push(view);
+                        continue;
+                    }
+                    raw.push(RawOp::Send {
+                        peer: *peer,
+                        ptr: view.as_ptr(),
+                        len: view.len(),
+                        header: header(*peer, *dtype, buf.mem().len, view.len(), true),
+                    });
+                }
+                P2p::SendDevice { buf, dtype, peer } => {
+                    let mem = buf.mem();
+                    for k in rounds.start..rounds.end.min(pieces(mem.len, piece)) {
+                        let p = piece_range(mem.len, piece, k);
+                        raw.push(RawOp::SendDevice {
+                            peer: *peer,
+                            mem: mem.sub(p.start, p.len()),
+                            header: header(*peer, *dtype, mem.len, p.len(), true),
+                        });
+                    }
+                }
+                P2p::Recv { .. } | P2p::RecvDevice { .. } => {}
+            }
+        }
+        let mut self_recvs = self_sends.into_iter();
+        let mut staged_recvs = recvd.iter_mut();
+        for (o, &staged) in ops.iter_mut().zip(&is_staged) {
+            match o {
+                P2p::Recv { buf, dtype, peer } => {
+                    let len = buf.len();
+                    let Some(r) = part(len) else { continue };
+                    if *peer == rank {
+                        let src = self_recvs.next().expect("sends to self checked");
+                        buf[r].copy_from_slice(src);
+                        continue;
+                    }
+                    for k in rounds.start..rounds.end.min(pieces(len, piece)) {
+                        let p = piece_range(len, piece, k);
+                        raw.push(RawOp::Recv {
+                            peer: *peer,
+                            ptr: buf[p.clone()].as_mut_ptr(),
+                            len: p.len(),
+                            header: header(*peer, *dtype, len, p.len(), false),
+                        });
+                    }
+                }
+                P2p::RecvDevice { buf, dtype, peer } if staged => {
+                    let view = staged_recvs.next().expect("one view per staged receive");
+                    let len = buf.mem().len;
+                    if part(len).is_none() {
+                        continue;
+                    }
+                    if *peer == rank {
+                        let src = self_recvs.next().expect("sends to self checked");
+                        view.copy_from_slice(src);
+                        continue;
+                    }
+                    raw.push(RawOp::Recv {
+                        peer: *peer,
+                        ptr: view.as_mut_ptr(),
+                        len: view.len(),
+                        header: header(*peer, *dtype, len, view.len(), false),
+                    });
+                }
+                P2p::RecvDevice { buf, dtype, peer } => {
+                    let mem = buf.mem();
+                    for k in rounds.start..rounds.end.min(pieces(mem.len, piece)) {
+                        let p = piece_range(mem.len, piece, k);
+                        raw.push(RawOp::RecvDevice {
+                            peer: *peer,
+                            mem: mem.sub(p.start, p.len()),
+                            header: header(*peer, *dtype, mem.len, p.len(), false),
+                        });
+                    }
+                }
+                P2p::Send { .. } | P2p::SendDevice { .. } => {}
+            }
+        }
+        if raw.is_empty() {
+            return Ok(());
+        }
+        engine.run_step(raw, DataType::Uint8, ElemOp::Sum, self.ctx)
+    }
+}
+
+/// The header of one piece of `bytes` bytes of a message of `len` bytes: its count is the
+/// whole message's, so a receive of another length is refused at its first piece, before a
+/// byte lands.
+fn p2p_header(dtype: DataType, len: usize, bytes: usize, seq: u64) -> ferroccl_transport::Header {
     ferroccl_transport::Header {
         kind: kind::SEND_RECV,
         dtype: dtype as u8,
@@ -370,6 +540,6 @@ fn p2p_header(dtype: DataType, len: usize, seq: u64) -> ferroccl_transport::Head
         seq,
         count: (len / dtype.size()) as u64,
         root: u32::MAX,
-        len: len as u64,
+        len: bytes as u64,
     }
 }

@@ -7,10 +7,9 @@
 //! into the input buffer (device to host, on the stream), runs the host schedule on the
 //! staging buffers, then copies the output buffer back (host to device): [`Staging::pipeline`]
 //! does so in slices whose copies overlap the other slices' transfers (element-wise
-//! collectives), or in one piece (the others). Send and receive stage whole buffers
-//! ([`Staging::stage_in`], [`Staging::stage_out`]); a group's sends and receives stage their
-//! buffers one after another in the input and output buffers ([`Staging::stage_spans_in`],
-//! [`Staging::stage_spans_out`]). Completion is synchronous: every call
+//! collectives), or in one piece (the others). A group's sends and receives stage their
+//! buffers piece by piece, the pieces of one round one after another in the input and output
+//! buffers ([`Staging::pipeline_spans`], in `spans`). Completion is synchronous: every call
 //! waits for its copies before returning.
 
 use std::ops::Range;
@@ -19,6 +18,9 @@ use ferroccl_kernels::Element;
 
 use super::{cuda, host, Device, DeviceBuffer, Provider};
 use crate::{Error, Result};
+
+mod spans;
+pub(crate) use spans::{piece_range, pieces, RoundViews, Span};
 
 /// Page-locked host memory (plain heap memory with the host stand-in), zeroed at allocation,
 /// freed on drop.
@@ -265,74 +267,6 @@ impl Staging {
         self.stream.synchronize()
     }
 
-    /// Copies the device ranges `spans` (address, bytes) into the input buffer, one after
-    /// another at [`span_offsets`], and waits. The input buffer must be reserved for
-    /// [`spans_bytes`] of them. The stream is waited for also when a copy cannot be queued, so
-    /// no copy outlives the call.
-    ///
-    /// # Safety
-    /// Each span is live device memory of this staging's device, not written until this
-    /// returns.
-    pub(crate) unsafe fn stage_spans_in(&mut self, spans: &[(u64, usize)]) -> Result<()> {
-        // SAFETY: per this function's contract.
-        unsafe { self.copy_spans(Slot::Input, spans) }
-    }
-
-    /// Copies the output buffer's places for receives of `spans` (see
-    /// [`Staging::span_views`]) to their device ranges and waits (also when a copy cannot be
-    /// queued).
-    ///
-    /// # Safety
-    /// Each span is live device memory of this staging's device, used by nothing else until
-    /// this returns.
-    pub(crate) unsafe fn stage_spans_out(&mut self, spans: &[(u64, usize)]) -> Result<()> {
-        // SAFETY: per this function's contract.
-        unsafe { self.copy_spans(Slot::Output, spans) }
-    }
-
-    /// Copies `spans` at [`span_offsets`] of staging buffer `s`: device to host for the
-    /// input buffer, host to device for the output one; then waits for the stream.
-    ///
-    /// # Safety
-    /// As for [`Staging::stage_spans_in`] (input) or [`Staging::stage_spans_out`] (output).
-    unsafe fn copy_spans(&mut self, s: Slot, spans: &[(u64, usize)]) -> Result<()> {
-        let base = self.checked(s, spans_bytes(spans))?;
-        let mut queued = Ok(());
-        for (&(dev, len), off) in spans.iter().zip(span_offsets(spans)) {
-            if len == 0 {
-                continue;
-            }
-            // SAFETY: `base + off` starts `len` reserved bytes of buffer `s` (checked for
-            // `spans_bytes` above), owned by `self`; `dev` per the caller's contract; both
-            // live until the synchronize below.
-            queued = unsafe {
-                match s {
-                    Slot::Input => self.stream.download(base.add(off), dev, len),
-                    Slot::Output => self.stream.upload(dev, base.add(off), len),
-                }
-            };
-            if queued.is_err() {
-                break;
-            }
-        }
-        let waited = self.stream.synchronize();
-        queued.and(waited)
-    }
-
-    /// The input buffer's copies of `sends` (after [`Staging::stage_spans_in`]) and the output
-    /// buffer's places for `recvs`, each at [`span_offsets`]; both buffers reserved.
-    pub(crate) fn span_views(
-        &mut self,
-        sends: &[(u64, usize)],
-        recvs: &[(u64, usize)],
-    ) -> Result<SpanViews<'_>> {
-        self.checked(Slot::Input, spans_bytes(sends))?;
-        self.checked(Slot::Output, spans_bytes(recvs))?;
-        let sent = carve(self.input.as_mut(), sends);
-        let recvd = carve(self.output.as_mut(), recvs);
-        Ok((sent.into_iter().map(|v| &*v).collect(), recvd))
-    }
-
     /// The staging buffers as `input` and `output` elements of `T` (both reserved).
     pub(crate) fn buffers<T: Element>(
         &mut self,
@@ -498,39 +432,6 @@ impl Staging {
         }
         Ok(())
     }
-}
-
-/// A group's staged sends (read) and receives (written) in the staging buffers.
-pub(crate) type SpanViews<'a> = (Vec<&'a [u8]>, Vec<&'a mut [u8]>);
-
-/// `spans` carved out of `buf` at [`span_offsets`] (reserved for [`spans_bytes`] of them).
-fn carve<'a>(buf: Option<&'a mut Pinned>, spans: &[(u64, usize)]) -> Vec<&'a mut [u8]> {
-    let mut rest: &'a mut [u8] = match buf {
-        Some(p) => p.typed::<u8>(spans_bytes(spans)),
-        None => &mut [],
-    };
-    let mut views = Vec::with_capacity(spans.len());
-    for &(_, len) in spans {
-        let (view, tail) = std::mem::take(&mut rest).split_at_mut(len.next_multiple_of(64));
-        views.push(&mut view[..len]);
-        rest = tail;
-    }
-    views
-}
-
-/// Where a group's staged spans start in their staging buffer: one after another, each at a
-/// multiple of 64 bytes.
-pub(crate) fn span_offsets(spans: &[(u64, usize)]) -> impl Iterator<Item = usize> + '_ {
-    spans.iter().scan(0usize, |off, &(_, len)| {
-        let at = *off;
-        *off += len.next_multiple_of(64);
-        Some(at)
-    })
-}
-
-/// The staging bytes `spans` take at [`span_offsets`].
-pub(crate) fn spans_bytes(spans: &[(u64, usize)]) -> usize {
-    spans.iter().map(|&(_, len)| len.next_multiple_of(64)).sum()
 }
 
 /// How many slices of a device collective are staged at once: the pinned memory a call

@@ -147,6 +147,8 @@ pub(crate) struct OpState {
     reduced: [usize; MAX_PARTS],
     /// RecvReduce: which staging buffer.
     stage: usize,
+    /// The op before this one on the same peer and direction, which must finish first.
+    after: Option<usize>,
 }
 
 impl OpState {
@@ -323,6 +325,11 @@ pub(crate) fn run<W: Waiter>(
     let st = &mut states[..];
     let mut nstage = 0;
     for (i, o) in ops.iter().enumerate() {
+        // Found once per step, not on every pass: a message cut into many pieces is many ops
+        // on one channel, one after another.
+        st[i].after = ops[..i]
+            .iter()
+            .rposition(|e| e.peer() == o.peer() && e.is_send() == o.is_send());
         if let RawOp::RecvReduce { len, .. } = *o {
             st[i].stage = nstage;
             if staging[nstage].len() < len {
@@ -467,13 +474,10 @@ fn advance<W: Waiter>(
             continue;
         }
         all_done = false;
-        // FIFO per peer and direction: wait for earlier ops on the same channel.
+        // FIFO per peer and direction: wait for the earlier op on the same channel (ops of a
+        // channel finish in order, so the one just before is the last to finish).
         let o = ops[i];
-        let blocked = ops[..i]
-            .iter()
-            .zip(&st[..i])
-            .any(|(e, s)| !s.done && e.peer() == o.peer() && e.is_send() == o.is_send());
-        if blocked {
+        if st[i].after.is_some_and(|p| !st[p].done) {
             continue;
         }
         let s = &mut st[i];

@@ -255,6 +255,68 @@ fn groups_stage_through_the_cached_pinned_staging() {
     });
 }
 
+/// A group whose device messages are many pieces long (64 KiB pieces: `device_slice_bytes`)
+/// runs in rounds through a few pieces of pinned memory, beside host-buffer messages of
+/// other lengths and a message to itself, on 3 thread ranks; every element checked.
+#[test]
+fn groups_of_long_device_messages_stage_a_few_pieces_at_a_time() {
+    let config = Config {
+        device_slice_bytes: Some(64 << 10),
+        ..Config::default()
+    };
+    let comms = Communicator::local_group(3, config).unwrap();
+    let dev = host_device(1);
+    let value = |r: usize, b: usize, i: usize| (r * 100_000_007 + b * 1_000_003 + i) as i64;
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let (r, n) = (c.rank(), c.nranks());
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                // 17 pieces to the next rank, 5 (host) to the previous one, 3 to itself.
+                let (long, host, own) = ((1 << 17) + 3, 40_961, 16_389);
+                let fill = |b: usize, len: usize| -> Vec<i64> {
+                    (0..len).map(|i| value(r, b, i)).collect()
+                };
+                let long_out = DeviceBuffer::from_host(dev, &fill(0, long)).unwrap();
+                let host_out: Vec<i64> = fill(1, host);
+                let own_out = DeviceBuffer::from_host(dev, &fill(2, own)).unwrap();
+                let mut long_in = DeviceBuffer::<i64>::new(dev, long).unwrap();
+                let mut host_in = vec![0i64; host];
+                let mut own_in = DeviceBuffer::<i64>::new(dev, own).unwrap();
+                let mut g = c.group();
+                g.send_device(&long_out, next)
+                    .send(&host_out, prev)
+                    .send_device(&own_out, r)
+                    .recv_device(&mut long_in, prev)
+                    .recv(&mut host_in, next)
+                    .recv_device(&mut own_in, r);
+                g.run().unwrap();
+                let long_in = long_in.to_vec().unwrap();
+                for (i, &v) in long_in.iter().enumerate() {
+                    assert_eq!(v, value(prev, 0, i), "rank {r}: element {i} from {prev}");
+                }
+                for (i, &v) in host_in.iter().enumerate() {
+                    assert_eq!(
+                        v,
+                        value(next, 1, i),
+                        "rank {r}: host element {i} from {next}"
+                    );
+                }
+                assert_eq!(
+                    own_in.to_vec().unwrap(),
+                    fill(2, own),
+                    "rank {r}: to itself"
+                );
+                // Staged whole, the device sends alone would take 2 MiB of pinned memory
+                // (1 MiB + 152 bytes, rounded up to a power of two) and the receives as much.
+                let held = c.staging_bytes();
+                assert!(held > 0 && held <= 1 << 20, "rank {r}: {held} pinned bytes");
+            });
+        }
+    });
+}
+
 // ----- argument checks: before anything runs -----
 
 fn one_rank() -> Communicator {

@@ -269,6 +269,15 @@ impl Communicator {
             .map_or(0, Staging::allocations)
     }
 
+    /// Bytes of pinned host memory this communicator's staging holds now: what the largest
+    /// calls staged so far needed at once (a few slices or pieces of a call cut into them).
+    pub fn staging_bytes(&self) -> usize {
+        lock(&self.device)
+            .staging
+            .as_ref()
+            .map_or(0, Staging::bytes)
+    }
+
     /// Runs collective `kind` on host or device buffers (both in the same space; `send: None`
     /// means in place, laid out as the typed in-place calls lay it out). The count follows
     /// from the lengths as in the typed calls (`all_reduce`: `send.len()`; `all_gather`:

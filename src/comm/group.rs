@@ -215,7 +215,7 @@ pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
 pub(super) fn execute(
     inner: &Inner,
     mut ops: Vec<P2p<'_>>,
-    mut staging: Option<&mut Staging>,
+    staging: Option<&mut Staging>,
 ) -> Result<()> {
     let rank = inner.rank;
     let gno = inner
@@ -279,7 +279,7 @@ pub(super) fn execute(
             raw: &mut raw,
             ctx: &ctx,
         };
-        let result = match staging.as_deref_mut() {
+        let result = match staging {
             _ if sends.is_empty() && recvs.is_empty() => {
                 r.run(&mut ops, 0..rounds, &staged, (Vec::new(), Vec::new()))
             }

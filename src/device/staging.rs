@@ -204,6 +204,12 @@ impl Staging {
         self.allocations
     }
 
+    /// Bytes of pinned memory held now (the buffers, and those replaced by larger ones).
+    pub(crate) fn bytes(&self) -> usize {
+        let held = self.input.iter().chain(&self.output).chain(&self.retired);
+        held.map(|p| p.len).sum()
+    }
+
     fn slot(&mut self, s: Slot) -> &mut Option<Pinned> {
         match s {
             Slot::Input => &mut self.input,

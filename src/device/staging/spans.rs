@@ -185,56 +185,54 @@ mod tests {
     /// (The suite runs it with lazy and with eager stand-in streams.)
     #[test]
     fn rounds_see_their_pieces_and_write_back_through_few_places() {
-        {
-            let dev = Device::new(Provider::Host, 3).unwrap();
-            let a: Vec<u8> = (0..449u32).map(|i| (i * 7 % 251) as u8).collect();
-            let b: Vec<u8> = (0..70u32).map(|i| (i * 3 + 1) as u8).collect();
-            let src_a = DeviceBuffer::from_host(dev, &a).unwrap();
-            let src_b = DeviceBuffer::from_host(dev, &b).unwrap();
-            let mut dst_a = DeviceBuffer::<u8>::new(dev, a.len()).unwrap();
-            let mut dst_b = DeviceBuffer::<u8>::new(dev, b.len()).unwrap();
-            let span = |d: &DeviceBuffer<u8>| Span {
-                dev: d.mem().addr as u64,
-                len: d.len(),
-                piece: 64,
-            };
-            let sends = [span(&src_a), span(&src_b)];
-            let recvs = [span(&dst_a), span(&dst_b)];
-            let rounds = sends.iter().map(|s| pieces(s.len, s.piece)).max().unwrap();
-            assert_eq!(rounds, 8);
-            let mut st = Staging::new(dev).unwrap();
-            st.reserve_spans(&sends, &recvs, 2).unwrap();
-            let before = st.allocations();
-            // SAFETY: the spans are the live stand-in buffers above, borrowed for the call.
-            unsafe {
-                st.pipeline_spans(&sends, &recvs, rounds, 2, |k, (sent, mut recvd)| {
-                    for (j, (s, data)) in sends.iter().zip([&a, &b]).enumerate() {
-                        assert_eq!(sent[j], &data[s.range(k)], "round {k}, send {j}");
-                        recvd[j].copy_from_slice(sent[j]);
-                        recvd[j].iter_mut().for_each(|x| *x = x.wrapping_add(1));
-                    }
-                    Ok(())
-                })
-            }
-            .unwrap();
-            assert_eq!(st.allocations(), before);
-            let plus = |v: &[u8]| v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<_>>();
-            assert_eq!(dst_a.to_vec().unwrap(), plus(&a));
-            assert_eq!(dst_b.to_vec().unwrap(), plus(&b));
-            // SAFETY: as above.
-            let e = unsafe { st.pipeline_spans(&sends, &recvs, rounds, 3, |_, _| Ok(())) };
-            assert!(e.unwrap_err().to_string().contains("not reserved"));
-            // SAFETY: as above.
-            let e = unsafe {
-                st.pipeline_spans(&sends, &recvs, rounds, 2, |k, _| {
-                    if k == 3 {
-                        Err(crate::Error::internal("round 3 failed"))
-                    } else {
-                        Ok(())
-                    }
-                })
-            };
-            assert!(e.unwrap_err().to_string().contains("round 3 failed"));
+        let dev = Device::new(Provider::Host, 3).unwrap();
+        let a: Vec<u8> = (0..449u32).map(|i| (i * 7 % 251) as u8).collect();
+        let b: Vec<u8> = (0..70u32).map(|i| (i * 3 + 1) as u8).collect();
+        let src_a = DeviceBuffer::from_host(dev, &a).unwrap();
+        let src_b = DeviceBuffer::from_host(dev, &b).unwrap();
+        let dst_a = DeviceBuffer::<u8>::new(dev, a.len()).unwrap();
+        let dst_b = DeviceBuffer::<u8>::new(dev, b.len()).unwrap();
+        let span = |d: &DeviceBuffer<u8>| Span {
+            dev: d.mem().addr as u64,
+            len: d.len(),
+            piece: 64,
+        };
+        let sends = [span(&src_a), span(&src_b)];
+        let recvs = [span(&dst_a), span(&dst_b)];
+        let rounds = sends.iter().map(|s| pieces(s.len, s.piece)).max().unwrap();
+        assert_eq!(rounds, 8);
+        let mut st = Staging::new(dev).unwrap();
+        st.reserve_spans(&sends, &recvs, 2).unwrap();
+        let before = st.allocations();
+        // SAFETY: the spans are the live stand-in buffers above, borrowed for the call.
+        unsafe {
+            st.pipeline_spans(&sends, &recvs, rounds, 2, |k, (sent, mut recvd)| {
+                for (j, (s, data)) in sends.iter().zip([&a, &b]).enumerate() {
+                    assert_eq!(sent[j], &data[s.range(k)], "round {k}, send {j}");
+                    recvd[j].copy_from_slice(sent[j]);
+                    recvd[j].iter_mut().for_each(|x| *x = x.wrapping_add(1));
+                }
+                Ok(())
+            })
         }
+        .unwrap();
+        assert_eq!(st.allocations(), before);
+        let plus = |v: &[u8]| v.iter().map(|x| x.wrapping_add(1)).collect::<Vec<_>>();
+        assert_eq!(dst_a.to_vec().unwrap(), plus(&a));
+        assert_eq!(dst_b.to_vec().unwrap(), plus(&b));
+        // SAFETY: as above.
+        let e = unsafe { st.pipeline_spans(&sends, &recvs, rounds, 3, |_, _| Ok(())) };
+        assert!(e.unwrap_err().to_string().contains("not reserved"));
+        // SAFETY: as above.
+        let e = unsafe {
+            st.pipeline_spans(&sends, &recvs, rounds, 2, |k, _| {
+                if k == 3 {
+                    Err(crate::Error::internal("round 3 failed"))
+                } else {
+                    Ok(())
+                }
+            })
+        };
+        assert!(e.unwrap_err().to_string().contains("round 3 failed"));
     }
 }

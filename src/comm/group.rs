@@ -1,9 +1,10 @@
 //! Groups of point-to-point operations that run together.
 //!
-//! Device buffers go straight to a transport that reads and writes their memory (the GPU
-//! peer-to-peer transport); to any other, through the communicator's pinned staging: copies
-//! made before the group's step (sends) and after it (receives), each group's buffers one
-//! after another in the staging buffers, which are kept for later groups.
+//! Messages longer than a piece travel as pieces, on every path alike. Device buffers go
+//! straight to a transport that reads and writes their memory (the GPU peer-to-peer
+//! transport); to any other, through the communicator's pinned staging, piece by piece: the
+//! group runs in rounds, the copies of the other rounds' pieces overlapping the round on the
+//! transports, in a few places of the staging buffers, which are kept for later groups.
 
 use std::ops::Range;
 

@@ -5,7 +5,8 @@
 #     scripts/gpu-bundle.sh [DIR]        (default target/gpu-bundle; must stay under 64 MiB)
 #
 # It holds stripped release binaries (bin/ferro-gpu-check, bin/ferroccl-device-check,
-# bin/all_reduce_perf and the other collectives' perf tools, bin/sendrecv_perf, bin/ferrorun,
+# bin/all_reduce_perf and the other collectives' perf tools, bin/sendrecv_perf,
+# bin/all_reduce_perf_profile (all_reduce_perf with the profile feature), bin/ferrorun,
 # bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
 # test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2), bin/vmm
 # (tests/c/vmm.c, the same way),
@@ -26,6 +27,11 @@ cargo build --release --quiet -p ferroccl --bin ferroccl-device-check --bin ferr
 perf_tools="all_reduce_perf sendrecv_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf gather_perf scatter_perf"
 # shellcheck disable=SC2046 # one --bin per tool
 cargo build --release --quiet -p ferroccl-perf $(printf -- '--bin %s ' $perf_tools)
+# all_reduce_perf with the profile feature (bin/all_reduce_perf_profile, part 8g): with
+# FERRO_PERF_PROFILE=1 each row is followed by every rank's time per phase. Built in a target
+# folder of its own, so that the other tools stay without the profile's clock reads.
+CARGO_TARGET_DIR="$target/profiled" cargo build --release --quiet -p ferroccl-perf \
+    --features profile --bin all_reduce_perf
 # The p2p transport's unit tests (cuda provider under FERRO_P2P_GPU_CHECK=1), as bin/p2p-tests.
 p2p_tests=$(cargo test --release --no-run -p ferroccl-transport-p2p --lib 2>&1 |
     sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))$/\1/p' | tail -1)
@@ -44,6 +50,7 @@ mkdir -p "$out/bin" "$out/lib" "$out/kernels" "$out/kernel-cache"
 cp "$target/release/ferro-gpu-check" "$target/release/ferroccl-device-check" \
     "$target/release/ferrorun" "$out/bin/"
 for t in $perf_tools; do cp "$target/release/$t" "$out/bin/"; done
+cp "$target/profiled/release/all_reduce_perf" "$out/bin/all_reduce_perf_profile"
 cp "$p2p_tests" "$out/bin/p2p-tests"
 cp "$lib" "$out/lib/libnccl.so.2"
 # The C ABI on streams: tests/c/streams.c, linked by path (its soname makes it load

@@ -270,7 +270,7 @@ fi
 
 if want 8; then
 echo
-echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
+echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f and 8g: diagnostics, 4 MiB slices and the time per phase (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     echo "-- 8a. ferroccl-device-check over p2p"
@@ -310,6 +310,18 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_SLICE_BYTES=4M \
         part=8f step "$bundle/bin/all_reduce_perf" -b 1M -e 256M -f 4 -t 2 -n 10 -w 3 -B 1 ||
         echo "-- 8f: FAIL (diagnostic only)"
+    # 8g, a diagnostic that does not fail the check: where each rank's time goes, phase by
+    # phase (bin/all_reduce_perf_profile, built with the profile feature): in transport sends
+    # and receives (queueing copies, polling their events, publishing flags), in reductions (a
+    # kernel launch and its wait each), in the driver's bookkeeping, or waiting for the peer.
+    if [ -x "$bundle/bin/all_reduce_perf_profile" ]; then
+        echo "-- 8g (diagnostic): threads, direct, the time of each call phase by phase"
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_PERF_PROFILE=1 \
+            part=8g step "$bundle/bin/all_reduce_perf_profile" -b 8 -e 256M -f 32 -t 2 -n 10 -w 3 -B 1 ||
+            echo "-- 8g: FAIL (diagnostic only)"
+    else
+        echo "-- 8g: bin/all_reduce_perf_profile missing from the bundle (diagnostic only)"
+    fi
     if [ "$rc" -eq 0 ]; then echo "-- device-direct collectives: PASS"; else echo "-- device-direct collectives: FAIL"; failed=1; fi
 else
     echo "-- device-direct collectives: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"

@@ -18,6 +18,8 @@ cargo test --workspace --no-fail-fast "$@"
 echo "== device tests again on eager stand-in streams (copies run as early as a GPU could run them)"
 FERRO_STANDIN_EAGER=1 cargo test -p ferroccl --lib --test device --test device_streams --test device_faults \
   --no-fail-fast
+echo "== the perf tools built with the profile feature (each row's time per phase)"
+cargo test -p ferroccl-perf --features profile --test profile_rows --test latency_parts --no-fail-fast
 echo "== benches/resnet/scaling.sh smoke run (1 rank, 1 step, ferroccl and PyTorch DDP)"
 benches/resnet/scaling.sh --ranks 1 --modes weak --steps 1 --warmup-steps 0 --weak-batch 4 \
   -o target/scaling-smoke --md target/scaling-smoke/SCALING.md

@@ -7,6 +7,7 @@ use crate::data::{self, DataSpec, TestBuffers};
 use crate::json::{self, Json};
 use crate::report::{self, Measure, Row};
 use crate::sizes;
+use ferroccl::profile::{self, Phase, Profile};
 use ferroccl::{DataType, Error, Result, SharedBuf};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -340,6 +341,26 @@ struct Driver<'a, C: PerfComm + ?Sized> {
     wrong_total: u64,
     bw_sum: f64,
     bw_count: u64,
+    /// Whether each row is followed by every rank's time per phase ([`profiling`]).
+    profiling: bool,
+    /// The phases of the timed calls of the last [`Driver::bench`].
+    last_profile: Profile,
+}
+
+/// Whether the tool prints where the time of each row's calls went, phase by phase: built with
+/// the `profile` feature and run with `FERRO_PERF_PROFILE=1` (every rank alike).
+fn profiling() -> bool {
+    Profile::ENABLED && std::env::var("FERRO_PERF_PROFILE").is_ok_and(|v| v.trim() == "1")
+}
+
+/// `p`'s mean microseconds per call, phase by phase, on one line.
+fn profile_cells(p: &Profile) -> String {
+    let mut s = String::new();
+    for ph in Phase::ALL {
+        s.push_str(&format!("{} {:.1} ", ph.name(), p.mean_ns(ph) / 1e3));
+    }
+    s.push_str(&format!("({} calls)", p.calls));
+    s
 }
 
 impl<C: PerfComm + ?Sized> Driver<'_, C> {
@@ -442,6 +463,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
         self.comm.barrier()?;
 
         let mut excluded = Duration::ZERO;
+        let _ = profile::take();
         let start = Instant::now();
         for _ in 0..args.iters {
             for _ in 0..args.agg_iters {
@@ -460,6 +482,7 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
         }
         self.comm.finish()?;
         let elapsed = start.elapsed().saturating_sub(excluded);
+        self.last_profile = profile::take();
         let sec = elapsed.as_secs_f64() / (args.iters * args.agg_iters) as f64;
         let sec = self.combine_time(sec)?;
         let es = t.dtype.size();
@@ -539,12 +562,24 @@ impl<C: PerfComm + ?Sized> Driver<'_, C> {
                     root,
                 ))?;
                 let out_of_place = self.bench(t, &pt.layout, false)?;
+                let out_profile = self.last_profile;
                 p.text(&report::measure_cells(&out_of_place))?;
                 let in_place = self.bench(t, &pt.layout, true)?;
                 p.text(&report::measure_cells(&in_place))?;
                 let algo = self.comm.algorithm(t.coll, pt.count, t.dtype, t.root);
                 p.text(&report::algo_cell(algo.as_deref()))?;
                 p.text("\n")?;
+                if self.profiling {
+                    let line = format!(
+                        "rank {}: out of place {}; in place {}",
+                        self.rank(),
+                        profile_cells(&out_profile),
+                        profile_cells(&self.last_profile)
+                    );
+                    for l in gather_lines(self.comm, &line)? {
+                        p.text(&format!("#  profile (us/call) {} B {l}\n", pt.bytes))?;
+                    }
+                }
                 rows.push(Row {
                     bytes: pt.bytes,
                     count: pt.count,
@@ -636,6 +671,8 @@ pub fn run_perf<C: PerfComm>(
         wrong_total: 0,
         bw_sum: 0.0,
         bw_count: 0,
+        profiling: profiling(),
+        last_profile: Profile::default(),
     };
     let mut rows = Vec::new();
     if coll.supports_nranks(nranks) {

@@ -317,6 +317,56 @@ fn groups_of_long_device_messages_stage_a_few_pieces_at_a_time() {
     });
 }
 
+/// Two long messages to one peer in one group, of one length: a rank that stages device
+/// buffers (in rounds) and a rank with host buffers (in one step) put their pieces on the
+/// channel in the same order, so each lands in its own buffer.
+#[test]
+fn pieces_of_two_messages_to_one_peer_keep_their_order_between_staged_and_host_ranks() {
+    let config = Config {
+        device_slice_bytes: Some(64 << 10),
+        ..Config::default()
+    };
+    let comms = Communicator::local_group(2, config).unwrap();
+    let dev = host_device(2);
+    let n = 3 * (64 << 10) / 4 + 5; // f32: 4 pieces each
+    let value = |r: usize, b: usize, i: usize| (r * 10_000_000 + b * 1_000_000 + i) as f32;
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let (r, peer) = (c.rank(), 1 - c.rank());
+                let mine = |b: usize| -> Vec<f32> { (0..n).map(|i| value(r, b, i)).collect() };
+                let theirs = |b: usize| -> Vec<f32> { (0..n).map(|i| value(peer, b, i)).collect() };
+                if r == 0 {
+                    c.set_device(dev).unwrap();
+                    let a = DeviceBuffer::from_host(dev, &mine(0)).unwrap();
+                    let b = DeviceBuffer::from_host(dev, &mine(1)).unwrap();
+                    let mut x = DeviceBuffer::<f32>::new(dev, n).unwrap();
+                    let mut y = DeviceBuffer::<f32>::new(dev, n).unwrap();
+                    let mut g = c.group();
+                    g.send_device(&a, peer)
+                        .send_device(&b, peer)
+                        .recv_device(&mut x, peer)
+                        .recv_device(&mut y, peer);
+                    g.run().unwrap();
+                    assert!(x.to_vec().unwrap() == theirs(0), "rank 0: first message");
+                    assert!(y.to_vec().unwrap() == theirs(1), "rank 0: second message");
+                } else {
+                    let (a, b) = (mine(0), mine(1));
+                    let (mut x, mut y) = (vec![0f32; n], vec![0f32; n]);
+                    let mut g = c.group();
+                    g.send(&a, peer)
+                        .send(&b, peer)
+                        .recv(&mut x, peer)
+                        .recv(&mut y, peer);
+                    g.run().unwrap();
+                    assert!(x == theirs(0), "rank 1: first message");
+                    assert!(y == theirs(1), "rank 1: second message");
+                }
+            });
+        }
+    });
+}
+
 // ----- argument checks: before anything runs -----
 
 fn one_rank() -> Communicator {

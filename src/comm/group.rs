@@ -379,9 +379,11 @@ struct Round<'e, 'r> {
 }
 
 impl Round<'_, '_> {
-    /// Moves pieces `rounds` of every message of `ops`; `views` holds the staged buffers'
-    /// pieces (one round, in the order of their ops), `staged` says which device buffers are
-    /// staged.
+    /// Moves pieces `rounds` of every message of `ops`, round-major: piece `k` of every
+    /// message (in the order of the ops) before piece `k + 1` of any, so that a channel's
+    /// messages follow one order whether a rank runs a group in one step or in rounds.
+    /// `views` holds the staged buffers' pieces (one round only, in the order of their ops);
+    /// `staged` says which device buffers are staged.
     fn run(
         &mut self,
         ops: &mut [P2p<'_>],
@@ -401,15 +403,12 @@ impl Round<'_, '_> {
                 _ => false,
             })
             .collect();
-        // The bytes of `rounds`' pieces of a message of `len` bytes: one range (pieces are
-        // consecutive); `None` when it has none of them.
-        let part = |len: usize| -> Option<Range<usize>> {
-            let n = pieces(len, piece);
-            (rounds.start < n).then(|| {
-                piece_range(len, piece, rounds.start).start
-                    ..piece_range(len, piece, rounds.end.min(n) - 1).end
-            })
-        };
+        if rounds.len() > 1 && is_staged.contains(&true) {
+            return Err(Error::internal(format!(
+                "send/recv group on rank {rank}: staged buffers in a step of {} rounds",
+                rounds.len()
+            )));
+        }
         let mut header = |peer: usize, d: DataType, len: usize, bytes: usize, send: bool| {
             let seq = if send {
                 &mut engine.p2p_sent[peer]
@@ -419,108 +418,99 @@ impl Round<'_, '_> {
             *seq += 1;
             p2p_header(d, len, bytes, *seq)
         };
+        // Sends (and the pieces sent to this rank, in the order the receives take them).
         let mut self_sends: Vec<&[u8]> = Vec::new();
-        let mut staged_sends = sent.into_iter();
-        for (o, &staged) in ops.iter().zip(&is_staged) {
-            match o {
-                P2p::Send { buf, dtype, peer } => {
-                    let Some(r) = part(buf.len()) else { continue };
-                    if *peer == rank {
-                        self_sends.push(&buf[r]);
-                        continue;
+        for k in rounds.clone() {
+            let mut views = sent.iter();
+            for (o, &staged) in ops.iter().zip(&is_staged) {
+                let (bytes, dtype, peer, len): (Option<&[u8]>, _, _, _) = match o {
+                    P2p::Send { buf, dtype, peer } => (Some(&buf[..]), *dtype, *peer, buf.len()),
+                    P2p::SendDevice { buf, dtype, peer } if staged => {
+                        let view = views.next().expect("one view per staged send");
+                        (Some(view), *dtype, *peer, buf.mem().len)
                     }
-                    for k in rounds.start..rounds.end.min(pieces(buf.len(), piece)) {
-                        let p = piece_range(buf.len(), piece, k);
-                        raw.push(RawOp::Send {
-                            peer: *peer,
-                            ptr: buf[p.clone()].as_ptr(),
-                            len: p.len(),
-                            header: header(*peer, *dtype, buf.len(), p.len(), true),
-                        });
-                    }
+                    P2p::SendDevice { buf, dtype, peer } => (None, *dtype, *peer, buf.mem().len),
+                    P2p::Recv { .. } | P2p::RecvDevice { .. } => continue,
+                };
+                if k >= pieces(len, piece) {
+                    continue;
                 }
-                P2p::SendDevice { buf, dtype, peer } if staged => {
-                    let view = staged_sends.next().expect("one view per staged send");
-                    if part(buf.mem().len).is_none() {
-                        continue;
-                    }
-                    if *peer == rank {
-                        self_sends.push(view);
-                        continue;
-                    }
-                    raw.push(RawOp::Send {
-                        peer: *peer,
+                let p = piece_range(len, piece, k);
+                match (o, bytes) {
+                    (P2p::SendDevice { .. }, Some(view)) if peer == rank => self_sends.push(view),
+                    (_, Some(b)) if peer == rank => self_sends.push(&b[p]),
+                    (P2p::SendDevice { buf, .. }, None) => raw.push(RawOp::SendDevice {
+                        peer,
+                        mem: buf.mem().sub(p.start, p.len()),
+                        header: header(peer, dtype, len, p.len(), true),
+                    }),
+                    (P2p::SendDevice { .. }, Some(view)) => raw.push(RawOp::Send {
+                        peer,
                         ptr: view.as_ptr(),
                         len: view.len(),
-                        header: header(*peer, *dtype, buf.mem().len, view.len(), true),
-                    });
+                        header: header(peer, dtype, len, view.len(), true),
+                    }),
+                    (_, Some(b)) => raw.push(RawOp::Send {
+                        peer,
+                        ptr: b[p.clone()].as_ptr(),
+                        len: p.len(),
+                        header: header(peer, dtype, len, p.len(), true),
+                    }),
+                    (_, None) => unreachable!("only direct device sends have no host bytes"),
                 }
-                P2p::SendDevice { buf, dtype, peer } => {
-                    let mem = buf.mem();
-                    for k in rounds.start..rounds.end.min(pieces(mem.len, piece)) {
-                        let p = piece_range(mem.len, piece, k);
-                        raw.push(RawOp::SendDevice {
-                            peer: *peer,
-                            mem: mem.sub(p.start, p.len()),
-                            header: header(*peer, *dtype, mem.len, p.len(), true),
-                        });
-                    }
-                }
-                P2p::Recv { .. } | P2p::RecvDevice { .. } => {}
             }
         }
+        // Receives.
         let mut self_recvs = self_sends.into_iter();
-        let mut staged_recvs = recvd.iter_mut();
-        for (o, &staged) in ops.iter_mut().zip(&is_staged) {
-            match o {
-                P2p::Recv { buf, dtype, peer } => {
-                    let len = buf.len();
-                    let Some(r) = part(len) else { continue };
-                    if *peer == rank {
-                        let src = self_recvs.next().expect("sends to self checked");
-                        buf[r].copy_from_slice(src);
-                        continue;
+        for k in rounds {
+            let mut views = recvd.iter_mut();
+            for (o, &staged) in ops.iter_mut().zip(&is_staged) {
+                // A host buffer is the whole message; a staged view is the piece itself.
+                let whole = matches!(o, P2p::Recv { .. });
+                let mem = match o {
+                    P2p::RecvDevice { buf, .. } => Some(buf.mem()),
+                    _ => None,
+                };
+                let (bytes, dtype, peer, len): (Option<&mut [u8]>, _, _, _) = match o {
+                    P2p::Recv { buf, dtype, peer } => {
+                        let len = buf.len();
+                        (Some(&mut buf[..]), *dtype, *peer, len)
                     }
-                    for k in rounds.start..rounds.end.min(pieces(len, piece)) {
-                        let p = piece_range(len, piece, k);
-                        raw.push(RawOp::Recv {
-                            peer: *peer,
-                            ptr: buf[p.clone()].as_mut_ptr(),
-                            len: p.len(),
-                            header: header(*peer, *dtype, len, p.len(), false),
-                        });
+                    P2p::RecvDevice { buf, dtype, peer } if staged => {
+                        let view = views.next().expect("one view per staged receive");
+                        (Some(&mut view[..]), *dtype, *peer, buf.mem().len)
                     }
+                    P2p::RecvDevice { buf, dtype, peer } => (None, *dtype, *peer, buf.mem().len),
+                    P2p::Send { .. } | P2p::SendDevice { .. } => continue,
+                };
+                if k >= pieces(len, piece) {
+                    continue;
                 }
-                P2p::RecvDevice { buf, dtype, peer } if staged => {
-                    let view = staged_recvs.next().expect("one view per staged receive");
-                    let len = buf.mem().len;
-                    if part(len).is_none() {
-                        continue;
+                let p = piece_range(len, piece, k);
+                match bytes {
+                    Some(b) => {
+                        let dst = if whole { &mut b[p] } else { b };
+                        if peer == rank {
+                            let src = self_recvs.next().expect("sends to self checked");
+                            dst.copy_from_slice(src);
+                        } else {
+                            raw.push(RawOp::Recv {
+                                peer,
+                                ptr: dst.as_mut_ptr(),
+                                len: dst.len(),
+                                header: header(peer, dtype, len, dst.len(), false),
+                            });
+                        }
                     }
-                    if *peer == rank {
-                        let src = self_recvs.next().expect("sends to self checked");
-                        view.copy_from_slice(src);
-                        continue;
-                    }
-                    raw.push(RawOp::Recv {
-                        peer: *peer,
-                        ptr: view.as_mut_ptr(),
-                        len: view.len(),
-                        header: header(*peer, *dtype, len, view.len(), false),
-                    });
-                }
-                P2p::RecvDevice { buf, dtype, peer } => {
-                    let mem = buf.mem();
-                    for k in rounds.start..rounds.end.min(pieces(mem.len, piece)) {
-                        let p = piece_range(mem.len, piece, k);
+                    None => {
+                        let mem = mem.expect("only direct device receives have no host bytes");
                         raw.push(RawOp::RecvDevice {
-                            peer: *peer,
+                            peer,
                             mem: mem.sub(p.start, p.len()),
-                            header: header(*peer, *dtype, mem.len, p.len(), false),
+                            header: header(peer, dtype, len, p.len(), false),
                         });
                     }
                 }
-                P2p::Send { .. } | P2p::SendDevice { .. } => {}
             }
         }
         if raw.is_empty() {

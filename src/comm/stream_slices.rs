@@ -25,7 +25,7 @@ use crate::coll::CollKind;
 use crate::device::gate::Gate;
 use crate::device::staging::Cut;
 use crate::device::stream_queue::{landing, record_gates, StreamQueue, Work};
-use crate::device::stream_stage::{Staged, Window};
+use crate::device::stream_stage::{RangeGroup, Staged, Window};
 use crate::device::{Device, DeviceBuffer};
 use crate::Result;
 
@@ -194,10 +194,8 @@ impl Communicator {
     }
 
     /// Queues `call` on its stream as one job per slice of `queue` (this communicator's, or the
-    /// C ABI's queue of it), `job` making each slice's work, the last job holding `keep` until the stream has copied every slice back. Cut short after
-    /// some jobs were queued, the communicator fails (the slices queued would leave the call
-    /// half run, out of step with the peers) and the stream is waited for before the error
-    /// returns.
+    /// C ABI's queue of it), `job` making each slice's work, the last job holding `keep` until
+    /// the stream has copied every slice back (see [`Communicator::queue_rounds`]).
     ///
     /// # Safety
     /// The call's ranges are live device memory of `call.dev` that stays the call's until the
@@ -220,9 +218,6 @@ impl Communicator {
             in_place,
             written,
         } = *call;
-        let slices = cut.slices.max(1);
-        let window = cut.in_flight();
-        let room = queue.window(dev, handle, call.place_bytes(), window)?;
         let recv_blocks = call.recv_blocks();
         // Device ranges (address, bytes) of slice `k`'s parts of a buffer.
         let parts = |k: usize, (addr, len): (u64, usize), blocks: usize| -> Vec<(u64, usize)> {
@@ -232,21 +227,78 @@ impl Communicator {
                 .collect()
         };
         // Slice `k` in its place: the input's parts first (out of place), one after another,
-        // then the output's. Also returns how many parts the input has.
-        let stage = |k: usize| -> Result<(Staged, usize)> {
-            let input = read.map_or(Vec::new(), |r| parts(k, r, cut.in_blocks));
-            let output = parts(k, recv, recv_blocks);
-            let st = room.slice(k, &[(&input, false), (&output, written)])?;
-            Ok((st, input.len()))
+        // then the output's (read too in place).
+        let groups = |k: usize| -> Vec<RangeGroup> {
+            let input = RangeGroup {
+                ranges: read.map_or(Vec::new(), |r| parts(k, r, cut.in_blocks)),
+                read: true,
+                written: false,
+            };
+            let output = RangeGroup {
+                ranges: parts(k, recv, recv_blocks),
+                read: in_place,
+                written,
+            };
+            vec![input, output]
         };
-        // The copies in of slice `k` (the output's parts in place, else the input's), then
-        // its gate.
-        let copy_in = |(st, n_in): &(Staged, usize)| -> Result<Vec<Gate>> {
-            let reads = if in_place { st.len() } else { *n_in };
-            for i in 0..reads {
+        let rounds = Rounds {
+            dev,
+            handle,
+            rounds: cut.slices.max(1),
+            window: cut.in_flight(),
+            place: call.place_bytes(),
+        };
+        let slice_job = |k: usize, st: &Staged| -> Work {
+            let n_in = read.map_or(0, |r| cut.parts(k, cut.in_blocks, r.1).len());
+            let bytes = |from: usize, to: usize| (from..to).map(|i| st.len_at(i)).sum();
+            job(SliceJob {
+                count: cut.range(k).len(),
+                input: read.map(|_| (st.host_at(0).unwrap_or(0), bytes(0, n_in))),
+                output: (st.host_at(n_in).unwrap_or(0), bytes(n_in, st.len())),
+            })
+        };
+        // SAFETY: per this function's contract.
+        unsafe { self.queue_rounds(queue, &rounds, groups, keep, slice_job) }
+    }
+
+    /// Queues a stream call of `r.rounds` rounds as one job each on the caller's stream, `r.window`
+    /// rounds staged at once in places of `r.place` bytes of the stream's arena (round `k` in
+    /// place `k mod window`): the first rounds' copies in, each followed by its gate; then, per
+    /// round, the wait for its job's flag, its copies back, and the copies in (and gate) of the
+    /// round that takes its place next. `groups(k)` gives round `k`'s device ranges, `job(k,
+    /// staged)` its work on their arena copies; the last job holds `keep` until the stream has
+    /// copied every round back. Cut short after some jobs were queued, the communicator fails
+    /// (the jobs queued would leave the call half run, out of step with the peers) and the
+    /// stream is waited for before the error returns.
+    ///
+    /// # Safety
+    /// Every range `groups` gives is live device memory of `r.dev` that stays the call's until
+    /// the stream has run past it (what `keep` holds, or NCCL's contract); `r.handle` is the
+    /// caller's stream of that device.
+    pub(crate) unsafe fn queue_rounds<K: Send + 'static>(
+        &self,
+        queue: &StreamQueue,
+        r: &Rounds,
+        groups: impl Fn(usize) -> Vec<RangeGroup>,
+        keep: K,
+        mut job: impl FnMut(usize, &Staged) -> Work,
+    ) -> Result<()> {
+        let Rounds {
+            dev,
+            handle,
+            rounds,
+            window,
+            place,
+        } = *r;
+        let window = window.clamp(1, rounds.max(1));
+        let room = queue.window(dev, handle, place, window)?;
+        let stage = |k: usize| room.slice(k, &groups(k));
+        // The copies in of round `k`, then its gate.
+        let copy_in = |st: &Staged| -> Result<Vec<Gate>> {
+            for i in (0..st.len()).filter(|&i| st.flags_at(i).0) {
                 // SAFETY: per the caller for the device range, one the call reads; its place
-                // is free: the slice that had it before was copied back earlier on this
-                // stream, and a call before this one copied its last slice back before this
+                // is free: the round that had it before was copied back earlier on this
+                // stream, and a call before this one copied its last round back before this
                 // call's first copy in.
                 unsafe { st.copy_range(i, true) }?;
             }
@@ -261,23 +313,18 @@ impl Communicator {
                 let gate = copy_in(&staged)?;
                 ahead.push_back((staged, gate));
             }
-            for k in 0..slices {
-                let Some(((st, n_in), gate)) = ahead.pop_front() else {
+            for k in 0..rounds {
+                let Some((st, gate)) = ahead.pop_front() else {
                     return Err(crate::Error::internal(format!(
-                        "stream slices: slice {k} of {slices} was never staged"
+                        "stream rounds: round {k} of {rounds} was never staged"
                     )));
                 };
-                let bytes = |from: usize, to: usize| (from..to).map(|i| st.len_at(i)).sum();
-                let slice = job(SliceJob {
-                    count: cut.range(k).len(),
-                    input: read.map(|_| (st.host_at(0).unwrap_or(0), bytes(0, n_in))),
-                    output: (st.host_at(n_in).unwrap_or(0), bytes(n_in, st.len())),
-                });
-                // A slice that fails fails the communicator: the slices after it then fail at
+                let round = job(k, &st);
+                // A round that fails fails the communicator: the rounds after it then fail at
                 // once instead of running out of step with the peers.
                 let inner = Arc::clone(&self.inner);
                 let work: Work = Box::new(move || {
-                    let r = slice();
+                    let r = round();
                     if let Err(e) = &r {
                         inner.fail_and_tell(e.clone());
                     }
@@ -285,7 +332,7 @@ impl Communicator {
                 });
                 // The last job waits, after its flag, until the stream has run every copy back
                 // (they run in order), then lets the buffers go.
-                let last = k + 1 == slices;
+                let last = k + 1 == rounds;
                 let (landed, after) = match if last { keep.take() } else { None } {
                     Some(h) => {
                         let (l, a) = landing(h);
@@ -295,15 +342,13 @@ impl Communicator {
                 };
                 queue.enqueue(dev, &[handle], gate, work, after)?;
                 queued += 1;
-                if written {
-                    for i in n_in..st.len() {
-                        // SAFETY: as for the copies in; the range is a part of the call's
-                        // output this slice writes, queued after this job's flag wait.
-                        unsafe { st.copy_range(i, false) }?;
-                    }
+                for i in (0..st.len()).filter(|&i| st.flags_at(i).1) {
+                    // SAFETY: as for the copies in; the range is one the call writes, queued
+                    // after this job's flag wait.
+                    unsafe { st.copy_range(i, false) }?;
                 }
-                // The slice that takes this place next is copied in after these copies back.
-                if k + window < slices {
+                // The round that takes this place next is copied in after these copies back.
+                if k + window < rounds {
                     let next = stage(k + window)?;
                     let gate = copy_in(&next)?;
                     ahead.push_back((next, gate));
@@ -327,6 +372,17 @@ impl Communicator {
         drop(keep);
         Err(e)
     }
+}
+
+/// A stream call in rounds ([`Communicator::queue_rounds`]): the device and the caller's
+/// stream of it, how many rounds, how many staged at once, and the bytes of a round's place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rounds {
+    pub dev: Device,
+    pub handle: usize,
+    pub rounds: usize,
+    pub window: usize,
+    pub place: usize,
 }
 
 /// Where an output part starts after its slice's input part: the arena places every range

@@ -29,13 +29,22 @@ pub(crate) struct Span {
     pub written: bool,
 }
 
+/// Device ranges staged one after another as one host buffer ([`Window::slice`]): whether
+/// they are read (copied in before the job) and written (copied back after it).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RangeGroup {
+    pub ranges: Vec<(u64, usize)>,
+    pub read: bool,
+    pub written: bool,
+}
+
 /// Where the arena places each range, for one stream.
 #[derive(Debug)]
 pub(crate) struct Staged {
     device: Device,
     stream: usize,
-    /// Merged ranges: device start, length, host address, written.
-    spans: Vec<(u64, usize, usize, bool)>,
+    /// Merged ranges: device start, length, host address, read, written.
+    spans: Vec<(u64, usize, usize, bool, bool)>,
 }
 
 /// Alignment of every range in an arena (any element type, 16-byte vector loads).
@@ -47,7 +56,7 @@ impl Staged {
         self.spans
             .iter()
             .find(|&&(start, len, ..)| addr >= start && addr < start + len as u64)
-            .map(|&(start, _, host, _)| host + (addr - start) as usize)
+            .map(|&(start, _, host, ..)| host + (addr - start) as usize)
     }
 
     /// The arena address of staged range `i` (in the order they were placed).
@@ -65,6 +74,12 @@ impl Staged {
         self.spans.len()
     }
 
+    /// Whether staged range `i` is read (copied in before the job) and written (copied back
+    /// after it).
+    pub(crate) fn flags_at(&self, i: usize) -> (bool, bool) {
+        self.spans.get(i).map_or((false, false), |s| (s.3, s.4))
+    }
+
     /// Queues on the stream the copy of staged range `i` whole: into the arena when
     /// `into_arena`, else back to device memory.
     ///
@@ -74,7 +89,7 @@ impl Staged {
     /// queued copy (the slice that had it was copied back earlier on this stream); back, the
     /// copy is queued after the job's flag wait. The arena lives until the queue drops.
     pub(crate) unsafe fn copy_range(&self, i: usize, into_arena: bool) -> Result<()> {
-        let Some(&(dev, len, host, _)) = self.spans.get(i) else {
+        let Some(&(dev, len, host, ..)) = self.spans.get(i) else {
             return Err(crate::Error::internal(format!(
                 "stream staging: no staged range {i}"
             )));
@@ -100,7 +115,7 @@ impl Staged {
     /// until the stream has run the copies (arenas are kept until the queue drops).
     pub(crate) unsafe fn copy_back(&self) -> Result<()> {
         let stream = std::ptr::without_provenance_mut(self.stream);
-        for &(dev, len, host, written) in &self.spans {
+        for &(dev, len, host, _, written) in &self.spans {
             if written && len > 0 {
                 // SAFETY: per the caller.
                 unsafe {
@@ -132,24 +147,25 @@ impl Window {
 
     /// Slice `k`'s ranges placed in place `k mod places`: `groups` of (device address, bytes)
     /// ranges, each group's ranges back to back (a slice's blocks, as one host buffer), each
-    /// group at an `ALIGN` boundary, with whether the group is written back; at most the place's
-    /// bytes in all. The ranges keep their order ([`Staged::host_at`]). Slice `k + places`
-    /// takes the same place: its copies in must be queued after slice `k`'s copies back.
-    pub(crate) fn slice(&self, k: usize, groups: &[(&[(u64, usize)], bool)]) -> Result<Staged> {
+    /// group at an `ALIGN` boundary, with whether the group is read (copied in) and written
+    /// (copied back); at most the place's bytes in all. The ranges keep their order
+    /// ([`Staged::host_at`]). Slice `k + places` takes the same place: its copies in must be
+    /// queued after slice `k`'s copies back.
+    pub(crate) fn slice(&self, k: usize, groups: &[RangeGroup]) -> Result<Staged> {
         let start = self.base + (k % self.places) * self.place;
         let end = start + self.place;
         let mut host = start;
         let mut spans = Vec::new();
-        for &(ranges, written) in groups {
+        for g in groups {
             host = start + (host - start).next_multiple_of(ALIGN);
-            for &(addr, len) in ranges {
+            for &(addr, len) in &g.ranges {
                 if host + len > end {
                     return Err(crate::Error::internal(format!(
                         "stream staging: slice {k} needs more than its place of {} bytes",
                         self.place
                     )));
                 }
-                spans.push((addr, len, host, written));
+                spans.push((addr, len, host, g.read, g.written));
                 host += len;
             }
         }
@@ -233,7 +249,7 @@ impl Arenas {
                     device.copy_on_stream(handle, host as *mut u8, s.addr as *const u8, s.len)
                 }?;
             }
-            out.spans.push((s.addr, s.len, host, s.written));
+            out.spans.push((s.addr, s.len, host, s.read, s.written));
             at += s.len.next_multiple_of(ALIGN);
         }
         Ok(out)

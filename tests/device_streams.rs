@@ -240,6 +240,64 @@ fn a_stream_ordered_rank_and_a_blocking_rank_exchange_the_same_slices() {
     });
 }
 
+/// Groups of long messages (64 KiB pieces): ranks that queue them on a stream (in rounds)
+/// and a rank that runs them blocking (staged in rounds) or on host buffers (one step)
+/// exchange the same pieces in the same order, two messages to one peer included.
+#[test]
+fn stream_ordered_blocking_and_host_groups_of_long_messages_exchange_the_same_pieces() {
+    let dev = host_device();
+    let config = Config {
+        device_slice_bytes: Some(64 << 10),
+        ..Config::default()
+    };
+    let comms = Communicator::local_group(4, config).unwrap();
+    let (long, short) = (5 * (64 << 10) / 8 + 3, 2 * (64 << 10) / 8 + 1); // i64: 6 and 3 pieces
+    std::thread::scope(|sc| {
+        for c in &comms {
+            sc.spawn(move || {
+                let (r, n) = (c.rank(), c.nranks());
+                let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+                let second = |r: usize, to: usize| -> Vec<i64> {
+                    message(r, to, short).iter().map(|v| -v).collect()
+                };
+                if r == 3 {
+                    // Host buffers: the whole group in one step.
+                    let (a, b) = (message(r, right, long), second(r, right));
+                    let (mut x, mut y) = (vec![0i64; long], vec![0i64; short]);
+                    let mut g = c.group();
+                    g.send(&a, right).send(&b, right);
+                    g.recv(&mut x, left).recv(&mut y, left);
+                    g.run().unwrap();
+                    assert!(x == message(left, r, long), "rank {r}: first message");
+                    assert!(y == second(left, r), "rank {r}: second message");
+                    return;
+                }
+                c.set_device(dev).unwrap();
+                let a = DeviceBuffer::from_host(dev, &message(r, right, long)).unwrap();
+                let b = DeviceBuffer::from_host(dev, &second(r, right)).unwrap();
+                let mut x = DeviceBuffer::<i64>::new(dev, long).unwrap();
+                let mut y = DeviceBuffer::<i64>::new(dev, short).unwrap();
+                let mut g = c.group();
+                g.send_device(&a, right).send_device(&b, right);
+                g.recv_device(&mut x, left).recv_device(&mut y, left);
+                if r == 1 {
+                    g.run().unwrap();
+                } else {
+                    let s = DeviceStream::new(dev).unwrap();
+                    g.run_on(&s).unwrap();
+                    s.synchronize().unwrap();
+                    assert!(c.async_error().is_none());
+                }
+                assert!(
+                    x.to_vec().unwrap() == message(left, r, long),
+                    "rank {r}: first"
+                );
+                assert!(y.to_vec().unwrap() == second(left, r), "rank {r}: second");
+            });
+        }
+    });
+}
+
 /// Rank `r`'s message to `to`: distinct per element, sender and receiver.
 fn message(r: usize, to: usize, len: usize) -> Vec<i64> {
     (0..len)

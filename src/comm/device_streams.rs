@@ -28,6 +28,7 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
+use crate::device::staging::pieces;
 use crate::device::stream_queue::{landing, orders_call, record_gates};
 use crate::device::stream_stage::{arena_bytes, Span};
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
@@ -303,7 +304,10 @@ impl Group<'_> {
             let (buf, what, written): (&dyn DeviceBytes, &str, bool) = match o {
                 P2p::SendDevice { buf, .. } => (*buf, "send", false),
                 P2p::RecvDevice { buf, .. } => (&**buf, "receive", true),
-                P2p::Send { .. } | P2p::Recv { .. } => {
+                P2p::Send { .. }
+                | P2p::Recv { .. }
+                | P2p::SendPiece { .. }
+                | P2p::RecvPiece { .. } => {
                     return Err(Error::invalid_argument(format!(
                         "send/recv group on rank {rank}: operation {i} is on host memory; a \
                          group run on a stream takes device buffers only (Group::send_device, \
@@ -357,6 +361,11 @@ impl Group<'_> {
             return self.run();
         }
         let handle = stream.handle();
+        let piece = super::device_calls::piece_bytes(&comm.inner);
+        let rounds = self.ops.iter().map(|o| pieces(o.len(), piece)).max();
+        if rounds.unwrap_or(1) > 1 {
+            return self.queue_rounds_on(stream, holds, piece, rounds.unwrap_or(1));
+        }
         if !orders_call(dev, arena_bytes(&spans)) {
             drop(holds);
             stream.synchronize()?;
@@ -376,7 +385,7 @@ impl Group<'_> {
                 match o {
                     P2p::SendDevice { dtype, peer, .. } => (true, at, sp.len, *dtype, *peer),
                     P2p::RecvDevice { dtype, peer, .. } => (false, at, sp.len, *dtype, *peer),
-                    P2p::Send { .. } | P2p::Recv { .. } => unreachable!("refused above"),
+                    _ => unreachable!("refused above"),
                 }
             })
             .collect();

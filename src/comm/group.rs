@@ -74,6 +74,44 @@ pub(super) enum P2p<'a> {
         dtype: DataType,
         peer: usize,
     },
+    /// One piece of a message of `whole` bytes, in host memory (a stream job's round).
+    SendPiece {
+        piece: &'a [u8],
+        whole: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+    RecvPiece {
+        piece: &'a mut [u8],
+        whole: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+}
+
+impl P2p<'_> {
+    /// The peer, and whether it is a send.
+    fn peer(&self) -> (usize, bool) {
+        match self {
+            P2p::Send { peer, .. } | P2p::SendDevice { peer, .. } | P2p::SendPiece { peer, .. } => {
+                (*peer, true)
+            }
+            P2p::Recv { peer, .. } | P2p::RecvDevice { peer, .. } | P2p::RecvPiece { peer, .. } => {
+                (*peer, false)
+            }
+        }
+    }
+
+    /// The message's bytes (the whole message's, for a piece).
+    pub(super) fn len(&self) -> usize {
+        match self {
+            P2p::Send { buf, .. } => buf.len(),
+            P2p::Recv { buf, .. } => buf.len(),
+            P2p::SendDevice { buf, .. } => buf.mem().len,
+            P2p::RecvDevice { buf, .. } => buf.mem().len,
+            P2p::SendPiece { whole, .. } | P2p::RecvPiece { whole, .. } => *whole,
+        }
+    }
 }
 
 /// Sends and receives that run together (NCCL's group calls). Build it with
@@ -189,10 +227,8 @@ impl<'a> Group<'a> {
 pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
     let (rank, n) = (inner.rank, inner.nranks);
     for o in ops {
-        let (peer, what) = match o {
-            P2p::Send { peer, .. } | P2p::SendDevice { peer, .. } => (*peer, "send"),
-            P2p::Recv { peer, .. } | P2p::RecvDevice { peer, .. } => (*peer, "recv"),
-        };
+        let (peer, send) = o.peer();
+        let what = if send { "send" } else { "recv" };
         if peer >= n {
             return Err(Error::invalid_argument(format!(
                 "{what} on rank {rank}: invalid peer {peer} (peer must be 0..{})",
@@ -237,41 +273,19 @@ pub(super) fn execute(
         };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let mut rounds = 1;
-        let mut dtype = DataType::Uint8;
         for o in &ops {
-            let (len, peer) = match o {
-                P2p::Send { buf, peer, .. } => (buf.len(), *peer),
-                P2p::Recv { buf, peer, .. } => (buf.len(), *peer),
-                P2p::SendDevice { buf, peer, .. } => {
-                    if staged(engine, *peer, buf.mem()) {
-                        sends.push(span(buf.mem()));
-                    }
-                    (buf.mem().len, *peer)
+            match o {
+                P2p::SendDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
+                    sends.push(span(buf.mem()))
                 }
-                P2p::RecvDevice { buf, peer, .. } => {
-                    if staged(engine, *peer, buf.mem()) {
-                        recvs.push(span(buf.mem()));
-                    }
-                    (buf.mem().len, *peer)
+                P2p::RecvDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
+                    recvs.push(span(buf.mem()))
                 }
-            };
-            rounds = rounds.max(pieces(len, piece));
-            if let (P2p::Send { dtype: d, .. } | P2p::SendDevice { dtype: d, .. }, true) =
-                (o, peer != rank)
-            {
-                dtype = *d;
+                _ => {}
             }
+            rounds = rounds.max(pieces(o.len(), piece));
         }
-        let ctx = OpContext {
-            name: "send/recv group",
-            seq: gno,
-            rank,
-            kind: kind::SEND_RECV,
-            dtype,
-            op: op::NONE,
-            count: 0,
-            root: u32::MAX,
-        };
+        let ctx = group_context(rank, gno, &ops);
         let mut raw = engine.take_ops();
         let mut r = Round {
             engine,
@@ -306,34 +320,78 @@ pub(super) fn execute(
     })
 }
 
+/// The context a group's steps report under: the dtype of its last send to another rank.
+fn group_context(rank: usize, gno: u64, ops: &[P2p<'_>]) -> OpContext {
+    let dtype = ops
+        .iter()
+        .rev()
+        .find_map(|o| match o {
+            P2p::Send { dtype, peer, .. }
+            | P2p::SendDevice { dtype, peer, .. }
+            | P2p::SendPiece { dtype, peer, .. }
+                if *peer != rank =>
+            {
+                Some(*dtype)
+            }
+            _ => None,
+        })
+        .unwrap_or(DataType::Uint8);
+    OpContext {
+        name: "send/recv group",
+        seq: gno,
+        rank,
+        kind: kind::SEND_RECV,
+        dtype,
+        op: op::NONE,
+        count: 0,
+        root: u32::MAX,
+    }
+}
+
+/// Runs round `k` of a group queued on a stream in rounds: `ops` are [`P2p::SendPiece`] and
+/// [`P2p::RecvPiece`], piece `k` of each message in host memory (an empty piece where a
+/// message has no piece `k`), in the group's order: the same messages, in the same order, as
+/// the blocking form's round `k`.
+pub(super) fn execute_round(inner: &Inner, mut ops: Vec<P2p<'_>>, k: usize) -> Result<()> {
+    let rank = inner.rank;
+    let gno = inner
+        .groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let piece = piece_bytes(inner);
+    let ticket = inner.ticket();
+    inner.execute(ticket, |engine| {
+        check_self(rank, &ops)?;
+        let ctx = group_context(rank, gno, &ops);
+        let mut raw = engine.take_ops();
+        let mut r = Round {
+            engine,
+            rank,
+            piece,
+            raw: &mut raw,
+            ctx: &ctx,
+        };
+        let result = r.run(
+            &mut ops,
+            k..k + 1,
+            &|_, _, _| false,
+            (Vec::new(), Vec::new()),
+        );
+        engine.return_ops(raw);
+        result
+    })
+}
+
 /// Sends to this rank and receives from it match in order, one for one, of equal lengths:
 /// checked before anything moves.
 fn check_self(rank: usize, ops: &[P2p<'_>]) -> Result<()> {
-    let len = |o: &P2p<'_>| match o {
-        P2p::Send { buf, .. } => buf.len(),
-        P2p::Recv { buf, .. } => buf.len(),
-        P2p::SendDevice { buf, .. } => buf.mem().len,
-        P2p::RecvDevice { buf, .. } => buf.mem().len,
+    let to_self = |send: bool| -> Vec<usize> {
+        ops.iter()
+            .filter(|o| o.peer() == (rank, send))
+            .map(P2p::len)
+            .collect()
     };
-    let to_self = |o: &&P2p<'_>| match o {
-        P2p::Send { peer, .. }
-        | P2p::Recv { peer, .. }
-        | P2p::SendDevice { peer, .. }
-        | P2p::RecvDevice { peer, .. } => *peer == rank,
-    };
-    let is_send = |o: &&P2p<'_>| matches!(o, P2p::Send { .. } | P2p::SendDevice { .. });
-    let sends: Vec<usize> = ops
-        .iter()
-        .filter(to_self)
-        .filter(is_send)
-        .map(len)
-        .collect();
-    let recvs: Vec<usize> = ops
-        .iter()
-        .filter(to_self)
-        .filter(|o| !is_send(o))
-        .map(len)
-        .collect();
+    let (sends, recvs) = (to_self(true), to_self(false));
     for (i, (&s, &r)) in sends.iter().zip(&recvs).enumerate() {
         if s != r {
             return Err(Error::invalid_argument(format!(
@@ -423,6 +481,8 @@ impl Round<'_, '_> {
         for k in rounds.clone() {
             let mut views = sent.iter();
             for (o, &staged) in ops.iter().zip(&is_staged) {
+                // Host bytes: a host buffer is the whole message; a staged view or a piece is
+                // the piece itself. None: a device buffer handed to the transport.
                 let (bytes, dtype, peer, len): (Option<&[u8]>, _, _, _) = match o {
                     P2p::Send { buf, dtype, peer } => (Some(&buf[..]), *dtype, *peer, buf.len()),
                     P2p::SendDevice { buf, dtype, peer } if staged => {
@@ -430,33 +490,43 @@ impl Round<'_, '_> {
                         (Some(view), *dtype, *peer, buf.mem().len)
                     }
                     P2p::SendDevice { buf, dtype, peer } => (None, *dtype, *peer, buf.mem().len),
-                    P2p::Recv { .. } | P2p::RecvDevice { .. } => continue,
+                    P2p::SendPiece {
+                        piece,
+                        whole,
+                        dtype,
+                        peer,
+                    } => (Some(*piece), *dtype, *peer, *whole),
+                    P2p::Recv { .. } | P2p::RecvDevice { .. } | P2p::RecvPiece { .. } => continue,
                 };
                 if k >= pieces(len, piece) {
                     continue;
                 }
                 let p = piece_range(len, piece, k);
-                match (o, bytes) {
-                    (P2p::SendDevice { .. }, Some(view)) if peer == rank => self_sends.push(view),
-                    (_, Some(b)) if peer == rank => self_sends.push(&b[p]),
-                    (P2p::SendDevice { buf, .. }, None) => raw.push(RawOp::SendDevice {
+                let Some(b) = bytes else {
+                    let P2p::SendDevice { buf, .. } = o else {
+                        unreachable!("only device sends go to the transport as they are")
+                    };
+                    raw.push(RawOp::SendDevice {
                         peer,
                         mem: buf.mem().sub(p.start, p.len()),
                         header: header(peer, dtype, len, p.len(), true),
-                    }),
-                    (P2p::SendDevice { .. }, Some(view)) => raw.push(RawOp::Send {
+                    });
+                    continue;
+                };
+                let b = if matches!(o, P2p::Send { .. }) {
+                    &b[p]
+                } else {
+                    b
+                };
+                if peer == rank {
+                    self_sends.push(b);
+                } else {
+                    raw.push(RawOp::Send {
                         peer,
-                        ptr: view.as_ptr(),
-                        len: view.len(),
-                        header: header(peer, dtype, len, view.len(), true),
-                    }),
-                    (_, Some(b)) => raw.push(RawOp::Send {
-                        peer,
-                        ptr: b[p.clone()].as_ptr(),
-                        len: p.len(),
-                        header: header(peer, dtype, len, p.len(), true),
-                    }),
-                    (_, None) => unreachable!("only direct device sends have no host bytes"),
+                        ptr: b.as_ptr(),
+                        len: b.len(),
+                        header: header(peer, dtype, len, b.len(), true),
+                    });
                 }
             }
         }
@@ -481,7 +551,13 @@ impl Round<'_, '_> {
                         (Some(&mut view[..]), *dtype, *peer, buf.mem().len)
                     }
                     P2p::RecvDevice { buf, dtype, peer } => (None, *dtype, *peer, buf.mem().len),
-                    P2p::Send { .. } | P2p::SendDevice { .. } => continue,
+                    P2p::RecvPiece {
+                        piece,
+                        whole,
+                        dtype,
+                        peer,
+                    } => (Some(&mut piece[..]), *dtype, *peer, *whole),
+                    P2p::Send { .. } | P2p::SendDevice { .. } | P2p::SendPiece { .. } => continue,
                 };
                 if k >= pieces(len, piece) {
                     continue;

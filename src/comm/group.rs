@@ -304,15 +304,16 @@ pub(super) fn execute(
             Some(s) => {
                 let room = |v: &[Span]| v.iter().map(|s| s.len.min(piece)).sum::<usize>();
                 let window = slices_in_flight(rounds, room(&sends).max(room(&recvs)));
-                s.reserve_spans(&sends, &recvs, window)?;
-                // SAFETY: the spans are device buffers of the group, checked live memory of
-                // the staging's device (`Group::run`), borrowed by the group (receives
-                // mutably) while it runs.
-                unsafe {
-                    s.pipeline_spans(&sends, &recvs, rounds, window, |k, views| {
-                        r.run(&mut ops, k..k + 1, &staged, views)
-                    })
-                }
+                s.reserve_spans(&sends, &recvs, window).and_then(|()| {
+                    // SAFETY: the spans are device buffers of the group, checked live memory
+                    // of the staging's device (`Group::run`), borrowed by the group (receives
+                    // mutably) while it runs.
+                    unsafe {
+                        s.pipeline_spans(&sends, &recvs, rounds, window, |k, views| {
+                            r.run(&mut ops, k..k + 1, &staged, views)
+                        })
+                    }
+                })
             }
         };
         engine.return_ops(raw);
@@ -453,26 +454,19 @@ impl Round<'_, '_> {
         let engine = &mut *self.engine;
         let raw = &mut *self.raw;
         raw.clear();
-        let is_staged: Vec<bool> = ops
-            .iter()
-            .map(|o| match o {
-                P2p::SendDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
-                P2p::RecvDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
-                _ => false,
-            })
-            .collect();
-        if rounds.len() > 1 && is_staged.contains(&true) {
+        let is_staged = |engine: &crate::exec::Engine, o: &P2p<'_>| match o {
+            P2p::SendDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
+            P2p::RecvDevice { buf, peer, .. } => staged(engine, *peer, buf.mem()),
+            _ => false,
+        };
+        if rounds.len() > 1 && ops.iter().any(|o| is_staged(engine, o)) {
             return Err(Error::internal(format!(
                 "send/recv group on rank {rank}: staged buffers in a step of {} rounds",
                 rounds.len()
             )));
         }
-        let mut header = |peer: usize, d: DataType, len: usize, bytes: usize, send: bool| {
-            let seq = if send {
-                &mut engine.p2p_sent[peer]
-            } else {
-                &mut engine.p2p_recvd[peer]
-            };
+        // The header of the next message on a channel (`seq`: its count of messages so far).
+        let header = |seq: &mut u64, d: DataType, len: usize, bytes: usize| {
             *seq += 1;
             p2p_header(d, len, bytes, *seq)
         };
@@ -480,7 +474,8 @@ impl Round<'_, '_> {
         let mut self_sends: Vec<&[u8]> = Vec::new();
         for k in rounds.clone() {
             let mut views = sent.iter();
-            for (o, &staged) in ops.iter().zip(&is_staged) {
+            for o in ops.iter() {
+                let staged = is_staged(engine, o);
                 // Host bytes: a host buffer is the whole message; a staged view or a piece is
                 // the piece itself. None: a device buffer handed to the transport.
                 let (bytes, dtype, peer, len): (Option<&[u8]>, _, _, _) = match o {
@@ -509,7 +504,7 @@ impl Round<'_, '_> {
                     raw.push(RawOp::SendDevice {
                         peer,
                         mem: buf.mem().sub(p.start, p.len()),
-                        header: header(peer, dtype, len, p.len(), true),
+                        header: header(&mut engine.p2p_sent[peer], dtype, len, p.len()),
                     });
                     continue;
                 };
@@ -525,7 +520,7 @@ impl Round<'_, '_> {
                         peer,
                         ptr: b.as_ptr(),
                         len: b.len(),
-                        header: header(peer, dtype, len, b.len(), true),
+                        header: header(&mut engine.p2p_sent[peer], dtype, len, b.len()),
                     });
                 }
             }
@@ -534,7 +529,8 @@ impl Round<'_, '_> {
         let mut self_recvs = self_sends.into_iter();
         for k in rounds {
             let mut views = recvd.iter_mut();
-            for (o, &staged) in ops.iter_mut().zip(&is_staged) {
+            for o in ops.iter_mut() {
+                let staged = is_staged(engine, o);
                 // A host buffer is the whole message; a staged view is the piece itself.
                 let whole = matches!(o, P2p::Recv { .. });
                 let mem = match o {
@@ -574,7 +570,7 @@ impl Round<'_, '_> {
                                 peer,
                                 ptr: dst.as_mut_ptr(),
                                 len: dst.len(),
-                                header: header(peer, dtype, len, dst.len(), false),
+                                header: header(&mut engine.p2p_recvd[peer], dtype, len, dst.len()),
                             });
                         }
                     }
@@ -583,7 +579,7 @@ impl Round<'_, '_> {
                         raw.push(RawOp::RecvDevice {
                             peer,
                             mem: mem.sub(p.start, p.len()),
-                            header: header(peer, dtype, len, p.len(), false),
+                            header: header(&mut engine.p2p_recvd[peer], dtype, len, p.len()),
                         });
                     }
                 }

@@ -401,24 +401,14 @@ impl Group<'_> {
                     // overlaps another range (checked above). Empty ranges use no memory.
                     unsafe {
                         if send {
-                            let b: &[u8] = if len == 0 {
-                                &[]
-                            } else {
-                                std::slice::from_raw_parts(at as *const u8, len)
-                            };
                             P2p::Send {
-                                buf: b,
+                                buf: arena_bytes_at(at, len),
                                 dtype,
                                 peer,
                             }
                         } else {
-                            let b: &mut [u8] = if len == 0 {
-                                &mut []
-                            } else {
-                                std::slice::from_raw_parts_mut(at as *mut u8, len)
-                            };
                             P2p::Recv {
-                                buf: b,
+                                buf: arena_bytes_mut_at(at, len),
                                 dtype,
                                 peer,
                             }
@@ -445,6 +435,31 @@ impl Group<'_> {
         let _ = landed.send(vec![g]);
         Ok(())
     }
+}
+
+/// A stream job's `len` bytes of the arena at `at`, read (empty, touching nothing, for 0).
+///
+/// # Safety
+/// `at..at + len` is arena memory that nothing writes for the lifetime the caller picks.
+pub(super) unsafe fn arena_bytes_at<'a>(at: usize, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: per the caller.
+    unsafe { std::slice::from_raw_parts(at as *const u8, len) }
+}
+
+/// As [`arena_bytes_at`], written.
+///
+/// # Safety
+/// `at..at + len` is arena memory that nothing else reads or writes for the lifetime the
+/// caller picks.
+pub(super) unsafe fn arena_bytes_mut_at<'a>(at: usize, len: usize) -> &'a mut [u8] {
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: per the caller.
+    unsafe { std::slice::from_raw_parts_mut(at as *mut u8, len) }
 }
 
 #[cfg(test)]

@@ -251,18 +251,12 @@ pub(super) fn check_peers(inner: &Inner, ops: &[P2p<'_>]) -> Result<()> {
 /// the staging copies the other rounds' pieces in and out ([`Staging::pipeline_spans`]).
 pub(super) fn execute(
     inner: &Inner,
-    mut ops: Vec<P2p<'_>>,
+    ops: Vec<P2p<'_>>,
     staging: Option<&mut Staging>,
 ) -> Result<()> {
     let rank = inner.rank;
-    let gno = inner
-        .groups
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
-    let piece = piece_bytes(inner);
-    let ticket = inner.ticket();
-    inner.execute(ticket, |engine| {
-        check_self(rank, &ops)?;
+    run_group(inner, ops, |r, ops| {
+        let (engine, piece) = (&*r.engine, r.piece);
         let staged = |engine: &crate::exec::Engine, peer: usize, mem: MemRef| {
             peer == rank || !engine.accepts(peer, mem.space)
         };
@@ -273,7 +267,7 @@ pub(super) fn execute(
         };
         let (mut sends, mut recvs) = (Vec::new(), Vec::new());
         let mut rounds = 1;
-        for o in &ops {
+        for o in ops.iter() {
             match o {
                 P2p::SendDevice { buf, peer, .. } if staged(engine, *peer, buf.mem()) => {
                     sends.push(span(buf.mem()))
@@ -285,18 +279,9 @@ pub(super) fn execute(
             }
             rounds = rounds.max(pieces(o.len(), piece));
         }
-        let ctx = group_context(rank, gno, &ops);
-        let mut raw = engine.take_ops();
-        let mut r = Round {
-            engine,
-            rank,
-            piece,
-            raw: &mut raw,
-            ctx: &ctx,
-        };
-        let result = match staging {
+        match staging {
             _ if sends.is_empty() && recvs.is_empty() => {
-                r.run(&mut ops, 0..rounds, &staged, (Vec::new(), Vec::new()))
+                r.run(ops, 0..rounds, &staged, (Vec::new(), Vec::new()))
             }
             None => Err(Error::internal(format!(
                 "send/recv group on rank {rank}: device buffers to stage, no staging"
@@ -310,12 +295,42 @@ pub(super) fn execute(
                     // mutably) while it runs.
                     unsafe {
                         s.pipeline_spans(&sends, &recvs, rounds, window, |k, views| {
-                            r.run(&mut ops, k..k + 1, &staged, views)
+                            r.run(ops, k..k + 1, &staged, views)
                         })
                     }
                 })
             }
+        }
+    })
+}
+
+/// Runs `body` on the engine in the communicator's issue order, with `ops` checked (sends to
+/// this rank match its receives) and a [`Round`] to move them.
+fn run_group<'o>(
+    inner: &Inner,
+    mut ops: Vec<P2p<'o>>,
+    body: impl FnOnce(&mut Round<'_, '_>, &mut [P2p<'o>]) -> Result<()>,
+) -> Result<()> {
+    let rank = inner.rank;
+    let gno = inner
+        .groups
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let piece = piece_bytes(inner);
+    let ticket = inner.ticket();
+    inner.execute(ticket, |engine| {
+        check_self(rank, &ops)?;
+        let ctx = group_context(rank, gno, &ops);
+        let mut raw = engine.take_ops();
+        let mut r = Round {
+            engine,
+            rank,
+            piece,
+            raw: &mut raw,
+            ctx: &ctx,
         };
+        let result = body(&mut r, &mut ops);
+        let Round { engine, .. } = r;
         engine.return_ops(raw);
         result
     })
@@ -353,33 +368,9 @@ fn group_context(rank: usize, gno: u64, ops: &[P2p<'_>]) -> OpContext {
 /// [`P2p::RecvPiece`], piece `k` of each message in host memory (an empty piece where a
 /// message has no piece `k`), in the group's order: the same messages, in the same order, as
 /// the blocking form's round `k`.
-pub(super) fn execute_round(inner: &Inner, mut ops: Vec<P2p<'_>>, k: usize) -> Result<()> {
-    let rank = inner.rank;
-    let gno = inner
-        .groups
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
-    let piece = piece_bytes(inner);
-    let ticket = inner.ticket();
-    inner.execute(ticket, |engine| {
-        check_self(rank, &ops)?;
-        let ctx = group_context(rank, gno, &ops);
-        let mut raw = engine.take_ops();
-        let mut r = Round {
-            engine,
-            rank,
-            piece,
-            raw: &mut raw,
-            ctx: &ctx,
-        };
-        let result = r.run(
-            &mut ops,
-            k..k + 1,
-            &|_, _, _| false,
-            (Vec::new(), Vec::new()),
-        );
-        engine.return_ops(raw);
-        result
+pub(super) fn execute_round(inner: &Inner, ops: Vec<P2p<'_>>, k: usize) -> Result<()> {
+    run_group(inner, ops, |r, ops| {
+        r.run(ops, k..k + 1, &|_, _, _| false, (Vec::new(), Vec::new()))
     })
 }
 

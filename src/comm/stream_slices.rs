@@ -31,7 +31,7 @@ use crate::device::{Device, DeviceBuffer, DeviceStream, Hold};
 use crate::Result;
 
 use super::call::header_kind;
-use super::device_streams::Held;
+use super::device_streams::{arena_bytes_at, arena_bytes_mut_at, Held};
 use super::group::{Group, P2p};
 use super::*;
 
@@ -155,14 +155,11 @@ impl Communicator {
                 // and which no other job uses (a place is copied into again only after this
                 // job's flag and copies back; a later call's copies in come after those too).
                 let (input, output) = unsafe {
-                    let output: &mut [u8] = match j.output {
-                        (_, 0) => &mut [],
-                        (at, n) => std::slice::from_raw_parts_mut(at as *mut u8, n),
-                    };
+                    let output = arena_bytes_mut_at(j.output.0, j.output.1);
                     let input: Option<&[u8]> = match j.input {
                         None if in_place => None,
-                        None | Some((_, 0)) => Some(&[]),
-                        Some((at, n)) => Some(std::slice::from_raw_parts(at as *const u8, n)),
+                        None => Some(&[]),
+                        Some((at, n)) => Some(arena_bytes_at(at, n)),
                     };
                     (input, output)
                 };
@@ -449,25 +446,15 @@ impl Group<'_> {
                         // pieces use no memory.
                         unsafe {
                             if send {
-                                let piece: &[u8] = if n == 0 {
-                                    &[]
-                                } else {
-                                    std::slice::from_raw_parts(host as *const u8, n)
-                                };
                                 P2p::SendPiece {
-                                    piece,
+                                    piece: arena_bytes_at(host, n),
                                     whole,
                                     dtype,
                                     peer,
                                 }
                             } else {
-                                let piece: &mut [u8] = if n == 0 {
-                                    &mut []
-                                } else {
-                                    std::slice::from_raw_parts_mut(host as *mut u8, n)
-                                };
                                 P2p::RecvPiece {
-                                    piece,
+                                    piece: arena_bytes_mut_at(host, n),
                                     whole,
                                     dtype,
                                     peer,

@@ -345,7 +345,6 @@ impl Staging {
             Some(_) => (in_ptr, 0, 0, in_blocks),
         };
         let dst_addr = dst.addr;
-        let stream = &mut self.stream;
         // Queues slice `k`'s copies in, then its mark.
         let copy_in = |stream: &mut Stream, k: usize| -> Result<()> {
             let mut at = cut.place(k, read_blocks);
@@ -366,7 +365,7 @@ impl Staging {
             }
             stream.mark(k % window)
         };
-        let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
+        self.guarded(|stream| {
             for k in 0..window {
                 copy_in(stream, k)?;
             }
@@ -420,8 +419,15 @@ impl Staging {
                 }
             }
             Ok(())
-        });
-        let r = std::panic::catch_unwind(body);
+        })
+    }
+
+    /// Runs `body` with the stream, then waits for every copy it queued, also when it fails
+    /// or panics (the copies may use memory the caller frees after): `body`'s error first,
+    /// then the wait's.
+    fn guarded(&mut self, body: impl FnOnce(&mut Stream) -> Result<()>) -> Result<()> {
+        let stream = &mut self.stream;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(stream)));
         let synced = self.stream.synchronize();
         match r {
             Ok(r) => r.and(synced),

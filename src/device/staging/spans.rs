@@ -104,8 +104,7 @@ impl Staging {
             }
             stream.mark(k % window)
         };
-        let stream = &mut self.stream;
-        let body = std::panic::AssertUnwindSafe(|| -> Result<()> {
+        self.guarded(|stream| {
             for k in 0..window.min(rounds) {
                 copy_in(stream, k)?;
             }
@@ -149,13 +148,7 @@ impl Staging {
                 }
             }
             Ok(())
-        });
-        let r = std::panic::catch_unwind(body);
-        let synced = self.stream.synchronize();
-        match r {
-            Ok(r) => r.and(synced),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
+        })
     }
 }
 

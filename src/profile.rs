@@ -10,6 +10,7 @@
 //! | `Reduce` | reducing received bytes into the output |
 //! | `Wait` | nothing could move: polling, spinning, yielding, sleeping |
 //! | `Leave` | the last step .. the return to the caller (Avg's divide, call bookkeeping) |
+//! | `Stage` | device calls that stage: copies between device buffers and pinned host memory, and waits for them |
 //!
 //! Built with the feature, every phase boundary reads the clock once (about 20-30 ns here) and
 //! adds the time since the last boundary to the phase that ends, in counters of the calling
@@ -42,11 +43,13 @@ pub enum Phase {
     Wait,
     /// The last step back to the caller.
     Leave,
+    /// Copies between device buffers and host staging, and their waits.
+    Stage,
 }
 
 impl Phase {
     /// Every phase, in call order.
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Enter,
         Phase::Plan,
         Phase::Drive,
@@ -55,6 +58,7 @@ impl Phase {
         Phase::Reduce,
         Phase::Wait,
         Phase::Leave,
+        Phase::Stage,
     ];
 
     /// Lowercase name.
@@ -68,6 +72,7 @@ impl Phase {
             Phase::Reduce => "reduce",
             Phase::Wait => "wait",
             Phase::Leave => "leave",
+            Phase::Stage => "stage",
         }
     }
 }
@@ -78,7 +83,7 @@ pub struct Profile {
     /// Collective calls completed.
     pub calls: u64,
     /// Nanoseconds per phase, indexed by `Phase as usize`.
-    pub ns: [u64; 8],
+    pub ns: [u64; 9],
 }
 
 impl Profile {

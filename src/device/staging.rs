@@ -366,10 +366,12 @@ impl Staging {
             stream.mark(k % window)
         };
         self.guarded(|stream| {
+            crate::profile::phase(crate::profile::Phase::Stage);
             for k in 0..window {
                 copy_in(stream, k)?;
             }
             for k in 0..slices {
+                crate::profile::phase(crate::profile::Phase::Stage);
                 stream.wait_mark(k % window)?;
                 let in_n: usize = cut.parts(k, in_blocks, in_len).iter().map(|p| p.1).sum();
                 let out_parts = cut.parts(k, out_blocks, out_len);
@@ -397,6 +399,7 @@ impl Staging {
                     }
                 };
                 run(cut.range(k).len(), input, output)?;
+                crate::profile::phase(crate::profile::Phase::Stage);
                 if write {
                     let mut at = out_at;
                     for (first, n) in out_parts {

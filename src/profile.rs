@@ -189,6 +189,23 @@ pub(crate) fn end() {
     }
 }
 
+/// One collective call: [`begin`] now, [`end`] when dropped, on every return path.
+pub(crate) struct Call(());
+
+/// Starts counting one collective call (see [`Call`]).
+#[inline(always)]
+pub(crate) fn call() -> Call {
+    begin();
+    Call(())
+}
+
+impl Drop for Call {
+    #[inline(always)]
+    fn drop(&mut self) {
+        end();
+    }
+}
+
 /// The calling thread's counters since the last call, which it clears.
 pub fn take() -> Profile {
     #[cfg(feature = "profile")]

@@ -108,12 +108,10 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        crate::profile::begin();
+        let _call = crate::profile::call();
         // Stream jobs queued earlier run first, on every rank alike.
         self.streams.drain_if_used();
-        let r = blocking_on(&self.inner, name, hkind, kind, send, recv, count, dtype, op);
-        crate::profile::end();
-        r
+        blocking_on(&self.inner, name, hkind, kind, send, recv, count, dtype, op)
     }
 
     // ----- typed collectives -----

@@ -390,21 +390,7 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        crate::profile::begin();
-        let r = self.run_device_profiled(kind, send, recv, count, op);
-        crate::profile::end();
-        r
-    }
-
-    /// [`Communicator::run_device`] between the profile's marks.
-    fn run_device_profiled<T: Element>(
-        &self,
-        kind: CollKind,
-        send: Option<&DeviceBuffer<T>>,
-        recv: &mut DeviceBuffer<T>,
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
+        let _call = crate::profile::call();
         let dev = self.check_device(kind, send, recv, count, op)?;
         // Stream jobs queued earlier run first (on every rank alike), and none still uses
         // the buffers.

@@ -9,8 +9,9 @@
 //!
 //! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
 //! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`),
-//! or, for collectives of one communicator alone in their group, jobs slice by slice
-//! (`slices`): the call, or the outermost `ncclGroupEnd`, returns without waiting for them.
+//! or, for collectives of one communicator alone in their group, jobs slice by slice, and for
+//! its long sends and receives on one stream, jobs round by round (`slices`): the call, or the
+//! outermost `ncclGroupEnd`, returns without waiting for them.
 //! Other work on a communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
@@ -18,11 +19,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{coll_layout, rooted_layout, validate, Layout, Op, Reduction};
+use super::ops::{
+    coll_layout, p2p_spans, refuse_overlaps, rooted_layout, validate, Layout, Op, Reduction,
+};
 use super::run::execute;
 use super::slices::{self, Lone};
 use super::stream::OnStream;
 use super::types::*;
+use crate::comm::P2pRounds;
 use crate::device::gate::Gate;
 use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
 use crate::device::stream_stage::{arena_bytes, Span, Staged};
@@ -220,6 +224,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     stream_jobs.push((shared, job));
                 }
                 Plan::Slices(lones) => slices::queue_all(&shared, lones)?,
+                Plan::Rounds(device, stream, r) => slices::queue_p2p(&shared, device, stream, &r)?,
                 Plan::Host | Plan::Block => blocking.push((shared, ops)),
             }
             continue;
@@ -318,13 +323,16 @@ enum Plan {
     /// The batch holds collectives on one stream only and is the group's only batch: one
     /// stream job per slice of each (`slices`).
     Slices(Vec<Lone>),
+    /// The batch holds sends and receives on one stream only, one longer than a piece, and is
+    /// the group's only batch: one stream job per round (`slices::p2p_rounds`).
+    Rounds(Device, usize, P2pRounds),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
 fn all_or_none(plans: &mut [Plan]) {
     if plans.iter().any(|p| matches!(p, Plan::Block)) {
         for p in plans {
-            if matches!(p, Plan::Job(..) | Plan::Slices(..)) {
+            if matches!(p, Plan::Job(..) | Plan::Slices(..) | Plan::Rounds(..)) {
                 *p = Plan::Block;
             }
         }
@@ -363,6 +371,12 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
                 return Ok(Plan::Block);
             }
             return Ok(Plan::Slices(lones));
+        }
+        if let Some(r) = slices::p2p_rounds(&comm, first.device, first.stream, ops, checked)? {
+            if !orders_call(first.device, r.arena_bytes()) {
+                return Ok(Plan::Block);
+            }
+            return Ok(Plan::Rounds(first.device, first.stream, r));
         }
     }
     // A job runs its staged collectives on the arena's copies of whole buffers, where a
@@ -404,6 +418,9 @@ fn stream_spans(
             validate(op, rank, nranks)?;
         }
     }
+    // A receive overlapping another buffer of the group would be staged twice and copied
+    // back in an order nobody chose: refused, as on every path.
+    refuse_overlaps("device buffers", &p2p_spans(ops))?;
     let span = |addr: *const u8, len: usize, read: bool, written: bool| Span {
         addr: addr as u64,
         len,
@@ -730,6 +747,7 @@ mod tests {
                     Plan::Block => "block",
                     Plan::Job(..) => "job",
                     Plan::Slices(..) => "slices",
+                    Plan::Rounds(..) => "rounds",
                 })
                 .collect()
         };

@@ -228,6 +228,39 @@ fn bytes_of(api: &str, count: usize, mult: usize, dtype: DataType) -> Result<usi
         })
 }
 
+/// The buffers of the sends and receives among `ops`: (address, bytes, written).
+pub(crate) fn p2p_spans(ops: &[Op]) -> Vec<(*const u8, usize, bool)> {
+    ops.iter()
+        .filter_map(|op| match *op {
+            Op::Send {
+                buf, count, dtype, ..
+            } => Some((buf, count * dtype.size(), false)),
+            Op::Recv {
+                buf, count, dtype, ..
+            } => Some((buf.cast_const(), count * dtype.size(), true)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Refuses a group of sends and receives where a receive buffer overlaps another buffer of
+/// the group: `spans` are each buffer's (address, bytes, written), `what` names them
+/// ("buffers", "device buffers").
+pub(crate) fn refuse_overlaps(what: &str, spans: &[(*const u8, usize, bool)]) -> Result<()> {
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[i + 1..] {
+            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
+                return Err(Error::invalid_argument(format!(
+                    "ncclGroupEnd: {what} {:p} ({} bytes) and {:p} ({} bytes) of one group \
+                     overlap and one of them is a receive buffer",
+                    a.0, a.1, b.0, b.1
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn overlaps(a: *const u8, alen: usize, b: *const u8, blen: usize) -> bool {
     let (a, b) = (a as usize, b as usize);
     alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)

@@ -2,7 +2,9 @@
 //! stream, through [`stream`]): collectives and splits in issue order, then every send and
 //! receive of the group together.
 
-use super::ops::{coll_layout, overlaps, p2p_check, rooted_layout, Layout, Op, Reduction, Rooted};
+use super::ops::{
+    coll_layout, p2p_check, refuse_overlaps, rooted_layout, Layout, Op, Reduction, Rooted,
+};
 use super::stream;
 use crate::{Communicator, Error, ReduceOp, Result};
 
@@ -253,17 +255,7 @@ fn run_p2p(comm: &Communicator, ops: &[Op]) -> Result<()> {
             _ => {}
         }
     }
-    for (i, a) in spans.iter().enumerate() {
-        for b in &spans[i + 1..] {
-            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
-                return Err(Error::invalid_argument(format!(
-                    "ncclGroupEnd: buffers {:p} ({} bytes) and {:p} ({} bytes) of one group \
-                     overlap and one of them is a receive buffer",
-                    a.0, a.1, b.0, b.1
-                )));
-            }
-        }
-    }
+    refuse_overlaps("buffers", &spans)?;
     let mut g = comm.group();
     for (op, &(p, len, _)) in ops.iter().zip(&spans) {
         match *op {

@@ -4,21 +4,24 @@
 //! a built-in operation or a pre-multiplied sum whose scalar is known): queued one after
 //! another, each slice by slice, as the Rust API's stream calls are (`comm::stream_slices`), so
 //! that their copies in and back overlap the transfers of the other slices and the pinned
-//! arena holds the slices in flight, not the calls. Groups of several communicators, with
-//! sends and receives, over several streams (NCCL joins a group's streams), or of several
-//! collectives none of which is cut (one job is one round trip, not one per call), stay one job
-//! per communicator (`group`).
+//! arena holds the slices in flight, not the calls. Likewise a group of one communicator's
+//! `ncclSend`s and `ncclRecv`s on one stream, one of them longer than a piece: queued in rounds,
+//! round `k` moving piece `k` of every message, as the Rust API's stream groups are
+//! (`comm::stream_rounds`). Groups of several communicators, mixing collectives with sends and
+//! receives, over several streams (NCCL joins a group's streams), or of several collectives
+//! none of which is cut (one job is one round trip, not one per call), stay one job per
+//! communicator (`group`).
 
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{coll_layout, validate, Layout, Op, Reduction};
+use super::ops::{coll_layout, p2p_spans, refuse_overlaps, validate, Layout, Op, Reduction};
 use super::run::execute;
 use crate::coll::CollKind;
-use crate::comm::{SliceJob, Sliced};
+use crate::comm::{P2pRounds, PieceOp, RoundContext, SliceJob, Sliced};
 use crate::device::stream_queue::Work;
 use crate::device::Device;
-use crate::{Communicator, DataType, ReduceOp, Result};
+use crate::{Communicator, DataType, Error, ReduceOp, Result};
 
 /// One collective of a batch, cut into slices.
 pub(super) struct Lone {
@@ -210,12 +213,176 @@ pub(super) fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
     unsafe { comm.queue_slices(&shared.streams, &call, (), job) }
 }
 
+/// `ops` as one group of sends and receives queued in rounds on `stream` of `device`, where
+/// they are: every one a `ncclSend` or `ncclRecv` on that stream, and one longer than a piece.
+/// `checked`: their arguments were checked when they were issued. A receive buffer
+/// overlapping another buffer of the group is refused, as on every path.
+pub(super) fn p2p_rounds(
+    comm: &Communicator,
+    device: Device,
+    stream: usize,
+    ops: &[Op],
+    checked: bool,
+) -> Result<Option<P2pRounds>> {
+    let mut pieces = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (send, buf, count, dtype, peer, on) = match *op {
+            Op::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => (true, buf, count, dtype, peer, on),
+            Op::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+                on: Some(on),
+            } => (false, buf.cast_const(), count, dtype, peer, on),
+            _ => return Ok(None),
+        };
+        if on.device != device || on.stream != stream {
+            return Ok(None);
+        }
+        pieces.push(PieceOp {
+            send,
+            dtype,
+            peer,
+            addr: buf as u64,
+            len: count * dtype.size(),
+        });
+    }
+    let r = P2pRounds::new(pieces, comm.piece_bytes());
+    if r.rounds() <= 1 {
+        return Ok(None);
+    }
+    if !checked {
+        for op in ops {
+            validate(op, comm.rank(), comm.nranks())?;
+        }
+    }
+    refuse_overlaps("device buffers", &p2p_spans(ops))?;
+    Ok(Some(r))
+}
+
+/// Queues the group `r` ([`p2p_rounds`]) on `stream` of `device`, one job per round; each
+/// job moves its pieces on the arena's copies as the blocking form's round does.
+pub(super) fn queue_p2p(
+    shared: &Arc<Shared>,
+    device: Device,
+    stream: usize,
+    r: &P2pRounds,
+) -> Result<()> {
+    let comm = shared.wait_ready()?;
+    let rank = comm.rank();
+    let names = match (
+        r.ops().iter().any(|o| o.send),
+        r.ops().iter().any(|o| !o.send),
+    ) {
+        (true, true) => "ncclSend, ncclRecv",
+        (true, false) => "ncclSend",
+        _ => "ncclRecv",
+    };
+    let context: RoundContext = Arc::new(move |e: Error, k: usize| {
+        e.context(names).append(format!(
+            "rank {rank}; the operation was queued on a stream and ran after the call \
+             returned (round {k})"
+        ))
+    });
+    // SAFETY: the operations' buffers were checked as live memory of `device` when they were
+    // issued (or by `p2p_rounds`), no receive buffer overlaps another (`p2p_rounds`), and
+    // NCCL's contract keeps them the group's until the stream has run past it; `stream` is
+    // the caller's stream of `device`.
+    unsafe { comm.queue_p2p_rounds(&shared.streams, device, stream, r, (), context) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::capi::stream::OnStream;
     use crate::device::Provider;
     use crate::Config;
+
+    #[test]
+    fn long_sends_and_receives_on_one_stream_are_queued_in_rounds() {
+        let config = Config {
+            device_slice_bytes: Some(64 << 10),
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(3, config).unwrap();
+        let comm = &comms[1];
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let on = |stream| {
+            Some(OnStream {
+                device: dev,
+                stream,
+            })
+        };
+        let long = (1 << 20) / 4 + 6; // f32: 17 pieces of 64 KiB
+        let send = |at: usize, count, peer, stream| Op::Send {
+            buf: at as *const u8,
+            count,
+            dtype: DataType::Float32,
+            peer,
+            on: on(stream),
+        };
+        let recv = |at: usize, count, peer, stream| Op::Recv {
+            buf: at as *mut u8,
+            count,
+            dtype: DataType::Float32,
+            peer,
+            on: on(stream),
+        };
+        let plan = |ops: &[Op]| p2p_rounds(comm, dev, 0x77, ops, true);
+        let long_send = || send(0x10_0000, long, 2, 0x77);
+        let group = [
+            long_send(),
+            send(0x90_0000, 6, 0, 0x77),
+            recv(0x200_0000, long, 0, 0x77),
+            recv(0x300_0000, 0, 2, 0x77),
+        ];
+        let r = plan(&group).unwrap().expect("in rounds");
+        assert_eq!(r.rounds(), 17);
+        assert_eq!(r.ops().len(), 4);
+        assert_eq!((r.ops()[0].send, r.ops()[0].peer), (true, 2));
+        assert_eq!((r.ops()[2].addr, r.ops()[2].len), (0x200_0000, long * 4));
+        // Places for the rounds in flight: 3 pieces of at most 64 KiB each (and an empty one),
+        // not the 2 MiB of the buffers.
+        let arena = r.arena_bytes();
+        assert!(arena <= 4 * (3 * (64 << 10) + 1024), "{arena}");
+
+        // Every message one piece: one job is one round trip, not one per piece.
+        assert!(plan(&[send(0x1000, 6, 0, 0x77), recv(0x2000, 6, 2, 0x77)])
+            .unwrap()
+            .is_none());
+        // With a collective, over two streams, on another device: one job, as before.
+        let coll = Op::Coll {
+            api: "ncclAllReduce",
+            kind: CollKind::AllReduce,
+            send: 0x1000 as *const u8,
+            recv: 0x9000 as *mut u8,
+            count: 10,
+            dtype: DataType::Float32,
+            red: Reduction::Op(ReduceOp::Sum),
+            on: on(0x77),
+        };
+        assert!(plan(&[long_send(), coll]).unwrap().is_none());
+        assert!(plan(&[long_send(), send(0x9000, 6, 0, 0x78)])
+            .unwrap()
+            .is_none());
+        let other = Device::new(Provider::Host, 1).unwrap();
+        assert!(p2p_rounds(comm, other, 0x77, &[long_send()], true)
+            .unwrap()
+            .is_none());
+        // A receive overlapping another buffer of the group is refused, naming both.
+        let e = plan(&[long_send(), recv(0x10_0000 + 4096, 8, 0, 0x77)])
+            .map(|_| ())
+            .unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{e}");
+        assert!(e.to_string().contains("0x101000"), "{e}");
+    }
 
     #[test]
     fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {

@@ -45,7 +45,7 @@ use ferroccl_kernels::DataType;
 use super::api::{check_out, lock};
 use super::comm::Shared;
 use super::error::guard;
-use super::ops::{overlaps, p2p_check, read_scalar, Layout, Op, Reduction, RootedLayout};
+use super::ops::{p2p_check, read_scalar, refuse_overlaps, Layout, Op, Reduction, RootedLayout};
 use super::types::*;
 use crate::coll::CollKind;
 use crate::device::raw::Span;
@@ -479,17 +479,8 @@ pub(crate) unsafe fn p2p_on_streams(
             _ => {}
         }
     }
-    for (i, a) in spans.iter().enumerate() {
-        for b in &spans[i + 1..] {
-            if (a.2 || b.2) && overlaps(a.0, a.1, b.0, b.1) {
-                return Err(Error::invalid_argument(format!(
-                    "ncclGroupEnd: device buffers {:p} ({} bytes) and {:p} ({} bytes) of one \
-                     group overlap and one of them is a receive buffer",
-                    a.0, a.1, b.0, b.1
-                )));
-            }
-        }
-    }
+    let bare: Vec<(*const u8, usize, bool)> = spans.iter().map(|s| (s.0, s.1, s.2)).collect();
+    refuse_overlaps("device buffers", &bare)?;
     let mut waited: Vec<usize> = Vec::new();
     for s in &spans {
         if !waited.contains(&s.3.stream) {

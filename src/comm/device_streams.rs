@@ -364,7 +364,7 @@ impl Group<'_> {
         let piece = super::device_calls::piece_bytes(&comm.inner);
         let rounds = self.ops.iter().map(|o| pieces(o.len(), piece)).max();
         if rounds.unwrap_or(1) > 1 {
-            return self.queue_rounds_on(stream, holds, piece, rounds.unwrap_or(1));
+            return self.queue_rounds_on(stream, holds, piece);
         }
         if !orders_call(dev, arena_bytes(&spans)) {
             drop(holds);

@@ -368,7 +368,7 @@ fn group_context(rank: usize, gno: u64, ops: &[P2p<'_>]) -> OpContext {
 /// [`P2p::RecvPiece`], piece `k` of each message in host memory (an empty piece where a
 /// message has no piece `k`), in the group's order: the same messages, in the same order, as
 /// the blocking form's round `k`.
-pub(super) fn execute_round(inner: &Inner, ops: Vec<P2p<'_>>, k: usize) -> Result<()> {
+pub(crate) fn execute_round(inner: &Inner, ops: Vec<P2p<'_>>, k: usize) -> Result<()> {
     run_group(inner, ops, |r, ops| {
         r.run(ops, k..k + 1, &|_, _, _| false, (Vec::new(), Vec::new()))
     })

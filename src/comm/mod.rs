@@ -13,6 +13,7 @@ mod order;
 mod rendezvous;
 mod shrink;
 mod split;
+mod stream_rounds;
 mod stream_slices;
 mod transports;
 mod work;
@@ -32,6 +33,8 @@ use crate::{Error, ErrorKind, Result};
 pub use config::{parse_size, Config, DebugLevel};
 pub use device_calls::{BufMut, BufRef};
 pub use group::Group;
+#[cfg(feature = "capi")]
+pub(crate) use stream_rounds::{P2pRounds, PieceOp, RoundContext};
 #[cfg(feature = "capi")]
 pub(crate) use stream_slices::{SliceJob, Sliced};
 pub use work::Work;

@@ -19,20 +19,18 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use ferroccl_kernels::{DataType, Element};
+use ferroccl_kernels::Element;
 
 use crate::coll::CollKind;
 use crate::device::gate::Gate;
-use crate::device::staging::{piece_range, slices_in_flight, Cut};
-use crate::device::stream_queue::orders_call;
+use crate::device::staging::Cut;
 use crate::device::stream_queue::{landing, record_gates, StreamQueue, Work};
 use crate::device::stream_stage::{RangeGroup, Staged, Window};
-use crate::device::{Device, DeviceBuffer, DeviceStream, Hold};
+use crate::device::{Device, DeviceBuffer};
 use crate::Result;
 
 use super::call::header_kind;
 use super::device_streams::{arena_bytes_at, arena_bytes_mut_at, Held};
-use super::group::{Group, P2p};
 use super::*;
 
 /// One device collective on a stream, as [`Communicator::queue_slices`] cuts it: device
@@ -373,119 +371,6 @@ impl Communicator {
     }
 }
 
-impl Group<'_> {
-    /// Queues a checked group of device sends and receives (see [`Group::run_on`]) on
-    /// `stream` in `rounds` rounds, one job each: round `k` moves piece `k` (of `piece`
-    /// bytes) of every message, as the blocking form's rounds do, and the stream's arena holds
-    /// the rounds in flight, not the group's buffers. Where that is more than stays in stream
-    /// order, the stream is synchronized and the group runs before this returns. `holds` keep
-    /// the buffers until the stream has copied everything back.
-    pub(super) fn queue_rounds_on(
-        self,
-        stream: &DeviceStream,
-        holds: Vec<Hold>,
-        piece: usize,
-        rounds: usize,
-    ) -> Result<()> {
-        let comm = self.comm;
-        let (dev, handle) = (stream.device(), stream.handle());
-        // Per operation: whether it sends, its dtype and peer, its device address and bytes.
-        let plan: Vec<(bool, DataType, usize, u64, usize)> = self
-            .ops
-            .iter()
-            .map(|o| match o {
-                P2p::SendDevice { buf, dtype, peer } => {
-                    (true, *dtype, *peer, buf.mem().addr as u64, buf.mem().len)
-                }
-                P2p::RecvDevice { buf, dtype, peer } => {
-                    (false, *dtype, *peer, buf.mem().addr as u64, buf.mem().len)
-                }
-                _ => unreachable!("a group on a stream holds device buffers only"),
-            })
-            .collect();
-        let place: usize = plan
-            .iter()
-            .map(|p| p.4.min(piece).next_multiple_of(ALIGN_INPUT))
-            .sum();
-        let window = slices_in_flight(rounds, place);
-        if !orders_call(dev, Window::bytes(place, window)) {
-            drop(holds);
-            stream.synchronize()?;
-            return self.run();
-        }
-        // Round `k`: one range per operation (empty where its message has no piece `k`), so
-        // that staged range `i` is operation `i`'s piece.
-        let groups = |k: usize| -> Vec<RangeGroup> {
-            plan.iter()
-                .map(|&(send, _, _, addr, len)| {
-                    let r = piece_range(len, piece, k);
-                    RangeGroup {
-                        ranges: vec![(addr + r.start as u64, r.len())],
-                        read: send,
-                        written: !send,
-                    }
-                })
-                .collect()
-        };
-        let job = |k: usize, st: &Staged| -> Work {
-            let at: Vec<(usize, usize)> = (0..plan.len())
-                .map(|i| (st.host_at(i).unwrap_or(0), st.len_at(i)))
-                .collect();
-            let plan = plan.clone();
-            let inner = Arc::clone(&comm.inner);
-            Box::new(move || {
-                let ops: Vec<P2p<'_>> = plan
-                    .iter()
-                    .zip(&at)
-                    .map(|(&(send, dtype, peer, _, whole), &(host, n))| {
-                        // SAFETY: `host..host + n` is the arena's copy of this operation's
-                        // piece of round `k` (filled by the stream before the gate the worker
-                        // waited for, for a send), which no other job uses until this one's
-                        // flag and copies back; receive pieces overlap nothing (their buffers
-                        // overlap no other buffer of the group, checked by `run_on`). Empty
-                        // pieces use no memory.
-                        unsafe {
-                            if send {
-                                P2p::SendPiece {
-                                    piece: arena_bytes_at(host, n),
-                                    whole,
-                                    dtype,
-                                    peer,
-                                }
-                            } else {
-                                P2p::RecvPiece {
-                                    piece: arena_bytes_mut_at(host, n),
-                                    whole,
-                                    dtype,
-                                    peer,
-                                }
-                            }
-                        }
-                    })
-                    .collect();
-                super::group::execute_round(&inner, ops, k).map_err(|e| {
-                    e.append(format!(
-                        "rank {}; the group was queued on a stream and ran after the call \
-                         returned (round {k})",
-                        inner.rank
-                    ))
-                })
-            })
-        };
-        let r = Rounds {
-            dev,
-            handle,
-            rounds,
-            window,
-            place,
-        };
-        // SAFETY: every range is a piece of a device buffer of the group, checked live memory
-        // of `dev` by `run_on` and held by `holds` until the stream has copied everything
-        // back; `handle` is the caller's stream of `dev` (a `DeviceStream`).
-        unsafe { comm.queue_rounds(&comm.streams, &r, groups, holds, job) }
-    }
-}
-
 /// A stream call in rounds ([`Communicator::queue_rounds`]): the device and the caller's
 /// stream of it, how many rounds, how many staged at once, and the bytes of a round's place.
 #[derive(Debug, Clone, Copy)]
@@ -499,67 +384,12 @@ pub(crate) struct Rounds {
 
 /// Where an output part starts after its slice's input part: the arena places every range
 /// at a multiple of this ([`Window::slice`]).
-const ALIGN_INPUT: usize = 256;
+pub(super) const ALIGN_INPUT: usize = 256;
 
 #[cfg(test)]
 mod tests {
     use crate::device::{Device, DeviceBuffer, DeviceStream, Provider};
     use crate::{Communicator, Config, ReduceOp};
-
-    /// A group of long messages on a stream runs in rounds through a few pieces of the
-    /// stream's arena: 17 pieces of 64 KiB each way, two messages to one peer and one to
-    /// itself, every element checked, and the arena holds 4 rounds, not the buffers.
-    #[test]
-    fn a_group_of_long_messages_on_a_stream_holds_the_rounds_in_flight() {
-        let dev = Device::new(Provider::Host, 1).unwrap();
-        let config = Config {
-            device_slice_bytes: Some(64 << 10),
-            ..Config::default()
-        };
-        let comms = Communicator::local_group(2, config).unwrap();
-        let n = (1 << 18) + 7; // u32: 17 pieces
-        let value = |r: usize, b: usize, i: usize| (r * 100_000_000 + b * 1_000_000 + i) as u32;
-        std::thread::scope(|sc| {
-            for c in &comms {
-                sc.spawn(move || {
-                    c.set_device(dev).unwrap();
-                    let (r, peer) = (c.rank(), 1 - c.rank());
-                    let data = |r: usize, b: usize, len: usize| -> Vec<u32> {
-                        (0..len).map(|i| value(r, b, i)).collect()
-                    };
-                    let s = DeviceStream::new(dev).unwrap();
-                    let a = DeviceBuffer::from_host(dev, &data(r, 0, n)).unwrap();
-                    let b = DeviceBuffer::from_host(dev, &data(r, 1, 1000)).unwrap();
-                    let mut x = DeviceBuffer::<u32>::new(dev, n).unwrap();
-                    let mut y = DeviceBuffer::<u32>::new(dev, 1000).unwrap();
-                    let mut own = DeviceBuffer::<u32>::new(dev, n).unwrap();
-                    let mut g = c.group();
-                    g.send_device(&a, peer)
-                        .send_device(&b, peer)
-                        .send_device(&a, r)
-                        .recv_device(&mut x, peer)
-                        .recv_device(&mut y, peer)
-                        .recv_device(&mut own, r);
-                    g.run_on(&s).unwrap();
-                    s.synchronize().unwrap();
-                    assert!(x.to_vec().unwrap() == data(peer, 0, n), "rank {r}: long");
-                    assert!(
-                        y.to_vec().unwrap() == data(peer, 1, 1000),
-                        "rank {r}: short"
-                    );
-                    assert!(
-                        own.to_vec().unwrap() == data(r, 0, n),
-                        "rank {r}: to itself"
-                    );
-                    let arena = c.streams.arena_bytes();
-                    // A round's place: 6 pieces of at most 64 KiB, 4 places (about 1 MiB,
-                    // rounded up to 2); the buffers whole would take 4 MiB (8 rounded up).
-                    assert!(arena <= 2 << 20, "rank {r}: arena of {arena} bytes");
-                    assert!(c.async_error().is_none());
-                });
-            }
-        });
-    }
 
     /// A call of many slices stages only the slices in flight in the stream's arena: 1021
     /// floats in 64-byte slices are 64 jobs, and the arena holds 4 places of one slice's input

@@ -3,7 +3,9 @@
  * reduce, all-gather, reduce-scatter, all-to-all) with a distinct value in every element, a
  * pre-multiplied sum with its scalar in device memory, page-locked host buffers with the
  * stream, a group of two calls, send/recv in a group, gather, scatter, a host pointer refused,
- * ncclMemFree.
+ * ncclMemFree; with one process per rank, a group of long sends and receives (several pieces
+ * each where FERRO_DEVICE_SLICE_BYTES is small) beside a short one and messages to self, and
+ * a group whose receive buffers overlap refused.
  *
  *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
@@ -335,6 +337,56 @@ static void collectives(ncclComm_t comm) {
   free(gs);
 }
 
+enum { L = 40013 }; /* int32: 160,052 bytes, 3 pieces of 64 KiB */
+
+/* One group on the stream: a long message to the right and to itself, a short one to the left,
+ * and the matching receives, every element distinct. */
+static void long_sendrecv(ncclComm_t comm) {
+  int n, rank;
+  CHECK(ncclCommCount(comm, &n));
+  CHECK(ncclCommUserRank(comm, &rank));
+  int right = (rank + 1) % n, left = (rank + n - 1) % n;
+  size_t lb = sizeof(int32_t) * L, sb = sizeof(int32_t) * 7;
+  int32_t *a = dev_alloc(lb), *b = dev_alloc(sb), *x = dev_alloc(lb), *y = dev_alloc(sb),
+          *z = dev_alloc(lb);
+  int32_t *h = malloc(lb);
+  for (int i = 0; i < L; i++) h[i] = rank * 10000000 + i;
+  to_dev(a, h, lb);
+  for (int i = 0; i < 7; i++) h[i] = -(rank * 100 + i) - 1;
+  to_dev(b, h, sb);
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(a, L, ncclInt32, right, comm, g_stream));
+  CHECK(ncclSend(b, 7, ncclInt32, left, comm, g_stream));
+  CHECK(ncclSend(a, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclRecv(x, L, ncclInt32, left, comm, g_stream));
+  CHECK(ncclRecv(y, 7, ncclInt32, right, comm, g_stream));
+  CHECK(ncclRecv(z, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(h, x, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == left * 10000000 + i, "long recv from left [%d] = %d", i, h[i]);
+  from_dev(h, y, sb);
+  for (int i = 0; i < 7; i++)
+    EXPECT(h[i] == -(right * 100 + i) - 1, "short recv from right [%d] = %d", i, h[i]);
+  from_dev(h, z, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == rank * 10000000 + i, "long recv from self [%d] = %d", i, h[i]);
+  /* A receive overlapping another buffer of the group is refused before anything moves (sends
+   * to itself only, so no peer waits for this group). */
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(a, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclSend(b, 7, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclRecv(x, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclRecv(x + 1, 7, ncclInt32, rank, comm, g_stream));
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidArgument, "overlap");
+  from_dev(h, x, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == left * 10000000 + i, "after the refused group [%d] = %d", i, h[i]);
+  int32_t *bufs[] = {a, b, x, y, z};
+  for (int i = 0; i < 5; i++) CHECK(ncclMemFree(bufs[i]));
+  free(h);
+}
+
 static int run_rank(int rank, int n, ncclUniqueId id) {
   g_rank = rank;
   if (g_standin) {
@@ -349,6 +401,7 @@ static int run_rank(int rank, int n, ncclUniqueId id) {
   CHECK(ncclCommCuDevice(comm, &dev));
   if (g_standin) EXPECT(dev == rank % 4, "bound to device %d, want %d", dev, rank % 4);
   collectives(comm);
+  long_sendrecv(comm);
   CHECK(ncclCommDestroy(comm));
   return 0;
 }

@@ -56,8 +56,9 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
             ("FERRO_STREAM_WAITS", "0"),
         ],
     );
-    // Calls cut into 256-byte slices, stream-ordered (a stream job cuts its staged
-    // collectives as the blocking form does) and blocking.
+    // Calls cut into 256-byte slices (sends and receives into 64 KiB pieces), stream-ordered
+    // (a stream job cuts its staged collectives as the blocking form does) and blocking, then
+    // both in one run (even ranks stream-ordered, odd ones blocking).
     for waits in ["0", "1"] {
         run_c(
             &exe,
@@ -69,6 +70,14 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
             ],
         );
     }
+    run_c(
+        &exe,
+        &["3", "mixed"],
+        &[
+            ("FERRO_DEVICE_PROVIDER", "host"),
+            ("FERRO_DEVICE_SLICE_BYTES", "256"),
+        ],
+    );
     // Over the p2p transport alone: blocking calls run straight on the device buffers,
     // stream-ordered ones stage through their stream's arena.
     for waits in ["0", "1"] {

@@ -246,9 +246,12 @@ pub(super) fn p2p_rounds(
         if on.device != device || on.stream != stream {
             return Ok(None);
         }
+        // Bytes, as every other path of the C ABI sends them (`run::run_p2p`,
+        // `stream::device_group`): a rank whose group blocks and one whose group is queued
+        // here must send the same headers.
         pieces.push(PieceOp {
             send,
-            dtype,
+            dtype: DataType::Uint8,
             peer,
             addr: buf as u64,
             len: count * dtype.size(),
@@ -348,6 +351,8 @@ mod tests {
         assert_eq!(r.ops().len(), 4);
         assert_eq!((r.ops()[0].send, r.ops()[0].peer), (true, 2));
         assert_eq!((r.ops()[2].addr, r.ops()[2].len), (0x200_0000, long * 4));
+        // Bytes on the wire, as the C ABI's blocking and host paths send them.
+        assert!(r.ops().iter().all(|o| o.dtype == DataType::Uint8));
         // Places for the rounds in flight: 3 pieces of at most 64 KiB each (and an empty one),
         // not the 2 MiB of the buffers.
         let arena = r.arena_bytes();

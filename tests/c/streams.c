@@ -10,6 +10,7 @@
  *   streams NRANKS           ranks are processes (fork); rank 0 sends the id by pipe
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
  *                            communicator through groups (host stand-in only)
+ *   streams NRANKS mixed     as above, even ranks stream-ordered, odd ranks blocking
  *   streams 1 nodriver       no stand-in and no driver: a non-NULL stream and ncclMemAlloc fail
  *                            with ncclSystemError and the driver's message, no crash
  *
@@ -492,6 +493,9 @@ int main(int argc, char **argv) {
     } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
       _exit(4);
     }
+    /* Mode mixed: even ranks complete in stream order, odd ones block; they must exchange the
+     * same messages (read once per process, before the first call). */
+    if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
     fflush(stdout);
     _exit(run_rank(r, n, id));
   }

@@ -190,6 +190,12 @@ if [ -x "$bundle/bin/streams" ]; then
     echo "-- 4d: stream-ordered, FERRO_DEVICE_SLICE_BYTES=256 (calls cut into slices)"
     FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEVICE_SLICE_BYTES=256 \
         FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 deadline=60 part=4d step "$bundle/bin/streams" 2 || rc=1
+    # 4f: the same slices, rank 0 stream-ordered and rank 1 blocking (streams.c's mixed mode):
+    # both forms must exchange the same messages, sends and receives in 64 KiB pieces included
+    # (not run on a GPU before).
+    echo "-- 4f: FERRO_DEVICE_SLICE_BYTES=256, rank 0 stream-ordered, rank 1 blocking"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERROCCL_TEST_TRACE=1 FERRO_DEVICE_SLICE_BYTES=256 \
+        FERROCCL_TEST_SYNC_FIRST=1 deadline=60 part=4f step "$bundle/bin/streams" 2 mixed || rc=1
     # 4e: device memory mapped piece by piece into one reserved range (cuMemMap, as PyTorch's
     # expandable segments): buffers spanning two pieces work, one running past the mapped
     # pieces is refused (tests/c/vmm.c, one rank; not run on a GPU before). Exit 77: skipped.

@@ -4,8 +4,10 @@
 
 use super::ops::{
     coll_layout, p2p_check, refuse_overlaps, rooted_layout, Layout, Op, Reduction, Rooted,
+    RootedLayout,
 };
 use super::stream;
+use crate::device::raw::{At, Span};
 use crate::{Communicator, Error, ReduceOp, Result};
 
 /// Runs the operations of one group on `comm`: collectives and splits in issue order, then
@@ -87,90 +89,54 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
             recv,
             count,
             dtype,
-            on: Some(on),
+            on,
         } => {
             let layout = rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
-            // SAFETY: the layout's buffers are the caller's, valid until the call completes
-            // (NCCL's contract); they are checked against `on` before any copy.
-            unsafe {
-                stream::rooted_on_stream(api, rank, &layout, on, |send, recv| {
-                    let host = Op::Rooted {
-                        api,
-                        which,
-                        root,
-                        send,
-                        recv,
-                        count,
-                        dtype,
-                        on: None,
-                    };
-                    run_one(comm, host)
-                })
+            if let Some(on) = on {
+                // Device buffers: checked, and the work queued on the stream before the call
+                // waited for, before anything moves.
+                stream::check_rooted(api, rank, &layout, on)?;
+                stream::wait_stream(api, on)?;
             }
-        }
-        Op::Rooted {
-            api,
-            which,
-            root,
-            send,
-            recv,
-            count,
-            dtype,
-            on: None,
-        } => {
-            let (send, send_len, recv, recv_len, block, in_place) =
-                rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
             let hkind = match which {
                 Rooted::Gather => crate::wire::kind::GATHER,
                 Rooted::Scatter => crate::wire::kind::SCATTER,
             };
             comm.agree_on_root(api, hkind, root, count, dtype)?;
-            if block == 0 {
-                return Ok(());
-            }
-            // Used buffers are non-NULL with the lengths NCCL's count gives, and overlap only
-            // in the exact in-place layout, where the root's own block is not copied (so the
-            // two slices are never both made). The caller keeps them valid until the call ends.
-            let mut g = comm.group();
-            match (which, rank == root) {
-                (Rooted::Gather, true) => {
-                    // SAFETY: see above.
-                    let r = unsafe { slice_mut(recv, recv_len) };
-                    if !in_place {
-                        // SAFETY: see above; not in place, so no overlap with `r`.
-                        let s = unsafe { slice(send, send_len) };
-                        r[root * block..(root + 1) * block].copy_from_slice(s);
-                    }
-                    for (p, chunk) in r.chunks_mut(block).enumerate() {
-                        if p != root {
-                            g.recv(chunk, p);
+            let ops = rooted_ops(which, root, rank, n, &layout);
+            match on {
+                // SAFETY: the layout's buffers were checked as live memory of the device just
+                // above; a receive range overlaps no other range of the call (blocks of the
+                // receive buffer, which overlaps the send buffer only in the exact in-place
+                // layout, where the root's own block moves nowhere); NCCL's contract keeps
+                // them the call's until it returns.
+                Some(on) => unsafe {
+                    let at: Vec<(bool, usize, At)> = ops
+                        .iter()
+                        .map(|&(send, peer, p, bytes)| {
+                            let span = Span {
+                                device: on.device,
+                                addr: p as u64,
+                                bytes,
+                            };
+                            (send, peer, At::Device(span))
+                        })
+                        .collect();
+                    stream::device_spans(comm, on.device, &at)
+                },
+                None => {
+                    let mut g = comm.group();
+                    for &(is_send, peer, p, len) in &ops {
+                        // SAFETY: as above, for host buffers: used buffers are non-NULL
+                        // (`rooted_layout`) with the lengths NCCL's count gives.
+                        unsafe {
+                            if is_send {
+                                g.send(slice(p, len), peer);
+                            } else {
+                                g.recv(slice_mut(p.cast_mut(), len), peer);
+                            }
                         }
                     }
-                    g.run()
-                }
-                (Rooted::Scatter, true) => {
-                    // SAFETY: see above.
-                    let s = unsafe { slice(send, send_len) };
-                    if !in_place {
-                        // SAFETY: see above; not in place, so no overlap with `s`.
-                        let r = unsafe { slice_mut(recv, recv_len) };
-                        r.copy_from_slice(&s[root * block..(root + 1) * block]);
-                    }
-                    for (p, chunk) in s.chunks(block).enumerate() {
-                        if p != root {
-                            g.send(chunk, p);
-                        }
-                    }
-                    g.run()
-                }
-                (Rooted::Gather, false) => {
-                    // SAFETY: see above.
-                    g.send(unsafe { slice(send, send_len) }, root);
-                    g.run()
-                }
-                (Rooted::Scatter, false) => {
-                    // SAFETY: see above.
-                    g.recv(unsafe { slice_mut(recv, recv_len) }, root);
                     g.run()
                 }
             }
@@ -198,6 +164,60 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
         Op::Send { .. } | Op::Recv { .. } => unsafe {
             stream::p2p_on_streams(comm, vec![op], |ops| run_p2p(comm, ops))
         },
+    }
+}
+
+/// The sends and receives of a gather or scatter on `rank`, as (send?, peer, address, bytes):
+/// the root receives (gather) or sends (scatter) block `p` from or to rank `p`, and moves its
+/// own block as a send to itself and a receive from itself, unless it is already in place;
+/// every other rank sends its block to the root, or receives it from the root. None where the
+/// blocks are empty.
+fn rooted_ops(
+    which: Rooted,
+    root: usize,
+    rank: usize,
+    nranks: usize,
+    layout: &RootedLayout,
+) -> Vec<(bool, usize, *const u8, usize)> {
+    let &(send, _, recv, _, block, in_place) = layout;
+    if block == 0 {
+        return Vec::new();
+    }
+    let recv = recv.cast_const();
+    let at = |base: *const u8, p: usize| base.wrapping_add(p * block);
+    match (which, rank == root) {
+        (Rooted::Gather, false) => vec![(true, root, send, block)],
+        (Rooted::Scatter, false) => vec![(false, root, recv, block)],
+        (Rooted::Gather, true) => {
+            let mut ops = Vec::with_capacity(nranks + 1);
+            if !in_place {
+                ops.extend([
+                    (true, root, send, block),
+                    (false, root, at(recv, root), block),
+                ]);
+            }
+            ops.extend(
+                (0..nranks)
+                    .filter(|&p| p != root)
+                    .map(|p| (false, p, at(recv, p), block)),
+            );
+            ops
+        }
+        (Rooted::Scatter, true) => {
+            let mut ops = Vec::with_capacity(nranks + 1);
+            if !in_place {
+                ops.extend([
+                    (true, root, at(send, root), block),
+                    (false, root, recv, block),
+                ]);
+            }
+            ops.extend(
+                (0..nranks)
+                    .filter(|&p| p != root)
+                    .map(|p| (true, p, at(send, p), block)),
+            );
+            ops
+        }
     }
 }
 

@@ -48,7 +48,7 @@ use super::error::guard;
 use super::ops::{p2p_check, read_scalar, refuse_overlaps, Layout, Op, Reduction, RootedLayout};
 use super::types::*;
 use crate::coll::CollKind;
-use crate::device::raw::Span;
+use crate::device::raw::{At, Span};
 use crate::device::{Device, Provider};
 use crate::{Communicator, Error, ErrorKind, ReduceOp, Result};
 
@@ -364,75 +364,19 @@ pub(crate) fn check_rooted(api: &str, rank: usize, l: &RootedLayout, on: OnStrea
     check_span(api, rank, "recvbuff", recv.cast_const(), recv_len, on)
 }
 
-/// `len` bytes of device memory at `p` copied to the host (empty for `len == 0`).
-///
-/// # Safety
-/// The range is live device memory of `on`'s device (checked by [`check_span`]).
-unsafe fn download(api: &str, p: *const u8, len: usize, on: OnStream) -> Result<Vec<u8>> {
-    let mut v = vec![0u8; len];
-    if len > 0 {
-        // SAFETY: per the caller.
-        unsafe { on.device.read_private(p as u64, &mut v) }.map_err(|e| system(api, e))?;
-    }
-    Ok(v)
-}
-
-/// Copies `src` back to device memory at `p` (nothing for an empty `src`).
-///
-/// # Safety
-/// The range is live device memory of `on`'s device, the call's alone.
-unsafe fn upload(api: &str, p: *mut u8, src: &[u8], on: OnStream) -> Result<()> {
-    if src.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: per the caller.
-    unsafe { on.device.write_private(p as u64, src) }.map_err(|e| system(api, e))
-}
-
 /// Waits for the work queued on the caller's stream before the call (the blocking form; a
 /// stream job runs on host copies instead, `device::stream_stage`).
-fn wait_stream(api: &str, on: OnStream) -> Result<()> {
+pub(crate) fn wait_stream(api: &str, on: OnStream) -> Result<()> {
     let stream = std::ptr::without_provenance_mut::<c_void>(on.stream);
     // SAFETY: the caller's stream of the communicator's device (NCCL's contract for the
     // stream argument), or a special handle; never dereferenced by ferroccl.
     unsafe { on.device.sync_stream(stream) }.map_err(|e| system(api, e))
 }
 
-/// A gather or scatter on device buffers: checked, the stream waited for, the buffers copied
-/// to host memory, `run(send, recv)` on the host copies, the receive buffer copied back.
-///
-/// # Safety
-/// `layout` came from `rooted_layout`; the caller keeps its buffers live and the call's alone
-/// until this returns (NCCL's contract).
-pub(crate) unsafe fn rooted_on_stream(
-    api: &str,
-    rank: usize,
-    layout: &RootedLayout,
-    on: OnStream,
-    run: impl FnOnce(*const u8, *mut u8) -> Result<()>,
-) -> Result<()> {
-    check_rooted(api, rank, layout, on)?;
-    let &(send, send_len, recv, recv_len, ..) = layout;
-    wait_stream(api, on)?;
-    // The receive buffer is copied in too: the root's own block may already be there (in
-    // place). Separate host copies make an in-place call an out-of-place one with equal data.
-    // SAFETY: both ranges were checked as live memory of the device just above.
-    let (s, mut r) = unsafe {
-        (
-            download(api, send, send_len, on)?,
-            download(api, recv, recv_len, on)?,
-        )
-    };
-    let hs = if send_len > 0 { s.as_ptr() } else { send };
-    let hr = if recv_len > 0 { r.as_mut_ptr() } else { recv };
-    run(hs, hr)?;
-    // SAFETY: checked above; the call's alone (the caller's contract).
-    unsafe { upload(api, recv, &r[..recv_len], on) }
-}
-
-/// Sends and receives, some of them on device buffers: those are checked (device, overlap),
-/// their streams waited for, staged through host copies around `run`, and the received bytes
-/// copied back. Host operations pass through unchanged.
+/// Sends and receives, some of them on device buffers: every buffer checked (NULL, device,
+/// overlap), the streams waited for, then one group of device and host operations, each
+/// device buffer straight to its peer's transport where it carries device memory (p2p),
+/// through pinned staging in pieces otherwise. Without a device buffer, `run` runs them.
 ///
 /// # Safety
 /// The operations' buffers are the caller's, live and the group's alone until it completes.
@@ -449,159 +393,98 @@ pub(crate) unsafe fn p2p_on_streams(
     }) {
         return run(&ops);
     }
-    let n = comm.nranks();
-    // (address, bytes, written, stream) of every device buffer.
-    let mut spans = Vec::new();
+    let (rank, n) = (comm.rank(), comm.nranks());
+    let mut group: Vec<(bool, usize, At)> = Vec::with_capacity(ops.len());
+    let mut streams: Vec<OnStream> = Vec::new();
     for op in &ops {
-        match *op {
+        let (send, api, name, buf, count, dtype, peer, on) = match *op {
             Op::Send {
                 buf,
                 count,
                 dtype,
                 peer,
-                on: Some(on),
-            } => {
-                let b = p2p_check("ncclSend", "sendbuff", buf, count, dtype, peer, n)?;
-                check_span("ncclSend", comm.rank(), "sendbuff", buf, b, on)?;
-                spans.push((buf, b, false, on));
-            }
+                on,
+            } => (true, "ncclSend", "sendbuff", buf, count, dtype, peer, on),
             Op::Recv {
                 buf,
                 count,
                 dtype,
                 peer,
-                on: Some(on),
-            } => {
-                let b = p2p_check("ncclRecv", "recvbuff", buf, count, dtype, peer, n)?;
-                check_span("ncclRecv", comm.rank(), "recvbuff", buf, b, on)?;
-                spans.push((buf.cast_const(), b, true, on));
-            }
-            _ => {}
-        }
-    }
-    let bare: Vec<(*const u8, usize, bool)> = spans.iter().map(|s| (s.0, s.1, s.2)).collect();
-    refuse_overlaps("device buffers", &bare)?;
-    let mut waited: Vec<usize> = Vec::new();
-    for s in &spans {
-        if !waited.contains(&s.3.stream) {
-            wait_stream("ncclGroupEnd", s.3)?;
-            waited.push(s.3.stream);
-        }
-    }
-    if let Some(dev) = one_device(&spans) {
-        if spans.len() == ops.len() {
-            // Device buffers alone, on one device: a group of device sends and receives, each
-            // straight to its peer's transport where it carries device memory (p2p), through
-            // a host copy otherwise.
-            // SAFETY: per this function's contract; the spans were checked as live memory of
-            // `dev` and no receive overlaps another span.
-            return unsafe { device_group(comm, dev, &ops) };
-        }
-    }
-    // Host copies, then the operations on them; received copies go back afterwards.
-    let mut copies: Vec<Vec<u8>> = Vec::new();
-    let mut back: Vec<(*mut u8, usize, OnStream)> = Vec::new();
-    let mut host_ops = Vec::with_capacity(ops.len());
-    for op in ops {
-        match op {
-            Op::Send {
-                buf,
+                on,
+            } => (
+                false,
+                "ncclRecv",
+                "recvbuff",
+                buf.cast_const(),
                 count,
                 dtype,
                 peer,
-                on: Some(on),
-            } => {
-                let bytes = count * dtype.size();
-                // SAFETY: checked live memory of the device above.
-                let v = unsafe { download("ncclSend", buf, bytes, on) }?;
-                let p = if bytes > 0 { v.as_ptr() } else { buf };
-                copies.push(v);
-                host_ops.push(Op::Send {
-                    buf: p,
-                    count,
-                    dtype,
-                    peer,
-                    on: None,
-                });
+                on,
+            ),
+            _ => {
+                return Err(Error::internal(
+                    "ncclGroupEnd: a group of sends and receives holds another operation",
+                ))
             }
-            Op::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-                on: Some(on),
-            } => {
-                let bytes = count * dtype.size();
-                let mut v = vec![0u8; bytes];
-                let p = if bytes > 0 { v.as_mut_ptr() } else { buf };
-                back.push((buf, copies.len(), on));
-                copies.push(v);
-                host_ops.push(Op::Recv {
-                    buf: p,
-                    count,
-                    dtype,
-                    peer,
-                    on: None,
-                });
+        };
+        let bytes = p2p_check(api, name, buf, count, dtype, peer, n)?;
+        let at = match on {
+            Some(on) => {
+                check_span(api, rank, name, buf, bytes, on)?;
+                if !streams.iter().any(|s| s.stream == on.stream) {
+                    streams.push(on);
+                }
+                At::Device(Span {
+                    device: on.device,
+                    addr: buf as u64,
+                    bytes,
+                })
             }
-            other => host_ops.push(other),
-        }
+            None => At::Host(buf, bytes),
+        };
+        group.push((send, peer, at));
     }
-    run(&host_ops)?;
-    for (dst, i, on) in back {
-        // SAFETY: checked live memory of the device above; the group's alone.
-        unsafe { upload("ncclRecv", dst, &copies[i], on) }?;
+    let spans: Vec<(*const u8, usize, bool)> = group
+        .iter()
+        .map(|&(send, _, at)| match at {
+            At::Device(sp) => (sp.addr as *const u8, sp.bytes, !send),
+            At::Host(p, len) => (p, len, !send),
+        })
+        .collect();
+    refuse_overlaps("buffers", &spans)?;
+    for on in &streams {
+        wait_stream("ncclGroupEnd", *on)?;
     }
-    Ok(())
+    let dev = streams[0].device;
+    if streams.iter().any(|s| s.device != dev) {
+        return Err(Error::invalid_argument(format!(
+            "ncclGroupEnd on rank {rank}: device buffers of {dev} and {} in one group",
+            streams
+                .iter()
+                .find(|s| s.device != dev)
+                .map_or(dev, |s| s.device)
+        )));
+    }
+    // SAFETY: per this function's contract; every range was checked as live memory of its
+    // space (device ranges of `dev`), and no receive overlaps another range.
+    unsafe { device_spans(comm, dev, &group) }
 }
 
-/// The device of every span, if they share one.
-fn one_device(spans: &[(*const u8, usize, bool, OnStream)]) -> Option<Device> {
-    let dev = spans.first()?.3.device;
-    spans.iter().all(|s| s.3.device == dev).then_some(dev)
-}
-
-/// Runs sends and receives of device buffers of `dev` as one group of device operations.
+/// Runs sends (`true`) and receives, given as (send?, peer, range), as one group on `dev`
+/// ([`Communicator::group_at`]).
 ///
 /// # Safety
-/// Every operation is a send or receive with a stream, its buffer live memory of `dev` for
-/// its bytes and the group's alone until it completes; no receive buffer overlaps another
-/// operation's buffer.
-unsafe fn device_group(comm: &Communicator, dev: Device, ops: &[Op]) -> Result<()> {
+/// As [`Communicator::group_at`]; the device ranges are memory of `dev`.
+pub(crate) unsafe fn device_spans(
+    comm: &Communicator,
+    dev: Device,
+    ops: &[(bool, usize, At)],
+) -> Result<()> {
     if comm.device() != Some(dev) {
         comm.set_device(dev)?;
     }
-    let span = |addr: *const u8, bytes: usize| Span {
-        device: dev,
-        addr: addr as u64,
-        bytes,
-    };
-    let mut spans = Vec::with_capacity(ops.len());
-    for op in ops {
-        spans.push(match *op {
-            Op::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-                ..
-            } => (true, peer, span(buf, count * dtype.size())),
-            Op::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-                ..
-            } => (false, peer, span(buf.cast_const(), count * dtype.size())),
-            _ => {
-                return Err(Error::internal(
-                    "a device group holds sends and receives only",
-                ))
-            }
-        });
-    }
     // SAFETY: per this function's contract.
-    unsafe { comm.group_at(&spans) }
+    unsafe { comm.group_at(ops) }
 }
 
 /// Blocks from `ncclMemAlloc` not yet freed, by address, with their device.

@@ -421,21 +421,6 @@ impl Device {
             Provider::Cuda => unsafe { cuda::download(self.ordinal, dst, addr) },
         }
     }
-
-    /// Copies `src` to device memory at `addr` on a private non-blocking stream (see
-    /// [`Device::read_private`]); returns when done.
-    ///
-    /// # Safety
-    /// As for [`Device::write_raw`].
-    pub(crate) unsafe fn write_private(self, addr: u64, src: &[u8]) -> Result<()> {
-        super::no_driver_here("write_private")?;
-        match self.provider {
-            // SAFETY: per the caller.
-            Provider::Host => unsafe { self.write_raw(addr, src) },
-            // SAFETY: per the caller.
-            Provider::Cuda => unsafe { cuda::upload(self.ordinal, addr, src) },
-        }
-    }
 }
 
 /// The driver's answer to which wait call it has, for logs (`None` without a driver).

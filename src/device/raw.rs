@@ -424,7 +424,7 @@ impl Communicator {
         }
         send.wait_idle();
         recv.wait_idle();
-        let ops: Vec<(bool, usize, Span)> = ops
+        let ops: Vec<(bool, usize, At)> = ops
             .iter()
             .map(|o| {
                 let b: &DeviceBuffer<u8> = if o.in_recv { recv } else { send };
@@ -433,7 +433,7 @@ impl Communicator {
                     addr: b.addr + o.range.start as u64,
                     bytes: o.range.len(),
                 };
-                (o.send, o.peer, span)
+                (o.send, o.peer, At::Device(span))
             })
             .collect();
         // SAFETY: each range lies inside its buffer (checked above), whose memory on its device
@@ -442,25 +442,55 @@ impl Communicator {
         unsafe { self.group_at(&ops) }
     }
 
-    /// Runs sends (`true`) and receives of device memory named by address as one group of
-    /// device operations ([`crate::Group::send_device`]): the entry of
-    /// [`Communicator::raw_group_device`] and of the C ABI's send/recv on device buffers.
+    /// Runs sends (`true`) and receives of memory named by address, device ranges and host
+    /// ranges alike, as one group ([`crate::Group::send_device`], [`crate::Group::send`]):
+    /// the entry of [`Communicator::raw_group_device`] and of the C ABI's sends and receives
+    /// (a group may mix device and host buffers, as NCCL's may).
     ///
     /// # Safety
-    /// Each span is device memory of its device, live while the call runs; a receive's span
-    /// is used by nothing else meanwhile (no other op's span overlaps it).
-    pub(crate) unsafe fn group_at(&self, ops: &[(bool, usize, Span)]) -> Result<()> {
-        let view = |&(_, _, sp): &(bool, usize, Span)| {
-            // SAFETY: per this function's contract.
-            unsafe { DeviceBuffer::<u8>::view(sp.device, sp.addr, sp.bytes) }
-        };
-        let mut views = ops.iter().map(view).collect::<Result<Vec<_>>>()?;
+    /// Each range is memory of its space (a device span: of its device), live while the call
+    /// runs; a receive's range is used by nothing else meanwhile (no other op's range overlaps
+    /// it).
+    pub(crate) unsafe fn group_at(&self, ops: &[(bool, usize, At)]) -> Result<()> {
+        // The device ranges as views, in the order of their operations.
+        let mut views = Vec::with_capacity(ops.len());
+        for &(_, _, at) in ops {
+            if let At::Device(sp) = at {
+                // SAFETY: per this function's contract.
+                views.push(unsafe { DeviceBuffer::<u8>::view(sp.device, sp.addr, sp.bytes) }?);
+            }
+        }
+        let mut views = views.iter_mut();
         let mut g = self.group();
-        for (&(send, peer, _), v) in ops.iter().zip(views.iter_mut()) {
-            if send {
-                g.send_device(&**v, peer);
-            } else {
-                g.recv_device(&mut **v, peer);
+        for &(send, peer, at) in ops {
+            match at {
+                At::Device(_) => {
+                    let v = views.next().expect("one view per device range");
+                    if send {
+                        g.send_device(&**v, peer);
+                    } else {
+                        g.recv_device(&mut **v, peer);
+                    }
+                }
+                // An empty range may be NULL: no slice is made of it.
+                At::Host(_, 0) if send => {
+                    g.send::<u8>(&[], peer);
+                }
+                At::Host(_, 0) => {
+                    g.recv::<u8>(&mut [], peer);
+                }
+                At::Host(p, len) if send => {
+                    // SAFETY: per this function's contract, `len` live bytes at `p`.
+                    g.send(unsafe { std::slice::from_raw_parts(p, len) }, peer);
+                }
+                At::Host(p, len) => {
+                    // SAFETY: per this function's contract, `len` live bytes at `p`, used by
+                    // nothing else while the group runs.
+                    g.recv(
+                        unsafe { std::slice::from_raw_parts_mut(p.cast_mut(), len) },
+                        peer,
+                    );
+                }
             }
         }
         g.run()
@@ -602,6 +632,14 @@ impl RawDeviceP2p {
             range,
         }
     }
+}
+
+/// Where an operation of [`Communicator::group_at`] reads or writes: a device range, or
+/// `len` bytes of host memory at an address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum At {
+    Device(Span),
+    Host(*const u8, usize),
 }
 
 /// A range of device memory named by address: `bytes` at `addr` on `device`.

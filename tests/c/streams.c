@@ -372,8 +372,44 @@ static void long_sendrecv(ncclComm_t comm) {
   from_dev(h, z, lb);
   for (int i = 0; i < L; i++)
     EXPECT(h[i] == rank * 10000000 + i, "long recv from self [%d] = %d", i, h[i]);
+  /* Host and device buffers in one group: a long host send (NULL stream) to the right, a long
+   * device receive from the left. */
+  for (int i = 0; i < L; i++) h[i] = -(rank * 10000000 + i);
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(h, L, ncclInt32, right, comm, NULL));
+  CHECK(ncclRecv(z, L, ncclInt32, left, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(h, z, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == -(left * 10000000 + i), "host to device recv from left [%d] = %d", i, h[i]);
+  /* A long gather to the last rank (out of place) and a long scatter from rank 0 (in place at
+   * the root). */
+  int32_t *all = dev_alloc(lb * n), *ha = malloc(lb * n);
+  for (int i = 0; i < L; i++) h[i] = rank * 10000000 + i;
+  to_dev(a, h, lb);
+  CHECK(ncclGather(a, all, L, ncclInt32, n - 1, comm, g_stream));
+  if (rank == n - 1) {
+    from_dev(ha, all, lb * n);
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < L; i++)
+        EXPECT(ha[(size_t)r * L + i] == r * 10000000 + i, "long gather [%d][%d] = %d", r, i,
+               ha[(size_t)r * L + i]);
+  }
+  if (rank == 0) {
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < L; i++) ha[(size_t)r * L + i] = -(r * 1000000 + i) - 7;
+    to_dev(all, ha, lb * n);
+  }
+  CHECK(ncclScatter(all, rank == 0 ? all : x, L, ncclInt32, 0, comm, g_stream));
+  from_dev(h, rank == 0 ? all : x, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == -(rank * 1000000 + i) - 7, "long scatter [%d] = %d", i, h[i]);
+  CHECK(ncclMemFree(all));
+  free(ha);
   /* A receive overlapping another buffer of the group is refused before anything moves (sends
    * to itself only, so no peer waits for this group). */
+  for (int i = 0; i < L; i++) h[i] = 3 * i + 1;
+  to_dev(x, h, lb);
   CHECK(ncclGroupStart());
   CHECK(ncclSend(a, L, ncclInt32, rank, comm, g_stream));
   CHECK(ncclSend(b, 7, ncclInt32, rank, comm, g_stream));
@@ -382,7 +418,7 @@ static void long_sendrecv(ncclComm_t comm) {
   EXPECT_ERR(ncclGroupEnd(), ncclInvalidArgument, "overlap");
   from_dev(h, x, lb);
   for (int i = 0; i < L; i++)
-    EXPECT(h[i] == left * 10000000 + i, "after the refused group [%d] = %d", i, h[i]);
+    EXPECT(h[i] == 3 * i + 1, "after the refused group [%d] = %d", i, h[i]);
   int32_t *bufs[] = {a, b, x, y, z};
   for (int i = 0; i < 5; i++) CHECK(ncclMemFree(bufs[i]));
   free(h);

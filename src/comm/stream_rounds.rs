@@ -200,22 +200,19 @@ impl Group<'_> {
         let ops: Vec<PieceOp> = self
             .ops
             .iter()
-            .map(|o| match o {
-                P2p::SendDevice { buf, dtype, peer } => PieceOp {
-                    send: true,
-                    dtype: *dtype,
-                    peer: *peer,
-                    addr: buf.mem().addr as u64,
-                    len: buf.mem().len,
-                },
-                P2p::RecvDevice { buf, dtype, peer } => PieceOp {
-                    send: false,
-                    dtype: *dtype,
-                    peer: *peer,
-                    addr: buf.mem().addr as u64,
-                    len: buf.mem().len,
-                },
-                _ => unreachable!("a group on a stream holds device buffers only"),
+            .map(|o| {
+                let (send, mem, dtype, peer) = match o {
+                    P2p::SendDevice { buf, dtype, peer } => (true, buf.mem(), *dtype, *peer),
+                    P2p::RecvDevice { buf, dtype, peer } => (false, buf.mem(), *dtype, *peer),
+                    _ => unreachable!("a group on a stream holds device buffers only"),
+                };
+                PieceOp {
+                    send,
+                    dtype,
+                    peer,
+                    addr: mem.addr as u64,
+                    len: mem.len,
+                }
             })
             .collect();
         let r = P2pRounds::new(ops, piece);

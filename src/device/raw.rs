@@ -639,6 +639,8 @@ impl RawDeviceP2p {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum At {
     Device(Span),
+    /// Made by the C ABI (groups mixing host and device buffers) only.
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     Host(*const u8, usize),
 }
 

@@ -626,8 +626,20 @@ fn device_job_staging_rank(
     direct: bool,
     stage: Option<usize>,
 ) {
+    device_job_env(n, transport, sweep, direct, stage, &[]);
+}
+
+/// [`device_job_staging_rank`] with `extra` variables in the ranks' environment.
+fn device_job_env(
+    n: usize,
+    transport: &str,
+    sweep: &str,
+    direct: bool,
+    stage: Option<usize>,
+    extra: &[(&'static str, &str)],
+) {
     let _serial = child::serial();
-    let env = [
+    let mut env = vec![
         (PROVIDER_ENV, "host".to_string()),
         ("FERRO_TRANSPORTS", transport.to_string()),
         // 65537 elements run as 5 (f32) or 3 (f16, u8) pipelined slices.
@@ -664,6 +676,7 @@ fn device_job_staging_rank(
             stage.map_or_else(|| "none".to_string(), |r| r.to_string()),
         ),
     ];
+    env.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
     let out = ferrorun_self(n, None, "child_device", "device", &env, JOB_LIMIT);
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("DEVICE ");
@@ -720,6 +733,22 @@ fn large_device_collectives_straight_on_device_buffers_over_p2p_3_processes() {
 #[test]
 fn device_collectives_with_one_rank_staged_and_two_direct_over_p2p() {
     device_job_staging_rank(3, "p2p", "direct", true, Some(1));
+}
+
+/// The direct sweep with the reductions straight from the slots queued and not waited for
+/// (`FERRO_P2P_QUEUED_REDUCE=1`): on the stand-in each one runs only at its fence's second
+/// poll, so a slot handed back, or a result read, before its reduction was done would show
+/// as a wrong element.
+#[test]
+fn device_buffers_straight_over_p2p_with_queued_reductions_3_processes() {
+    device_job_env(
+        3,
+        "p2p",
+        "direct",
+        true,
+        None,
+        &[("FERRO_P2P_QUEUED_REDUCE", "1")],
+    );
 }
 
 #[test]

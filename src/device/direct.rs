@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{MemRef, MemSpace, Payload, PayloadMut};
+use ferroccl_transport::{Fence, MemRef, MemSpace, Payload, PayloadMut};
 
 use super::{host, Device, DeviceBuffer, Provider};
 use crate::exec::{ArenaUse, DeviceArena};
@@ -252,6 +252,85 @@ impl Reducer for StandInReducer {
         let (_, s) = self.read("source", src)?;
         let (_, d) = self.write(dst)?;
         HostReducer.copy(d, s)
+    }
+
+    /// With `FERRO_P2P_QUEUED_REDUCE=1`, the stand-in of a kernel queued and not waited for:
+    /// the operands are checked now and the reduction runs at the fence's second poll, so a
+    /// rank that read the result, or a transport that reused the lent piece, before the fence
+    /// was done would see stale bytes.
+    fn reduce_queued(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Option<Payload<'_>>,
+        b: Payload<'_>,
+    ) -> Result<Option<Box<dyn Fence>>> {
+        if !crate::reduce::queued_reductions() {
+            return crate::reduce::reduce_now(self, dtype, op, dst, a, b).map(|()| None);
+        }
+        let (d, a, b) = (dst.mem(), a.map(|a| a.mem()), b.mem());
+        self.check("destination", &d)?;
+        for m in a.iter().chain([&b]).filter(|m| m.space != MemSpace::Host) {
+            self.check("source", m)?;
+        }
+        Ok(Some(Box::new(Deferred {
+            reducer: StandInReducer {
+                ordinal: self.ordinal,
+            },
+            dtype,
+            op,
+            dst: d,
+            a,
+            b,
+            polls: 0,
+        })))
+    }
+}
+
+/// A stand-in reduction queued and not yet run ([`StandInReducer::reduce_queued`]).
+#[derive(Debug)]
+struct Deferred {
+    reducer: StandInReducer,
+    dtype: DataType,
+    op: ElemOp,
+    dst: MemRef,
+    a: Option<MemRef>,
+    b: MemRef,
+    polls: u32,
+}
+
+impl Fence for Deferred {
+    fn done(&mut self) -> Result<bool> {
+        self.polls += 1;
+        match self.polls {
+            1 => Ok(false),
+            2 => {
+                let source = |m: MemRef| -> Payload<'_> {
+                    if m.space != MemSpace::Host {
+                        return Payload::Device(m);
+                    }
+                    if m.len == 0 {
+                        return Payload::Host(&[]);
+                    }
+                    // SAFETY: host memory a transport lent (its slot), which it keeps
+                    // unchanged until this fence is done (`Connection::recv_lent_device`).
+                    Payload::Host(unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) })
+                };
+                let (a, b) = (self.a.map(source), source(self.b));
+                let d = PayloadMut::Device(self.dst);
+                crate::reduce::reduce_now(&self.reducer, self.dtype, self.op, d, a, b)?;
+                Ok(true)
+            }
+            _ => Ok(true),
+        }
+    }
+
+    /// Waited for only where the receive was given up (an error, a drop): the reduction is
+    /// not run then, as a kernel's result is of no use to anyone.
+    fn wait(&mut self) -> Result<()> {
+        self.polls = self.polls.max(3);
+        Ok(())
     }
 }
 

@@ -98,7 +98,7 @@ impl Conn {
         h: &mut Header,
         len: usize,
         p: &mut Progress,
-        sink: &mut dyn FnMut(usize, ferroccl_transport::Payload<'_>) -> Result<()>,
+        sink: &mut ferroccl_transport::LentSink<'_>,
     ) -> Result<bool> {
         self.conn.recv_lent_device(h, len, p, sink)
     }

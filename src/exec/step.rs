@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{
-    Error, ErrorKind, Header, MemRef, Payload, PayloadMut, Progress, RegCache, Result, MAX_PARTS,
+    Error, ErrorKind, Fence, Header, MemRef, Payload, PayloadMut, Progress, RegCache, Result,
+    MAX_PARTS,
 };
 
 use super::wait::{Waiter, Waiting};
@@ -530,7 +531,7 @@ fn advance<W: Waiter>(
                     &mut s.header,
                     src.len,
                     &mut s.progress,
-                    &mut |from, piece| reduce_piece(reducer, dtype, op, src, dst, from, piece),
+                    &mut |from, piece| reduce_lent(reducer, dtype, op, src, dst, from, piece),
                 );
                 profile::phase(Phase::Drive);
                 arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
@@ -758,6 +759,27 @@ fn reduce_piece(
     } else {
         reducer.reduce(dtype, op, d, Payload::Device(src.sub(from, n)), piece)
     };
+    profile::phase(Phase::Drive);
+    r
+}
+
+/// [`reduce_piece`] on a piece of a transport's lent memory: the reducer may queue it and
+/// return the fence the transport waits for before it reuses that memory
+/// ([`Reducer::reduce_queued`]).
+fn reduce_lent(
+    reducer: &dyn Reducer,
+    dtype: DataType,
+    op: ElemOp,
+    src: MemRef,
+    dst: MemRef,
+    from: usize,
+    piece: Payload<'_>,
+) -> Result<Option<Box<dyn Fence>>> {
+    let n = piece.len();
+    let d = PayloadMut::Device(dst.sub(from, n));
+    let a = (src != dst).then(|| Payload::Device(src.sub(from, n)));
+    profile::phase(Phase::Reduce);
+    let r = reducer.reduce_queued(dtype, op, d, a, piece);
     profile::phase(Phase::Drive);
     r
 }

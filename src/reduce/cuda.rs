@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use ferroccl_cuda::device::DeviceKernels;
 use ferroccl_cuda::{CudaError, CudaErrorKind, RcArgs};
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Error, ErrorKind, MemRef, MemSpace, Payload, PayloadMut, Result};
+use ferroccl_transport::{Error, ErrorKind, Fence, MemRef, MemSpace, Payload, PayloadMut, Result};
 
 use super::Reducer;
 
@@ -96,7 +96,7 @@ impl CudaReducer {
     }
 
     /// Checks the lengths and runs one reduce-copy of `srcs` into `dst`, waiting for it.
-    fn run(
+    fn launch(
         &self,
         dtype: DataType,
         op: ElemOp,
@@ -128,10 +128,37 @@ impl CudaReducer {
         }
         // SAFETY: the operands are `Payload::Device` references on this reducer's device, whose
         // makers vouch that they are live device allocations of `len` bytes (MemRef's
-        // contract); the lengths were checked equal above, and the stream is waited for before
-        // returning, so the memory outlives the kernel.
-        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
-        k.synchronize().map_err(|e| convert(&e))
+        // contract); the lengths were checked equal above, and the caller waits for the
+        // stream (`run`) or holds the memory until the mark it gets is done (`queue`), so the
+        // memory outlives the kernel.
+        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))
+    }
+
+    /// [`CudaReducer::launch`], then waits for the stream.
+    fn run(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: MemRef,
+        srcs: &[MemRef],
+        scale: Option<f64>,
+        divide: Option<u64>,
+    ) -> Result<()> {
+        self.launch(dtype, op, dst, srcs, scale, divide)?;
+        self.kernels()?.synchronize().map_err(|e| convert(&e))
+    }
+}
+
+/// The mark after a queued reduction: done once the kernel has run.
+#[derive(Debug)]
+struct Queued(ferroccl_cuda::device::Mark);
+
+impl Fence for Queued {
+    fn done(&mut self) -> Result<bool> {
+        self.0.done().map_err(|e| convert(&e))
+    }
+    fn wait(&mut self) -> Result<()> {
+        self.0.wait().map_err(|e| convert(&e))
     }
 }
 
@@ -188,6 +215,28 @@ impl Reducer for CudaReducer {
             return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
         }
         self.run(dtype, ElemOp::Sum, b, &[b], None, Some(n))
+    }
+
+    fn reduce_queued(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Option<Payload<'_>>,
+        b: Payload<'_>,
+    ) -> Result<Option<Box<dyn Fence>>> {
+        if !super::queued_reductions() {
+            return super::reduce_now(self, dtype, op, dst, a, b).map(|()| None);
+        }
+        let d = self.write("destination", dst)?;
+        let a = match a {
+            Some(a) => self.read("first", a)?,
+            None => d,
+        };
+        let b = self.read("second", b)?;
+        self.launch(dtype, op, d, &[a, b], None, None)?;
+        let mark = self.kernels()?.mark().map_err(|e| convert(&e))?;
+        Ok(Some(Box::new(Queued(mark))))
     }
 
     fn copy(&self, dst: PayloadMut<'_>, src: Payload<'_>) -> Result<()> {

@@ -20,7 +20,7 @@ mod host;
 use std::fmt;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{MemSpace, Payload, PayloadMut, Result};
+use ferroccl_transport::{Fence, MemSpace, Payload, PayloadMut, Result};
 
 pub(crate) use cuda::CudaReducer;
 pub(crate) use host::HostReducer;
@@ -68,4 +68,44 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
 
     /// `dst = src`, same length.
     fn copy(&self, dst: PayloadMut<'_>, src: Payload<'_>) -> Result<()>;
+
+    /// [`Reducer::reduce`] (`dst = a op b`), or [`Reducer::reduce_inplace`] where `a` is
+    /// `None` (`dst = dst op b`), for a transport's lent memory `b`
+    /// (`Connection::recv_lent_device`): it may return before the work is done, with a fence
+    /// that says when it is (`None`: done). The default runs it to the end; the CUDA reducer
+    /// queues the kernel and returns a mark of its stream where [`queued_reductions`] is on.
+    fn reduce_queued(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Option<Payload<'_>>,
+        b: Payload<'_>,
+    ) -> Result<Option<Box<dyn Fence>>> {
+        reduce_now(self, dtype, op, dst, a, b).map(|()| None)
+    }
+}
+
+/// [`Reducer::reduce_queued`]'s work, run to the end.
+pub(crate) fn reduce_now<R: Reducer + ?Sized>(
+    r: &R,
+    dtype: DataType,
+    op: ElemOp,
+    dst: PayloadMut<'_>,
+    a: Option<Payload<'_>>,
+    b: Payload<'_>,
+) -> Result<()> {
+    match a {
+        Some(a) => r.reduce(dtype, op, dst, a, b),
+        None => r.reduce_inplace(dtype, op, dst, b),
+    }
+}
+
+/// `FERRO_P2P_QUEUED_REDUCE=1`: reductions straight from the p2p transport's slots are queued
+/// on the reducer's stream and not waited for; each slot goes back to its sender once its
+/// kernel is done, so the rank drives its sends and its next slots meanwhile. Off by default
+/// (read once per process).
+pub(crate) fn queued_reductions() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRO_P2P_QUEUED_REDUCE").is_ok_and(|v| v.trim() == "1"))
 }

@@ -317,6 +317,22 @@ impl DeviceKernels {
         })
     }
 
+    /// A mark at the current end of the stream (an event without timing): done once everything
+    /// queued on the stream before it has run.
+    pub fn mark(&self) -> Result<Mark> {
+        self.bind()?;
+        let event = self.driver.create_event()?;
+        let mark = Mark {
+            driver: self.driver,
+            ctx: self.ctx,
+            event,
+        };
+        // SAFETY: the event was just created in this context, the stream belongs to it, and
+        // the context is current.
+        unsafe { self.driver.record_event(event, self.stream) }?;
+        Ok(mark)
+    }
+
     /// Milliseconds the work that `f` queues on the stream takes on the device (two events).
     pub fn time(&self, f: impl FnOnce() -> Result<()>) -> Result<f32> {
         let drv = self.driver;
@@ -343,5 +359,50 @@ impl DeviceKernels {
             drv.check("cuEventDestroy", (drv.event_destroy)(end))?;
         }
         Ok(ms)
+    }
+}
+
+/// A point in a [`DeviceKernels`] stream ([`DeviceKernels::mark`]); the event goes with it.
+#[derive(Debug)]
+pub struct Mark {
+    driver: &'static Driver,
+    ctx: Handle,
+    event: Handle,
+}
+
+// SAFETY: the event and the (retained primary) context are driver handles usable from any
+// thread; every method makes the context current first.
+unsafe impl Send for Mark {}
+
+impl Mark {
+    /// Whether the work queued before the mark has run (never blocks).
+    pub fn done(&self) -> Result<bool> {
+        // SAFETY: `ctx` is the retained primary context the event was made in; the event
+        // lives until `Drop`.
+        unsafe {
+            self.driver.set_current(self.ctx)?;
+            self.driver.event_done(self.event)
+        }
+    }
+
+    /// Blocks until the work queued before the mark has run.
+    pub fn wait(&self) -> Result<()> {
+        // SAFETY: as in `done`.
+        unsafe {
+            self.driver.set_current(self.ctx)?;
+            self.driver.sync_event(self.event)
+        }
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        // SAFETY: as in `done`; the event is destroyed once, here (the driver destroys it
+        // once the work before it is done, if it is still pending).
+        unsafe {
+            if self.driver.set_current(self.ctx).is_ok() {
+                let _ = self.driver.destroy_event(self.event);
+            }
+        }
     }
 }

@@ -229,6 +229,19 @@ pub trait Doorbell: Send + Sync + fmt::Debug {
     fn identity(&self) -> usize;
 }
 
+/// Work on memory a transport lent ([`Connection::recv_lent_device`]) that may still be running
+/// when the sink returns: a device reduction queued on a stream and not waited for.
+pub trait Fence: Send + fmt::Debug {
+    /// Whether the work is done (never blocks).
+    fn done(&mut self) -> Result<bool>;
+    /// Blocks until the work is done.
+    fn wait(&mut self) -> Result<()>;
+}
+
+/// The sink of [`Connection::recv_lent_device`]: `(offset, piece)` in, `None` where the piece
+/// was read before it returned, else the [`Fence`] of the work still reading it.
+pub type LentSink<'a> = dyn FnMut(usize, Payload<'_>) -> Result<Option<Box<dyn Fence>>> + 'a;
+
 /// A connection to one peer. Messages in each direction are delivered whole and in order.
 ///
 /// No method blocks. `send` and `recv` move what they can now and report whether the message is
@@ -297,16 +310,19 @@ pub trait Connection: Send + fmt::Debug {
 
     /// [`Connection::recv_lent`] for device reductions: `sink(off, piece)` gets payload bytes
     /// `off..off + piece.len()` where the transport holds them (its device memory, as a
-    /// `Payload::Device`; host memory as a `Payload::Host`), in order, each byte once, and the
-    /// transport reuses that memory once `sink` returns (so `sink` must have finished reading
-    /// it: a device reduction waits for its kernel). Every piece but the last is a whole
-    /// number of 16 bytes. Only for connections that [`lend device memory`](Self::lends_device).
+    /// `Payload::Device`; host memory as a `Payload::Host`), in order, each byte once. Where
+    /// `sink` returns `None` it has finished reading the piece and the transport may reuse
+    /// that memory at once; where it returns a [`Fence`] (a device reduction queued on a
+    /// stream, not waited for), the transport reuses the memory, and counts the piece as
+    /// received, only once the fence is done, and waits for it before the memory goes. Every
+    /// piece but the last is a whole number of 16 bytes. Only for connections that
+    /// [`lend device memory`](Self::lends_device).
     fn recv_lent_device(
         &mut self,
         header: &mut Header,
         len: usize,
         progress: &mut Progress,
-        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+        sink: &mut LentSink<'_>,
     ) -> Result<bool> {
         let _ = (header, len, progress, sink);
         Err(Error::internal(format!(
@@ -395,7 +411,7 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
         h: &mut Header,
         len: usize,
         p: &mut Progress,
-        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+        sink: &mut LentSink<'_>,
     ) -> Result<bool> {
         (**self).recv_lent_device(h, len, p, sink)
     }

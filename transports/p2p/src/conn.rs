@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferroccl_transport::{
-    Connection, Doorbell, Error, Header, LaneTake, Payload, PayloadMut, PeerInfo, PollFd, Progress,
-    Result, SmallLane, HEADER_LEN,
+    Connection, Doorbell, Error, Fence, Header, LaneTake, LentSink, Payload, PayloadMut, PeerInfo,
+    PollFd, Progress, Result, SmallLane, HEADER_LEN,
 };
 use ferroccl_transport_shm::{Bell, PeerWatch, LANE_BYTES};
 
@@ -91,20 +91,30 @@ impl Mover for RxMover<'_, '_> {
     }
 }
 
-/// Hands each slot's bytes to a sink where they lie, instead of copying them out: done as
-/// soon as the sink returns.
-struct LentMover<'a> {
+/// Hands each slot's bytes to a sink where they lie, instead of copying them out: done when
+/// the sink returns, or, where it returns a fence (work still reading the slot), once the
+/// fence is.
+struct LentMover<'a, 'b> {
     c: &'a Copier,
-    sink: &'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+    sink: &'a mut LentSink<'b>,
+    fences: &'a mut [Option<Box<dyn Fence>>],
     slot_bytes: usize,
 }
 
-impl Mover for LentMover<'_> {
+impl Mover for LentMover<'_, '_> {
     fn start(&mut self, slot: usize, off: usize, n: usize) -> Result<()> {
         let piece = self.c.lend(slot * self.slot_bytes, n)?;
-        (self.sink)(off, piece)
+        self.fences[slot] = (self.sink)(off, piece)?;
+        Ok(())
     }
-    fn done(&mut self, _slot: usize) -> Result<bool> {
+    fn done(&mut self, slot: usize) -> Result<bool> {
+        let Some(f) = &mut self.fences[slot] else {
+            return Ok(true);
+        };
+        if !f.done()? {
+            return Ok(false);
+        }
+        self.fences[slot] = None;
         Ok(true)
     }
 }
@@ -115,7 +125,7 @@ enum Rx<'a, 'b> {
     Copy(&'a mut PayloadMut<'b>),
     Lend {
         len: usize,
-        sink: &'a mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+        sink: &'a mut LentSink<'b>,
     },
 }
 
@@ -151,6 +161,9 @@ pub struct P2pConnection {
     p: Parts,
     send: SendSide,
     recv: RecvSide,
+    /// Per slot of the ring this rank reads, the fence of work still reading it where it was
+    /// lent ([`Connection::recv_lent_device`]).
+    lent: Vec<Option<Box<dyn Fence>>>,
     pidfd: Option<OwnedFd>,
     last_liveness: Instant,
     watch: Option<Arc<PeerWatch>>,
@@ -159,6 +172,7 @@ pub struct P2pConnection {
 
 impl P2pConnection {
     pub(crate) fn new(p: Parts) -> P2pConnection {
+        let lent = (0..p.layout.nslots).map(|_| None).collect();
         let pidfd = if p.same_process {
             None
         } else {
@@ -168,6 +182,7 @@ impl P2pConnection {
             p,
             send: SendSide::default(),
             recv: RecvSide::default(),
+            lent,
             pidfd,
             last_liveness: Instant::now(),
             watch: None,
@@ -240,6 +255,7 @@ impl P2pConnection {
                 let mut m = LentMover {
                     c: &self.p.rx_copier,
                     sink: &mut **sink,
+                    fences: &mut self.lent,
                     slot_bytes,
                 };
                 self.recv
@@ -344,7 +360,7 @@ impl Connection for P2pConnection {
         header: &mut Header,
         len: usize,
         p: &mut Progress,
-        sink: &mut dyn FnMut(usize, Payload<'_>) -> Result<()>,
+        sink: &mut LentSink<'_>,
     ) -> Result<bool> {
         self.receive(header, Rx::Lend { len, sink }, p)
     }
@@ -356,7 +372,10 @@ impl Connection for P2pConnection {
     fn poll_fds(&self, _sending: bool, _receiving: bool, _out: &mut Vec<PollFd>) {}
 
     fn in_flight(&self) -> bool {
-        self.p.tx_copier.in_flight() || self.p.rx_copier.in_flight()
+        // Lent slots whose work is not known done: no doorbell rings when it is.
+        self.p.tx_copier.in_flight()
+            || self.p.rx_copier.in_flight()
+            || self.lent.iter().any(Option::is_some)
     }
 
     fn doorbell(&self) -> Option<Arc<dyn Doorbell>> {
@@ -431,5 +450,10 @@ impl SmallLane for P2pConnection {
 impl Drop for P2pConnection {
     fn drop(&mut self) {
         self.shutdown();
+        // Work still reading lent slots finishes before the slots go (an error leaves it
+        // running: nothing more can be done for it).
+        for f in self.lent.iter_mut().filter_map(Option::as_mut) {
+            let _ = f.wait();
+        }
     }
 }

@@ -5,6 +5,8 @@ use ferroccl_transport_testkit::conformance::{self, Options};
 use ferroccl_transport_testkit::drive::{assert_same, exchange, patterns};
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use super::*;
 
@@ -396,7 +398,7 @@ fn lent_device_receives_hand_over_every_byte_once_in_whole_units() {
                 );
                 got.extend_from_slice(bytes);
                 pieces.push(bytes.len());
-                Ok(())
+                Ok(None)
             };
             ferroccl_transport_testkit::drive::wait_for(format_args!("message {k}"), || {
                 b.recv_lent_device(&mut h, m.len(), &mut p, &mut sink)
@@ -419,6 +421,107 @@ fn lent_device_receives_hand_over_every_byte_once_in_whole_units() {
     };
     let (_c, d) = host_pair(&odd).unwrap();
     assert!(!d.lends_device());
+}
+
+/// Work still reading a lent slot, done once its gate opens.
+#[derive(Debug)]
+struct GateFence {
+    open: Arc<AtomicBool>,
+    waited: Arc<AtomicUsize>,
+}
+
+impl ferroccl_transport::Fence for GateFence {
+    fn done(&mut self) -> ferroccl_transport::Result<bool> {
+        Ok(self.open.load(Ordering::SeqCst))
+    }
+    fn wait(&mut self) -> ferroccl_transport::Result<()> {
+        self.waited.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A lent slot whose sink returned a fence stays lent until the fence is done: the sender
+/// stops when every slot is lent, the receive is not complete, the connection says work is in
+/// flight (no doorbell rings when a fence is done); once the fences are done the message
+/// completes whole; and a connection dropped with a fence pending waits for it.
+#[test]
+fn lent_slots_wait_for_their_fences() {
+    let cfg = P2pConfig {
+        nslots: 2,
+        slot_bytes: 4096,
+        ..P2pConfig::host()
+    };
+    let (mut a, mut b) = host_pair(&cfg).unwrap();
+    let msg = &patterns(&[5 * 4096 + 7])[0];
+    let (open, waited) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let h_out = ferroccl_transport_testkit::drive::header(msg.len(), 0);
+    let (mut hs, mut ps) = (h_out, Progress::default());
+    let (mut h, mut p) = (Header::default(), Progress::default());
+    let got = std::cell::RefCell::new(Vec::new());
+    let mut sink = |off: usize, piece: Payload<'_>| {
+        let Payload::Host(bytes) = piece else {
+            panic!("the host provider lends host memory");
+        };
+        let mut got = got.borrow_mut();
+        assert_eq!(off, got.len(), "pieces in order, each byte once");
+        got.extend_from_slice(bytes);
+        let f: Box<dyn ferroccl_transport::Fence> = Box::new(GateFence {
+            open: Arc::clone(&open),
+            waited: Arc::clone(&waited),
+        });
+        Ok(Some(f))
+    };
+    let mut sent = false;
+    let mut received = false;
+    for _ in 0..200 {
+        sent |= a.send(&hs, Payload::Host(msg), &mut ps).unwrap();
+        received |= b
+            .recv_lent_device(&mut h, msg.len(), &mut p, &mut sink)
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    assert!(
+        !sent && !received,
+        "nothing completes while the fences are pending"
+    );
+    assert_eq!(got.borrow().len(), 2 * 4096, "two slots lent, no more");
+    assert!(b.in_flight(), "pending fences are work in flight");
+    open.store(true, Ordering::SeqCst);
+    ferroccl_transport_testkit::drive::wait_for("the message after the fences", || {
+        sent |= a.send(&hs, Payload::Host(msg), &mut ps).unwrap();
+        received |= b
+            .recv_lent_device(&mut h, msg.len(), &mut p, &mut sink)
+            .unwrap();
+        (sent && received).then_some(())
+    });
+    assert_same("the message after the fences", &got.borrow(), msg);
+    assert!(!b.in_flight());
+    assert_eq!(
+        waited.load(Ordering::SeqCst),
+        0,
+        "done fences are not waited for"
+    );
+
+    // A connection dropped with a lent slot's fence pending waits for it.
+    open.store(false, Ordering::SeqCst);
+    hs.seq += 1;
+    let (mut h2, mut p2, mut ps2) = (Header::default(), Progress::default(), Progress::default());
+    got.borrow_mut().clear();
+    ferroccl_transport_testkit::drive::wait_for("a slot lent", || {
+        let _ = a.send(&hs, Payload::Host(msg), &mut ps2).unwrap();
+        let _ = b
+            .recv_lent_device(&mut h2, msg.len(), &mut p2, &mut sink)
+            .unwrap();
+        (!got.borrow().is_empty()).then_some(())
+    });
+    drop(b);
+    assert!(
+        waited.load(Ordering::SeqCst) >= 1,
+        "the pending fence was waited for"
+    );
 }
 
 /// Sends `msg` from `a` to `b` through the ordered stream, both sides driven to the end.

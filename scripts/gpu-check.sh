@@ -276,7 +276,7 @@ fi
 
 if want 8; then
 echo
-echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f and 8g: diagnostics, 4 MiB slices and the time per phase (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
+echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f, 8g and 8h: diagnostics, 4 MiB slices, the time per phase, and reductions from the slots queued (FERRO_P2P_QUEUED_REDUCE) off against on (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     echo "-- 8a. ferroccl-device-check over p2p"
@@ -328,6 +328,20 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     else
         echo "-- 8g: bin/all_reduce_perf_profile missing from the bundle (diagnostic only)"
     fi
+    # 8h, a diagnostic that does not fail the check (the path is off by default): reductions
+    # straight from the slots queued and not waited for (FERRO_P2P_QUEUED_REDUCE=1), each slot
+    # handed back when its kernel's event is done. Every collective against host buffers,
+    # then off and on alternated twice, 1 MiB .. 256 MiB, elements checked.
+    echo "-- 8h (diagnostic): FERRO_P2P_QUEUED_REDUCE=1, device-check over p2p, then off/on alternated"
+    FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_P2P_QUEUED_REDUCE=1 \
+        part=8h step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 2 ||
+        echo "-- 8h: FAIL (diagnostic only: the queued path is off by default)"
+    for q in 0 1 0 1; do
+        echo "-- 8h: FERRO_P2P_QUEUED_REDUCE=$q, threads, direct"
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_P2P_QUEUED_REDUCE=$q \
+            part=8h step "$bundle/bin/all_reduce_perf" -b 1M -e 256M -f 4 -t 2 -n 10 -w 3 -B 1 ||
+            echo "-- 8h: FAIL (diagnostic only: the queued path is off by default)"
+    done
     if [ "$rc" -eq 0 ]; then echo "-- device-direct collectives: PASS"; else echo "-- device-direct collectives: FAIL"; failed=1; fi
 else
     echo "-- device-direct collectives: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"

@@ -341,7 +341,7 @@ static void collectives(ncclComm_t comm) {
 enum { L = 40013 }; /* int32: 160,052 bytes, 3 pieces of 64 KiB */
 
 /* One group on the stream: a long message to the right and to itself, a short one to the left,
- * and the matching receives, every element distinct. */
+ * an empty one (NULL) to the right, and the matching receives, every element distinct. */
 static void long_sendrecv(ncclComm_t comm) {
   int n, rank;
   CHECK(ncclCommCount(comm, &n));
@@ -359,9 +359,11 @@ static void long_sendrecv(ncclComm_t comm) {
   CHECK(ncclSend(a, L, ncclInt32, right, comm, g_stream));
   CHECK(ncclSend(b, 7, ncclInt32, left, comm, g_stream));
   CHECK(ncclSend(a, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclSend(NULL, 0, ncclInt32, right, comm, g_stream)); /* empty, NULL */
   CHECK(ncclRecv(x, L, ncclInt32, left, comm, g_stream));
   CHECK(ncclRecv(y, 7, ncclInt32, right, comm, g_stream));
   CHECK(ncclRecv(z, L, ncclInt32, rank, comm, g_stream));
+  CHECK(ncclRecv(NULL, 0, ncclInt32, left, comm, g_stream));
   CHECK(ncclGroupEnd());
   from_dev(h, x, lb);
   for (int i = 0; i < L; i++)

@@ -254,11 +254,11 @@ impl Reducer for StandInReducer {
         HostReducer.copy(d, s)
     }
 
-    /// With `FERRO_P2P_QUEUED_REDUCE=1`, the stand-in of a kernel queued and not waited for:
+    /// The stand-in of a kernel queued and not waited for (`FERRO_P2P_QUEUED_REDUCE=1`):
     /// the operands are checked now and the reduction runs at the fence's second poll, so a
     /// rank that read the result, or a transport that reused the lent piece, before the fence
     /// was done would see stale bytes.
-    fn reduce_queued(
+    fn queue(
         &self,
         dtype: DataType,
         op: ElemOp,
@@ -266,9 +266,6 @@ impl Reducer for StandInReducer {
         a: Option<Payload<'_>>,
         b: Payload<'_>,
     ) -> Result<Option<Box<dyn Fence>>> {
-        if !crate::reduce::queued_reductions() {
-            return crate::reduce::reduce_now(self, dtype, op, dst, a, b).map(|()| None);
-        }
         let (d, a, b) = (dst.mem(), a.map(|a| a.mem()), b.mem());
         self.check("destination", &d)?;
         for m in a.iter().chain([&b]).filter(|m| m.space != MemSpace::Host) {
@@ -288,7 +285,7 @@ impl Reducer for StandInReducer {
     }
 }
 
-/// A stand-in reduction queued and not yet run ([`StandInReducer::reduce_queued`]).
+/// A stand-in reduction queued and not yet run ([`Reducer::queue`]).
 #[derive(Debug)]
 struct Deferred {
     reducer: StandInReducer,

@@ -525,13 +525,17 @@ fn advance<W: Waiter>(
                 src, dst, header, ..
             } if conn.lends_device() => {
                 // Reduced straight from the transport's memory: no copy into a stage.
-                let (reducer, dtype, op) = (pass.reducer, pass.dtype, pass.op);
+                let w = With {
+                    reducer: pass.reducer,
+                    dtype: pass.dtype,
+                    op: pass.op,
+                };
                 profile::phase(Phase::Recv);
                 let r = conn.recv_lent_device(
                     &mut s.header,
                     src.len,
                     &mut s.progress,
-                    &mut |from, piece| reduce_lent(reducer, dtype, op, src, dst, from, piece),
+                    &mut |from, piece| reduce_piece(w, src, dst, from, piece, true),
                 );
                 profile::phase(Phase::Drive);
                 arrived(&r, conn, s, o.peer(), &header, ctx, waiter)?;
@@ -553,7 +557,13 @@ fn advance<W: Waiter>(
                     // enough bytes.
                     s.reduce_landed(es, DEVICE_REDUCE_BATCH, |from, to| {
                         let piece = Payload::Device(stage.sub(from, to - from));
-                        reduce_piece(pass.reducer, pass.dtype, pass.op, src, dst, from, piece)
+                        let w = With {
+                            reducer: pass.reducer,
+                            dtype: pass.dtype,
+                            op: pass.op,
+                        };
+                        reduce_piece(w, src, dst, from, piece, false)
+                            .map(drop)
                             .map_err(|e| e.context(ctx.label()))
                     })?;
                 }
@@ -740,46 +750,36 @@ fn reduce_range(
     r
 }
 
-/// Reduces `piece`, bytes `from..from + piece.len()` of a device receive-reduce's message
-/// (in the transport's memory or a stage), with the same bytes of `src` into `dst`.
-fn reduce_piece(
-    reducer: &dyn Reducer,
+/// What a device receive-reduce reduces with.
+#[derive(Clone, Copy)]
+struct With<'a> {
+    reducer: &'a dyn Reducer,
     dtype: DataType,
     op: ElemOp,
-    src: MemRef,
-    dst: MemRef,
-    from: usize,
-    piece: Payload<'_>,
-) -> Result<()> {
-    let n = piece.len();
-    let d = PayloadMut::Device(dst.sub(from, n));
-    profile::phase(Phase::Reduce);
-    let r = if src == dst {
-        reducer.reduce_inplace(dtype, op, d, piece)
-    } else {
-        reducer.reduce(dtype, op, d, Payload::Device(src.sub(from, n)), piece)
-    };
-    profile::phase(Phase::Drive);
-    r
 }
 
-/// [`reduce_piece`] on a piece of a transport's lent memory: the reducer may queue it and
-/// return the fence the transport waits for before it reuses that memory
-/// ([`Reducer::reduce_queued`]).
-fn reduce_lent(
-    reducer: &dyn Reducer,
-    dtype: DataType,
-    op: ElemOp,
+/// Reduces `piece`, bytes `from..from + piece.len()` of a device receive-reduce's message
+/// (in the transport's memory or a stage), with the same bytes of `src` into `dst`. `lent`:
+/// the piece is a transport's own memory, lent ([`Connection::recv_lent_device`]), and the
+/// reducer may queue the work and return the fence the transport waits for before it reuses
+/// that memory ([`Reducer::reduce_queued`]); otherwise the work is done when this returns.
+fn reduce_piece(
+    w: With<'_>,
     src: MemRef,
     dst: MemRef,
     from: usize,
     piece: Payload<'_>,
+    lent: bool,
 ) -> Result<Option<Box<dyn Fence>>> {
     let n = piece.len();
     let d = PayloadMut::Device(dst.sub(from, n));
     let a = (src != dst).then(|| Payload::Device(src.sub(from, n)));
     profile::phase(Phase::Reduce);
-    let r = reducer.reduce_queued(dtype, op, d, a, piece);
+    let r = if lent {
+        w.reducer.reduce_queued(w.dtype, w.op, d, a, piece)
+    } else {
+        crate::reduce::reduce_now(w.reducer, w.dtype, w.op, d, a, piece).map(|()| None)
+    };
     profile::phase(Phase::Drive);
     r
 }

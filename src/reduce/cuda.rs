@@ -95,7 +95,9 @@ impl CudaReducer {
         }
     }
 
-    /// Checks the lengths and runs one reduce-copy of `srcs` into `dst`, waiting for it.
+    /// Checks the lengths and queues one reduce-copy of `srcs` into `dst` on the kernels'
+    /// stream, whose kernels it returns: the caller waits for the stream ([`wait`]) or marks
+    /// it ([`Reducer::queue`]).
     fn launch(
         &self,
         dtype: DataType,
@@ -104,7 +106,7 @@ impl CudaReducer {
         srcs: &[MemRef],
         scale: Option<f64>,
         divide: Option<u64>,
-    ) -> Result<()> {
+    ) -> Result<&DeviceKernels> {
         if let Some(s) = srcs.iter().find(|s| s.len != dst.len) {
             return Err(Error::internal(format!(
                 "{NAME}: operand lengths differ ({} and {} bytes)",
@@ -129,24 +131,16 @@ impl CudaReducer {
         // SAFETY: the operands are `Payload::Device` references on this reducer's device, whose
         // makers vouch that they are live device allocations of `len` bytes (MemRef's
         // contract); the lengths were checked equal above, and the caller waits for the
-        // stream (`run`) or holds the memory until the mark it gets is done (`queue`), so the
-        // memory outlives the kernel.
-        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))
+        // stream or holds the memory until the mark it makes is done, so the memory outlives
+        // the kernel.
+        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
+        Ok(k)
     }
+}
 
-    /// [`CudaReducer::launch`], then waits for the stream.
-    fn run(
-        &self,
-        dtype: DataType,
-        op: ElemOp,
-        dst: MemRef,
-        srcs: &[MemRef],
-        scale: Option<f64>,
-        divide: Option<u64>,
-    ) -> Result<()> {
-        self.launch(dtype, op, dst, srcs, scale, divide)?;
-        self.kernels()?.synchronize().map_err(|e| convert(&e))
-    }
+/// Waits until the kernels' stream has run what was queued on it.
+fn wait(k: &DeviceKernels) -> Result<()> {
+    k.synchronize().map_err(|e| convert(&e))
 }
 
 /// The mark after a queued reduction: done once the kernel has run.
@@ -184,7 +178,7 @@ impl Reducer for CudaReducer {
             self.read("first", a)?,
             self.read("second", b)?,
         );
-        self.run(dtype, op, d, &[a, b], None, None)
+        wait(self.launch(dtype, op, d, &[a, b], None, None)?)
     }
 
     fn reduce_inplace(
@@ -195,7 +189,7 @@ impl Reducer for CudaReducer {
         src: Payload<'_>,
     ) -> Result<()> {
         let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
-        self.run(dtype, op, d, &[d, s], None, None)
+        wait(self.launch(dtype, op, d, &[d, s], None, None)?)
     }
 
     fn scale_into(
@@ -206,7 +200,7 @@ impl Reducer for CudaReducer {
         factor: f64,
     ) -> Result<()> {
         let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
-        self.run(dtype, ElemOp::Sum, d, &[s], Some(factor), None)
+        wait(self.launch(dtype, ElemOp::Sum, d, &[s], Some(factor), None)?)
     }
 
     fn divide(&self, dtype: DataType, buf: PayloadMut<'_>, n: u64) -> Result<()> {
@@ -214,10 +208,10 @@ impl Reducer for CudaReducer {
         if n == 0 {
             return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
         }
-        self.run(dtype, ElemOp::Sum, b, &[b], None, Some(n))
+        wait(self.launch(dtype, ElemOp::Sum, b, &[b], None, Some(n))?)
     }
 
-    fn reduce_queued(
+    fn queue(
         &self,
         dtype: DataType,
         op: ElemOp,
@@ -225,17 +219,14 @@ impl Reducer for CudaReducer {
         a: Option<Payload<'_>>,
         b: Payload<'_>,
     ) -> Result<Option<Box<dyn Fence>>> {
-        if !super::queued_reductions() {
-            return super::reduce_now(self, dtype, op, dst, a, b).map(|()| None);
-        }
         let d = self.write("destination", dst)?;
         let a = match a {
             Some(a) => self.read("first", a)?,
             None => d,
         };
         let b = self.read("second", b)?;
-        self.launch(dtype, op, d, &[a, b], None, None)?;
-        let mark = self.kernels()?.mark().map_err(|e| convert(&e))?;
+        let k = self.launch(dtype, op, d, &[a, b], None, None)?;
+        let mark = k.mark().map_err(|e| convert(&e))?;
         Ok(Some(Box::new(Queued(mark))))
     }
 

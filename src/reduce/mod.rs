@@ -71,10 +71,27 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
 
     /// [`Reducer::reduce`] (`dst = a op b`), or [`Reducer::reduce_inplace`] where `a` is
     /// `None` (`dst = dst op b`), for a transport's lent memory `b`
-    /// (`Connection::recv_lent_device`): it may return before the work is done, with a fence
-    /// that says when it is (`None`: done). The default runs it to the end; the CUDA reducer
-    /// queues the kernel and returns a mark of its stream where [`queued_reductions`] is on.
+    /// (`Connection::recv_lent_device`): where [`queued_reductions`] is on, it may return
+    /// before the work is done, with a fence that says when it is ([`Reducer::queue`]);
+    /// `None`: done.
     fn reduce_queued(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dst: PayloadMut<'_>,
+        a: Option<Payload<'_>>,
+        b: Payload<'_>,
+    ) -> Result<Option<Box<dyn Fence>>> {
+        if queued_reductions() {
+            self.queue(dtype, op, dst, a, b)
+        } else {
+            reduce_now(self, dtype, op, dst, a, b).map(|()| None)
+        }
+    }
+
+    /// [`Reducer::reduce_queued`]'s queued form. The default runs it to the end; the CUDA
+    /// reducer queues the kernel and returns a mark of its stream.
+    fn queue(
         &self,
         dtype: DataType,
         op: ElemOp,

@@ -17,6 +17,7 @@
 mod conn;
 mod lane;
 mod layout;
+mod reducing;
 mod space;
 mod step;
 #[cfg(test)]

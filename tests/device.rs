@@ -317,6 +317,50 @@ fn groups_of_long_device_messages_stage_a_few_pieces_at_a_time() {
     });
 }
 
+/// Device messages to the rank itself are copied on the device, not staged through pinned
+/// memory: two pairs to itself (one of 5 pieces), a device message to the other rank and a
+/// host message back, every element checked, and no pinned staging used for the pairs.
+#[test]
+fn device_messages_to_self_are_copied_on_the_device() {
+    let config = Config {
+        device_slice_bytes: Some(64 << 10),
+        ..Config::default()
+    };
+    let comms = Communicator::local_group(2, config).unwrap();
+    let dev = host_device(1);
+    let value = |r: usize, b: usize, i: usize| (r * 100_000_007 + b * 1_000_003 + i) as u32;
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let (r, peer) = (c.rank(), 1 - c.rank());
+                let fill = |b: usize, len: usize| -> Vec<u32> {
+                    (0..len).map(|i| value(r, b, i)).collect()
+                };
+                let (long, short) = ((1 << 16) + 5, 33);
+                let a = DeviceBuffer::from_host(dev, &fill(0, long)).unwrap();
+                let b = DeviceBuffer::from_host(dev, &fill(1, short)).unwrap();
+                let mut a_in = DeviceBuffer::<u32>::new(dev, long).unwrap();
+                let mut b_in = DeviceBuffer::<u32>::new(dev, short).unwrap();
+                let out = fill(2, short);
+                let mut back = vec![0u32; short];
+                let mut g = c.group();
+                g.send_device(&a, r)
+                    .send_device(&b, r)
+                    .recv_device(&mut a_in, r)
+                    .recv_device(&mut b_in, r);
+                g.send(&out, peer).recv(&mut back, peer);
+                g.run().unwrap();
+                assert!(a_in.to_vec().unwrap() == fill(0, long), "rank {r}: long");
+                assert_eq!(b_in.to_vec().unwrap(), fill(1, short), "rank {r}: short");
+                let want: Vec<u32> = (0..short).map(|i| value(peer, 2, i)).collect();
+                assert_eq!(back, want, "rank {r}: host message");
+                assert_eq!(c.staging_bytes(), 0, "rank {r}: pinned staging used");
+            });
+        }
+    });
+}
+
 /// Two long messages to one peer in one group, of one length: a rank that stages device
 /// buffers (in rounds) and a rank with host buffers (in one step) put their pieces on the
 /// channel in the same order, so each lands in its own buffer.

@@ -217,10 +217,60 @@ impl<'a> Group<'a> {
         let Some(dev) = dev else {
             return execute(inner, self.ops, None);
         };
+        let ops = copy_to_self(inner, dev, self.ops)?;
         let mut st = super::lock(&self.comm.device);
         let staging = Communicator::staging(&mut st, dev)?;
-        execute(inner, self.ops, Some(staging))
+        execute(inner, ops, Some(staging))
     }
+}
+
+/// Runs each device send to this rank whose matching receive from it (the same place among
+/// the receives from this rank, of the same length) is a device buffer too as one
+/// device-to-device copy on `dev`, in the communicator's issue order, and returns the other
+/// operations. Messages to this rank never reach a transport, so the peers see no
+/// difference; the pairs left (host buffers, lengths that differ) go through the group as
+/// before, which checks them.
+fn copy_to_self<'a>(inner: &Inner, dev: Device, ops: Vec<P2p<'a>>) -> Result<Vec<P2p<'a>>> {
+    let rank = inner.rank;
+    let to_self = |send: bool| -> Vec<usize> {
+        (0..ops.len())
+            .filter(|&i| ops[i].peer() == (rank, send))
+            .collect()
+    };
+    let (sends, recvs) = (to_self(true), to_self(false));
+    // (source, destination) of each pair copied on the device, and which ops they were.
+    let mut pairs: Vec<(MemRef, MemRef)> = Vec::new();
+    let mut copied = vec![false; ops.len()];
+    for (&s, &r) in sends.iter().zip(&recvs) {
+        let (P2p::SendDevice { buf: from, .. }, P2p::RecvDevice { buf: to, .. }) =
+            (&ops[s], &ops[r])
+        else {
+            continue;
+        };
+        let (from, to) = (from.mem(), to.mem());
+        if from.len == to.len && !from.overlaps(&to) {
+            pairs.push((from, to));
+            copied[s] = true;
+            copied[r] = true;
+        }
+    }
+    if pairs.is_empty() {
+        return Ok(ops);
+    }
+    inner.execute_next(false, |_, _| {
+        for (from, to) in &pairs {
+            // SAFETY: both are device buffers of the group, checked live memory of `dev` and
+            // idle (`Group::run`), the receive borrowed mutably by the group; they do not
+            // overlap.
+            unsafe { dev.copy_within(to.addr as u64, from.addr as u64, to.len) }?;
+        }
+        Ok(())
+    })?;
+    Ok(ops
+        .into_iter()
+        .zip(copied)
+        .filter_map(|(o, c)| (!c).then_some(o))
+        .collect())
 }
 
 /// Every operation's peer is a rank of the communicator.

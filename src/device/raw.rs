@@ -331,16 +331,9 @@ impl<T: Element> DeviceBuffer<T> {
             self.addr + offset as u64 * es,
         );
         let bytes = range.len() * T::DTYPE.size();
-        match self.device.provider {
-            // SAFETY: both ranges lie in their buffers (checked), two distinct allocations (one
-            // borrowed mutably, one shared), both of this device.
-            Provider::Cuda => unsafe { cuda::copy_within(self.device.ordinal, to, from, bytes) },
-            Provider::Host => {
-                // SAFETY: as above; stand-in device memory is heap memory.
-                unsafe { std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, bytes) };
-                Ok(())
-            }
-        }
+        // SAFETY: both ranges lie in their buffers (checked), two distinct allocations (one
+        // borrowed mutably, one shared), both of this device.
+        unsafe { self.device.copy_within(to, from, bytes) }
     }
 
     /// Copies elements `offset..offset + dst.len()` into `dst`; returns when done.
@@ -352,6 +345,28 @@ impl<T: Element> DeviceBuffer<T> {
         unsafe {
             self.device
                 .read_raw(at, ferroccl_kernels::as_bytes_mut(dst))
+        }
+    }
+}
+
+impl Device {
+    /// Copies `len` bytes of this device's memory from `src` to `dst`, device to device;
+    /// returns when done.
+    ///
+    /// # Safety
+    /// Both ranges are live memory of this device for `len` bytes, `dst` used by nothing else
+    /// meanwhile, and they do not overlap.
+    pub(crate) unsafe fn copy_within(self, dst: u64, src: u64, len: usize) -> Result<()> {
+        match self.provider {
+            // SAFETY: per the caller.
+            Provider::Cuda => unsafe { cuda::copy_within(self.ordinal, dst, src, len) },
+            Provider::Host => {
+                if len > 0 {
+                    // SAFETY: per the caller; stand-in device memory is heap memory.
+                    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -23,14 +23,11 @@
 //! | a CUDA device whose streams cannot wait on host memory | the call synchronizes the stream and blocks (said once in the log) |
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
-use crate::device::staging::pieces;
-use crate::device::stream_queue::{landing, orders_call, record_gates};
-use crate::device::stream_stage::{arena_bytes, Span};
+use crate::device::stream_queue::orders_call;
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
 
@@ -295,8 +292,7 @@ impl Group<'_> {
         let comm = self.comm;
         let rank = comm.inner.rank;
         check_peers(&comm.inner, &self.ops)?;
-        // (address, bytes, written) of every buffer, checked on the communicator's device.
-        let mut spans: Vec<Span> = Vec::with_capacity(self.ops.len());
+        // Every buffer, checked on the communicator's device, with whether it is written.
         let mut holds = Vec::with_capacity(self.ops.len());
         let mut bound = None;
         let mut mems = Vec::with_capacity(self.ops.len());
@@ -324,14 +320,7 @@ impl Group<'_> {
                     stream.device()
                 )));
             }
-            let mem = buf.mem();
-            mems.push((mem, written));
-            spans.push(Span {
-                addr: mem.addr as u64,
-                len: mem.len,
-                read: !written,
-                written,
-            });
+            mems.push((buf.mem(), written));
             holds.push(buf.hold());
         }
         let Some(dev) = bound else {
@@ -360,80 +349,10 @@ impl Group<'_> {
             stream.synchronize()?;
             return self.run();
         }
-        let handle = stream.handle();
+        // Every group goes in rounds of pieces (one round where every message is one
+        // piece), as the blocking form cuts it.
         let piece = super::device_calls::piece_bytes(&comm.inner);
-        let rounds = self.ops.iter().map(|o| pieces(o.len(), piece)).max();
-        if rounds.unwrap_or(1) > 1 {
-            return self.queue_rounds_on(stream, holds, piece);
-        }
-        if !orders_call(dev, arena_bytes(&spans)) {
-            drop(holds);
-            stream.synchronize()?;
-            return self.run();
-        }
-        // The job's operations, on the arena's copies: (send?, host address, bytes, dtype,
-        // peer).
-        // SAFETY: every span is live device memory of `dev` (checked above), held below until
-        // the stream has run the copies back; `handle` is a stream of `dev`.
-        let st = unsafe { comm.streams.stage(dev, handle, &spans) }?;
-        let plan: Vec<(bool, usize, usize, DataType, usize)> = self
-            .ops
-            .iter()
-            .zip(&spans)
-            .map(|(o, sp)| {
-                let at = st.host_of(sp.addr).unwrap_or(0);
-                match o {
-                    P2p::SendDevice { dtype, peer, .. } => (true, at, sp.len, *dtype, *peer),
-                    P2p::RecvDevice { dtype, peer, .. } => (false, at, sp.len, *dtype, *peer),
-                    _ => unreachable!("refused above"),
-                }
-            })
-            .collect();
-        let gates = record_gates(dev, &[handle])?;
-        let inner = Arc::clone(&comm.inner);
-        let work = Box::new(move || {
-            let ops: Vec<P2p<'_>> = plan
-                .iter()
-                .map(|&(send, at, len, dtype, peer)| {
-                    // SAFETY: `at..at + len` is the arena's copy of the operation's buffer
-                    // (filled by the stream before the gate the worker waited for where it is
-                    // sent), which no other job uses until this one's flag; no receive range
-                    // overlaps another range (checked above). Empty ranges use no memory.
-                    unsafe {
-                        if send {
-                            P2p::Send {
-                                buf: arena_bytes_at(at, len),
-                                dtype,
-                                peer,
-                            }
-                        } else {
-                            P2p::Recv {
-                                buf: arena_bytes_mut_at(at, len),
-                                dtype,
-                                peer,
-                            }
-                        }
-                    }
-                })
-                .collect();
-            let r = super::group::execute(&inner, ops, None).map_err(|e| {
-                e.append(format!(
-                    "rank {}; the group was queued on a stream and ran after the call returned",
-                    inner.rank
-                ))
-            });
-            if let Err(e) = &r {
-                inner.fail_and_tell(e.clone());
-            }
-            r
-        });
-        let (landed, after) = landing(holds);
-        comm.streams
-            .enqueue(dev, &[handle], gates, work, Some(after))?;
-        // SAFETY: as for the staging above.
-        let g = unsafe { comm.streams.copy_back(dev, handle, &st) }?;
-        let _ = landed.send(vec![g]);
-        Ok(())
+        self.queue_rounds_on(stream, holds, piece)
     }
 }
 

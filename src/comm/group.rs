@@ -231,13 +231,7 @@ impl<'a> Group<'a> {
 /// difference; the pairs left (host buffers, lengths that differ) go through the group as
 /// before, which checks them.
 fn copy_to_self<'a>(inner: &Inner, dev: Device, ops: Vec<P2p<'a>>) -> Result<Vec<P2p<'a>>> {
-    let rank = inner.rank;
-    let to_self = |send: bool| -> Vec<usize> {
-        (0..ops.len())
-            .filter(|&i| ops[i].peer() == (rank, send))
-            .collect()
-    };
-    let (sends, recvs) = (to_self(true), to_self(false));
+    let (sends, recvs) = to_self(inner.rank, &ops);
     // (source, destination) of each pair copied on the device, and which ops they were.
     let mut pairs: Vec<(MemRef, MemRef)> = Vec::new();
     let mut copied = vec![false; ops.len()];
@@ -424,16 +418,23 @@ pub(crate) fn execute_round(inner: &Inner, ops: Vec<P2p<'_>>, k: usize) -> Resul
     })
 }
 
+/// The indexes of the sends to `rank` and of the receives from it among `ops`, in order: the
+/// `i`-th of each make a pair.
+fn to_self(rank: usize, ops: &[P2p<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let of = |send: bool| -> Vec<usize> {
+        (0..ops.len())
+            .filter(|&i| ops[i].peer() == (rank, send))
+            .collect()
+    };
+    (of(true), of(false))
+}
+
 /// Sends to this rank and receives from it match in order, one for one, of equal lengths:
 /// checked before anything moves.
 fn check_self(rank: usize, ops: &[P2p<'_>]) -> Result<()> {
-    let to_self = |send: bool| -> Vec<usize> {
-        ops.iter()
-            .filter(|o| o.peer() == (rank, send))
-            .map(P2p::len)
-            .collect()
-    };
-    let (sends, recvs) = (to_self(true), to_self(false));
+    let (sends, recvs) = to_self(rank, ops);
+    let lens = |v: Vec<usize>| -> Vec<usize> { v.into_iter().map(|i| ops[i].len()).collect() };
+    let (sends, recvs) = (lens(sends), lens(recvs));
     for (i, (&s, &r)) in sends.iter().zip(&recvs).enumerate() {
         if s != r {
             return Err(Error::invalid_argument(format!(

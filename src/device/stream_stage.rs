@@ -52,6 +52,7 @@ const ALIGN: usize = 256;
 
 impl Staged {
     /// The host copy of device address `addr`, where a staged range holds it.
+    #[cfg(any(feature = "capi", test))]
     pub(crate) fn host_of(&self, addr: u64) -> Option<usize> {
         self.spans
             .iter()
@@ -198,6 +199,7 @@ fn merge(spans: &[Span]) -> Vec<Span> {
 }
 
 /// Bytes of a stream's arena that staging `spans` takes (what [`Arenas::stage`] needs).
+#[cfg(feature = "capi")]
 pub(crate) fn arena_bytes(spans: &[Span]) -> usize {
     placed_bytes(&merge(spans))
 }

@@ -247,7 +247,7 @@ pub(super) fn p2p_rounds(
             return Ok(None);
         }
         // Bytes, as every other path of the C ABI sends them (`run::run_p2p`,
-        // `stream::device_group`): a rank whose group blocks and one whose group is queued
+        // `stream::p2p_on_streams`): a rank whose group blocks and one whose group is queued
         // here must send the same headers.
         pieces.push(PieceOp {
             send,

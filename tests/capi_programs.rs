@@ -152,6 +152,16 @@ fn c_program_completes_stream_calls_in_stream_order() {
     run_c(&exe, &["2", "mismatch"], &[host, ("FERRO_TIMEOUT", "20")]);
     run_c(&exe, &["2", "abort"], &[host, ("FERRO_TIMEOUT", "20")]);
     run_c(&exe, &["2", "destroy"], &[host, ("FERRO_TIMEOUT", "20")]);
+    // Long calls in groups of several communicators, each on its own stream: slice by slice
+    // and round by round (256-byte slices, 64 KiB pieces).
+    let slices = ("FERRO_DEVICE_SLICE_BYTES", "256");
+    for n in ["2", "3"] {
+        run_c(
+            &exe,
+            &[n, "pieces"],
+            &[host, slices, ("FERRO_TIMEOUT", "20")],
+        );
+    }
     let Some(inc) = nvidia_include() else {
         eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
         return;

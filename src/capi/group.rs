@@ -9,9 +9,9 @@
 //!
 //! Work with a non-NULL stream on a blocking communicator (every operation of its batch on a
 //! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`),
-//! or, for collectives of one communicator alone in their group, jobs slice by slice, and for
-//! its long sends and receives on one stream, jobs round by round (`slices`): the call, or the
-//! outermost `ncclGroupEnd`, returns without waiting for them.
+//! or, where the batch has its stream to itself and holds a long collective or a long
+//! message, jobs slice by slice and round by round (`slices`): the call, or the outermost
+//! `ncclGroupEnd`, returns without waiting for them.
 //! Other work on a communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
@@ -23,10 +23,9 @@ use super::ops::{
     coll_layout, p2p_spans, refuse_overlaps, rooted_layout, validate, Layout, Op, Reduction,
 };
 use super::run::execute;
-use super::slices::{self, Lone};
+use super::slices::{self, Pieces};
 use super::stream::OnStream;
 use super::types::*;
-use crate::comm::P2pRounds;
 use crate::device::gate::Gate;
 use crate::device::stream_queue::{landing, orders_call, record_gates, Work};
 use crate::device::stream_stage::{arena_bytes, Span, Staged};
@@ -205,11 +204,15 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     // cannot (too large, p2p connections), none does: a blocking batch waits for its streams,
     // and a job queued there by this group may need a peer that blocks in turn on a job of its
     // own (the choice depends on sizes, so it can differ from rank to rank).
+    let streams: Vec<Vec<usize>> = batches
+        .iter()
+        .map(|(_, ops)| ops.iter().filter_map(stream_of).map(|o| o.stream).collect())
+        .collect();
     let mut plans = Vec::with_capacity(batches.len());
-    for (shared, ops) in &batches {
+    for (i, (shared, ops)) in batches.iter().enumerate() {
         let plan = if shared.blocking {
             let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
-            plan_job(shared, ops, checked, batches.len() == 1)?
+            plan_job(shared, ops, checked, alone(&streams, i))?
         } else {
             Plan::Host
         };
@@ -223,8 +226,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     let job = stream_job(&shared, ops, device, spans)?;
                     stream_jobs.push((shared, job));
                 }
-                Plan::Slices(lones) => slices::queue_all(&shared, lones)?,
-                Plan::Rounds(device, stream, r) => slices::queue_p2p(&shared, device, stream, &r)?,
+                Plan::Pieces(p) => slices::queue_pieces(&shared, p)?,
                 Plan::Host | Plan::Block => blocking.push((shared, ops)),
             }
             continue;
@@ -302,6 +304,16 @@ fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
     execute(&comm, ops)
 }
 
+/// Whether batch `i` of a group uses no stream of another batch, given each batch's streams:
+/// then it may be queued slice by slice and round by round, each job gated and waited for in
+/// turn, without a wait of its own holding up another batch's gate (see [`run`]).
+fn alone(streams: &[Vec<usize>], i: usize) -> bool {
+    streams
+        .iter()
+        .enumerate()
+        .all(|(j, theirs)| j == i || !theirs.iter().any(|s| streams[i].contains(s)))
+}
+
 /// The stream of `op`, if it has one (`None`: host buffers, or a split).
 fn stream_of(op: &Op) -> Option<OnStream> {
     match op {
@@ -320,19 +332,18 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
-    /// The batch holds collectives on one stream only and is the group's only batch: one
-    /// stream job per slice of each (`slices`).
-    Slices(Vec<Lone>),
-    /// The batch holds sends and receives on one stream only, one longer than a piece, and is
-    /// the group's only batch: one stream job per round (`slices::p2p_rounds`).
-    Rounds(Device, usize, P2pRounds),
+    /// The batch holds collectives, or sends and receives, or both, on one stream that no
+    /// other batch of the group uses, and a collective cut into slices or a message longer
+    /// than a piece: one stream job per slice of each collective, then one per round of the
+    /// sends and receives (`slices::pieces`).
+    Pieces(Pieces),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
 fn all_or_none(plans: &mut [Plan]) {
     if plans.iter().any(|p| matches!(p, Plan::Block)) {
         for p in plans {
-            if matches!(p, Plan::Job(..) | Plan::Slices(..) | Plan::Rounds(..)) {
+            if matches!(p, Plan::Job(..) | Plan::Pieces(..)) {
                 *p = Plan::Block;
             }
         }
@@ -342,8 +353,9 @@ fn all_or_none(plans: &mut [Plan]) {
 /// Whether the batch `ops` of blocking communicator `shared` can run as one stream job: every
 /// operation has a stream, the device can wait on a flag, and the ranges fit the arenas
 /// ([`orders_call`]); with the ranges to stage per stream. `checked`: the operations'
-/// arguments were checked when they were issued. `alone`: the group's only batch, which may
-/// then run as one job per slice ([`Plan::Slices`]).
+/// arguments were checked when they were issued. `alone`: no other batch of the group uses
+/// its streams, so it may run as jobs slice by slice and round by round ([`Plan::Pieces`]);
+/// batches sharing a stream must record every gate before any wait (see [`run`]).
 fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<Plan> {
     let Some(first) = ops.iter().find_map(stream_of) else {
         return Ok(Plan::Host);
@@ -363,20 +375,12 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
     {
         return Ok(Plan::Block);
     }
-    if alone {
-        if let Some(lones) = slices::lone(&comm, first.device, ops, checked)? {
-            // They run one after another: a stream's arena holds the largest.
-            let most = lones.iter().map(Lone::arena_bytes).max().unwrap_or(0);
-            if !orders_call(first.device, most) {
+    if alone && streams.len() == 1 {
+        if let Some(p) = slices::pieces(&comm, first.device, first.stream, ops, checked)? {
+            if !orders_call(first.device, p.arena_bytes()) {
                 return Ok(Plan::Block);
             }
-            return Ok(Plan::Slices(lones));
-        }
-        if let Some(r) = slices::p2p_rounds(&comm, first.device, first.stream, ops, checked)? {
-            if !orders_call(first.device, r.arena_bytes()) {
-                return Ok(Plan::Block);
-            }
-            return Ok(Plan::Rounds(first.device, first.stream, r));
+            return Ok(Plan::Pieces(p));
         }
     }
     // A job runs its staged collectives on the arena's copies of whole buffers, where a
@@ -738,6 +742,18 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_alone_where_no_other_batch_uses_its_streams() {
+        // One communicator per GPU, a stream each (ncclCommInitAll driven from one thread).
+        let own = [vec![0x10, 0x10], vec![0x20], vec![], vec![0x30, 0x31]];
+        assert!((0..own.len()).all(|i| alone(&own, i)));
+        // Communicators sharing a stream (several on one device): those two are not.
+        let shared = [vec![0x10], vec![0x20, 0x10], vec![0x30]];
+        let got: Vec<bool> = (0..shared.len()).map(|i| alone(&shared, i)).collect();
+        assert_eq!(got, [false, false, true]);
+        assert!(alone(&[vec![0x10]], 0), "the group's only batch");
+    }
+
+    #[test]
     fn one_blocking_batch_with_streams_makes_every_stream_batch_block() {
         let kinds = |plans: &[Plan]| -> Vec<&str> {
             plans
@@ -746,8 +762,7 @@ mod tests {
                     Plan::Host => "host",
                     Plan::Block => "block",
                     Plan::Job(..) => "job",
-                    Plan::Slices(..) => "slices",
-                    Plan::Rounds(..) => "rounds",
+                    Plan::Pieces(..) => "pieces",
                 })
                 .collect()
         };

@@ -1,16 +1,19 @@
-//! Collectives on a stream of one communicator, alone in their group (`ncclAllReduce`,
-//! `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter` or `ncclAlltoAll`
-//! outside a group, or several of them between `ncclGroupStart` and `ncclGroupEnd`, each with
-//! a built-in operation or a pre-multiplied sum whose scalar is known): queued one after
-//! another, each slice by slice, as the Rust API's stream calls are (`comm::stream_slices`), so
-//! that their copies in and back overlap the transfers of the other slices and the pinned
-//! arena holds the slices in flight, not the calls. Likewise a group of one communicator's
-//! `ncclSend`s and `ncclRecv`s on one stream, one of them longer than a piece: queued in rounds,
-//! round `k` moving piece `k` of every message, as the Rust API's stream groups are
-//! (`comm::stream_rounds`). Groups of several communicators, mixing collectives with sends and
-//! receives, over several streams (NCCL joins a group's streams), or of several collectives
-//! none of which is cut (one job is one round trip, not one per call), stay one job per
-//! communicator (`group`).
+//! A communicator's part of a group on one stream, queued piece by piece. Its collectives
+//! (`ncclAllReduce`, `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter`,
+//! `ncclAlltoAll`, each with a built-in operation or a pre-multiplied sum whose scalar is
+//! known) go one after another, each slice by slice, as the Rust API's stream calls do
+//! (`comm::stream_slices`), so that their copies in and back overlap the transfers of the
+//! other slices and the pinned arena holds the slices in flight, not the calls. Its
+//! `ncclSend`s and `ncclRecv`s then go in rounds, round `k` moving piece `k` of every message,
+//! as the Rust API's stream groups do (`comm::stream_rounds`). That is the order in which the
+//! blocking form runs the same operations (`run::execute`).
+//!
+//! The part must have its stream to itself in the group (communicators of one process on
+//! their own GPUs and streams, the `ncclCommInitAll` pattern, qualify; communicators sharing
+//! a stream do not), and something must be cut: a collective into several slices or a
+//! message into several pieces. Otherwise, and for parts with gathers, scatters or splits, a
+//! scalar read when the call runs, or several streams (NCCL joins a group's streams), the part
+//! stays one job (`group`): one job is one round trip, not one per call.
 
 use std::sync::Arc;
 
@@ -24,7 +27,7 @@ use crate::device::Device;
 use crate::{Communicator, DataType, Error, ReduceOp, Result};
 
 /// One collective of a batch, cut into slices.
-pub(super) struct Lone {
+struct Lone {
     call: Sliced,
     api: &'static str,
     kind: CollKind,
@@ -43,13 +46,31 @@ impl Lone {
 /// with a reduction known now (the ones of no element dropped, as every path skips them),
 /// and, when there are several, at least one cut into several slices. `checked`: their
 /// arguments were checked when they were issued.
-pub(super) fn lone(
+fn lone(
     comm: &Communicator,
     device: Device,
     ops: &[Op],
     checked: bool,
 ) -> Result<Option<Vec<Lone>>> {
-    let mut all: Vec<Lone> = Vec::with_capacity(ops.len());
+    let Some(all) = cut_all(comm, device, None, ops.iter(), checked)? else {
+        return Ok(None);
+    };
+    if all.len() > 1 && all.iter().all(|l| l.call.cut.slices <= 1) {
+        return Ok(None);
+    }
+    Ok(Some(all))
+}
+
+/// `ops` as [`Lone`] collectives on `device` (on `stream`, where given, else on the stream of
+/// the first), where every one is such a collective; the ones of no element dropped.
+fn cut_all<'a>(
+    comm: &Communicator,
+    device: Device,
+    stream: Option<usize>,
+    ops: impl Iterator<Item = &'a Op>,
+    checked: bool,
+) -> Result<Option<Vec<Lone>>> {
+    let mut all: Vec<Lone> = Vec::new();
     for op in ops {
         match one(comm, device, op, checked)? {
             One::Cut(l) => all.push(l),
@@ -57,10 +78,8 @@ pub(super) fn lone(
             One::Not => return Ok(None),
         }
     }
-    if all.iter().any(|l| l.call.handle != all[0].call.handle) {
-        return Ok(None);
-    }
-    if all.len() > 1 && all.iter().all(|l| l.call.cut.slices <= 1) {
+    let stream = stream.or(all.first().map(|l| l.call.handle));
+    if all.iter().any(|l| Some(l.call.handle) != stream) {
         return Ok(None);
     }
     Ok(Some(all))
@@ -135,7 +154,7 @@ fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<On
 /// for the largest, so that nothing is left to fail after the first is queued but a driver
 /// call or a stopped queue. One that cannot be queued after another was fails the
 /// communicator: the group would be half issued, out of step with the peers.
-pub(super) fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
+fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
     if let Some(most) = lones.iter().max_by_key(|l| l.arena_bytes()) {
         shared
             .wait_ready()?
@@ -154,7 +173,7 @@ pub(super) fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
 
 /// Queues `lone` on its stream, one job per slice. Each job runs the host collective on its
 /// slice's arena copies (as any C ABI operation runs, `run::execute`).
-pub(super) fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
+fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
     let comm = shared.wait_ready()?;
     let Lone {
         call,
@@ -217,14 +236,32 @@ pub(super) fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
 /// they are: every one a `ncclSend` or `ncclRecv` on that stream, and one longer than a piece.
 /// `checked`: their arguments were checked when they were issued. A receive buffer
 /// overlapping another buffer of the group is refused, as on every path.
-pub(super) fn p2p_rounds(
+fn p2p_rounds(
     comm: &Communicator,
     device: Device,
     stream: usize,
     ops: &[Op],
     checked: bool,
 ) -> Result<Option<P2pRounds>> {
-    let mut pieces = Vec::with_capacity(ops.len());
+    let Some(pieces) = piece_ops(device, stream, ops.iter()) else {
+        return Ok(None);
+    };
+    let r = P2pRounds::new(pieces, comm.piece_bytes());
+    if r.rounds() <= 1 {
+        return Ok(None);
+    }
+    check_p2p(comm, ops, checked)?;
+    Ok(Some(r))
+}
+
+/// `ops` as the pieces' operations of a group in rounds, where every one is a `ncclSend` or
+/// `ncclRecv` on `stream` of `device`.
+fn piece_ops<'a>(
+    device: Device,
+    stream: usize,
+    ops: impl Iterator<Item = &'a Op>,
+) -> Option<Vec<PieceOp>> {
+    let mut pieces = Vec::new();
     for op in ops {
         let (send, buf, count, dtype, peer, on) = match *op {
             Op::Send {
@@ -241,10 +278,10 @@ pub(super) fn p2p_rounds(
                 peer,
                 on: Some(on),
             } => (false, buf.cast_const(), count, dtype, peer, on),
-            _ => return Ok(None),
+            _ => return None,
         };
         if on.device != device || on.stream != stream {
-            return Ok(None);
+            return None;
         }
         // Bytes, as every other path of the C ABI sends them (`run::run_p2p`,
         // `stream::p2p_on_streams`): a rank whose group blocks and one whose group is queued
@@ -257,27 +294,110 @@ pub(super) fn p2p_rounds(
             len: count * dtype.size(),
         });
     }
-    let r = P2pRounds::new(pieces, comm.piece_bytes());
-    if r.rounds() <= 1 {
-        return Ok(None);
-    }
+    Some(pieces)
+}
+
+/// The checks of a group's sends and receives before they are queued: their arguments where
+/// they were not `checked` when issued, and no receive buffer overlapping another buffer.
+fn check_p2p(comm: &Communicator, ops: &[Op], checked: bool) -> Result<()> {
     if !checked {
         for op in ops {
-            validate(op, comm.rank(), comm.nranks())?;
+            if matches!(op, Op::Send { .. } | Op::Recv { .. }) {
+                validate(op, comm.rank(), comm.nranks())?;
+            }
         }
     }
-    refuse_overlaps("device buffers", &p2p_spans(ops))?;
-    Ok(Some(r))
+    refuse_overlaps("device buffers", &p2p_spans(ops))
+}
+
+/// A batch on one stream queued piece by piece: its collectives one after another, each slice
+/// by slice ([`queue`]), then its sends and receives in rounds ([`queue_p2p`]). That is the
+/// order in which the blocking form runs a batch (`run::execute`: the collectives in issue
+/// order, then the sends and receives at once), so a rank whose group blocks and one whose
+/// group is queued here exchange the same messages.
+pub(super) struct Pieces {
+    lones: Vec<Lone>,
+    rounds: Option<(Device, usize, P2pRounds)>,
+}
+
+impl Pieces {
+    /// Bytes of the stream's arena it takes: its parts run one after another.
+    pub(super) fn arena_bytes(&self) -> usize {
+        let most = self.lones.iter().map(Lone::arena_bytes).max().unwrap_or(0);
+        let rounds = self.rounds.as_ref().map_or(0, |(.., r)| r.arena_bytes());
+        most.max(rounds)
+    }
+}
+
+/// `ops`, all on `stream` of `device`, as [`Pieces`], where they can be and that is worth it:
+/// collectives alone ([`lone`]); sends and receives alone, one longer than a piece
+/// ([`p2p_rounds`]); or both, collectives with a reduction known now and sends and receives,
+/// with a collective cut into several slices or a message longer than a piece. Otherwise
+/// (gathers, scatters, splits, a scalar read when the call runs, or nothing cut) one job is
+/// one round trip, not one per part.
+pub(super) fn pieces(
+    comm: &Communicator,
+    device: Device,
+    stream: usize,
+    ops: &[Op],
+    checked: bool,
+) -> Result<Option<Pieces>> {
+    if let Some(lones) = lone(comm, device, ops, checked)? {
+        if lones.iter().all(|l| l.call.handle == stream) {
+            return Ok(Some(Pieces {
+                lones,
+                rounds: None,
+            }));
+        }
+        return Ok(None);
+    }
+    if let Some(r) = p2p_rounds(comm, device, stream, ops, checked)? {
+        return Ok(Some(Pieces {
+            lones: Vec::new(),
+            rounds: Some((device, stream, r)),
+        }));
+    }
+    let is_p2p = |op: &Op| matches!(op, Op::Send { .. } | Op::Recv { .. });
+    if !ops.iter().any(is_p2p) || ops.iter().all(is_p2p) {
+        return Ok(None);
+    }
+    let colls = ops.iter().filter(|op| !is_p2p(op));
+    let Some(lones) = cut_all(comm, device, Some(stream), colls, checked)? else {
+        return Ok(None);
+    };
+    let Some(pieces) = piece_ops(device, stream, ops.iter().filter(|op| is_p2p(op))) else {
+        return Ok(None);
+    };
+    let r = P2pRounds::new(pieces, comm.piece_bytes());
+    if r.rounds() <= 1 && lones.iter().all(|l| l.call.cut.slices <= 1) {
+        return Ok(None);
+    }
+    check_p2p(comm, ops, checked)?;
+    Ok(Some(Pieces {
+        lones,
+        rounds: Some((device, stream, r)),
+    }))
+}
+
+/// Queues `p` ([`pieces`]): its collectives ([`queue_all`]), then its rounds. Rounds that
+/// cannot be queued after a collective was fail the communicator, as in [`queue_all`].
+pub(super) fn queue_pieces(shared: &Arc<Shared>, p: Pieces) -> Result<()> {
+    let had = !p.lones.is_empty();
+    queue_all(shared, p.lones)?;
+    if let Some((device, stream, r)) = p.rounds {
+        if let Err(e) = queue_p2p(shared, device, stream, &r) {
+            if had {
+                shared.wait_ready()?.fail_with(e.clone());
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// Queues the group `r` ([`p2p_rounds`]) on `stream` of `device`, one job per round; each
 /// job moves its pieces on the arena's copies as the blocking form's round does.
-pub(super) fn queue_p2p(
-    shared: &Arc<Shared>,
-    device: Device,
-    stream: usize,
-    r: &P2pRounds,
-) -> Result<()> {
+fn queue_p2p(shared: &Arc<Shared>, device: Device, stream: usize, r: &P2pRounds) -> Result<()> {
     let comm = shared.wait_ready()?;
     let rank = comm.rank();
     let names = match (
@@ -387,6 +507,114 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("overlap"), "{e}");
         assert!(e.to_string().contains("0x101000"), "{e}");
+    }
+
+    #[test]
+    fn collectives_beside_long_messages_are_queued_in_slices_then_rounds() {
+        let config = Config {
+            device_slice_bytes: Some(64 << 10),
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(3, config).unwrap();
+        let comm = &comms[1];
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let on = |stream| {
+            Some(OnStream {
+                device: dev,
+                stream,
+            })
+        };
+        let long = (1 << 20) / 4 + 6; // f32: 17 pieces, or slices, of 64 KiB
+        let send = |at: usize, count| Op::Send {
+            buf: at as *const u8,
+            count,
+            dtype: DataType::Float32,
+            peer: 2,
+            on: on(0x77),
+        };
+        let recv = |at: usize, count| Op::Recv {
+            buf: at as *mut u8,
+            count,
+            dtype: DataType::Float32,
+            peer: 0,
+            on: on(0x77),
+        };
+        let coll = |at: usize, count, red, stream| Op::Coll {
+            api: "ncclAllReduce",
+            kind: CollKind::AllReduce,
+            send: at as *const u8,
+            recv: at as *mut u8,
+            count,
+            dtype: DataType::Float32,
+            red,
+            on: on(stream),
+        };
+        let sum = Reduction::Op(ReduceOp::Sum);
+        let plan = |ops: &[Op]| pieces(comm, dev, 0x77, ops, true);
+
+        // A long message beside a short collective: the collective (one slice), then 17
+        // rounds; the arena holds the larger part, not the buffers.
+        let p = plan(&[
+            send(0x10_0000, long),
+            coll(0x900_0000, 10, sum, 0x77),
+            recv(0x200_0000, long),
+        ])
+        .unwrap()
+        .expect("in pieces");
+        assert_eq!(p.lones.len(), 1);
+        assert_eq!(p.lones[0].call.cut.slices, 1);
+        let (d, stream, r) = p.rounds.as_ref().expect("rounds");
+        assert_eq!((*d, *stream, r.rounds(), r.ops().len()), (dev, 0x77, 17, 2));
+        assert_eq!(
+            p.arena_bytes(),
+            r.arena_bytes().max(p.lones[0].arena_bytes())
+        );
+        assert!(p.arena_bytes() < 1 << 20, "{}", p.arena_bytes());
+
+        // A long collective beside short messages: its slices, then one round. Collectives
+        // keep their issue order (a sum of no element dropped, as every path skips it).
+        let p = plan(&[
+            coll(0x900_0000, long, sum, 0x77),
+            send(0x10_0000, 6),
+            coll(0x800_0000, 0, sum, 0x77),
+            coll(0xa00_0000, 12, sum, 0x77),
+            recv(0x200_0000, 6),
+        ])
+        .unwrap()
+        .expect("in pieces");
+        let got: Vec<(u64, usize)> = p
+            .lones
+            .iter()
+            .map(|l| (l.call.recv.0, l.call.cut.slices))
+            .collect();
+        assert_eq!(got, [(0x900_0000, 17), (0xa00_0000, 1)]);
+        assert_eq!(p.rounds.as_ref().map(|(.., r)| r.rounds()), Some(1));
+
+        // Collectives alone, and messages alone, as before.
+        let alone = plan(&[coll(0x900_0000, long, sum, 0x77)]).unwrap().unwrap();
+        assert!(alone.rounds.is_none() && alone.lones.len() == 1);
+        let alone = plan(&[send(0x10_0000, long)]).unwrap().unwrap();
+        assert!(alone.lones.is_empty() && alone.rounds.is_some());
+
+        // One job, not pieces: nothing longer than a slice or piece; a collective on another
+        // stream; a scalar read when the call runs.
+        let short = [send(0x10_0000, 6), coll(0x900_0000, 10, sum, 0x77)];
+        assert!(plan(&short).unwrap().is_none());
+        let elsewhere = [send(0x10_0000, long), coll(0x900_0000, 10, sum, 0x78)];
+        assert!(plan(&elsewhere).unwrap().is_none());
+        let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);
+        let read_later = [send(0x10_0000, long), coll(0x900_0000, 10, scalar, 0x77)];
+        assert!(plan(&read_later).unwrap().is_none());
+
+        // A receive overlapping a send of the group is refused, as on every path.
+        let e = plan(&[
+            send(0x10_0000, long),
+            coll(0x900_0000, 10, sum, 0x77),
+            recv(0x10_0000 + 64, 8),
+        ])
+        .map(|_| ())
+        .unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{e}");
     }
 
     #[test]

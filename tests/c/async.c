@@ -16,6 +16,11 @@
  *                      FERRO_TIMEOUT.
  *   async 2 destroy    ncclCommDestroy right after the calls (no synchronize): destroy waits
  *                      for the queued collectives, whose results are then in place.
+ *   async N pieces     N communicators, a stream each, one thread, groups of long calls (run
+ *                      with small FERRO_DEVICE_SLICE_BYTES): an allreduce on every
+ *                      communicator, then an allreduce beside sends and receives around the
+ *                      ring, then sends and receives alone; each communicator's part of a
+ *                      group is queued slice by slice and round by round on its own stream.
  *
  * Exit status 0 when every check passed. */
 #include <nccl.h>
@@ -190,6 +195,76 @@ static int run_destroy(void) {
   return 0;
 }
 
+enum { L = 40013 }; /* int32: 3 pieces of 64 KiB */
+
+static int run_pieces(int n) {
+  setup(n);
+  int32_t *buf[MAXC][3];
+  for (int r = 0; r < n; r++)
+    for (int b = 0; b < 3; b++) {
+      char dev[8];
+      snprintf(dev, sizeof dev, "%d", r % 4);
+      setenv("FERRO_DEVICE", dev, 1);
+      void *p = NULL;
+      CHECK(ncclMemAlloc(&p, sizeof(int32_t) * L));
+      buf[r][b] = p;
+    }
+  /* Stand-in device memory is host heap memory: filled before anything is queued. */
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < L; i++) {
+      buf[r][0][i] = r * 100000 + i;
+      buf[r][1][i] = r * 10000000 + 3 * i;
+      buf[r][2][i] = -1;
+    }
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++)
+    CHECK(ncclAllReduce(buf[r][0], buf[r][0], L, ncclInt32, ncclSum, g_comms[r], g_streams[r]));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++) {
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    CHECK(ncclSend(buf[r][1], L, ncclInt32, right, g_comms[r], g_streams[r]));
+    CHECK(ncclAllReduce(buf[r][0], buf[r][0], L, ncclInt32, ncclSum, g_comms[r], g_streams[r]));
+    CHECK(ncclRecv(buf[r][2], L, ncclInt32, left, g_comms[r], g_streams[r]));
+  }
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < n; r++) sync_stream(r);
+  for (int r = 0; r < n; r++) {
+    int left = (r + n - 1) % n;
+    for (int i = 0; i < L; i++) {
+      int32_t want = n * (100000 * n * (n - 1) / 2 + n * i);
+      EXPECT(buf[r][0][i] == want, "comm %d: two allreduces [%d] = %d, want %d", r, i,
+             buf[r][0][i], want);
+      EXPECT(buf[r][2][i] == left * 10000000 + 3 * i, "comm %d: recv from %d [%d] = %d", r,
+             left, i, buf[r][2][i]);
+    }
+  }
+  /* Sends and receives alone, the other way around the ring. */
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++) {
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    CHECK(ncclSend(buf[r][1], L, ncclInt32, left, g_comms[r], g_streams[r]));
+    CHECK(ncclRecv(buf[r][2], L, ncclInt32, right, g_comms[r], g_streams[r]));
+  }
+  CHECK(ncclGroupEnd());
+  for (int r = 0; r < n; r++) sync_stream(r);
+  for (int r = 0; r < n; r++) {
+    int right = (r + 1) % n;
+    for (int i = 0; i < L; i++)
+      EXPECT(buf[r][2][i] == right * 10000000 + 3 * i, "comm %d: recv from %d [%d] = %d", r,
+             right, i, buf[r][2][i]);
+    ncclResult_t async = ncclInternalError;
+    CHECK(ncclCommGetAsyncError(g_comms[r], &async));
+    EXPECT(async == ncclSuccess, "comm %d async error %d", r, (int)async);
+  }
+  for (int r = 0; r < n; r++)
+    for (int b = 0; b < 3; b++) CHECK(ncclMemFree(buf[r][b]));
+  teardown(n);
+  for (int r = 0; r < n; r++) CHECK(ncclCommDestroy(g_comms[r]));
+  printf("OK %d communicators, one thread, long calls in groups\n", n);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 3;
   const char *mode = argc > 2 ? argv[2] : "nogroup";
@@ -205,6 +280,7 @@ int main(int argc, char **argv) {
     return run_abort(limit);
   }
   if (strcmp(mode, "destroy") == 0) return run_destroy();
+  if (strcmp(mode, "pieces") == 0) return run_pieces(n);
   fprintf(stderr, "unknown mode %s\n", mode);
   return 1;
 }

@@ -374,6 +374,25 @@ static void long_sendrecv(ncclComm_t comm) {
   from_dev(h, z, lb);
   for (int i = 0; i < L; i++)
     EXPECT(h[i] == rank * 10000000 + i, "long recv from self [%d] = %d", i, h[i]);
+  /* A long allreduce and long messages in one group: on a stream, the allreduce is queued
+   * slice by slice, then the messages round by round, the order in which a blocking rank runs
+   * such a group (its collectives, then its sends and receives). */
+  for (int i = 0; i < L; i++) h[i] = rank * 100000 + i;
+  to_dev(z, h, lb);
+  for (int i = 0; i < L; i++) h[i] = rank * 10000000 + 2 * i;
+  to_dev(a, h, lb);
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(a, L, ncclInt32, right, comm, g_stream));
+  CHECK(ncclAllReduce(z, z, L, ncclInt32, ncclSum, comm, g_stream));
+  CHECK(ncclRecv(x, L, ncclInt32, left, comm, g_stream));
+  CHECK(ncclGroupEnd());
+  from_dev(h, z, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == 100000 * n * (n - 1) / 2 + n * i, "allreduce beside messages [%d] = %d", i,
+           h[i]);
+  from_dev(h, x, lb);
+  for (int i = 0; i < L; i++)
+    EXPECT(h[i] == left * 10000000 + 2 * i, "recv beside an allreduce [%d] = %d", i, h[i]);
   /* Host and device buffers in one group: a long host send (NULL stream) to the right, a long
    * device receive from the left. */
   for (int i = 0; i < L; i++) h[i] = -(rank * 10000000 + i);

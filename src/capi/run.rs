@@ -98,11 +98,7 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
                 stream::check_rooted(api, rank, &layout, on)?;
                 stream::wait_stream(api, on)?;
             }
-            let hkind = match which {
-                Rooted::Gather => crate::wire::kind::GATHER,
-                Rooted::Scatter => crate::wire::kind::SCATTER,
-            };
-            comm.agree_on_root(api, hkind, root, count, dtype)?;
+            comm.agree_on_root(api, header_kind(which), root, count, dtype)?;
             let ops = rooted_ops(which, root, rank, n, &layout);
             match on {
                 // SAFETY: the layout's buffers were checked as live memory of the device just
@@ -167,12 +163,20 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
     }
 }
 
+/// The header kind of a gather's or scatter's agreement on its root.
+pub(super) fn header_kind(which: Rooted) -> u8 {
+    match which {
+        Rooted::Gather => crate::wire::kind::GATHER,
+        Rooted::Scatter => crate::wire::kind::SCATTER,
+    }
+}
+
 /// The sends and receives of a gather or scatter on `rank`, as (send?, peer, address, bytes):
 /// the root receives (gather) or sends (scatter) block `p` from or to rank `p`, and moves its
 /// own block as a send to itself and a receive from itself, unless it is already in place;
 /// every other rank sends its block to the root, or receives it from the root. None where the
 /// blocks are empty.
-fn rooted_ops(
+pub(super) fn rooted_ops(
     which: Rooted,
     root: usize,
     rank: usize,

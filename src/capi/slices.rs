@@ -1,25 +1,29 @@
 //! A communicator's part of a group on one stream, queued piece by piece. Its collectives
 //! (`ncclAllReduce`, `ncclBroadcast`, `ncclReduce`, `ncclAllGather`, `ncclReduceScatter`,
 //! `ncclAlltoAll`, each with a built-in operation or a pre-multiplied sum whose scalar is
-//! known) go one after another, each slice by slice, as the Rust API's stream calls do
-//! (`comm::stream_slices`), so that their copies in and back overlap the transfers of the
-//! other slices and the pinned arena holds the slices in flight, not the calls. Its
-//! `ncclSend`s and `ncclRecv`s then go in rounds, round `k` moving piece `k` of every message,
-//! as the Rust API's stream groups do (`comm::stream_rounds`). That is the order in which the
-//! blocking form runs the same operations (`run::execute`).
+//! known), gathers and scatters go one after another, in issue order: a collective slice by
+//! slice, as the Rust API's stream calls do (`comm::stream_slices`), so that its copies in and
+//! back overlap the transfers of the other slices and the pinned arena holds the slices in
+//! flight, not the call; a gather or scatter as the agreement on its root, then its blocks in
+//! rounds. Its `ncclSend`s and `ncclRecv`s then go in rounds, round `k` moving piece `k` of
+//! every message, as the Rust API's stream groups do (`comm::stream_rounds`). That is the
+//! order in which the blocking form runs the same operations (`run::execute`).
 //!
 //! The part must have its stream to itself in the group (communicators of one process on
 //! their own GPUs and streams, the `ncclCommInitAll` pattern, qualify; communicators sharing
 //! a stream do not), and something must be cut: a collective into several slices or a
-//! message into several pieces. Otherwise, and for parts with gathers, scatters or splits, a
-//! scalar read when the call runs, or several streams (NCCL joins a group's streams), the part
-//! stays one job (`group`): one job is one round trip, not one per call.
+//! message into several pieces (or the part is one collective, queued as any call is).
+//! Otherwise, and for parts with splits, a scalar read when the call runs, or several streams
+//! (NCCL joins a group's streams), the part stays one job (`group`): one job is one round
+//! trip, not one per call.
 
 use std::sync::Arc;
 
 use super::comm::Shared;
-use super::ops::{coll_layout, p2p_spans, refuse_overlaps, validate, Layout, Op, Reduction};
-use super::run::execute;
+use super::ops::{
+    coll_layout, p2p_spans, refuse_overlaps, rooted_layout, validate, Layout, Op, Reduction, Rooted,
+};
+use super::run::{execute, header_kind, rooted_ops};
 use crate::coll::CollKind;
 use crate::comm::{P2pRounds, PieceOp, RoundContext, SliceJob, Sliced};
 use crate::device::stream_queue::Work;
@@ -35,56 +39,6 @@ struct Lone {
     op: ReduceOp,
 }
 
-impl Lone {
-    /// Bytes of the stream's arena it takes.
-    pub(super) fn arena_bytes(&self) -> usize {
-        self.call.arena_bytes()
-    }
-}
-
-/// `ops` as [`Lone`] collectives on `device`, where they all are: collectives on one stream
-/// with a reduction known now (the ones of no element dropped, as every path skips them),
-/// and, when there are several, at least one cut into several slices. `checked`: their
-/// arguments were checked when they were issued.
-fn lone(
-    comm: &Communicator,
-    device: Device,
-    ops: &[Op],
-    checked: bool,
-) -> Result<Option<Vec<Lone>>> {
-    let Some(all) = cut_all(comm, device, None, ops.iter(), checked)? else {
-        return Ok(None);
-    };
-    if all.len() > 1 && all.iter().all(|l| l.call.cut.slices <= 1) {
-        return Ok(None);
-    }
-    Ok(Some(all))
-}
-
-/// `ops` as [`Lone`] collectives on `device` (on `stream`, where given, else on the stream of
-/// the first), where every one is such a collective; the ones of no element dropped.
-fn cut_all<'a>(
-    comm: &Communicator,
-    device: Device,
-    stream: Option<usize>,
-    ops: impl Iterator<Item = &'a Op>,
-    checked: bool,
-) -> Result<Option<Vec<Lone>>> {
-    let mut all: Vec<Lone> = Vec::new();
-    for op in ops {
-        match one(comm, device, op, checked)? {
-            One::Cut(l) => all.push(l),
-            One::Empty => {}
-            One::Not => return Ok(None),
-        }
-    }
-    let stream = stream.or(all.first().map(|l| l.call.handle));
-    if all.iter().any(|l| Some(l.call.handle) != stream) {
-        return Ok(None);
-    }
-    Ok(Some(all))
-}
-
 /// What [`one`] makes of an operation.
 enum One {
     Cut(Lone),
@@ -94,7 +48,9 @@ enum One {
     Not,
 }
 
-fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<One> {
+/// `op` as a [`Lone`] collective on `stream` of `device`, where it is one: a collective there
+/// with a reduction known now.
+fn one(comm: &Communicator, device: Device, stream: usize, op: &Op, checked: bool) -> Result<One> {
     let Op::Coll {
         api,
         kind,
@@ -108,7 +64,7 @@ fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<On
     else {
         return Ok(One::Not);
     };
-    if on.device != device {
+    if on.device != device || on.stream != stream {
         return Ok(One::Not);
     }
     let (rank, n) = (comm.rank(), comm.nranks());
@@ -148,27 +104,6 @@ fn one(comm: &Communicator, device: Device, op: &Op, checked: bool) -> Result<On
         dtype,
         op: red,
     }))
-}
-
-/// Queues `lones` (on one stream) in order ([`queue`] each), the stream's arena first grown
-/// for the largest, so that nothing is left to fail after the first is queued but a driver
-/// call or a stopped queue. One that cannot be queued after another was fails the
-/// communicator: the group would be half issued, out of step with the peers.
-fn queue_all(shared: &Arc<Shared>, lones: Vec<Lone>) -> Result<()> {
-    if let Some(most) = lones.iter().max_by_key(|l| l.arena_bytes()) {
-        shared
-            .wait_ready()?
-            .reserve_slices(&shared.streams, &most.call)?;
-    }
-    for (i, lone) in lones.into_iter().enumerate() {
-        if let Err(e) = queue(shared, lone) {
-            if i > 0 {
-                shared.wait_ready()?.fail_with(e.clone());
-            }
-            return Err(e);
-        }
-    }
-    Ok(())
 }
 
 /// Queues `lone` on its stream, one job per slice. Each job runs the host collective on its
@@ -218,40 +153,13 @@ fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
         };
         Box::new(move || {
             let comm = s.wait_ready()?;
-            execute(&comm, vec![op]).map_err(|e| {
-                e.context(api).append(format!(
-                    "rank {rank}; the operation was queued on a stream and ran after the call \
-                     returned"
-                ))
-            })
+            execute(&comm, vec![op]).map_err(|e| ran_later(e, api, rank, None))
         })
     };
     // SAFETY: the call's ranges were checked as live memory of its device when it was made
     // (`validate`), and NCCL's contract keeps them the call's until the stream has run past
     // them; `call.handle` is the caller's stream of that device.
     unsafe { comm.queue_slices(&shared.streams, &call, (), job) }
-}
-
-/// `ops` as one group of sends and receives queued in rounds on `stream` of `device`, where
-/// they are: every one a `ncclSend` or `ncclRecv` on that stream, and one longer than a piece.
-/// `checked`: their arguments were checked when they were issued. A receive buffer
-/// overlapping another buffer of the group is refused, as on every path.
-fn p2p_rounds(
-    comm: &Communicator,
-    device: Device,
-    stream: usize,
-    ops: &[Op],
-    checked: bool,
-) -> Result<Option<P2pRounds>> {
-    let Some(pieces) = piece_ops(device, stream, ops.iter()) else {
-        return Ok(None);
-    };
-    let r = P2pRounds::new(pieces, comm.piece_bytes());
-    if r.rounds() <= 1 {
-        return Ok(None);
-    }
-    check_p2p(comm, ops, checked)?;
-    Ok(Some(r))
 }
 
 /// `ops` as the pieces' operations of a group in rounds, where every one is a `ncclSend` or
@@ -283,58 +191,130 @@ fn piece_ops<'a>(
         if on.device != device || on.stream != stream {
             return None;
         }
-        // Bytes, as every other path of the C ABI sends them (`run::run_p2p`,
-        // `stream::p2p_on_streams`): a rank whose group blocks and one whose group is queued
-        // here must send the same headers.
-        pieces.push(PieceOp {
-            send,
-            dtype: DataType::Uint8,
-            peer,
-            addr: buf as u64,
-            len: count * dtype.size(),
-        });
+        pieces.push(bytes(send, peer, buf, count * dtype.size()));
     }
     Some(pieces)
 }
 
-/// The checks of a group's sends and receives before they are queued: their arguments where
-/// they were not `checked` when issued, and no receive buffer overlapping another buffer.
-fn check_p2p(comm: &Communicator, ops: &[Op], checked: bool) -> Result<()> {
-    if !checked {
-        for op in ops {
-            if matches!(op, Op::Send { .. } | Op::Recv { .. }) {
-                validate(op, comm.rank(), comm.nranks())?;
-            }
-        }
+/// A send or receive of `len` bytes at `buf` as an operation of a group in rounds. Bytes, as
+/// every other path of the C ABI sends them (`run::run_p2p`, `stream::p2p_on_streams`,
+/// `run::rooted_ops`): a rank whose group blocks and one whose group is queued here must send
+/// the same headers.
+fn bytes(send: bool, peer: usize, buf: *const u8, len: usize) -> PieceOp {
+    PieceOp {
+        send,
+        dtype: DataType::Uint8,
+        peer,
+        addr: buf as u64,
+        len,
     }
-    refuse_overlaps("device buffers", &p2p_spans(ops))
 }
 
-/// A batch on one stream queued piece by piece: its collectives one after another, each slice
-/// by slice ([`queue`]), then its sends and receives in rounds ([`queue_p2p`]). That is the
-/// order in which the blocking form runs a batch (`run::execute`: the collectives in issue
-/// order, then the sends and receives at once), so a rank whose group blocks and one whose
-/// group is queued here exchange the same messages.
+/// A gather or scatter on `stream` of `device` as a [`Part`], where it is one.
+fn rooted(
+    comm: &Communicator,
+    device: Device,
+    stream: usize,
+    op: &Op,
+    checked: bool,
+) -> Result<Option<Part>> {
+    let Op::Rooted {
+        api,
+        which,
+        root,
+        send,
+        recv,
+        count,
+        dtype,
+        on: Some(on),
+    } = *op
+    else {
+        return Ok(None);
+    };
+    if on.device != device || on.stream != stream {
+        return Ok(None);
+    }
+    let (rank, n) = (comm.rank(), comm.nranks());
+    if !checked {
+        validate(op, rank, n)?;
+    }
+    let layout = rooted_layout(api, which, root, send, recv, count, dtype, rank, n)?;
+    let ops = rooted_ops(which, root, rank, n, &layout)
+        .into_iter()
+        .map(|(send, peer, p, len)| bytes(send, peer, p, len))
+        .collect();
+    Ok(Some(Part::Rooted {
+        api,
+        which,
+        root,
+        count,
+        dtype,
+        rounds: P2pRounds::new(ops, comm.piece_bytes()),
+    }))
+}
+
+/// One part of a batch queued piece by piece, in issue order.
+enum Part {
+    /// A collective, slice by slice.
+    Coll(Lone),
+    /// A gather or scatter: one job in which the ranks agree on its root and count (as the
+    /// blocking form does first, `run::run_one`), then its sends and receives in rounds (the
+    /// root's own block a send to itself and a receive from itself, unless in place).
+    Rooted {
+        api: &'static str,
+        which: Rooted,
+        root: usize,
+        count: usize,
+        dtype: DataType,
+        rounds: P2pRounds,
+    },
+}
+
+impl Part {
+    /// Bytes of the stream's arena it takes.
+    fn arena_bytes(&self) -> usize {
+        match self {
+            Part::Coll(l) => l.call.arena_bytes(),
+            Part::Rooted { rounds, .. } => rounds.arena_bytes(),
+        }
+    }
+
+    /// Whether it is cut: a collective into several slices, a message into several pieces.
+    fn is_cut(&self) -> bool {
+        match self {
+            Part::Coll(l) => l.call.cut.slices > 1,
+            Part::Rooted { rounds, .. } => rounds.rounds() > 1,
+        }
+    }
+}
+
+/// A batch on one stream queued piece by piece: its collectives, gathers and scatters one after
+/// another, in issue order, each slice by slice ([`queue`]) or round by round, then its sends
+/// and receives in rounds ([`queue_p2p`]). That is the order in which the blocking form runs a
+/// batch (`run::execute`: the others in issue order, then the sends and receives at once), so
+/// a rank whose group blocks and one whose group is queued here exchange the same messages.
 pub(super) struct Pieces {
-    lones: Vec<Lone>,
-    rounds: Option<(Device, usize, P2pRounds)>,
+    device: Device,
+    stream: usize,
+    parts: Vec<Part>,
+    rounds: Option<P2pRounds>,
 }
 
 impl Pieces {
     /// Bytes of the stream's arena it takes: its parts run one after another.
     pub(super) fn arena_bytes(&self) -> usize {
-        let most = self.lones.iter().map(Lone::arena_bytes).max().unwrap_or(0);
-        let rounds = self.rounds.as_ref().map_or(0, |(.., r)| r.arena_bytes());
-        most.max(rounds)
+        let most = self.parts.iter().map(Part::arena_bytes).max().unwrap_or(0);
+        most.max(self.rounds.as_ref().map_or(0, P2pRounds::arena_bytes))
     }
 }
 
 /// `ops`, all on `stream` of `device`, as [`Pieces`], where they can be and that is worth it:
-/// collectives alone ([`lone`]); sends and receives alone, one longer than a piece
-/// ([`p2p_rounds`]); or both, collectives with a reduction known now and sends and receives,
-/// with a collective cut into several slices or a message longer than a piece. Otherwise
-/// (gathers, scatters, splits, a scalar read when the call runs, or nothing cut) one job is
-/// one round trip, not one per part.
+/// collectives with a reduction known now, gathers, scatters, sends and receives, one of them
+/// cut (a collective into several slices, a message into several pieces), or one collective
+/// alone (queued as any call is). Otherwise (a split, a scalar read when the call runs, or
+/// nothing cut) `None`: one job is one round trip, not one per part. `checked`: their
+/// arguments were checked when they were issued. A receive buffer overlapping another buffer
+/// of the sends and receives is refused, as on every path.
 pub(super) fn pieces(
     comm: &Communicator,
     device: Device,
@@ -342,82 +322,170 @@ pub(super) fn pieces(
     ops: &[Op],
     checked: bool,
 ) -> Result<Option<Pieces>> {
-    if let Some(lones) = lone(comm, device, ops, checked)? {
-        if lones.iter().all(|l| l.call.handle == stream) {
-            return Ok(Some(Pieces {
-                lones,
-                rounds: None,
-            }));
+    let mut parts = Vec::new();
+    let mut p2p = Vec::new();
+    for op in ops {
+        match op {
+            Op::Send { .. } | Op::Recv { .. } => p2p.push(op),
+            Op::Coll { .. } => match one(comm, device, stream, op, checked)? {
+                One::Cut(l) => parts.push(Part::Coll(l)),
+                One::Empty => {}
+                One::Not => return Ok(None),
+            },
+            Op::Rooted { .. } => match rooted(comm, device, stream, op, checked)? {
+                Some(part) => parts.push(part),
+                None => return Ok(None),
+            },
+            Op::Split { .. } => return Ok(None),
         }
-        return Ok(None);
     }
-    if let Some(r) = p2p_rounds(comm, device, stream, ops, checked)? {
-        return Ok(Some(Pieces {
-            lones: Vec::new(),
-            rounds: Some((device, stream, r)),
-        }));
-    }
-    let is_p2p = |op: &Op| matches!(op, Op::Send { .. } | Op::Recv { .. });
-    if !ops.iter().any(is_p2p) || ops.iter().all(is_p2p) {
-        return Ok(None);
-    }
-    let colls = ops.iter().filter(|op| !is_p2p(op));
-    let Some(lones) = cut_all(comm, device, Some(stream), colls, checked)? else {
-        return Ok(None);
+    let rounds = if p2p.is_empty() {
+        None
+    } else {
+        let Some(pieces) = piece_ops(device, stream, p2p.iter().copied()) else {
+            return Ok(None);
+        };
+        Some(P2pRounds::new(pieces, comm.piece_bytes()))
     };
-    let Some(pieces) = piece_ops(device, stream, ops.iter().filter(|op| is_p2p(op))) else {
-        return Ok(None);
-    };
-    let r = P2pRounds::new(pieces, comm.piece_bytes());
-    if r.rounds() <= 1 && lones.iter().all(|l| l.call.cut.slices <= 1) {
+    let cut = parts.iter().any(Part::is_cut) || rounds.as_ref().is_some_and(|r| r.rounds() > 1);
+    let one_call = rounds.is_none()
+        && parts.len() <= 1
+        && !parts.iter().any(|p| matches!(p, Part::Rooted { .. }));
+    if !cut && !one_call {
         return Ok(None);
     }
-    check_p2p(comm, ops, checked)?;
+    if rounds.is_some() {
+        if !checked {
+            for op in &p2p {
+                validate(op, comm.rank(), comm.nranks())?;
+            }
+        }
+        refuse_overlaps("device buffers", &p2p_spans(ops))?;
+    }
     Ok(Some(Pieces {
-        lones,
-        rounds: Some((device, stream, r)),
+        device,
+        stream,
+        parts,
+        rounds,
     }))
 }
 
-/// Queues `p` ([`pieces`]): its collectives ([`queue_all`]), then its rounds. Rounds that
-/// cannot be queued after a collective was fail the communicator, as in [`queue_all`].
+/// Queues `p` ([`pieces`]) in order, the stream's arena first grown for its largest
+/// collective, so that little is left to fail after the first part is queued but a driver call
+/// or a stopped queue. A part that cannot be queued after another was fails the communicator:
+/// the group would be half issued, out of step with the peers.
 pub(super) fn queue_pieces(shared: &Arc<Shared>, p: Pieces) -> Result<()> {
-    let had = !p.lones.is_empty();
-    queue_all(shared, p.lones)?;
-    if let Some((device, stream, r)) = p.rounds {
-        if let Err(e) = queue_p2p(shared, device, stream, &r) {
-            if had {
+    let Pieces {
+        device,
+        stream,
+        parts,
+        rounds,
+    } = p;
+    let most = parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Coll(l) => Some(l),
+            Part::Rooted { .. } => None,
+        })
+        .max_by_key(|l| l.call.arena_bytes());
+    if let Some(most) = most {
+        shared
+            .wait_ready()?
+            .reserve_slices(&shared.streams, &most.call)?;
+    }
+    let mut queued = 0;
+    let mut go = |r: Result<()>| -> Result<()> {
+        if let Err(e) = r {
+            if queued > 0 {
                 shared.wait_ready()?.fail_with(e.clone());
             }
             return Err(e);
         }
+        queued += 1;
+        Ok(())
+    };
+    for part in parts {
+        match part {
+            Part::Coll(lone) => go(queue(shared, lone))?,
+            Part::Rooted {
+                api,
+                which,
+                root,
+                count,
+                dtype,
+                rounds,
+            } => {
+                go(agree(shared, device, api, which, root, count, dtype))?;
+                if !rounds.ops().is_empty() {
+                    go(queue_p2p(shared, device, stream, &rounds, api))?;
+                }
+            }
+        }
+    }
+    if let Some(r) = rounds {
+        let names = match (
+            r.ops().iter().any(|o| o.send),
+            r.ops().iter().any(|o| !o.send),
+        ) {
+            (true, true) => "ncclSend, ncclRecv",
+            (true, false) => "ncclSend",
+            _ => "ncclRecv",
+        };
+        go(queue_p2p(shared, device, stream, &r, names))?;
     }
     Ok(())
 }
 
-/// Queues the group `r` ([`p2p_rounds`]) on `stream` of `device`, one job per round; each
-/// job moves its pieces on the arena's copies as the blocking form's round does.
-fn queue_p2p(shared: &Arc<Shared>, device: Device, stream: usize, r: &P2pRounds) -> Result<()> {
+/// What the error of an operation queued on a stream gains: the call's name, the rank, and
+/// that it ran after the call returned.
+fn ran_later(e: Error, names: &str, rank: usize, round: Option<usize>) -> Error {
+    let round = round.map_or(String::new(), |k| format!(" (round {k})"));
+    e.context(names).append(format!(
+        "rank {rank}; the operation was queued on a stream and ran after the call returned{round}"
+    ))
+}
+
+/// Queues the job in which the ranks agree on a gather's or scatter's root and count, as the
+/// blocking form does before it moves anything. It touches no buffer, so no stream waits for
+/// it; the rounds queued after it run after it.
+#[allow(clippy::too_many_arguments)]
+fn agree(
+    shared: &Arc<Shared>,
+    device: Device,
+    api: &'static str,
+    which: Rooted,
+    root: usize,
+    count: usize,
+    dtype: DataType,
+) -> Result<()> {
+    let rank = shared.wait_ready()?.rank();
+    let s = Arc::clone(shared);
+    let work: Work = Box::new(move || {
+        let comm = s.wait_ready()?;
+        comm.agree_on_root(api, header_kind(which), root, count, dtype)
+            .map_err(|e| ran_later(e, api, rank, None))
+    });
+    shared.streams.enqueue(device, &[], Vec::new(), work, None)
+}
+
+/// Queues the group `r` on `stream` of `device`, one job per round; each job moves its pieces
+/// on the arena's copies as the blocking form's round does. `names`: the calls, for errors.
+fn queue_p2p(
+    shared: &Arc<Shared>,
+    device: Device,
+    stream: usize,
+    r: &P2pRounds,
+    names: &'static str,
+) -> Result<()> {
     let comm = shared.wait_ready()?;
     let rank = comm.rank();
-    let names = match (
-        r.ops().iter().any(|o| o.send),
-        r.ops().iter().any(|o| !o.send),
-    ) {
-        (true, true) => "ncclSend, ncclRecv",
-        (true, false) => "ncclSend",
-        _ => "ncclRecv",
-    };
-    let context: RoundContext = Arc::new(move |e: Error, k: usize| {
-        e.context(names).append(format!(
-            "rank {rank}; the operation was queued on a stream and ran after the call \
-             returned (round {k})"
-        ))
-    });
+    let context: RoundContext =
+        Arc::new(move |e: Error, k: usize| ran_later(e, names, rank, Some(k)));
     // SAFETY: the operations' buffers were checked as live memory of `device` when they were
-    // issued (or by `p2p_rounds`), no receive buffer overlaps another (`p2p_rounds`), and
-    // NCCL's contract keeps them the group's until the stream has run past it; `stream` is
-    // the caller's stream of `device`.
+    // issued (or by `pieces`), no receive buffer overlaps another (`pieces` for sends and
+    // receives, `rooted_layout` for a gather's or scatter's blocks), and NCCL's contract keeps
+    // them the group's until the stream has run past it; `stream` is the caller's stream of
+    // `device`.
     unsafe { comm.queue_p2p_rounds(&shared.streams, device, stream, r, (), context) }
 }
 
@@ -427,6 +495,17 @@ mod tests {
     use crate::capi::stream::OnStream;
     use crate::device::Provider;
     use crate::Config;
+
+    /// The collectives of `p`, in order.
+    fn colls(p: &Pieces) -> Vec<&Lone> {
+        p.parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Coll(l) => Some(l),
+                Part::Rooted { .. } => None,
+            })
+            .collect()
+    }
 
     #[test]
     fn long_sends_and_receives_on_one_stream_are_queued_in_rounds() {
@@ -458,7 +537,8 @@ mod tests {
             peer,
             on: on(stream),
         };
-        let plan = |ops: &[Op]| p2p_rounds(comm, dev, 0x77, ops, true);
+        let plan =
+            |ops: &[Op]| pieces(comm, dev, 0x77, ops, true).map(|p| p.and_then(|p| p.rounds));
         let long_send = || send(0x10_0000, long, 2, 0x77);
         let group = [
             long_send(),
@@ -482,23 +562,12 @@ mod tests {
         assert!(plan(&[send(0x1000, 6, 0, 0x77), recv(0x2000, 6, 2, 0x77)])
             .unwrap()
             .is_none());
-        // With a collective, over two streams, on another device: one job, as before.
-        let coll = Op::Coll {
-            api: "ncclAllReduce",
-            kind: CollKind::AllReduce,
-            send: 0x1000 as *const u8,
-            recv: 0x9000 as *mut u8,
-            count: 10,
-            dtype: DataType::Float32,
-            red: Reduction::Op(ReduceOp::Sum),
-            on: on(0x77),
-        };
-        assert!(plan(&[long_send(), coll]).unwrap().is_none());
+        // Over two streams, on another device: one job, as before.
         assert!(plan(&[long_send(), send(0x9000, 6, 0, 0x78)])
             .unwrap()
             .is_none());
         let other = Device::new(Provider::Host, 1).unwrap();
-        assert!(p2p_rounds(comm, other, 0x77, &[long_send()], true)
+        assert!(pieces(comm, other, 0x77, &[long_send()], true)
             .unwrap()
             .is_none());
         // A receive overlapping another buffer of the group is refused, naming both.
@@ -561,13 +630,16 @@ mod tests {
         ])
         .unwrap()
         .expect("in pieces");
-        assert_eq!(p.lones.len(), 1);
-        assert_eq!(p.lones[0].call.cut.slices, 1);
-        let (d, stream, r) = p.rounds.as_ref().expect("rounds");
-        assert_eq!((*d, *stream, r.rounds(), r.ops().len()), (dev, 0x77, 17, 2));
+        assert_eq!(colls(&p).len(), 1);
+        assert_eq!(colls(&p)[0].call.cut.slices, 1);
+        let r = p.rounds.as_ref().expect("rounds");
+        assert_eq!(
+            (p.device, p.stream, r.rounds(), r.ops().len()),
+            (dev, 0x77, 17, 2)
+        );
         assert_eq!(
             p.arena_bytes(),
-            r.arena_bytes().max(p.lones[0].arena_bytes())
+            r.arena_bytes().max(p.parts[0].arena_bytes())
         );
         assert!(p.arena_bytes() < 1 << 20, "{}", p.arena_bytes());
 
@@ -582,19 +654,18 @@ mod tests {
         ])
         .unwrap()
         .expect("in pieces");
-        let got: Vec<(u64, usize)> = p
-            .lones
+        let got: Vec<(u64, usize)> = colls(&p)
             .iter()
             .map(|l| (l.call.recv.0, l.call.cut.slices))
             .collect();
         assert_eq!(got, [(0x900_0000, 17), (0xa00_0000, 1)]);
-        assert_eq!(p.rounds.as_ref().map(|(.., r)| r.rounds()), Some(1));
+        assert_eq!(p.rounds.as_ref().map(P2pRounds::rounds), Some(1));
 
         // Collectives alone, and messages alone, as before.
         let alone = plan(&[coll(0x900_0000, long, sum, 0x77)]).unwrap().unwrap();
-        assert!(alone.rounds.is_none() && alone.lones.len() == 1);
+        assert!(alone.rounds.is_none() && colls(&alone).len() == 1);
         let alone = plan(&[send(0x10_0000, long)]).unwrap().unwrap();
-        assert!(alone.lones.is_empty() && alone.rounds.is_some());
+        assert!(alone.parts.is_empty() && alone.rounds.is_some());
 
         // One job, not pieces: nothing longer than a slice or piece; a collective on another
         // stream; a scalar read when the call runs.
@@ -615,6 +686,88 @@ mod tests {
         .map(|_| ())
         .unwrap_err();
         assert!(e.to_string().contains("overlap"), "{e}");
+    }
+
+    #[test]
+    fn long_gathers_and_scatters_are_queued_in_rounds_after_the_agreement() {
+        let config = Config {
+            device_slice_bytes: Some(64 << 10),
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(3, config).unwrap();
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let long = (1 << 20) / 4 + 6; // f32: 17 pieces of 64 KiB
+        let rooted = |which, send: usize, recv: usize, count| Op::Rooted {
+            api: "ncclGather",
+            which,
+            root: 0,
+            send: send as *const u8,
+            recv: recv as *mut u8,
+            count,
+            dtype: DataType::Float32,
+            on: Some(OnStream {
+                device: dev,
+                stream: 0x77,
+            }),
+        };
+        let plan = |rank: usize, ops: &[Op]| pieces(&comms[rank], dev, 0x77, ops, true).unwrap();
+        // (send?, peer, address, bytes) of a part's rounds, with their count.
+        let moves = |p: &Pieces| -> (usize, Vec<(bool, usize, u64, usize)>) {
+            assert_eq!(p.parts.len(), 1);
+            let Part::Rooted { rounds, .. } = &p.parts[0] else {
+                panic!("a gather or scatter")
+            };
+            let ops = rounds.ops().iter();
+            (
+                rounds.rounds(),
+                ops.map(|o| {
+                    assert_eq!(o.dtype, DataType::Uint8, "bytes, as every C ABI path sends");
+                    (o.send, o.peer, o.addr, o.len)
+                })
+                .collect(),
+            )
+        };
+        let bytes = long * 4;
+        let (send, recv) = (0x100_0000, 0x1000_0000);
+        // The root of a gather, out of place: its own block to itself, then one from each
+        // peer, in 17 rounds.
+        let p = plan(0, &[rooted(Rooted::Gather, send, recv, long)]).expect("in pieces");
+        assert!(p.rounds.is_none());
+        let r = recv as u64;
+        assert_eq!(
+            moves(&p),
+            (
+                17,
+                vec![
+                    (true, 0, send as u64, bytes),
+                    (false, 0, r, bytes),
+                    (false, 1, r + bytes as u64, bytes),
+                    (false, 2, r + 2 * bytes as u64, bytes),
+                ]
+            )
+        );
+        // In place at the root: its block is already there.
+        let p = plan(0, &[rooted(Rooted::Gather, recv, recv, long)]).expect("in pieces");
+        assert_eq!(moves(&p).1.len(), 2);
+        // A scatter's other rank: one receive from the root.
+        let p = plan(2, &[rooted(Rooted::Scatter, send, recv, long)]).expect("in pieces");
+        assert_eq!(moves(&p), (17, vec![(false, 0, r, bytes)]));
+        // Beside a long send, in issue order: the gather, then the send.
+        let tail = Op::Send {
+            buf: 0x4000_0000 as *const u8,
+            count: long,
+            dtype: DataType::Float32,
+            peer: 0,
+            on: Some(OnStream {
+                device: dev,
+                stream: 0x77,
+            }),
+        };
+        let p = plan(1, &[tail, rooted(Rooted::Gather, send, recv, long)]).expect("in pieces");
+        assert_eq!(moves(&p), (17, vec![(true, 0, send as u64, bytes)]));
+        assert_eq!(p.rounds.as_ref().map(|r| r.ops().len()), Some(1));
+        // One piece each: one job, as before.
+        assert!(plan(1, &[rooted(Rooted::Gather, send, recv, 6)]).is_none());
     }
 
     #[test]
@@ -642,7 +795,15 @@ mod tests {
             on,
         };
         let sum = Reduction::Op(ReduceOp::Sum);
-        let cuts = |ops: &[Op]| lone(comm, dev, ops, true).unwrap();
+        let cuts = |ops: &[Op]| -> Option<Vec<Lone>> {
+            let p = pieces(comm, dev, 0x77, ops, true).unwrap()?;
+            assert!(p.rounds.is_none());
+            let lones = p.parts.into_iter().map(|p| match p {
+                Part::Coll(l) => l,
+                Part::Rooted { .. } => unreachable!("no gather"),
+            });
+            Some(lones.collect())
+        };
         let cut = |ops: &[Op]| cuts(ops).map(|mut v| v.remove(0));
 
         // 10 floats in 16-byte slices: 3 slices, 3 places of 16 input and 16 output bytes.
@@ -651,7 +812,7 @@ mod tests {
         assert_eq!(l.call.read, Some((0x1000, 10)));
         assert_eq!(l.call.recv, (0x9000, 10));
         assert!(!l.call.in_place && l.call.written);
-        assert!(l.arena_bytes() <= 3 * 512, "{}", l.arena_bytes());
+        assert!(l.call.arena_bytes() <= 3 * 512, "{}", l.call.arena_bytes());
         // In place.
         let l = cut(&[coll(CollKind::AllReduce, recv, 10, sum)]).expect("cut");
         assert!(l.call.in_place && l.call.read.is_none());
@@ -717,6 +878,6 @@ mod tests {
         ];
         assert!(cuts(&two).is_none());
         let ops = [coll(CollKind::AllReduce, send, 10, sum)];
-        assert!(lone(comm, other, &ops, true).unwrap().is_none());
+        assert!(pieces(comm, other, 0x77, &ops, true).unwrap().is_none());
     }
 }

@@ -332,10 +332,9 @@ enum Plan {
     Block,
     /// As one stream job on the device: per stream, the device ranges to stage.
     Job(Device, Vec<(usize, Vec<Span>)>),
-    /// The batch holds collectives, or sends and receives, or both, on one stream that no
-    /// other batch of the group uses, and a collective cut into slices or a message longer
-    /// than a piece: one stream job per slice of each collective, then one per round of the
-    /// sends and receives (`slices::pieces`).
+    /// The batch holds collectives, gathers, scatters, sends and receives on one stream that
+    /// no other batch of the group uses, and a collective cut into slices or a message longer
+    /// than a piece: stream jobs slice by slice and round by round (`slices::pieces`).
     Pieces(Pieces),
 }
 

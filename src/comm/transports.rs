@@ -62,9 +62,9 @@ const REGISTRY: &[Entry] = &[
     ("rdma", false, |s| {
         Box::new(RdmaTransport::from_env(s.verbose()))
     }),
-    // GPU peer-to-peer (CUDA IPC): opt-in (`FERRO_TRANSPORTS=p2p,shm,tcp` puts it first) until
-    // the executor carries device buffers and the cuda provider has passed scripts/gpu-check.sh;
-    // then a default, first. `FERRO_P2P_PROVIDER=host` is test tooling, only used when named.
+    // GPU peer-to-peer (CUDA IPC): opt-in (`FERRO_TRANSPORTS=p2p,shm,tcp` puts it first). Tried
+    // by default, it would make stream calls block and move host buffers through device memory
+    // (docs/P2P.md). `FERRO_P2P_PROVIDER=host` is test tooling, only used when named.
     ("p2p", false, |s| {
         Box::new(P2pTransport::from_env(s.verbose()))
     }),

@@ -496,6 +496,22 @@ mod tests {
     use crate::device::Provider;
     use crate::Config;
 
+    /// Three thread ranks whose device calls are cut into 64 KiB slices and pieces, and a
+    /// stand-in device.
+    fn three_ranks() -> (Vec<Communicator>, Device) {
+        let config = Config {
+            device_slice_bytes: Some(64 << 10),
+            ..Config::default()
+        };
+        let comms = Communicator::local_group(3, config).unwrap();
+        (comms, Device::new(Provider::Host, 0).unwrap())
+    }
+
+    /// Stream `stream` of `device`.
+    fn on(device: Device, stream: usize) -> Option<OnStream> {
+        Some(OnStream { device, stream })
+    }
+
     /// The collectives of `p`, in order.
     fn colls(p: &Pieces) -> Vec<&Lone> {
         p.parts
@@ -509,19 +525,9 @@ mod tests {
 
     #[test]
     fn long_sends_and_receives_on_one_stream_are_queued_in_rounds() {
-        let config = Config {
-            device_slice_bytes: Some(64 << 10),
-            ..Config::default()
-        };
-        let comms = Communicator::local_group(3, config).unwrap();
+        let (comms, dev) = three_ranks();
         let comm = &comms[1];
-        let dev = Device::new(Provider::Host, 0).unwrap();
-        let on = |stream| {
-            Some(OnStream {
-                device: dev,
-                stream,
-            })
-        };
+        let on = |stream| on(dev, stream);
         let long = (1 << 20) / 4 + 6; // f32: 17 pieces of 64 KiB
         let send = |at: usize, count, peer, stream| Op::Send {
             buf: at as *const u8,
@@ -580,19 +586,9 @@ mod tests {
 
     #[test]
     fn collectives_beside_long_messages_are_queued_in_slices_then_rounds() {
-        let config = Config {
-            device_slice_bytes: Some(64 << 10),
-            ..Config::default()
-        };
-        let comms = Communicator::local_group(3, config).unwrap();
+        let (comms, dev) = three_ranks();
         let comm = &comms[1];
-        let dev = Device::new(Provider::Host, 0).unwrap();
-        let on = |stream| {
-            Some(OnStream {
-                device: dev,
-                stream,
-            })
-        };
+        let on = |stream| on(dev, stream);
         let long = (1 << 20) / 4 + 6; // f32: 17 pieces, or slices, of 64 KiB
         let send = |at: usize, count| Op::Send {
             buf: at as *const u8,
@@ -690,12 +686,7 @@ mod tests {
 
     #[test]
     fn long_gathers_and_scatters_are_queued_in_rounds_after_the_agreement() {
-        let config = Config {
-            device_slice_bytes: Some(64 << 10),
-            ..Config::default()
-        };
-        let comms = Communicator::local_group(3, config).unwrap();
-        let dev = Device::new(Provider::Host, 0).unwrap();
+        let (comms, dev) = three_ranks();
         let long = (1 << 20) / 4 + 6; // f32: 17 pieces of 64 KiB
         let rooted = |which, send: usize, recv: usize, count| Op::Rooted {
             api: "ncclGather",
@@ -705,10 +696,7 @@ mod tests {
             recv: recv as *mut u8,
             count,
             dtype: DataType::Float32,
-            on: Some(OnStream {
-                device: dev,
-                stream: 0x77,
-            }),
+            on: on(dev, 0x77),
         };
         let plan = |rank: usize, ops: &[Op]| pieces(&comms[rank], dev, 0x77, ops, true).unwrap();
         // (send?, peer, address, bytes) of a part's rounds, with their count.
@@ -758,10 +746,7 @@ mod tests {
             count: long,
             dtype: DataType::Float32,
             peer: 0,
-            on: Some(OnStream {
-                device: dev,
-                stream: 0x77,
-            }),
+            on: on(dev, 0x77),
         };
         let p = plan(1, &[tail, rooted(Rooted::Gather, send, recv, long)]).expect("in pieces");
         assert_eq!(moves(&p), (17, vec![(true, 0, send as u64, bytes)]));

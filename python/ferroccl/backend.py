@@ -161,6 +161,15 @@ def _reduce_op(opts, dtype, op, rank):
     return code
 
 
+def _current_device():
+    """This process's current CUDA device where CUDA is already initialized in it (a program
+    calls torch.cuda.set_device before it makes its process group), else None: the group's p2p
+    receive slots go on that device. Never initializes CUDA itself."""
+    if torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
+
+
 class ProcessGroupFerroccl(dist.ProcessGroup):
     """A process group whose operations run on one ferroccl communicator."""
 
@@ -180,7 +189,7 @@ class ProcessGroupFerroccl(dist.ProcessGroup):
             store.set(key, uid)
         else:
             uid = store.get(key)
-        self._comm = _ferroccl.Comm(bytes(uid), rank, size, secs)
+        self._comm = _ferroccl.Comm(bytes(uid), rank, size, secs, _current_device())
         # Side streams of this group per device (CUDA tensors): as NCCL's, one per group, so
         # that groups used in different orders on different ranks never wait for each other.
         self._streams = {}

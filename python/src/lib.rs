@@ -143,15 +143,17 @@ pub struct Comm {
 #[pymethods]
 impl Comm {
     /// Joins the communicator named by `unique_id` as `rank` of `nranks`; `timeout` (seconds)
-    /// bounds setup and every later wait in which no byte moves.
+    /// bounds setup and every later wait in which no byte moves. `device`: this rank's CUDA
+    /// device, where its p2p receive slots go unless `FERRO_P2P_DEVICE` names another.
     #[new]
-    #[pyo3(signature = (unique_id, rank, nranks, timeout))]
+    #[pyo3(signature = (unique_id, rank, nranks, timeout, device=None))]
     fn new(
         py: Python<'_>,
         unique_id: &[u8],
         rank: usize,
         nranks: usize,
         timeout: f64,
+        device: Option<u32>,
     ) -> PyResult<Comm> {
         let bytes: [u8; 128] = unique_id.try_into().map_err(|_| {
             PyValueError::new_err(format!(
@@ -164,6 +166,7 @@ impl Comm {
         if timeout.is_finite() && timeout > 0.0 {
             config.timeout = Duration::from_secs_f64(timeout);
         }
+        config.p2p_device = config.p2p_device.or(device);
         let comm = py
             .allow_threads(|| Communicator::from_unique_id(&id, rank, nranks, config))
             .map_err(to_py)?;
@@ -207,6 +210,13 @@ impl Comm {
     #[getter]
     fn nranks(&self) -> usize {
         self.nranks
+    }
+
+    /// The CUDA device of this rank's p2p receive slots, where one was named (`device`,
+    /// `FERRO_P2P_DEVICE`).
+    #[getter]
+    fn p2p_device(&self) -> Option<u32> {
+        self.comm.config().p2p_device
     }
 
     /// The transport to `peer` (`"shm"`, `"tcp"`), `None` for this rank.

@@ -346,9 +346,26 @@ def leaving(rank, world, kind="standin"):
         check(t, want, f"all_reduce {k}, the last rank gone")
 
 
+def slots_device():
+    # The group's p2p receive slots go on the process's current CUDA device, where CUDA is
+    # initialized when the group is made (never initialized for it); FERRO_P2P_DEVICE wins.
+    uid, server = _ferroccl.create_unique_id()
+    made = [_ferroccl.Comm(bytes(uid), 0, 1, 10.0, 2)]
+    want = int(os.environ["FERRO_P2P_DEVICE"]) if "FERRO_P2P_DEVICE" in os.environ else 2
+    assert made[0].p2p_device == want, (made[0].p2p_device, want)
+    uid2, server2 = _ferroccl.create_unique_id()
+    made.append(_ferroccl.Comm(bytes(uid2), 0, 1, 10.0))
+    if "FERRO_P2P_DEVICE" not in os.environ:
+        assert made[1].p2p_device is None, made[1].p2p_device
+    for c in made:
+        c.close()
+    del server, server2
+
+
 if __name__ == "__main__":
     os.environ["FERRO_DEVICE_PROVIDER"] = "host"
     res = harness.Results()
+    res.run("the p2p slots' device", slots_device)
     for world in (2, 3):
         for fn in (collectives, exchanges, errors):
             res.run(f"{fn.__name__} world {world}", harness.spawn, fn, world)

@@ -14,7 +14,7 @@ use super::ops::{dtype_arg, read_scalar, Op, PreMul, Scalar};
 use super::types::*;
 use crate::bootstrap::{TcpStoreServer, UniqueId};
 use crate::topo::iface;
-use crate::{Communicator, Error, Result};
+use crate::{Communicator, Config, Error, Result};
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -90,6 +90,13 @@ nccl_api! {
     }
 }
 
+/// `config` for a communicator bound to CUDA device `cu_device`: its p2p receive slots go on
+/// that device unless `FERRO_P2P_DEVICE` names another.
+fn bound_to(mut config: Config, cu_device: c_int) -> Config {
+    config.p2p_device = config.p2p_device.or(u32::try_from(cu_device).ok());
+    config
+}
+
 /// The store server this rank should keep alive for `uid`, if this process hosts it.
 fn server_for(api: &str, uid: &UniqueId, rank: usize) -> Result<Option<Arc<TcpStoreServer>>> {
     if let Some(s) = lock(&SERVERS).remove(&uid.magic()) {
@@ -141,8 +148,9 @@ pub(super) unsafe fn init_rank(
         })?;
     let uid = UniqueId::from_bytes(id.to_bytes())
         .map_err(|e| e.context(format!("{api}: commId is not an id from ncclGetUniqueId")))?;
-    let config = env::config()?;
-    let shared = Shared::new(opts.blocking, super::stream::init_device());
+    let cu_device = super::stream::init_device();
+    let config = bound_to(env::config()?, cu_device);
+    let shared = Shared::new(opts.blocking, cu_device);
     if let Some(s) = server_for(api, &uid, r)? {
         shared.keep_server(s);
     }
@@ -241,7 +249,8 @@ nccl_api! {
                 )));
             }
             let config = env::config()?;
-            let made = Communicator::local_group(n, config).map_err(|e| e.context(API))?;
+            let configs = devs.iter().map(|&d| bound_to(config.clone(), d)).collect();
+            let made = Communicator::local_group_with(configs).map_err(|e| e.context(API))?;
             for (i, (c, dev)) in made.into_iter().zip(devs).enumerate() {
                 let handle = register(Shared::ready(c, true, dev));
                 // SAFETY: comms holds ndev writable handles by the caller's contract.
@@ -617,5 +626,50 @@ nccl_api! {
                 ))),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The p2p slots of a communicator go on its device: the one current at init (through
+    /// `bound_to`), each `ncclCommInitAll` devlist entry, a split's parent's; a device named by
+    /// `FERRO_P2P_DEVICE` wins.
+    #[test]
+    fn communicators_put_their_p2p_slots_on_their_own_device() {
+        assert_eq!(bound_to(Config::default(), 2).p2p_device, Some(2));
+        let named = Config {
+            p2p_device: Some(3),
+            ..Config::default()
+        };
+        assert_eq!(bound_to(named, 2).p2p_device, Some(3), "the variable wins");
+
+        let slots = |c: ncclComm_t| {
+            let s = lookup("test", c).unwrap();
+            let comm = s.wait_ready().unwrap();
+            comm.config().p2p_device
+        };
+        let mut comms = [std::ptr::null_mut(); 2];
+        let devlist: [c_int; 2] = [1, 0];
+        // SAFETY: room for two handles, two devices.
+        let r = unsafe { ncclCommInitAll(comms.as_mut_ptr(), 2, devlist.as_ptr()) };
+        assert_eq!(r, ncclSuccess);
+        assert_eq!((slots(comms[0]), slots(comms[1])), (Some(1), Some(0)));
+        let mut children = [std::ptr::null_mut(); 2];
+        // SAFETY: live communicators, writable handles, NULL configs.
+        unsafe {
+            assert_eq!(ncclGroupStart(), ncclSuccess);
+            for (c, child) in comms.iter().zip(children.iter_mut()) {
+                let r = ncclCommSplit(*c, 0, 0, child, std::ptr::null_mut());
+                assert_eq!(r, ncclSuccess);
+            }
+            assert_eq!(ncclGroupEnd(), ncclSuccess);
+        }
+        assert_eq!((slots(children[0]), slots(children[1])), (Some(1), Some(0)));
+        for c in children.into_iter().chain(comms) {
+            // SAFETY: a live communicator, destroyed once.
+            assert_eq!(unsafe { ncclCommDestroy(c) }, ncclSuccess);
+        }
     }
 }

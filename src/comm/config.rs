@@ -37,6 +37,14 @@ pub struct Config {
     /// (the GPU peer-to-peer transport); `0` stages them through pinned host memory always.
     /// Ranks may differ: the messages are the same either way.
     pub device_direct: bool,
+    /// `FERRO_P2P_DEVICE`: the CUDA device of this rank's receive slots of the GPU
+    /// peer-to-peer transport, the GPU whose device buffers its collectives reduce straight
+    /// from those slots (buffers of another GPU go through host staging). The C ABI sets it,
+    /// where the variable is unset, to the communicator's device: the one current at
+    /// `ncclCommInitRank`, or the `ncclCommInitAll` devlist entry; a split keeps its parent's.
+    /// `None` (unset): the rank's place among the ranks of its host, modulo the GPUs the
+    /// process sees.
+    pub p2p_device: Option<u32>,
     /// `FERRO_SPIN_US`: microseconds a waiting rank spins (and yields) before it sleeps on the
     /// doorbell or in `poll`. Default 50.
     pub spin: Duration,
@@ -122,6 +130,7 @@ impl Default for Config {
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
             device_slice_bytes: None,
             device_direct: true,
+            p2p_device: None,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
             transports: super::transports::defaults(),
@@ -191,6 +200,11 @@ impl Config {
         }
         if let Some(v) = var("FERRO_DEVICE_DIRECT") {
             c.device_direct = flag(&v, "FERRO_DEVICE_DIRECT")?;
+        }
+        if let Some(v) = var("FERRO_P2P_DEVICE") {
+            if !v.trim().is_empty() {
+                c.p2p_device = Some(parse(&v, "FERRO_P2P_DEVICE")?);
+            }
         }
         if let Some(v) = var("FERRO_SPIN_US") {
             c.spin = Duration::from_micros(parse(&v, "FERRO_SPIN_US")?);
@@ -364,6 +378,13 @@ mod tests {
         assert!(with(&[]).unwrap().device_direct);
         assert!(!with(&[("FERRO_DEVICE_DIRECT", "0")]).unwrap().device_direct);
         assert!(with(&[("FERRO_DEVICE_DIRECT", "maybe")]).is_err());
+        assert_eq!(with(&[]).unwrap().p2p_device, None);
+        assert_eq!(
+            with(&[("FERRO_P2P_DEVICE", " 3 ")]).unwrap().p2p_device,
+            Some(3)
+        );
+        let e = with(&[("FERRO_P2P_DEVICE", "gpu1")]).unwrap_err();
+        assert!(e.to_string().contains("FERRO_P2P_DEVICE"), "{e}");
         let e = with(&[("FERRO_DEVICE_SLICE_BYTES", "8")]).unwrap_err();
         assert!(
             e.message().contains("FERRO_DEVICE_SLICE_BYTES=\"8\""),

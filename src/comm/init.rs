@@ -357,12 +357,20 @@ impl Communicator {
     /// Creates `nranks` communicators whose ranks are threads of this process (in-memory
     /// rendezvous, TCP over loopback). Element `r` of the result is rank `r`.
     pub fn local_group(nranks: usize, config: Config) -> Result<Vec<Communicator>> {
+        Self::local_group_with(vec![config; nranks])
+    }
+
+    /// As [`Communicator::local_group`], rank `r` with `configs[r]` (ranks may differ in
+    /// their own settings, such as [`Config::p2p_device`]).
+    pub fn local_group_with(configs: Vec<Config>) -> Result<Vec<Communicator>> {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let id = random_u64();
-        let handles: Vec<_> = (0..nranks)
-            .map(|r| {
+        let nranks = configs.len();
+        let handles: Vec<_> = configs
+            .into_iter()
+            .enumerate()
+            .map(|(r, config)| {
                 let store = Arc::clone(&store);
-                let config = config.clone();
                 std::thread::Builder::new()
                     .name(format!("ferroccl-init-{r}"))
                     .spawn(move || Communicator::init(store, r, nranks, id, config))

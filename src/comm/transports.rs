@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ferroccl_transport::Transport;
 use ferroccl_transport_mem::MemTransport;
-use ferroccl_transport_p2p::P2pTransport;
+use ferroccl_transport_p2p::{P2pConfig, P2pTransport};
 use ferroccl_transport_rdma::RdmaTransport;
 use ferroccl_transport_shm::{ShmConfig, ShmTransport};
 use ferroccl_transport_tcp::{TcpConfig, TcpTransport};
@@ -41,6 +41,15 @@ impl Settings<'_> {
         }
     }
 
+    /// The p2p transport's settings: its `FERRO_P2P_*` variables, the slots' device from the
+    /// communicator's settings where `FERRO_P2P_DEVICE` did not name one.
+    fn p2p(&self) -> std::result::Result<P2pConfig, String> {
+        P2pConfig::from_env().map(|mut c| {
+            c.device = c.device.or(self.config.p2p_device);
+            c
+        })
+    }
+
     fn verbose(&self) -> bool {
         self.config.debug >= DebugLevel::Info
     }
@@ -66,7 +75,7 @@ const REGISTRY: &[Entry] = &[
     // by default, it would make stream calls block and move host buffers through device memory
     // (docs/P2P.md). `FERRO_P2P_PROVIDER=host` is test tooling, only used when named.
     ("p2p", false, |s| {
-        Box::new(P2pTransport::from_env(s.verbose()))
+        Box::new(P2pTransport::new(s.p2p(), s.verbose()))
     }),
 ];
 

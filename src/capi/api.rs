@@ -90,10 +90,10 @@ nccl_api! {
     }
 }
 
-/// `config` for a communicator bound to CUDA device `cu_device`: its p2p receive slots go on
-/// that device unless `FERRO_P2P_DEVICE` names another.
-fn bound_to(mut config: Config, cu_device: c_int) -> Config {
-    config.p2p_device = config.p2p_device.or(u32::try_from(cu_device).ok());
+/// `config` for a communicator bound to CUDA device `device`: its p2p receive slots go on that
+/// device unless `FERRO_P2P_DEVICE` names another.
+fn bound_to(mut config: Config, device: u32) -> Config {
+    config.p2p_device = config.p2p_device.or(Some(device));
     config
 }
 
@@ -148,9 +148,15 @@ pub(super) unsafe fn init_rank(
         })?;
     let uid = UniqueId::from_bytes(id.to_bytes())
         .map_err(|e| e.context(format!("{api}: commId is not an id from ncclGetUniqueId")))?;
-    let cu_device = super::stream::init_device();
-    let config = bound_to(env::config()?, cu_device);
-    let shared = Shared::new(opts.blocking, cu_device);
+    let mut config = env::config()?;
+    // A thread with no current context binds to device 0 (NCCL's default device) but keeps
+    // the slots' default (the rank's place on its host), which a program that chose no
+    // device before init more likely means (a CUDA 11 runtime's cudaSetDevice makes no
+    // context).
+    if let Some(d) = super::stream::chosen_device() {
+        config = bound_to(config, d);
+    }
+    let shared = Shared::new(opts.blocking, super::stream::init_device());
     if let Some(s) = server_for(api, &uid, r)? {
         shared.keep_server(s);
     }
@@ -249,7 +255,10 @@ nccl_api! {
                 )));
             }
             let config = env::config()?;
-            let configs = devs.iter().map(|&d| bound_to(config.clone(), d)).collect();
+            let configs = devs
+                .iter()
+                .map(|&d| bound_to(config.clone(), u32::try_from(d).unwrap_or(0)))
+                .collect();
             let made = Communicator::local_group_with(configs).map_err(|e| e.context(API))?;
             for (i, (c, dev)) in made.into_iter().zip(devs).enumerate() {
                 let handle = register(Shared::ready(c, true, dev));

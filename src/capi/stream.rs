@@ -82,6 +82,12 @@ pub(crate) fn init_device() -> c_int {
         .unwrap_or(0)
 }
 
+/// The device current on this thread where one is (a CUDA context is current; with the host
+/// stand-in, `FERRO_DEVICE` is set): where a communicator made now puts its p2p slots.
+pub(crate) fn chosen_device() -> Option<u32> {
+    Provider::from_env().ok().and_then(Provider::chosen_device)
+}
+
 /// The device whose buffers NULL-stream calls of a communicator made now (bound to
 /// `cu_device`) may be handed, if any: with the host stand-in provider, or where the CUDA
 /// driver is loaded in the process (a program that allocates with `cudaMalloc` has loaded it

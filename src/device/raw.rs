@@ -26,16 +26,20 @@ impl Provider {
     /// context is current or there is no driver (a call that needs the device then reports
     /// the driver's error). `Host`: `FERRO_DEVICE` when it holds a device number, else 0.
     pub fn current_device(self) -> u32 {
+        self.chosen_device().unwrap_or(0)
+    }
+
+    /// The device this thread works on where it is known: `Cuda`, where a context is current;
+    /// `Host`, where `FERRO_DEVICE` holds a device number.
+    pub fn chosen_device(self) -> Option<u32> {
         match self {
             Provider::Cuda => ferroccl_cuda::driver::driver()
                 .ok()
                 .and_then(|d| d.current_device().ok())
-                .and_then(|d| u32::try_from(d).ok())
-                .unwrap_or(0),
+                .and_then(|d| u32::try_from(d).ok()),
             Provider::Host => std::env::var(DEVICE_ENV)
                 .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
+                .and_then(|v| v.trim().parse().ok()),
         }
     }
 }

@@ -115,3 +115,30 @@ pub(crate) fn build(names: &[String], s: &Settings) -> (Vec<Box<dyn Transport>>,
         .map(|i| ((REGISTRY[i].2)(s), i))
         .unzip()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_p2p_slots_go_on_the_communicators_device() {
+        if std::env::var_os("FERRO_P2P_DEVICE").is_some() {
+            return; // it names the device itself, over the settings
+        }
+        let config = Config {
+            p2p_device: Some(5),
+            ..Config::default()
+        };
+        let s = Settings {
+            config: &config,
+            ip: IpAddr::from([127, 0, 0, 1]),
+        };
+        assert_eq!(s.p2p().unwrap().device, Some(5));
+        let unset = Config::default();
+        let s = Settings {
+            config: &unset,
+            ip: IpAddr::from([127, 0, 0, 1]),
+        };
+        assert_eq!(s.p2p().unwrap().device, None, "the local-rank default");
+    }
+}

@@ -202,7 +202,20 @@ impl Communicator {
         }
         *st.direct.get_or_insert_with(|| {
             let engine = self.inner.engine.lock().unwrap_or_else(|p| p.into_inner());
-            engine.accepts_all(dev.space())
+            let direct = engine.accepts_all(dev.space());
+            if let (false, ferroccl_transport::MemSpace::Cuda(n)) = (direct, dev.space()) {
+                if let Some(slots) = engine.other_device(n) {
+                    ferroccl_transport::log_line!(
+                        "ferroccl rank {} WARN: device collectives on CUDA device {n} are \
+                         staged through host memory: this communicator's p2p receive slots \
+                         are on device {slots} (FERRO_P2P_DEVICE, else the device current \
+                         when it was made); FERRO_P2P_DEVICE={n} runs them straight on the \
+                         device",
+                        self.inner.rank
+                    );
+                }
+            }
+            direct
         })
     }
 

@@ -431,13 +431,22 @@ impl Engine {
         r
     }
 
-    /// Whether every connection carries `space` itself (device collectives run straight on
-    /// device buffers only then).
     /// Whether a connection's transport carries device memory itself.
     pub(crate) fn carries_device_memory(&self) -> bool {
         self.conns.iter().flatten().any(|c| c.props.spaces.cuda)
     }
 
+    /// A CUDA device other than `n` that a connection's transport is tied to (its receive
+    /// slots live there), if any.
+    pub(crate) fn other_device(&self, n: u32) -> Option<u32> {
+        self.conns
+            .iter()
+            .flatten()
+            .find_map(|c| c.props.spaces.cuda_device.filter(|&d| d != n))
+    }
+
+    /// Whether every connection carries `space` itself (device collectives run straight on
+    /// device buffers only then).
     pub(crate) fn accepts_all(&self, space: MemSpace) -> bool {
         self.conns
             .iter()

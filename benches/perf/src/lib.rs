@@ -38,6 +38,7 @@ pub mod bw;
 pub mod codec;
 pub mod coll;
 pub mod data;
+pub mod document;
 pub mod ferro;
 pub mod json;
 pub mod local;
@@ -47,5 +48,6 @@ pub mod sizes;
 
 pub use args::{Args, ArgsError, Average, RootSel};
 pub use coll::{Coll, Layout, PerfOp};
+pub use document::json_document;
 pub use report::{Measure, Row};
 pub use run::{run_perf, PerfComm, Summary};

@@ -162,6 +162,15 @@ fn c_program_completes_stream_calls_in_stream_order() {
             &[host, slices, ("FERRO_TIMEOUT", "20")],
         );
     }
+    // Groups over two streams of one communicator: ordered after both streams' earlier work,
+    // and both streams' later work after the group.
+    for n in ["2", "3"] {
+        run_c(
+            &exe,
+            &[n, "joined"],
+            &[host, slices, ("FERRO_TIMEOUT", "20")],
+        );
+    }
     let Some(inc) = nvidia_include() else {
         eprintln!("NVIDIA's nccl.h not found: skipping the build against it");
         return;

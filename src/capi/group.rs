@@ -11,7 +11,9 @@
 //! stream) becomes one job of the communicator's stream queue instead (`device::stream_queue`),
 //! or, where the batch has its stream to itself and holds a long collective or a long
 //! message, jobs slice by slice and round by round (`slices`): the call, or the outermost
-//! `ncclGroupEnd`, returns without waiting for them.
+//! `ncclGroupEnd`, returns without waiting for them. A batch over several streams runs after
+//! the earlier work of all of them, and their later work after it ([`join`]), as NCCL orders a
+//! group over several streams.
 //! Other work on a communicator waits until its stream queue is empty, then runs as above.
 
 use std::cell::RefCell;
@@ -219,6 +221,12 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
         plans.push(plan);
     }
     all_or_none(&mut plans);
+    // A part over several streams is joined with all of them before anything of the group is
+    // staged (and after its copies back, below).
+    let joins = joined(&batches, &plans);
+    for (shared, device, streams) in &joins {
+        join(shared, *device, streams)?;
+    }
     for ((shared, ops), plan) in batches.into_iter().zip(plans) {
         if shared.blocking {
             match plan {
@@ -258,6 +266,14 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
             gates.push(unsafe { shared.streams.copy_back(job.device, *stream, st) }?);
         }
         let _ = landed.send(gates);
+    }
+    for (shared, device, streams) in joins {
+        // The part is queued: a stream left unjoined would run ahead of it, so the
+        // communicator fails rather than let it.
+        if let Err(e) = join(&shared, device, &streams) {
+            shared.wait_ready()?.fail_with(e.clone());
+            return Err(e);
+        }
     }
     let results: Vec<Result<()>> = if blocking.len() == 1 {
         blocking.into_iter().map(run_blocking).collect()
@@ -302,6 +318,53 @@ fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
     // Stream jobs issued before this work come first.
     shared.streams.drain();
     execute(&comm, ops)
+}
+
+/// The batches queued as stream jobs ([`Plan::Job`], [`Plan::Pieces`]) whose operations use
+/// several streams: each communicator with its device and those streams.
+fn joined(
+    batches: &[(Arc<Shared>, Vec<Op>)],
+    plans: &[Plan],
+) -> Vec<(Arc<Shared>, Device, Vec<usize>)> {
+    let mut joins = Vec::new();
+    for ((shared, ops), plan) in batches.iter().zip(plans) {
+        if !matches!(plan, Plan::Job(..) | Plan::Pieces(..)) {
+            continue;
+        }
+        let Some(first) = ops.iter().find_map(stream_of) else {
+            continue;
+        };
+        let streams = distinct_streams(ops);
+        if streams.len() > 1 {
+            joins.push((Arc::clone(shared), first.device, streams));
+        }
+    }
+    joins
+}
+
+/// The streams of `ops`, each once, in the order they first appear.
+fn distinct_streams(ops: &[Op]) -> Vec<usize> {
+    let mut streams: Vec<usize> = Vec::new();
+    for on in ops.iter().filter_map(stream_of) {
+        if !streams.contains(&on.stream) {
+            streams.push(on.stream);
+        }
+    }
+    streams
+}
+
+/// NCCL orders a group over several streams as if it were queued on each of them: after the
+/// earlier work of all, before the later work of all. A communicator's part stages each
+/// operation on its own stream (one job) or queues its pieces on the first stream
+/// ([`slices::pieces`]); queued before the part and again after its copies back, a job that
+/// runs nothing, gated on every one of `streams` and waited for by every one, makes each of
+/// them wait for the others. It waits only for work queued before it, so it never waits for a
+/// peer.
+fn join(shared: &Shared, device: Device, streams: &[usize]) -> Result<()> {
+    let gates = record_gates(device, streams)?;
+    shared
+        .streams
+        .enqueue(device, streams, gates, Box::new(|| Ok(())), None)
 }
 
 /// Whether batch `i` of a group uses no stream of another batch, given each batch's streams:
@@ -363,19 +426,14 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
     if comm.device() != Some(first.device) {
         comm.set_device(first.device)?;
     }
-    let mut streams: Vec<usize> = Vec::new();
-    for on in ops.iter().filter_map(stream_of) {
-        if !streams.contains(&on.stream) {
-            streams.push(on.stream);
-        }
-    }
+    let streams = distinct_streams(ops);
     if !ops.iter().all(|op| stream_of(op).is_some())
         || !comm.stream_jobs_supported(first.device, &streams)
     {
         return Ok(Plan::Block);
     }
-    if alone && streams.len() == 1 {
-        if let Some(p) = slices::pieces(&comm, first.device, first.stream, ops, checked)? {
+    if alone {
+        if let Some(p) = slices::pieces(&comm, first.device, &streams, ops, checked)? {
             if !orders_call(first.device, p.arena_bytes()) {
                 return Ok(Plan::Block);
             }
@@ -681,104 +739,4 @@ fn stream_job(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::coll::CollKind;
-    use crate::{Config, DataType, ReduceOp};
-
-    #[test]
-    fn staged_device_collectives_are_cut_as_the_blocking_form_cuts_them() {
-        let config = Config {
-            device_slice_bytes: Some(16),
-            ..Config::default()
-        };
-        let comm = Communicator::local_group(1, config).unwrap().remove(0);
-        let (send, recv) = (0x1000 as *const u8, 0x9000 as *mut u8);
-        let coll = |kind, send, count| Op::Coll {
-            api: "ncclAllReduce",
-            kind,
-            send,
-            recv,
-            count,
-            dtype: DataType::Float32,
-            red: Reduction::Op(ReduceOp::Sum),
-            on: None,
-        };
-        let ops = vec![
-            coll(CollKind::AllReduce, send, 10),
-            coll(CollKind::AllReduce, send, 10),
-            coll(CollKind::Reduce { root: 0 }, std::ptr::null(), 9),
-            coll(CollKind::AllGather, send, 10),
-        ];
-        // Ops 0, 2 and 3 were staged device collectives; op 1 a host one.
-        let out = slice_colls(&comm, ops, &[0, 2, 3]);
-        let got: Vec<(usize, usize, usize)> = out
-            .iter()
-            .map(|o| match o {
-                Op::Coll {
-                    send, recv, count, ..
-                } => (*send as usize, *recv as usize, *count),
-                _ => unreachable!(),
-            })
-            .collect();
-        assert_eq!(
-            got,
-            [
-                // 10 floats in slices of 4 (16 bytes): 4, 4, 2, each range of both buffers.
-                (0x1000, 0x9000, 4),
-                (0x1010, 0x9010, 4),
-                (0x1020, 0x9020, 2),
-                // The host collective stays whole.
-                (0x1000, 0x9000, 10),
-                // An unused (NULL) send buffer stays NULL; 9 floats make 3 slices of 3.
-                (0, 0x9000, 3),
-                (0, 0x900c, 3),
-                (0, 0x9018, 3),
-                // Not element-wise: whole.
-                (0x1000, 0x9000, 10),
-            ]
-        );
-    }
-
-    #[test]
-    fn a_batch_is_alone_where_no_other_batch_uses_its_streams() {
-        // One communicator per GPU, a stream each (ncclCommInitAll driven from one thread).
-        let own = [vec![0x10, 0x10], vec![0x20], vec![], vec![0x30, 0x31]];
-        assert!((0..own.len()).all(|i| alone(&own, i)));
-        // Communicators sharing a stream (several on one device): those two are not.
-        let shared = [vec![0x10], vec![0x20, 0x10], vec![0x30]];
-        let got: Vec<bool> = (0..shared.len()).map(|i| alone(&shared, i)).collect();
-        assert_eq!(got, [false, false, true]);
-        assert!(alone(&[vec![0x10]], 0), "the group's only batch");
-    }
-
-    #[test]
-    fn one_blocking_batch_with_streams_makes_every_stream_batch_block() {
-        let kinds = |plans: &[Plan]| -> Vec<&str> {
-            plans
-                .iter()
-                .map(|p| match p {
-                    Plan::Host => "host",
-                    Plan::Block => "block",
-                    Plan::Job(..) => "job",
-                    Plan::Pieces(..) => "pieces",
-                })
-                .collect()
-        };
-        let dev = Device::new(crate::device::Provider::Host, 0).unwrap();
-        let mut plans = vec![
-            Plan::Job(dev, Vec::new()),
-            Plan::Host,
-            Plan::Job(dev, Vec::new()),
-        ];
-        all_or_none(&mut plans);
-        assert_eq!(
-            kinds(&plans),
-            ["job", "host", "job"],
-            "nothing blocks: jobs stay"
-        );
-        plans.push(Plan::Block);
-        all_or_none(&mut plans);
-        assert_eq!(kinds(&plans), ["block", "host", "block", "block"]);
-    }
-}
+mod tests;

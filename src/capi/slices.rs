@@ -9,13 +9,14 @@
 //! every message, as the Rust API's stream groups do (`comm::stream_rounds`). That is the
 //! order in which the blocking form runs the same operations (`run::execute`).
 //!
-//! The part must have its stream to itself in the group (communicators of one process on
+//! The part must have its streams to itself in the group (communicators of one process on
 //! their own GPUs and streams, the `ncclCommInitAll` pattern, qualify; communicators sharing
 //! a stream do not), and something must be cut: a collective into several slices or a
 //! message into several pieces (or the part is one collective, queued as any call is).
-//! Otherwise, and for parts with splits, a scalar read when the call runs, or several streams
-//! (NCCL joins a group's streams), the part stays one job (`group`): one job is one round
-//! trip, not one per call.
+//! Otherwise, and for parts with splits or a scalar read when the call runs, the part stays
+//! one job (`group`): one job is one round trip, not one per call. A part over several
+//! streams is queued on the first of them, which `group` joins with the others before and
+//! after it (NCCL orders a group as if it were queued on each of its streams).
 
 use std::sync::Arc;
 
@@ -48,9 +49,15 @@ enum One {
     Not,
 }
 
-/// `op` as a [`Lone`] collective on `stream` of `device`, where it is one: a collective there
-/// with a reduction known now.
-fn one(comm: &Communicator, device: Device, stream: usize, op: &Op, checked: bool) -> Result<One> {
+/// `op` as a [`Lone`] collective on one of `streams` of `device`, queued on the first, where
+/// it is one: a collective there with a reduction known now.
+fn one(
+    comm: &Communicator,
+    device: Device,
+    streams: &[usize],
+    op: &Op,
+    checked: bool,
+) -> Result<One> {
     let Op::Coll {
         api,
         kind,
@@ -64,7 +71,7 @@ fn one(comm: &Communicator, device: Device, stream: usize, op: &Op, checked: boo
     else {
         return Ok(One::Not);
     };
-    if on.device != device || on.stream != stream {
+    if on.device != device || !streams.contains(&on.stream) {
         return Ok(One::Not);
     }
     let (rank, n) = (comm.rank(), comm.nranks());
@@ -89,7 +96,7 @@ fn one(comm: &Communicator, device: Device, stream: usize, op: &Op, checked: boo
     let written = !matches!(kind, CollKind::Reduce { root } if root != rank);
     let call = Sliced {
         dev: device,
-        handle: on.stream,
+        handle: streams[0],
         cut: comm.device_cut(kind, count, es),
         es,
         read,
@@ -163,10 +170,10 @@ fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
 }
 
 /// `ops` as the pieces' operations of a group in rounds, where every one is a `ncclSend` or
-/// `ncclRecv` on `stream` of `device`.
+/// `ncclRecv` on one of `streams` of `device`.
 fn piece_ops<'a>(
     device: Device,
-    stream: usize,
+    streams: &[usize],
     ops: impl Iterator<Item = &'a Op>,
 ) -> Option<Vec<PieceOp>> {
     let mut pieces = Vec::new();
@@ -188,7 +195,7 @@ fn piece_ops<'a>(
             } => (false, buf.cast_const(), count, dtype, peer, on),
             _ => return None,
         };
-        if on.device != device || on.stream != stream {
+        if on.device != device || !streams.contains(&on.stream) {
             return None;
         }
         pieces.push(bytes(send, peer, buf, count * dtype.size()));
@@ -210,11 +217,11 @@ fn bytes(send: bool, peer: usize, buf: *const u8, len: usize) -> PieceOp {
     }
 }
 
-/// A gather or scatter on `stream` of `device` as a [`Part`], where it is one.
+/// A gather or scatter on one of `streams` of `device` as a [`Part`], where it is one.
 fn rooted(
     comm: &Communicator,
     device: Device,
-    stream: usize,
+    streams: &[usize],
     op: &Op,
     checked: bool,
 ) -> Result<Option<Part>> {
@@ -231,7 +238,7 @@ fn rooted(
     else {
         return Ok(None);
     };
-    if on.device != device || on.stream != stream {
+    if on.device != device || !streams.contains(&on.stream) {
         return Ok(None);
     }
     let (rank, n) = (comm.rank(), comm.nranks());
@@ -288,13 +295,14 @@ impl Part {
     }
 }
 
-/// A batch on one stream queued piece by piece: its collectives, gathers and scatters one after
+/// A batch queued piece by piece on one stream: its collectives, gathers and scatters one after
 /// another, in issue order, each slice by slice ([`queue`]) or round by round, then its sends
 /// and receives in rounds ([`queue_p2p`]). That is the order in which the blocking form runs a
 /// batch (`run::execute`: the others in issue order, then the sends and receives at once), so
 /// a rank whose group blocks and one whose group is queued here exchange the same messages.
 pub(super) struct Pieces {
     device: Device,
+    /// The stream its pieces are queued on: the first of the batch's streams.
     stream: usize,
     parts: Vec<Part>,
     rounds: Option<P2pRounds>,
@@ -308,7 +316,7 @@ impl Pieces {
     }
 }
 
-/// `ops`, all on `stream` of `device`, as [`Pieces`], where they can be and that is worth it:
+/// `ops`, each on one of `streams` of `device`, as [`Pieces`] queued on the first, where they can be and that is worth it:
 /// collectives with a reduction known now, gathers, scatters, sends and receives, one of them
 /// cut (a collective into several slices, a message into several pieces), or one collective
 /// alone (queued as any call is). Otherwise (a split, a scalar read when the call runs, or
@@ -318,7 +326,7 @@ impl Pieces {
 pub(super) fn pieces(
     comm: &Communicator,
     device: Device,
-    stream: usize,
+    streams: &[usize],
     ops: &[Op],
     checked: bool,
 ) -> Result<Option<Pieces>> {
@@ -327,12 +335,12 @@ pub(super) fn pieces(
     for op in ops {
         match op {
             Op::Send { .. } | Op::Recv { .. } => p2p.push(op),
-            Op::Coll { .. } => match one(comm, device, stream, op, checked)? {
+            Op::Coll { .. } => match one(comm, device, streams, op, checked)? {
                 One::Cut(l) => parts.push(Part::Coll(l)),
                 One::Empty => {}
                 One::Not => return Ok(None),
             },
-            Op::Rooted { .. } => match rooted(comm, device, stream, op, checked)? {
+            Op::Rooted { .. } => match rooted(comm, device, streams, op, checked)? {
                 Some(part) => parts.push(part),
                 None => return Ok(None),
             },
@@ -342,7 +350,7 @@ pub(super) fn pieces(
     let rounds = if p2p.is_empty() {
         None
     } else {
-        let Some(pieces) = piece_ops(device, stream, p2p.iter().copied()) else {
+        let Some(pieces) = piece_ops(device, streams, p2p.iter().copied()) else {
             return Ok(None);
         };
         Some(P2pRounds::new(pieces, comm.piece_bytes()))
@@ -364,7 +372,7 @@ pub(super) fn pieces(
     }
     Ok(Some(Pieces {
         device,
-        stream,
+        stream: streams[0],
         parts,
         rounds,
     }))

@@ -21,6 +21,12 @@
  *                      communicator, then an allreduce beside sends and receives around the
  *                      ring, then sends and receives alone; each communicator's part of a
  *                      group is queued slice by slice and round by round on its own stream.
+ *   async N joined     N communicators, each with a group over TWO streams: a send on one
+ *                      stream of a buffer uploaded on the other, the receive and an allreduce
+ *                      on the other; the results are read back on both streams. NCCL orders a
+ *                      group after the earlier work of all its streams and the later work of
+ *                      all of them after the group. Long messages (in pieces) and short ones
+ *                      (one job).
  *
  * Exit status 0 when every check passed. */
 #include <nccl.h>
@@ -265,6 +271,90 @@ static int run_pieces(int n) {
   return 0;
 }
 
+/* One group per communicator over two streams (see the header), messages of `len` int32. */
+static void joined_round(int n, int len, int32_t *buf[MAXC][3], int32_t *host[MAXC][3],
+                         cudaStream_t other[MAXC]) {
+  size_t bytes = sizeof(int32_t) * (size_t)len;
+  for (int r = 0; r < n; r++)
+    for (int i = 0; i < len; i++) {
+      host[r][0][i] = r * 1000003 + 7 * i + len; /* uploaded on the other stream */
+      buf[r][0][i] = r * 100 + i;                 /* allreduced in place */
+      buf[r][1][i] = -5;                          /* stale until the upload runs */
+      buf[r][2][i] = -1;
+      host[r][1][i] = host[r][2][i] = -9;
+    }
+  for (int r = 0; r < n; r++)
+    EXPECT(cudaMemcpyAsync(buf[r][1], host[r][0], bytes, cudaMemcpyHostToDevice, other[r]) ==
+               cudaSuccess,
+           "upload %d", r);
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < n; r++) {
+    int right = (r + 1) % n, left = (r + n - 1) % n;
+    CHECK(ncclSend(buf[r][1], len, ncclInt32, right, g_comms[r], g_streams[r]));
+    CHECK(ncclRecv(buf[r][2], len, ncclInt32, left, g_comms[r], other[r]));
+    CHECK(ncclAllReduce(buf[r][0], buf[r][0], len, ncclInt32, ncclSum, g_comms[r], other[r]));
+  }
+  CHECK(ncclGroupEnd());
+  /* The received message read back on the send's stream, the allreduce on the receive's. */
+  for (int r = 0; r < n; r++) {
+    EXPECT(cudaMemcpyAsync(host[r][1], buf[r][2], bytes, cudaMemcpyDeviceToHost, g_streams[r]) ==
+               cudaSuccess,
+           "download %d", r);
+    EXPECT(cudaMemcpyAsync(host[r][2], buf[r][0], bytes, cudaMemcpyDeviceToHost, other[r]) ==
+               cudaSuccess,
+           "download %d", r);
+  }
+  for (int r = 0; r < n; r++) {
+    EXPECT(cudaStreamSynchronize(other[r]) == cudaSuccess, "cudaStreamSynchronize(%d): %s", r,
+           ncclGetLastError(NULL));
+    sync_stream(r);
+  }
+  for (int r = 0; r < n; r++) {
+    int left = (r + n - 1) % n;
+    for (int i = 0; i < len; i++) {
+      int32_t want = left * 1000003 + 7 * i + len;
+      EXPECT(host[r][1][i] == want, "comm %d, %d int32: recv from %d [%d] = %d, want %d", r, len,
+             left, i, host[r][1][i], want);
+      want = 100 * n * (n - 1) / 2 + n * i;
+      EXPECT(host[r][2][i] == want, "comm %d, %d int32: allreduce [%d] = %d, want %d", r, len, i,
+             host[r][2][i], want);
+    }
+    ncclResult_t async = ncclInternalError;
+    CHECK(ncclCommGetAsyncError(g_comms[r], &async));
+    EXPECT(async == ncclSuccess, "comm %d async error %d", r, (int)async);
+  }
+}
+
+static int run_joined(int n) {
+  setup(n);
+  int32_t *buf[MAXC][3], *host[MAXC][3];
+  cudaStream_t other[MAXC];
+  for (int r = 0; r < n; r++) {
+    other[r] = (cudaStream_t)(uintptr_t)(0x200 + r);
+    char dev[8];
+    snprintf(dev, sizeof dev, "%d", r % 4);
+    setenv("FERRO_DEVICE", dev, 1);
+    for (int b = 0; b < 3; b++) {
+      void *p = NULL;
+      CHECK(ncclMemAlloc(&p, sizeof(int32_t) * L));
+      buf[r][b] = p;
+      host[r][b] = malloc(sizeof(int32_t) * L);
+      EXPECT(host[r][b] != NULL, "malloc");
+    }
+  }
+  joined_round(n, L, buf, host, other);   /* in pieces */
+  joined_round(n, 50, buf, host, other); /* one slice, one piece each: one job */
+  for (int r = 0; r < n; r++)
+    for (int b = 0; b < 3; b++) {
+      CHECK(ncclMemFree(buf[r][b]));
+      free(host[r][b]);
+    }
+  teardown(n);
+  for (int r = 0; r < n; r++) CHECK(ncclCommDestroy(g_comms[r]));
+  printf("OK %d communicators, groups over two streams each\n", n);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 3;
   const char *mode = argc > 2 ? argv[2] : "nogroup";
@@ -281,6 +371,7 @@ int main(int argc, char **argv) {
   }
   if (strcmp(mode, "destroy") == 0) return run_destroy();
   if (strcmp(mode, "pieces") == 0) return run_pieces(n);
+  if (strcmp(mode, "joined") == 0) return run_joined(n);
   fprintf(stderr, "unknown mode %s\n", mode);
   return 1;
 }

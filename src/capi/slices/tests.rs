@@ -52,7 +52,7 @@ fn long_sends_and_receives_on_one_stream_are_queued_in_rounds() {
         peer,
         on: on(stream),
     };
-    let plan = |ops: &[Op]| pieces(comm, dev, 0x77, ops, true).map(|p| p.and_then(|p| p.rounds));
+    let plan = |ops: &[Op]| pieces(comm, dev, &[0x77], ops, true).map(|p| p.and_then(|p| p.rounds));
     let long_send = || send(0x10_0000, long, 2, 0x77);
     let group = [
         long_send(),
@@ -76,12 +76,19 @@ fn long_sends_and_receives_on_one_stream_are_queued_in_rounds() {
     assert!(plan(&[send(0x1000, 6, 0, 0x77), recv(0x2000, 6, 2, 0x77)])
         .unwrap()
         .is_none());
-    // Over two streams, on another device: one job, as before.
+    // An operation on a stream that is not the batch's, or on another device: one job.
     assert!(plan(&[long_send(), send(0x9000, 6, 0, 0x78)])
         .unwrap()
         .is_none());
+    // Over the batch's two streams: queued on the first (`group` joins them).
+    let two = [long_send(), send(0x9000, 6, 0, 0x78)];
+    let p = pieces(comm, dev, &[0x77, 0x78], &two, true)
+        .unwrap()
+        .expect("in pieces");
+    assert_eq!(p.stream, 0x77);
+    assert_eq!(p.rounds.expect("rounds").ops().len(), 2);
     let other = Device::new(Provider::Host, 1).unwrap();
-    assert!(pieces(comm, other, 0x77, &[long_send()], true)
+    assert!(pieces(comm, other, &[0x77], &[long_send()], true)
         .unwrap()
         .is_none());
     // A receive overlapping another buffer of the group is refused, naming both.
@@ -123,7 +130,7 @@ fn collectives_beside_long_messages_are_queued_in_slices_then_rounds() {
         on: on(stream),
     };
     let sum = Reduction::Op(ReduceOp::Sum);
-    let plan = |ops: &[Op]| pieces(comm, dev, 0x77, ops, true);
+    let plan = |ops: &[Op]| pieces(comm, dev, &[0x77], ops, true);
 
     // A long message beside a short collective: the collective (one slice), then 17
     // rounds; the arena holds the larger part, not the buffers.
@@ -206,7 +213,7 @@ fn long_gathers_and_scatters_are_queued_in_rounds_after_the_agreement() {
         dtype: DataType::Float32,
         on: on(dev, 0x77),
     };
-    let plan = |rank: usize, ops: &[Op]| pieces(&comms[rank], dev, 0x77, ops, true).unwrap();
+    let plan = |rank: usize, ops: &[Op]| pieces(&comms[rank], dev, &[0x77], ops, true).unwrap();
     // (send?, peer, address, bytes) of a part's rounds, with their count.
     let moves = |p: &Pieces| -> (usize, Vec<(bool, usize, u64, usize)>) {
         assert_eq!(p.parts.len(), 1);
@@ -289,7 +296,7 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
     };
     let sum = Reduction::Op(ReduceOp::Sum);
     let cuts = |ops: &[Op]| -> Option<Vec<Lone>> {
-        let p = pieces(comm, dev, 0x77, ops, true).unwrap()?;
+        let p = pieces(comm, dev, &[0x77], ops, true).unwrap()?;
         assert!(p.rounds.is_none());
         let lones = p.parts.into_iter().map(|p| match p {
             Part::Coll(l) => l,
@@ -350,7 +357,7 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
         cuts(&small[..1]).is_some(),
         "alone, it is queued as any call"
     );
-    // Over two streams: NCCL joins a group's streams, which one job does.
+    // Over two streams: cut on the first (`group` joins the two before and after).
     let mut other_stream = coll(CollKind::AllReduce, send, 10, sum);
     if let Op::Coll { on, .. } = &mut other_stream {
         *on = Some(OnStream {
@@ -359,7 +366,19 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
         });
     }
     let two_streams = [coll(CollKind::AllReduce, send, 10, sum), other_stream];
-    assert!(cuts(&two_streams).is_none());
+    assert!(
+        cuts(&two_streams).is_none(),
+        "0x78 is not the batch's stream"
+    );
+    let p = pieces(comm, dev, &[0x77, 0x78], &two_streams, true)
+        .unwrap()
+        .expect("in pieces");
+    assert_eq!(p.stream, 0x77);
+    assert_eq!(p.parts.len(), 2);
+    assert!(p.parts.iter().all(|p| match p {
+        Part::Coll(l) => l.call.handle == 0x77,
+        Part::Rooted { .. } => false,
+    }));
 
     // Not cut here: a scalar read when it runs (alone or among others), another device.
     let scalar = Reduction::ScalarAt(0x40 as *const u8, DataType::Float32);
@@ -371,5 +390,5 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
     ];
     assert!(cuts(&two).is_none());
     let ops = [coll(CollKind::AllReduce, send, 10, sum)];
-    assert!(pieces(comm, other, 0x77, &ops, true).unwrap().is_none());
+    assert!(pieces(comm, other, &[0x77], &ops, true).unwrap().is_none());
 }

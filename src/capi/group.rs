@@ -208,7 +208,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     // own (the choice depends on sizes, so it can differ from rank to rank).
     let streams: Vec<Vec<usize>> = batches
         .iter()
-        .map(|(_, ops)| ops.iter().filter_map(stream_of).map(|o| o.stream).collect())
+        .map(|(_, ops)| distinct_streams(ops))
         .collect();
     let mut plans = Vec::with_capacity(batches.len());
     for (i, (shared, ops)) in batches.iter().enumerate() {
@@ -223,7 +223,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     all_or_none(&mut plans);
     // A part over several streams is joined with all of them before anything of the group is
     // staged (and after its copies back, below).
-    let joins = joined(&batches, &plans);
+    let joins = joined(&batches, &plans, &streams);
     for (shared, device, streams) in &joins {
         join(shared, *device, streams)?;
     }
@@ -321,22 +321,19 @@ fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
 }
 
 /// The batches queued as stream jobs ([`Plan::Job`], [`Plan::Pieces`]) whose operations use
-/// several streams: each communicator with its device and those streams.
+/// several streams (`streams`, per batch): each communicator with its device and those streams.
 fn joined(
     batches: &[(Arc<Shared>, Vec<Op>)],
     plans: &[Plan],
+    streams: &[Vec<usize>],
 ) -> Vec<(Arc<Shared>, Device, Vec<usize>)> {
     let mut joins = Vec::new();
-    for ((shared, ops), plan) in batches.iter().zip(plans) {
-        if !matches!(plan, Plan::Job(..) | Plan::Pieces(..)) {
+    for (((shared, ops), plan), streams) in batches.iter().zip(plans).zip(streams) {
+        if streams.len() < 2 || !matches!(plan, Plan::Job(..) | Plan::Pieces(..)) {
             continue;
         }
-        let Some(first) = ops.iter().find_map(stream_of) else {
-            continue;
-        };
-        let streams = distinct_streams(ops);
-        if streams.len() > 1 {
-            joins.push((Arc::clone(shared), first.device, streams));
+        if let Some(first) = ops.iter().find_map(stream_of) {
+            joins.push((Arc::clone(shared), first.device, streams.clone()));
         }
     }
     joins

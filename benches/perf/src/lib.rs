@@ -48,6 +48,5 @@ pub mod sizes;
 
 pub use args::{Args, ArgsError, Average, RootSel};
 pub use coll::{Coll, Layout, PerfOp};
-pub use document::json_document;
 pub use report::{Measure, Row};
 pub use run::{run_perf, PerfComm, Summary};

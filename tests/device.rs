@@ -645,13 +645,14 @@ fn child_device() {
     }
     let peer = (comm.rank() + 1) % comm.nranks();
     println!(
-        "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={} lane={}",
+        "DEVICE rank={} cases={cases} transport={} direct={} staging={} arena={} lane={} peer={}",
         comm.rank(),
         comm.transport(peer).unwrap_or("self"),
         comm.device_direct(),
         comm.staging_allocations(),
         comm.device_arena_allocations(),
-        comm.small_lane_bytes()
+        comm.small_lane_bytes(),
+        comm.device_peer_calls()
     );
     comm.destroy().expect("destroy");
 }
@@ -734,6 +735,9 @@ fn device_job_env(
         // (copied over and back), beside ranks that stage.
         let lane = if transport == "tcp" { 0 } else { 96 };
         assert_eq!(field::<usize>(l, "lane"), lane, "{l}");
+        // Ranks of several processes never reduce straight between their buffers (only
+        // threads of one process share an address space: tests/device_peer.rs).
+        assert_eq!(field::<u64>(l, "peer"), 0, "{l}");
         let direct = direct && stage != Some(field::<usize>(l, "rank"));
         assert_eq!(field::<bool>(l, "direct"), direct, "{l}");
         if direct {
@@ -972,7 +976,7 @@ fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_devic
     let lines = out.tagged("cases per rank matched the host results");
     assert_eq!(lines.len(), 2, "{}", out.dump());
     assert!(
-        lines[1].ends_with("blocking calls staged through pinned host memory)"),
+        lines[1].ends_with("blocking calls staged through pinned host memory; 0 allreduces between the ranks' buffers)"),
         "{}",
         out.dump()
     );
@@ -989,10 +993,19 @@ fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_devic
     assert_eq!(lines.len(), 2, "{}", out.dump());
     for l in &lines {
         assert!(
-            l.ends_with("blocking calls straight on the device buffers)"),
+            l.contains("blocking calls straight on the device buffers; "),
             "{}",
             out.dump()
         );
+        // Thread ranks of one process: the allreduces of 256 bytes and more went straight
+        // between the ranks' buffers.
+        let peer: u64 = l
+            .rsplit("; ")
+            .next()
+            .and_then(|t| t.split(' ').next())
+            .and_then(|k| k.parse().ok())
+            .unwrap_or(0);
+        assert!(peer > 0, "{}", out.dump());
     }
 
     let mut cmd = std::process::Command::new(DEVICE_CHECK);

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use ferroccl::coll::CollKind;
 use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
 use ferroccl::{BufMut, BufRef, Communicator, Config, DataType, Element, ReduceOp};
-use ferroccl_kernels::{Fp8E4M3, Fp8E5M2};
+use ferroccl_kernels::{ElemOp, Fp8E4M3, Fp8E5M2};
 use half::{bf16, f16};
 
 const USAGE: &str = "\
@@ -67,6 +67,7 @@ fn case<T: Element>(
     let mut d_recv = DeviceBuffer::from_host(dev, &want).map_err(err)?;
     c.collective(kind, Some(BufRef::Host(&send)), BufMut::Host(&mut want), op)
         .map_err(err)?;
+    let peer_before = c.device_peer_calls();
     c.collective(
         kind,
         Some(BufRef::Device(&d_send)),
@@ -74,6 +75,11 @@ fn case<T: Element>(
         op,
     )
     .map_err(err)?;
+    if c.device_peer_calls() != peer_before {
+        // Straight between the ranks' buffers, every element is reduced in rank order, where
+        // the host schedule's order depends on the element's place in the ring.
+        want = rank_order(n, count, op);
+    }
     let got = d_recv.to_vec().map_err(err)?;
     let (g, w) = (
         ferroccl_kernels::as_bytes(&got),
@@ -87,6 +93,44 @@ fn case<T: Element>(
         ));
     }
     Ok(())
+}
+
+/// The allreduce of every rank's [`input`] of `count` elements under `op`, combined in rank
+/// order, as the path between the ranks' buffers combines them.
+fn rank_order<T: Element>(n: usize, count: usize, op: ReduceOp) -> Vec<T> {
+    let dtype = T::DTYPE;
+    let elem = match op {
+        ReduceOp::Prod => ElemOp::Prod,
+        ReduceOp::Max => ElemOp::Max,
+        ReduceOp::Min => ElemOp::Min,
+        _ => ElemOp::Sum,
+    };
+    let scaled = |r: usize| {
+        let mut x: Vec<T> = input(r, count, count);
+        if let ReduceOp::PreMulSum(f) = op {
+            let src = x.clone();
+            let (dst, src) = (
+                ferroccl_kernels::as_bytes_mut(&mut x),
+                ferroccl_kernels::as_bytes(&src),
+            );
+            ferroccl_kernels::scale_into(dtype, dst, src, f);
+        }
+        x
+    };
+    let mut acc = scaled(0);
+    for r in 1..n {
+        let x = scaled(r);
+        ferroccl_kernels::reduce_inplace(
+            dtype,
+            elem,
+            ferroccl_kernels::as_bytes_mut(&mut acc),
+            ferroccl_kernels::as_bytes(&x),
+        );
+    }
+    if op == ReduceOp::Avg {
+        ferroccl_kernels::divide(dtype, ferroccl_kernels::as_bytes_mut(&mut acc), n as u64);
+    }
+    acc
 }
 
 fn kinds(count: usize, n: usize) -> Vec<(CollKind, usize)> {
@@ -288,10 +332,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 })
                 .collect()
         });
+        // Allreduces that went straight between the ranks' buffers (threads of one process).
+        let peer = comms.first().map_or(0, Communicator::device_peer_calls);
         match results.iter().find_map(|r| r.as_ref().err()) {
             None => println!(
                 "  {n} ranks: {} cases per rank matched the host results (stream-ordered calls \
-                 included; blocking calls {path})",
+                 included; blocking calls {path}; {peer} allreduces between the ranks' buffers)",
                 results[0].as_ref().map_or(0, |c| *c)
             ),
             Some(e) => {

@@ -37,6 +37,13 @@ pub struct Config {
     /// (the GPU peer-to-peer transport); `0` stages them through pinned host memory always.
     /// Ranks may differ: the messages are the same either way.
     pub device_direct: bool,
+    /// `FERRO_DEVICE_PEER` (`1` default, `0`): in a communicator whose ranks are all threads
+    /// of one process and whose transport list has `p2p`, an allreduce of device buffers of at
+    /// least 256 bytes goes straight between the ranks' buffers: each rank reduces its share
+    /// of the elements from every rank's input into every rank's output, one kernel a call
+    /// (docs/CUDA.md, "Between the ranks' buffers"), where every rank's buffers allow it.
+    /// Must be equal on every rank.
+    pub device_peer: bool,
     /// `FERRO_P2P_DEVICE`: the CUDA device of this rank's receive slots of the GPU
     /// peer-to-peer transport, the GPU whose device buffers its collectives reduce straight
     /// from those slots (buffers of another GPU go through host staging). The C ABI sets it,
@@ -130,6 +137,7 @@ impl Default for Config {
             slice_bytes: crate::plan::DEFAULT_MAX_SLICE,
             device_slice_bytes: None,
             device_direct: true,
+            device_peer: true,
             p2p_device: None,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
@@ -200,6 +208,9 @@ impl Config {
         }
         if let Some(v) = var("FERRO_DEVICE_DIRECT") {
             c.device_direct = flag(&v, "FERRO_DEVICE_DIRECT")?;
+        }
+        if let Some(v) = var("FERRO_DEVICE_PEER") {
+            c.device_peer = flag(&v, "FERRO_DEVICE_PEER")?;
         }
         if let Some(v) = var("FERRO_P2P_DEVICE") {
             if !v.trim().is_empty() {
@@ -377,6 +388,9 @@ mod tests {
         assert_eq!(c.device_slice_bytes, Some(64 << 10));
         assert!(with(&[]).unwrap().device_direct);
         assert!(!with(&[("FERRO_DEVICE_DIRECT", "0")]).unwrap().device_direct);
+        assert!(with(&[]).unwrap().device_peer);
+        assert!(!with(&[("FERRO_DEVICE_PEER", "0")]).unwrap().device_peer);
+        assert!(with(&[("FERRO_DEVICE_PEER", "maybe")]).is_err());
         assert!(with(&[("FERRO_DEVICE_DIRECT", "maybe")]).is_err());
         assert_eq!(with(&[]).unwrap().p2p_device, None);
         assert_eq!(

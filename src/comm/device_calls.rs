@@ -273,6 +273,17 @@ impl Communicator {
             .map_or(0, DirectArena::allocations)
     }
 
+    /// Allreduces that went straight between the ranks' buffers, one reduce-copy kernel per
+    /// rank reading every rank's input and writing every rank's output (ranks that are
+    /// threads of one process; [`Config::device_peer`]). Waits for a call in progress.
+    pub fn device_peer_calls(&self) -> u64 {
+        self.inner
+            .engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .peer_calls()
+    }
+
     /// Pinned staging allocations this communicator has made (they are cached: a repeated
     /// call of the same size makes none).
     pub fn staging_allocations(&self) -> u64 {

@@ -221,6 +221,13 @@ impl Communicator {
             tuning(&config, &descs, listen_ip),
         );
         engine.set_lane_bytes(lane_bytes);
+        // Every rank knows every rank's host and process, so all decide alike.
+        let one_process = descs
+            .iter()
+            .all(|d| d.host == descs[rank].host && d.pid == descs[rank].pid);
+        engine.set_peer_direct(
+            config.device_peer && one_process && config.transports.iter().any(|t| t == "p2p"),
+        );
         let device_transport = engine.carries_device_memory();
         Communicator {
             inner: Arc::new(Inner {

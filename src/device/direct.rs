@@ -254,6 +254,60 @@ impl Reducer for StandInReducer {
         HostReducer.copy(d, s)
     }
 
+    fn reduces_many(&self) -> bool {
+        true
+    }
+
+    /// The reduce-copy kernel's order: the first source (scaled), then each next one
+    /// combined into it, the result written to every destination once every source is read.
+    fn reduce_many(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dsts: &[MemRef],
+        srcs: &[MemRef],
+        premul: Option<f64>,
+    ) -> Result<()> {
+        let Some(first) = srcs.first() else {
+            return Err(Error::internal("host stand-in reducer: no source"));
+        };
+        if srcs.len() > ferroccl_cuda::MAX_SRCS || dsts.len() > ferroccl_cuda::MAX_DSTS {
+            return Err(Error::internal(format!(
+                "host stand-in reducer: {} sources and {} destinations",
+                srcs.len(),
+                dsts.len()
+            )));
+        }
+        if let Some(m) = srcs.iter().chain(dsts).find(|m| m.len != first.len) {
+            return Err(Error::internal(format!(
+                "host stand-in reducer: operand lengths differ ({} and {} bytes)",
+                first.len, m.len
+            )));
+        }
+        let mut acc = vec![0u8; first.len];
+        let mut scaled = vec![0u8; if premul.is_some() { first.len } else { 0 }];
+        for (k, m) in srcs.iter().enumerate() {
+            let (_, src) = self.read("source", Payload::Device(*m))?;
+            let src = match premul {
+                Some(f) => {
+                    HostReducer.scale_into(dtype, PayloadMut::Host(&mut scaled), src, f)?;
+                    Payload::Host(&scaled[..])
+                }
+                None => src,
+            };
+            if k == 0 {
+                HostReducer.copy(PayloadMut::Host(&mut acc), src)?;
+            } else {
+                HostReducer.reduce_inplace(dtype, op, PayloadMut::Host(&mut acc), src)?;
+            }
+        }
+        for m in dsts {
+            let (_, d) = self.write(PayloadMut::Device(*m))?;
+            HostReducer.copy(d, Payload::Host(&acc))?;
+        }
+        Ok(())
+    }
+
     /// The stand-in of a kernel queued and not waited for (`FERRO_P2P_QUEUED_REDUCE=1`):
     /// the operands are checked now and the reduction runs at the fence's second poll, so a
     /// rank that read the result, or a transport that reused the lent piece, before the fence

@@ -17,6 +17,7 @@
 mod conn;
 mod lane;
 mod layout;
+mod peer;
 mod reducing;
 mod space;
 mod step;
@@ -146,6 +147,8 @@ pub(crate) struct Engine {
     trace: Option<Box<crate::trace::Tracer>>,
     /// Tiny allreduces through the connections' small-message lanes.
     lanes: lane::Lanes,
+    /// Allreduces straight between the buffers of ranks of one process (`peer`).
+    peer: peer::Peer,
 }
 
 /// The doorbell to sleep on: one wakes this rank only when every doorbell-driven connection
@@ -212,6 +215,7 @@ impl Engine {
             one_sided,
             trace: crate::trace::Tracer::from_env(rank),
             lanes: lane::Lanes::default(),
+            peer: peer::Peer::default(),
         }
     }
 
@@ -403,10 +407,13 @@ impl Engine {
         let mut waits = vec![0u64; self.nranks];
         let lane = self.takes_lane(args, dtype.size(), premul, &mem, arena.is_some());
         let start = std::time::Instant::now();
+        let peer_calls = self.peer_calls();
         let r = self.collective(args, dtype, op, premul, mem, ctx, arena, Some(&mut waits));
         let end = std::time::Instant::now();
         let algorithm = if lane {
             "lane".to_string()
+        } else if self.peer_calls() != peer_calls {
+            "peer".to_string()
         } else {
             self.algorithm_for(args, dtype.size()).to_string()
         };
@@ -479,6 +486,12 @@ impl Engine {
             Some(a) => a.reducer(),
             None => Arc::clone(&self.reducer),
         };
+        if self.peer_fits(args, es) {
+            let device = arena.as_deref().map(|_| &*reducer);
+            if self.peer_all_reduce(args, dtype, op, premul, &mem, ctx, device)? {
+                return Ok(());
+            }
+        }
         if !reducer.serves(mem.space) {
             return Err(Error::internal(format!(
                 "{}: the {} reducer cannot reach {} memory",

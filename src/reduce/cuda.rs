@@ -211,6 +211,65 @@ impl Reducer for CudaReducer {
         wait(self.launch(dtype, ElemOp::Sum, b, &[b], None, Some(n))?)
     }
 
+    fn reduces_many(&self) -> bool {
+        true
+    }
+
+    fn reduce_many(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dsts: &[MemRef],
+        srcs: &[MemRef],
+        premul: Option<f64>,
+    ) -> Result<()> {
+        let many = |what: &str, ms: &[MemRef], most: usize, least: usize| {
+            if ms.len() < least || ms.len() > most {
+                return Err(Error::internal(format!(
+                    "{NAME}: {} {what}s in one reduce-copy ({least}..={most})",
+                    ms.len()
+                )));
+            }
+            ms.iter()
+                .map(|m| self.device(what, m.space, Some(*m)))
+                .collect::<Result<Vec<MemRef>>>()
+        };
+        let srcs = many("source", srcs, ferroccl_cuda::MAX_SRCS, 1)?;
+        let dsts = many("destination", dsts, ferroccl_cuda::MAX_DSTS, 1)?;
+        if let Some(m) = srcs.iter().chain(&dsts).find(|m| m.len != dsts[0].len) {
+            return Err(Error::internal(format!(
+                "{NAME}: operand lengths differ ({} and {} bytes)",
+                dsts[0].len, m.len
+            )));
+        }
+        let es = dtype.size();
+        if !dsts[0].len.is_multiple_of(es) {
+            return Err(Error::internal(format!(
+                "{NAME}: {} bytes is not a whole number of {dtype} elements",
+                dsts[0].len
+            )));
+        }
+        if dsts[0].len == 0 {
+            return Ok(());
+        }
+        let k = self.kernels()?;
+        let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
+        let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
+        let mut args = RcArgs::new(&s, &d, (dsts[0].len / es) as u64);
+        if let Some(f) = premul {
+            args = args.with_scale(dtype, (1u32 << s.len()) - 1, f);
+        }
+        // SAFETY: every operand is a non-null reference on this reducer's device (checked
+        // above), which its maker vouches is live device memory of `len` bytes for the call
+        // (MemRef's contract: here the buffers of ranks that are threads of this process, each
+        // held by its rank until every rank has reported its kernel done); the lengths were
+        // checked equal, and the stream is waited for before returning. A destination that is
+        // also a source is the same memory, which the kernel reads element by element before
+        // writing it.
+        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
+        wait(k)
+    }
+
     fn queue(
         &self,
         dtype: DataType,

@@ -7,6 +7,7 @@
 //! | `dst = src * factor` | [`Reducer::scale_into`]      | pre-multiplied sums (`PreMulSum`)      |
 //! | `buf = buf / n`      | [`Reducer::divide`]          | `Avg`'s divide by the number of ranks  |
 //! | `dst = src`          | [`Reducer::copy`]            | a schedule's local copies              |
+//! | `dsts = op(srcs)`    | [`Reducer::reduce_many`]     | allreduce between ranks' buffers (device) |
 //!
 //! Operands are typed memory ([`Payload`] / [`PayloadMut`]: host slices, or a device
 //! [`ferroccl_transport::MemRef`]), so that each implementation says which [`MemSpace`]s it
@@ -20,7 +21,7 @@ mod host;
 use std::fmt;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{Fence, MemSpace, Payload, PayloadMut, Result};
+use ferroccl_transport::{Fence, MemRef, MemSpace, Payload, PayloadMut, Result};
 
 pub(crate) use cuda::CudaReducer;
 pub(crate) use host::HostReducer;
@@ -87,6 +88,31 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         } else {
             reduce_now(self, dtype, op, dst, a, b).map(|()| None)
         }
+    }
+
+    /// Whether [`Reducer::reduce_many`] runs (device reducers: one reduce-copy kernel).
+    fn reduces_many(&self) -> bool {
+        false
+    }
+
+    /// `dst[i] = src_0[i] op src_1[i] op ...` for every `dst` in `dsts`, in one pass, every
+    /// source first multiplied by `premul` where given; returns when the destinations hold
+    /// it. All operands the same length; a destination may be a source (the same memory, not
+    /// overlapping otherwise): every element of every source is read before that element is
+    /// written. At most 8 sources and 8 destinations. Reducers without it refuse.
+    fn reduce_many(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dsts: &[MemRef],
+        srcs: &[MemRef],
+        premul: Option<f64>,
+    ) -> Result<()> {
+        let _ = (dtype, op, dsts, srcs, premul);
+        Err(ferroccl_transport::Error::internal(format!(
+            "the {} reducer does not reduce many buffers in one pass",
+            self.name()
+        )))
     }
 
     /// [`Reducer::reduce_queued`]'s queued form. The default runs it to the end; the CUDA

@@ -1,0 +1,190 @@
+//! Allreduces straight between the ranks' device buffers: ranks that are threads of one
+//! process, joined by the p2p transport, each reducing its share of every rank's input into
+//! every rank's output (docs/CUDA.md, "Between the ranks' buffers"). On the host stand-ins
+//! (`FERRO_DEVICE_PROVIDER=host`, `FERRO_P2P_PROVIDER=host`), in a child process of its own
+//! because both providers are chosen by the environment.
+//!
+//! Every case checks every element against the host reference, and says how many allreduces
+//! took the path, so that a case that should take it and a case that must not are both
+//! asserted: all ranks on device buffers (2, 3, 5 and 8 ranks); the path turned off; one rank
+//! staging through host memory; one rank on host buffers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::child::{self, expected_cases, field, self_command, Running};
+use common::conformance::{all_ops, run_sweep_on, Mem, Sweep};
+use ferroccl::device::{Device, DeviceBuffer, Provider, PROVIDER_ENV};
+use ferroccl::{Communicator, Config, DataType, ReduceOp};
+
+/// Every dtype and op; counts below the path (lane-sized, and 255 bytes or less), at it, odd
+/// and prime, and large enough that the shares are uneven and the 64 KiB device slices of
+/// these runs cut one call into several.
+fn sweep(full: bool) -> Sweep {
+    Sweep {
+        dtypes: if full {
+            DataType::ALL.to_vec()
+        } else {
+            vec![DataType::Float32, DataType::Float16, DataType::Uint8]
+        },
+        ops: if full {
+            all_ops()
+        } else {
+            vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)]
+        },
+        counts: vec![0, 1, 7, 64, 257, 1031, 65537],
+        colls: vec!["all_reduce"],
+    }
+}
+
+/// A child: `FERRO_TEST_RANKS` thread ranks on stand-in device 0; `FERRO_TEST_CASE` says
+/// which rank is different (`staged`: rank 0 stages, `host`: rank 0 uses host buffers).
+#[test]
+fn child_peer() {
+    if !child::is_role("peer") {
+        return;
+    }
+    let n: usize = child::env_var("FERRO_TEST_RANKS");
+    let case: String = child::env_var("FERRO_TEST_CASE");
+    let full = case == "all" && n <= 3;
+    let base = Config::from_env().expect("config");
+    let configs: Vec<Config> = (0..n)
+        .map(|r| {
+            let mut c = base.clone();
+            c.device_direct = !(case == "staged" && r == 0);
+            c
+        })
+        .collect();
+    let comms = Communicator::local_group_with(configs).expect("local_group");
+    let dev = Device::new(Provider::Host, 0).expect("stand-in device 0");
+    let want = expected_cases(&sweep(full));
+    std::thread::scope(|s| {
+        for c in &comms {
+            let case = case.as_str();
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let mem = if case == "host" && c.rank() == 0 {
+                    Mem::Host
+                } else {
+                    Mem::Device(dev)
+                };
+                let cases = run_sweep_on(c, mem, &sweep(full), 11 * n as u64)
+                    .unwrap_or_else(|e| panic!("rank {}: {e}", c.rank()));
+                assert_eq!(cases, want);
+                if case == "all" {
+                    same_factor(c, dev, n);
+                }
+                println!(
+                    "PEER rank={} cases={cases} direct={} peer={}",
+                    c.rank(),
+                    c.device_direct(),
+                    c.device_peer_calls()
+                );
+            });
+        }
+    });
+}
+
+/// A pre-multiplied sum whose factor every rank shares takes the path (the sweep's factors
+/// differ by rank, which it refuses): one call, in place, on every rank.
+fn same_factor(c: &Communicator, dev: Device, n: usize) {
+    let (r, count) = (c.rank(), 1031);
+    let x = |rank: usize, i: usize| (rank * 4096 + i) as f32;
+    let host: Vec<f32> = (0..count).map(|i| x(r, i)).collect();
+    let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+    c.all_reduce_device_in_place(&mut buf, ReduceOp::PreMulSum(0.5))
+        .unwrap();
+    let got = buf.to_vec().unwrap();
+    let wrong = (0..count)
+        .filter(|&i| got[i] != (0..n).map(|k| 0.5 * x(k, i)).sum::<f32>())
+        .count();
+    assert_eq!(
+        wrong, 0,
+        "rank {r}: {wrong} wrong elements of a pre-multiplied sum"
+    );
+}
+
+/// Runs the child with `n` ranks in case `case` (`FERRO_DEVICE_PEER=peer`); returns each
+/// rank's count of allreduces that went straight between the buffers.
+fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
+    // Device calls in slices of 64 KiB, except beside a rank with host buffers, whose calls
+    // are never cut (the default 64 MiB slices of a one-host p2p communicator cut none here).
+    let slices = if case == "host" { "64M" } else { "64K" };
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+        ("FERRO_DEVICE_SLICE_BYTES", slices.to_string()),
+        (
+            "FERRO_DEVICE_PEER",
+            if peer { "1" } else { "0" }.to_string(),
+        ),
+        ("FERRO_TIMEOUT", "60".to_string()),
+        ("FERRO_TEST_RANKS", n.to_string()),
+        ("FERRO_TEST_CASE", case.to_string()),
+    ];
+    let out =
+        Running::spawn(self_command("child_peer", "peer", &env)).finish(Duration::from_secs(300));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("PEER ");
+    assert_eq!(lines.len(), n, "{}", out.dump());
+    let full = case == "all" && n <= 3;
+    let mut calls = vec![0; n];
+    for l in &lines {
+        assert_eq!(
+            field::<usize>(l, "cases"),
+            expected_cases(&sweep(full)),
+            "{l}"
+        );
+        calls[field::<usize>(l, "rank")] = field::<u64>(l, "peer");
+    }
+    calls
+}
+
+/// The sweep's allreduces of at least 256 bytes, as calls of the path: the device slices of
+/// 64 KiB are one call each.
+fn path_calls(n: usize) -> u64 {
+    let s = sweep(n <= 3);
+    // The sweep's pre-multiplied sums have factors of their own on each rank.
+    let ops = s
+        .ops
+        .iter()
+        .filter(|o| !matches!(o, ReduceOp::PreMulSum(_)))
+        .count() as u64;
+    let mut calls = 0;
+    for d in &s.dtypes {
+        for &count in &s.counts {
+            let bytes = count * d.size();
+            if bytes >= 256 {
+                calls += bytes.div_ceil(64 << 10) as u64;
+            }
+        }
+    }
+    // Every op, in place and out of place; and the one call of `same_factor`.
+    calls * ops * 2 + 1
+}
+
+#[test]
+fn allreduces_go_between_the_buffers_of_2_3_5_and_8_thread_ranks() {
+    for n in [2, 3, 5, 8] {
+        let calls = run(n, "all", true);
+        let want = path_calls(n);
+        assert!(want > 0);
+        assert!(
+            calls.iter().all(|&c| c == want),
+            "{n} ranks: {calls:?}, want {want} each"
+        );
+    }
+}
+
+#[test]
+fn turned_off_every_allreduce_runs_the_schedule() {
+    assert_eq!(run(3, "all", false), vec![0; 3]);
+}
+
+#[test]
+fn a_rank_that_stages_or_has_host_buffers_keeps_every_rank_on_the_schedule() {
+    assert_eq!(run(3, "staged", true), vec![0; 3]);
+    assert_eq!(run(2, "host", true), vec![0; 2]);
+}

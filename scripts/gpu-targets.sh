@@ -12,6 +12,9 @@
 # The ring of 2 ranks moves 9 x S bytes of device memory for an S-byte allreduce (each rank:
 # its half copied into the peer's slot, read and written, 1 x S; the reduction reads the slot
 # and the input and writes the output, 1.5 x S; the reduced half copied over and out, 2 x S).
+# Straight between the ranks' buffers (ranks as threads of one process, the default where
+# all_reduce_perf prints "# Allreduces between the ranks' buffers"), 4 x S: each rank reads
+# its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures.
 # A target whose step gave no figure (not run, or stopped early) is reported as not measured.
 # Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
 #
@@ -32,6 +35,8 @@ function bytes(n) {
     if ($0 ~ /^-- [^ ]+: [0-9]+ s$/) next
     part = ""
     if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=1/) part = "8b-direct"
+    else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=0/) part = "8i-ring"
+    else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=1/) part = "8i-peer"
     else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
     else if (match($0, /^-- 6a round [0-9]+, -B [01]/)) {
         split(substr($0, 4, RLENGTH - 3), w, /[ ,]+/)
@@ -46,6 +51,7 @@ function bytes(n) {
     next
 }
 /dst = a \+ b .* % of copy/ { kern[++nkern] = $0; next }
+/^# Allreduces between the ranks. buffers/ { if (part != "") peer[part] += num($NF); next }
 # A perf tool row: size count type redop root, then time algbw busbw #wrong twice.
 NF >= 13 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && part != "" {
     key = part SUBSEP num($1)
@@ -71,11 +77,27 @@ END {
         print "-- p2p allreduce, 2 ranks on one GPU: not measured in this run (no figure from step 8b)"
     } else {
         t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
-        traffic = 9 * s / (t * 1e3)
-        line = sprintf("-- p2p allreduce, 2 ranks on one GPU, %s (8b, direct): %.1f / %.1f us out of / in place; 9 x S of traffic in the faster, %.1f us, is %.0f GB/s", bytes(s), oop_t[key], ip_t[key], t, traffic)
+        k = peer["8b-direct"] > 0 ? 4 : 9
+        path = k == 4 ? "between the buffers of the ranks" : "ring"
+        traffic = k * s / (t * 1e3)
+        line = sprintf("-- p2p allreduce, 2 ranks on one GPU, %s (8b, direct, %s): %.1f / %.1f us out of / in place; %d x S of traffic in the faster, %.1f us, is %.0f GB/s", bytes(s), path, oop_t[key], ip_t[key], k, t, traffic)
         if (s != 268435456) line = line " (the target is set at 256 MiB)"
         if (copy > 0) line = line sprintf(", %s of the copy rate (target >= 60 %%): %s", pct(traffic, copy), verdict(100 * traffic / copy >= 60))
         else line = line " (no copy rate to compare with)"
+        print line
+    }
+
+    # Part 8i: the two paths side by side at the largest size, alternated in one run.
+    for (p = 0; p <= 1; p++) {
+        part8 = p ? "8i-peer" : "8i-ring"
+        s = largest[part8]
+        key = part8 SUBSEP s
+        if (s == 0 || !(key in oop_t)) continue
+        k = p ? 4 : 9
+        t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
+        traffic = k * s / (t * 1e3)
+        line = sprintf("-- 8i, %s, %s: %.1f / %.1f us out of / in place; %d x S of traffic in the faster is %.0f GB/s", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], k, traffic)
+        if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
         print line
     }
 

@@ -21,6 +21,22 @@ use crate::{Error, Result};
 /// another device.
 pub(crate) const DEVICES: u32 = 4;
 
+/// The devices the stand-in says it has ([`super::Provider::device_count`]):
+/// `FERRO_STANDIN_DEVICES` (1 to [`DEVICES`]), as a machine with that many GPUs would, so
+/// that tools which number their devices by local rank put several ranks on one (a one-GPU
+/// machine); [`DEVICES`] where unset. Every ordinal below [`DEVICES`] stays usable.
+pub(crate) fn visible_devices() -> Result<u32> {
+    match std::env::var("FERRO_STANDIN_DEVICES") {
+        Err(_) => Ok(DEVICES),
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if (1..=DEVICES).contains(&n) => Ok(n),
+            _ => Err(Error::invalid_argument(format!(
+                "FERRO_STANDIN_DEVICES={v:?}: the host stand-in offers 1 to {DEVICES} devices"
+            ))),
+        },
+    }
+}
+
 /// Alignment of every allocation, device or staging (CUDA allocations are 256-byte aligned).
 const ALIGN: usize = 256;
 

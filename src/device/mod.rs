@@ -145,7 +145,7 @@ impl Provider {
     pub fn device_count(self) -> Result<u32> {
         match self {
             Provider::Cuda => cuda::device_count(),
-            Provider::Host => Ok(host::DEVICES),
+            Provider::Host => host::visible_devices(),
         }
     }
 

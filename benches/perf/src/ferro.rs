@@ -564,7 +564,15 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
                     };
                     let rank = fc.rank();
                     let summary = if rank == 0 {
-                        run_perf(&fc, coll, args, &mut std::io::stdout())?
+                        let summary = run_perf(&fc, coll, args, &mut std::io::stdout())?;
+                        // Which path the device allreduces took, for readers of the figures
+                        // (the traffic of a call straight between the ranks' buffers is not
+                        // the ring's): said only where some did.
+                        let peer = fc.comm().device_peer_calls();
+                        if peer > 0 {
+                            println!("# Allreduces between the ranks' buffers : {peer}");
+                        }
+                        summary
                     } else {
                         run_perf(&fc, coll, args, &mut std::io::sink())?
                     };

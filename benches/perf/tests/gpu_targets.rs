@@ -121,7 +121,7 @@ fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
     let traffic = 9.0 * 32768.0 / (t * 1e3);
     let p2p = line(
         &got,
-        "-- p2p allreduce, 2 ranks on one GPU, 32 KiB (8b, direct): ",
+        "-- p2p allreduce, 2 ranks on one GPU, 32 KiB (8b, direct, ring): ",
     );
     assert!(p2p.contains("(the target is set at 256 MiB)"), "{p2p}");
     // Out of place, in place, 9, the faster, its traffic, 256, % of copy, 60.
@@ -155,6 +155,99 @@ fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
     assert!(
         line(&got, "-- shm staged").contains("not measured"),
         "{got}"
+    );
+}
+
+/// Thread ranks joined by p2p (the stand-ins of both providers): all_reduce_perf says how many
+/// allreduces went straight between the ranks' buffers, and the targets then count 4 x S of
+/// traffic for them; part 8i's two paths are printed side by side.
+#[test]
+fn allreduces_between_the_ranks_buffers_count_their_own_traffic() {
+    let perf = |peer: &str| {
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
+            .args([
+                "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-t", "2", "-B", "1",
+            ])
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            // One stand-in device, as on a one-GPU machine: both ranks on it.
+            .env("FERRO_STANDIN_DEVICES", "1")
+            .env("FERRO_P2P_PROVIDER", "host")
+            .env("FERRO_TRANSPORTS", "p2p")
+            .env("FERRO_DEVICE_PEER", peer)
+            .env("FERRO_TIMEOUT", "30")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running all_reduce_perf");
+        let table = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "all_reduce_perf: {}\n{table}",
+            out.status
+        );
+        table
+    };
+    let (peer, ring) = (perf("1"), perf("0"));
+    // Warm-up and timed calls of every size, out of place and in place, on rank 0.
+    let calls: u64 = line(&peer, "# Allreduces between the ranks' buffers : ")
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(calls >= 3 * 2 * 2, "{peer}");
+    assert!(!ring.contains("# Allreduces between"), "{ring}");
+    let copy = 100.0;
+    let log = format!(
+        "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy {copy:.1} GB/s (read + written)\n\
+         == 8. straight on the device\n-- 8b. threads, FERRO_DEVICE_DIRECT=1\n{peer}\
+         -- all_reduce_perf: 1 s\n-- 8i: FERRO_DEVICE_PEER=0, threads, direct\n{ring}\
+         -- 8i: FERRO_DEVICE_PEER=1, threads, direct\n{peer}"
+    );
+    let got = targets(&log);
+    let big = row(&peer, 65536);
+    let t = if big[9] > 0.0 && big[9] < big[5] {
+        big[9]
+    } else {
+        big[5]
+    };
+    let p2p = line(
+        &got,
+        "-- p2p allreduce, 2 ranks on one GPU, 64 KiB (8b, direct, between the buffers of the ranks): ",
+    );
+    let traffic = 4.0 * 65536.0 / (t * 1e3);
+    close(
+        &numbers_after(p2p, "ranks): "),
+        &[
+            big[5],
+            big[9],
+            4.0,
+            t,
+            traffic,
+            256.0,
+            100.0 * traffic / copy,
+            60.0,
+        ],
+        p2p,
+    );
+    let mine = line(&got, "-- 8i, between the buffers of the ranks, 64 KiB: ");
+    close(
+        &numbers_after(mine, "KiB: "),
+        &[big[5], big[9], 4.0, traffic, 100.0 * traffic / copy],
+        mine,
+    );
+    let r = row(&ring, 65536);
+    let tr = if r[9] > 0.0 && r[9] < r[5] {
+        r[9]
+    } else {
+        r[5]
+    };
+    let theirs = line(&got, "-- 8i, ring (FERRO_DEVICE_PEER=0), 64 KiB: ");
+    let traffic = 9.0 * 65536.0 / (tr * 1e3);
+    close(
+        &numbers_after(theirs, "KiB: "),
+        &[r[5], r[9], 9.0, traffic, 100.0 * traffic / copy],
+        theirs,
     );
 }
 

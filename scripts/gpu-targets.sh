@@ -13,7 +13,7 @@
 # its half copied into the peer's slot, read and written, 1 x S; the reduction reads the slot
 # and the input and writes the output, 1.5 x S; the reduced half copied over and out, 2 x S).
 # Straight between the ranks' buffers (ranks as threads of one process, the default where
-# all_reduce_perf prints "# Allreduces between the ranks' buffers"), 4 x S: each rank reads
+# all_reduce_perf prints "# Calls between the ranks' buffers"), 4 x S: each rank reads
 # its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures.
 # A target whose step gave no figure (not run, or stopped early) is reported as not measured.
 # Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
@@ -51,7 +51,7 @@ function bytes(n) {
     next
 }
 /dst = a \+ b .* % of copy/ { kern[++nkern] = $0; next }
-/^# Allreduces between the ranks. buffers/ { if (part != "") peer[part] += num($NF); next }
+/^# Calls between the ranks. buffers/ { if (part != "") peer[part] += num($NF); next }
 # A perf tool row: size count type redop root, then time algbw busbw #wrong twice.
 NF >= 13 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && part != "" {
     key = part SUBSEP num($1)
@@ -101,10 +101,11 @@ END {
         print line
     }
 
-    split("8b-direct 8b-staged 5", eight, " ")
+    split("8b-direct 8b-staged 5 8i-peer 8i-ring", eight, " ")
     names["8b-direct"] = "8b, p2p, direct"; names["8b-staged"] = "8b, p2p, staged"; names["5"] = "5, shm, staged"
+    names["8i-peer"] = "8i, between the buffers of the ranks"; names["8i-ring"] = "8i, lanes, FERRO_DEVICE_PEER=0"
     seen8 = 0
-    for (i = 1; i <= 3; i++) {
+    for (i = 1; i <= 5; i++) {
         key = eight[i] SUBSEP 8
         if (!(key in oop_t)) continue
         seen8 = 1

@@ -136,6 +136,24 @@ fn ranks_that_would_cut_device_calls_differently_fail_at_init() {
 }
 
 #[test]
+fn ranks_that_would_offer_allreduces_differently_fail_at_init() {
+    let configs: Vec<Config> = (0..2)
+        .map(|r| Config {
+            device_peer: r == 0,
+            timeout: Duration::from_secs(20),
+            ..Config::default()
+        })
+        .collect();
+    let e = Communicator::local_group_with(configs).expect_err("the offers differ");
+    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    let m = e.message();
+    assert!(
+        m.contains("FERRO_DEVICE_PEER=1") && m.contains("FERRO_DEVICE_PEER=0"),
+        "{e}"
+    );
+}
+
+#[test]
 fn staging_is_cached_per_communicator() {
     let comms = Communicator::local_group(2, Config::default()).unwrap();
     let dev = host_device(0);
@@ -976,7 +994,7 @@ fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_devic
     let lines = out.tagged("cases per rank matched the host results");
     assert_eq!(lines.len(), 2, "{}", out.dump());
     assert!(
-        lines[1].ends_with("blocking calls staged through pinned host memory; 0 allreduces between the ranks' buffers)"),
+        lines[1].ends_with("blocking calls staged through pinned host memory; 0 calls between the ranks' buffers)"),
         "{}",
         out.dump()
     );

@@ -1,6 +1,6 @@
-//! Allreduces straight between the ranks' device buffers: ranks that are threads of one
-//! process, joined by the p2p transport, each reducing its share of every rank's input into
-//! every rank's output (docs/CUDA.md, "Between the ranks' buffers"). On the host stand-ins
+//! Collectives straight between the ranks' device buffers: ranks that are threads of one
+//! process, joined by the p2p transport, each reducing or copying its share of the other
+//! ranks' buffers into theirs (docs/CUDA.md, "Between the ranks' buffers"). On the host stand-ins
 //! (`FERRO_DEVICE_PROVIDER=host`, `FERRO_P2P_PROVIDER=host`), in a child process of its own
 //! because both providers are chosen by the environment.
 //!
@@ -18,9 +18,10 @@ use common::conformance::{all_ops, run_sweep_on, Mem, Sweep};
 use ferroccl::device::{Device, DeviceBuffer, Provider, PROVIDER_ENV};
 use ferroccl::{Communicator, Config, DataType, ReduceOp};
 
-/// Every dtype and op; counts below the path (lane-sized, and 255 bytes or less), at it, odd
-/// and prime, and large enough that the shares are uneven and the 64 KiB device slices of
-/// these runs cut one call into several.
+/// Every collective (all_to_all stays on the schedule), every dtype and op; counts of none
+/// (no call), a few elements (lane-sized: the path is offered before the lanes, and one
+/// rank's share holds them all), odd and prime, and large enough that the shares are uneven
+/// and the 64 KiB device slices of these runs cut one call into several.
 fn sweep(full: bool) -> Sweep {
     Sweep {
         dtypes: if full {
@@ -34,7 +35,14 @@ fn sweep(full: bool) -> Sweep {
             vec![ReduceOp::Sum, ReduceOp::Avg, ReduceOp::PreMulSum(0.0)]
         },
         counts: vec![0, 1, 7, 64, 257, 1031, 65537],
-        colls: vec!["all_reduce"],
+        colls: vec![
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather",
+            "reduce_scatter",
+            "all_to_all",
+        ],
     }
 }
 
@@ -142,31 +150,43 @@ fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
     calls
 }
 
-/// The sweep's allreduces of at least 256 bytes, as calls of the path: the device slices of
-/// 64 KiB are one call each.
+/// The sweep's calls of the path: every call with elements, but all_to_all and the
+/// pre-multiplied sums (whose factors differ by rank); allreduce, broadcast and reduce in
+/// device slices of 64 KiB, one call each; all_gather and reduce_scatter whole (the blocked
+/// layouts are not cut where p2p is tried).
 fn path_calls(n: usize) -> u64 {
     let s = sweep(n <= 3);
-    // The sweep's pre-multiplied sums have factors of their own on each rank.
-    let ops = s
-        .ops
-        .iter()
-        .filter(|o| !matches!(o, ReduceOp::PreMulSum(_)))
-        .count() as u64;
+    let ops = |coll: &str| {
+        if matches!(coll, "all_reduce" | "reduce" | "reduce_scatter") {
+            s.ops
+                .iter()
+                .filter(|o| !matches!(o, ReduceOp::PreMulSum(_)))
+                .count() as u64
+        } else {
+            1
+        }
+    };
     let mut calls = 0;
-    for d in &s.dtypes {
-        for &count in &s.counts {
-            let bytes = count * d.size();
-            if bytes >= 256 {
-                calls += bytes.div_ceil(64 << 10) as u64;
+    for &coll in &s.colls {
+        for d in &s.dtypes {
+            for &count in &s.counts {
+                let bytes = count * d.size();
+                let slices = match coll {
+                    "all_to_all" => 0,
+                    "all_gather" | "reduce_scatter" => u64::from(count > 0),
+                    _ => bytes.div_ceil(64 << 10) as u64,
+                };
+                // In place and out of place.
+                calls += slices * ops(coll) * 2;
             }
         }
     }
-    // Every op, in place and out of place; and the one call of `same_factor`.
-    calls * ops * 2 + 1
+    // And the one call of `same_factor`.
+    calls + 1
 }
 
 #[test]
-fn allreduces_go_between_the_buffers_of_2_3_5_and_8_thread_ranks() {
+fn collectives_go_between_the_buffers_of_2_3_5_and_8_thread_ranks() {
     for n in [2, 3, 5, 8] {
         let calls = run(n, "all", true);
         let want = path_calls(n);

@@ -77,8 +77,21 @@ fn case<T: Element>(
     .map_err(err)?;
     if c.device_peer_calls() != peer_before {
         // Straight between the ranks' buffers, every element is reduced in rank order, where
-        // the host schedule's order depends on the element's place in the ring.
-        want = rank_order(n, count, op);
+        // the host schedule's order depends on the element's place in the ring (copies are
+        // the same bits either way).
+        let r = c.rank();
+        match kind {
+            CollKind::AllReduce => want = rank_order(n, op, |k| input(k, count, count)),
+            CollKind::Reduce { root } if root == r => {
+                want = rank_order(n, op, |k| input(k, count, count));
+            }
+            CollKind::ReduceScatter => {
+                want = rank_order(n, op, |k| {
+                    input::<T>(k, in_len, count)[r * count..(r + 1) * count].to_vec()
+                });
+            }
+            _ => {}
+        }
     }
     let got = d_recv.to_vec().map_err(err)?;
     let (g, w) = (
@@ -95,9 +108,9 @@ fn case<T: Element>(
     Ok(())
 }
 
-/// The allreduce of every rank's [`input`] of `count` elements under `op`, combined in rank
-/// order, as the path between the ranks' buffers combines them.
-fn rank_order<T: Element>(n: usize, count: usize, op: ReduceOp) -> Vec<T> {
+/// The reduction under `op` of every rank's source (`source(k)` for rank `k`), combined in
+/// rank order, as the path between the ranks' buffers combines them.
+fn rank_order<T: Element>(n: usize, op: ReduceOp, source: impl Fn(usize) -> Vec<T>) -> Vec<T> {
     let dtype = T::DTYPE;
     let elem = match op {
         ReduceOp::Prod => ElemOp::Prod,
@@ -106,7 +119,7 @@ fn rank_order<T: Element>(n: usize, count: usize, op: ReduceOp) -> Vec<T> {
         _ => ElemOp::Sum,
     };
     let scaled = |r: usize| {
-        let mut x: Vec<T> = input(r, count, count);
+        let mut x = source(r);
         if let ReduceOp::PreMulSum(f) = op {
             let src = x.clone();
             let (dst, src) = (
@@ -332,12 +345,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
                 })
                 .collect()
         });
-        // Allreduces that went straight between the ranks' buffers (threads of one process).
+        // Calls that went straight between the ranks' buffers (threads of one process).
         let peer = comms.first().map_or(0, Communicator::device_peer_calls);
         match results.iter().find_map(|r| r.as_ref().err()) {
             None => println!(
                 "  {n} ranks: {} cases per rank matched the host results (stream-ordered calls \
-                 included; blocking calls {path}; {peer} allreduces between the ranks' buffers)",
+                 included; blocking calls {path}; {peer} calls between the ranks' buffers)",
                 results[0].as_ref().map_or(0, |c| *c)
             ),
             Some(e) => {

@@ -38,11 +38,11 @@ pub struct Config {
     /// Ranks may differ: the messages are the same either way.
     pub device_direct: bool,
     /// `FERRO_DEVICE_PEER` (`1` default, `0`): in a communicator whose ranks are all threads
-    /// of one process and whose transport list has `p2p`, an allreduce of device buffers of at
-    /// least 256 bytes goes straight between the ranks' buffers: each rank reduces its share
-    /// of the elements from every rank's input into every rank's output, one kernel a call
-    /// (docs/CUDA.md, "Between the ranks' buffers"), where every rank's buffers allow it.
-    /// Must be equal on every rank.
+    /// of one process and whose transport list has `p2p`, allreduce, broadcast, reduce,
+    /// all_gather and reduce_scatter on device buffers go straight between the ranks' buffers:
+    /// each rank reduces or copies its share from the other ranks' inputs into their outputs,
+    /// one kernel a call (docs/CUDA.md, "Between the ranks' buffers"), where every rank's
+    /// buffers allow it. Must be equal on every rank (checked at init).
     pub device_peer: bool,
     /// `FERRO_P2P_DEVICE`: the CUDA device of this rank's receive slots of the GPU
     /// peer-to-peer transport, the GPU whose device buffers its collectives reduce straight

@@ -273,9 +273,10 @@ impl Communicator {
             .map_or(0, DirectArena::allocations)
     }
 
-    /// Allreduces that went straight between the ranks' buffers, one reduce-copy kernel per
-    /// rank reading every rank's input and writing every rank's output (ranks that are
-    /// threads of one process; [`Config::device_peer`]). Waits for a call in progress.
+    /// Collectives (device slices counted one by one) that went straight between the ranks'
+    /// buffers, one reduce-copy kernel per rank reading the other ranks' inputs and writing
+    /// their outputs (ranks that are threads of one process; [`Config::device_peer`]). Waits
+    /// for a call in progress.
     pub fn device_peer_calls(&self) -> u64 {
         self.inner
             .engine

@@ -57,6 +57,7 @@ pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
             config.device_slice_bytes.map_or(0, |b| b as u64),
             config.transports.iter().any(|t| t == "p2p"),
         ),
+        device_peer: config.device_peer,
     }
 }
 

@@ -43,6 +43,10 @@ pub(crate) struct MeshOptions {
     /// What decides how device collectives are cut into slices, which every rank must see the
     /// same (`FERRO_DEVICE_SLICE_BYTES`, 0 where unset; whether `p2p` is tried).
     pub device_cut: (u64, bool),
+    /// Whether allreduces are offered straight between the ranks' buffers
+    /// (`FERRO_DEVICE_PEER`), which every rank must see the same: a rank that offers waits for
+    /// an offer that a rank that does not would never make.
+    pub device_peer: bool,
 }
 
 /// The connections of one rank and the transport chosen for each peer.
@@ -313,7 +317,7 @@ fn agree_on_lanes(
     let (slice, p2p) = opts.device_cut;
     let mut card = mine.to_le_bytes().to_vec();
     card.extend_from_slice(&slice.to_le_bytes());
-    card.push(p2p.into());
+    card.push(u8::from(p2p) | u8::from(opts.device_peer) << 1);
     let all = ex.allgather("lanes", &card)?;
     // A little-endian number of `n` bytes at `at`, where the card holds them.
     let word = |b: &[u8], at: usize, n: usize| {
@@ -324,9 +328,19 @@ fn agree_on_lanes(
     for (peer, b) in all.iter().enumerate() {
         least = least.min(word(b, 0, 4).map_or(0, |w| w as u32));
         if let (Some(slice), Some(f)) = (word(b, 4, 8), word(b, 12, 1)) {
-            let theirs = (slice, f != 0);
+            let theirs = (slice, f & 1 != 0);
             if theirs != opts.device_cut {
                 return Err(cut_mismatch(rank, opts.device_cut, peer, theirs));
+            }
+            if (f & 2 != 0) != opts.device_peer {
+                let say = |on: bool| if on { "1" } else { "0" };
+                return Err(Error::invalid_usage(format!(
+                    "init on rank {rank}: rank {rank} has FERRO_DEVICE_PEER={} but rank {peer} \
+                     has FERRO_DEVICE_PEER={}; every rank must set it alike, since it decides \
+                     whether allreduces are offered straight between the ranks' buffers",
+                    say(opts.device_peer),
+                    say(f & 2 != 0)
+                )));
             }
         }
     }

@@ -474,6 +474,12 @@ impl Engine {
         waits: Option<&mut [u64]>,
     ) -> Result<()> {
         let es = dtype.size();
+        if self.peer_fits(args) {
+            let device = arena.as_deref().map(|a| a.reducer());
+            if self.peer_collective(args, dtype, op, premul, &mem, ctx, device.as_deref())? {
+                return Ok(());
+            }
+        }
         if self.takes_lane(args, es, premul, &mem, arena.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);
             // Every rank takes the lane for this call whatever its buffers (the choice depends
@@ -486,12 +492,6 @@ impl Engine {
             Some(a) => a.reducer(),
             None => Arc::clone(&self.reducer),
         };
-        if self.peer_fits(args, es) {
-            let device = arena.as_deref().map(|_| &*reducer);
-            if self.peer_all_reduce(args, dtype, op, premul, &mem, ctx, device)? {
-                return Ok(());
-            }
-        }
         if !reducer.serves(mem.space) {
             return Err(Error::internal(format!(
                 "{}: the {} reducer cannot reach {} memory",

@@ -1,31 +1,33 @@
-//! Allreduce straight between the ranks' device buffers: where every rank of a communicator is
-//! a thread of one process, their device buffers are memory of one address space, and each
-//! rank can reduce its share of the elements from every rank's input and write the result into
-//! every rank's output itself, in one reduce-copy kernel (the reducer's
-//! [`Reducer::reduce_many`]), instead of passing pieces from slot to slot along a ring.
+//! Collectives straight between the ranks' device buffers: where every rank of a communicator
+//! is a thread of one process, their device buffers are memory of one address space, and each
+//! rank can reduce or copy its share of the data from the other ranks' buffers into theirs
+//! itself, in one reduce-copy kernel (the reducer's [`Reducer::reduce_many`]), instead of
+//! passing pieces from slot to slot along a ring. What each rank does is its [`share`]: for an
+//! allreduce, chunk `r` of the elements, from every input into every output.
 //!
-//! Per call (an allreduce of at least [`PEER_MIN_BYTES`] on a communicator where
-//! [`Engine::set_peer_direct`] was turned on, the same on every rank):
+//! Per call (allreduce, broadcast, reduce, all_gather or reduce_scatter with elements, on a
+//! communicator where [`Engine::set_peer_direct`] was turned on, the same on every rank; before
+//! the small-message lanes, which a tiny allreduce takes where the ranks do not agree to this):
 //!
 //! 1. **Offer.** One allreduce (max) of a few words through the small-message lanes (up to
 //!    five ranks): a key of the rank's process, memory space and pre-multiplication factor
 //!    and the key's complement (so that max gives the least key too; a rank that cannot take
 //!    part, not holding device buffers of a reducer that reduces many buffers in one pass,
-//!    offers two all-ones words, which no key matches), and its input and output addresses in
-//!    its own words. Every rank gets the same words, so every rank reaches the same verdict:
-//!    one key, and no rank's buffers overlap another's (in place, a rank's input is its
-//!    output). Otherwise every rank runs the schedule as before: so do ranks whose
-//!    pre-multiplied sums have factors of their own (one kernel scales every source alike).
-//! 2. **Reduce.** Rank `r` reduces elements `chunk(r)` of the `n` inputs into the `n`
-//!    outputs and waits for it. In place this is safe: every rank reads and writes only its
-//!    own chunk of each buffer, and the kernel reads an element of every source before it
-//!    writes that element.
+//!    offers two all-ones words, which no key matches), and where its input and output start,
+//!    in its own words. Every rank gets the same words, so every rank reaches the same
+//!    verdict: one key, and no rank's buffers overlapping another's (in place, a rank's input
+//!    and output are blocks of one buffer). Otherwise every rank runs the schedule as before:
+//!    so do ranks whose pre-multiplied sums have factors of their own (one kernel scales every
+//!    source alike).
+//! 2. **Reduce.** Rank `r` runs its share and waits for it. In place this is safe: a rank
+//!    writes only its own chunk or block of each buffer, which no other rank reads, and the
+//!    kernel reads an element of every source before it writes that element.
 //! 3. **Done.** One more lane allreduce (max) of a status word: no rank returns while another
 //!    may still be writing its output or reading its input, and a rank whose kernel failed is
 //!    named by all of them (the outputs are then incomplete, and every rank says so).
 //!
-//! Traffic: each rank reads `n` chunks and writes `n` chunks of `S / n` bytes, `2 × S` per
-//! rank and `2 × n × S` in all, against the `9 × S` of the two-rank ring on the p2p
+//! Traffic of an allreduce: each rank reads `n` chunks and writes `n` chunks of `S / n` bytes,
+//! `2 × S` per rank and `2 × n × S` in all, against the `9 × S` of the two-rank ring on the p2p
 //! transport's slots (copy into the peer's slot, reduce from it, copy the result over, copy it
 //! out). No host round trip per piece: two lane exchanges and one launch a call.
 
@@ -38,11 +40,6 @@ use super::{Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
 use crate::reduce::Reducer;
 
-/// The smallest allreduce that goes straight between the buffers. Smaller ones stay on the
-/// lanes (up to 96 bytes) or the schedules; this is also larger than the offer itself, which
-/// runs as an allreduce of its own and must not come back here.
-pub(crate) const PEER_MIN_BYTES: usize = 256;
-
 /// Most ranks: one source and one destination per rank in one reduce-copy.
 pub(crate) const PEER_MAX_RANKS: usize = ferroccl_cuda::MAX_SRCS;
 
@@ -50,17 +47,21 @@ pub(crate) const PEER_MAX_RANKS: usize = ferroccl_cuda::MAX_SRCS;
 /// alike keep the kernel on 16-byte vectors.
 const CHUNK_ALIGN: usize = 64;
 
-/// The engine's state for allreduces straight between the buffers.
+/// The engine's state for collectives straight between the buffers.
 #[derive(Debug, Default)]
 pub(super) struct Peer {
     /// Tried at all: every rank a thread of this process, and asked for.
     on: bool,
     /// Calls that ran so.
     calls: u64,
+    /// In an offer or a status exchange: those allreduces of host words are never offered.
+    busy: bool,
 }
 
 /// Words of the offer: key, !key, then input and output of each rank.
 const HEAD: usize = 2;
+/// The bit of a rank's output word that says it is in place.
+const IN_PLACE: u64 = 1 << 63;
 
 /// This process's part of the key: random per process, so that ranks of two processes (which
 /// `set_peer_direct` should have kept apart already) never agree on one.
@@ -98,51 +99,105 @@ pub(crate) fn chunk(count: usize, n: usize, r: usize, es: usize) -> Range<usize>
     start..(start + per).min(count)
 }
 
-/// Whether the `n` ranks' buffers `(input, output)` of `bytes` each are apart: every distinct
-/// buffer overlaps no other (a rank in place names one buffer twice).
-pub(crate) fn apart(bufs: &[(usize, usize)], bytes: usize) -> bool {
-    let mut regions: Vec<usize> = Vec::with_capacity(2 * bufs.len());
-    for &(i, o) in bufs {
-        regions.push(o);
-        if i != o {
-            regions.push(i);
-        }
+/// Bytes of its input and of its output that rank `r` of `n` uses in collective `kind` of
+/// `count` elements of `es` bytes (a broadcast reads only the root's input, a reduce writes
+/// only the root's output).
+pub(crate) fn used(kind: CollKind, count: usize, n: usize, r: usize, es: usize) -> (usize, usize) {
+    let (i, o) = kind.buffer_lens(count, n);
+    match kind {
+        CollKind::Broadcast { root } if root != r => (0, o * es),
+        CollKind::Reduce { root } if root != r => (i * es, 0),
+        _ => (i * es, o * es),
     }
-    let overlap = |a: usize, b: usize| a < b.saturating_add(bytes) && b < a.saturating_add(bytes);
-    regions
-        .iter()
-        .enumerate()
-        .all(|(k, &a)| regions[k + 1..].iter().all(|&b| !overlap(a, b)))
+}
+
+/// Whether the ranks' buffers, `(input, output)` starts with the bytes each uses
+/// (`lens[k]`), are apart: no rank's input or output overlaps another rank's, and a rank's
+/// input overlaps its output only in place (one buffer: `in_place[k]`).
+pub(crate) fn apart(bufs: &[(usize, usize)], lens: &[(usize, usize)], in_place: &[bool]) -> bool {
+    let overlap = |a: usize, al: usize, b: usize, bl: usize| {
+        al > 0 && bl > 0 && a < b.saturating_add(bl) && b < a.saturating_add(al)
+    };
+    let regions = |k: usize| [(bufs[k].0, lens[k].0), (bufs[k].1, lens[k].1)];
+    (0..bufs.len()).all(|k| {
+        let [(i, il), (o, ol)] = regions(k);
+        (in_place[k] || !overlap(i, il, o, ol))
+            && (k + 1..bufs.len()).all(|j| {
+                regions(k)
+                    .iter()
+                    .all(|&(a, al)| regions(j).iter().all(|&(b, bl)| !overlap(a, al, b, bl)))
+            })
+    })
+}
+
+/// One reduce-copy of a rank's share: sources and destinations (addresses) of `bytes` each.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Share {
+    pub srcs: Vec<usize>,
+    pub dsts: Vec<usize>,
+    pub bytes: usize,
+}
+
+/// What rank `r` of `n` does in collective `kind` of `count` elements of `es` bytes, with
+/// every rank's `(input, output)` starts in `bufs`: a collective of whole buffers (allreduce,
+/// broadcast, reduce) splits the elements into [`chunk`]s, rank `r` reducing or copying chunk
+/// `r` of the sources (every input; the root's) into the destinations (every output; the
+/// root's); all_gather copies rank `r`'s input into block `r` of every output, and
+/// reduce_scatter reduces block `r` of every input into rank `r`'s output. `None` for the
+/// collectives it does not run (all_to_all: in place, a rank would write a block its owner
+/// has yet to send); an empty share does nothing.
+pub(crate) fn share(
+    kind: CollKind,
+    count: usize,
+    n: usize,
+    r: usize,
+    es: usize,
+    bufs: &[(usize, usize)],
+) -> Option<Share> {
+    let ins = |off: usize| bufs.iter().map(|&(i, _)| i + off).collect::<Vec<_>>();
+    let outs = |off: usize| bufs.iter().map(|&(_, o)| o + off).collect::<Vec<_>>();
+    let c = chunk(count, n, r, es);
+    let (off, bytes) = (c.start * es, c.len() * es);
+    let (srcs, dsts, bytes) = match kind {
+        CollKind::AllReduce => (ins(off), outs(off), bytes),
+        CollKind::Broadcast { root } => (vec![bufs[root].0 + off], outs(off), bytes),
+        CollKind::Reduce { root } => (ins(off), vec![bufs[root].1 + off], bytes),
+        CollKind::AllGather => (vec![bufs[r].0], outs(r * count * es), count * es),
+        CollKind::ReduceScatter => (ins(r * count * es), vec![bufs[r].1], count * es),
+        CollKind::AllToAll => return None,
+    };
+    Some(Share { srcs, dsts, bytes })
 }
 
 impl Engine {
-    /// Lets allreduces of device buffers go straight between the ranks' buffers. Turned on
+    /// Lets collectives of device buffers go straight between the ranks' buffers. Turned on
     /// only where every rank is a thread of this process (the same on every rank) and the
     /// communicator has at most [`PEER_MAX_RANKS`] ranks.
     pub(crate) fn set_peer_direct(&mut self, on: bool) {
         self.peer.on = on && (2..=PEER_MAX_RANKS).contains(&self.nranks);
     }
 
-    /// Allreduces that went straight between the ranks' buffers.
+    /// Collectives that went straight between the ranks' buffers.
     pub(crate) fn peer_calls(&self) -> u64 {
         self.peer.calls
     }
 
-    /// Whether allreduce `args` of `es`-byte elements is offered straight between the
-    /// buffers: the same answer on every rank, whatever its buffers.
-    pub(super) fn peer_fits(&self, args: &CollArgs, es: usize) -> bool {
+    /// Whether collective `args` is offered straight between the buffers: the same answer
+    /// on every rank, whatever its buffers.
+    pub(super) fn peer_fits(&self, args: &CollArgs) -> bool {
         self.peer.on
-            && matches!(args.kind, CollKind::AllReduce)
-            && args.count * es >= PEER_MIN_BYTES
+            && !self.peer.busy
+            && !matches!(args.kind, CollKind::AllToAll)
+            && args.count > 0
             && self.tuning.probe.is_none()
             && self.tuning.overrides == crate::plan::Overrides::default()
     }
 
-    /// Offers allreduce `args` straight between the ranks' buffers (see the module); `Ok(true)`
-    /// when it ran so, `Ok(false)` when the ranks agreed to run the schedule instead.
-    /// `reducer`: the reducer of this rank's device arena, for device buffers.
+    /// Offers collective `args` straight between the ranks' buffers (see the module);
+    /// `Ok(true)` when it ran so, `Ok(false)` when the ranks agreed to run the schedule
+    /// instead. `reducer`: the reducer of this rank's device arena, for device buffers.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn peer_all_reduce(
+    pub(super) fn peer_collective(
         &mut self,
         args: &CollArgs,
         dtype: DataType,
@@ -152,17 +207,27 @@ impl Engine {
         ctx: &OpContext,
         reducer: Option<&dyn Reducer>,
     ) -> Result<bool> {
-        let (n, me, es) = (self.nranks, self.rank, dtype.size());
-        let bytes = args.count * es;
-        let input = if mem.in_place {
-            mem.output as usize
+        let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
+        // Where this rank's input and output start (in place, blocks of the one buffer).
+        let (in_off, out_off) = if mem.in_place {
+            kind.in_place_offsets(args.count, me)
         } else {
-            mem.input as usize
+            (0, 0)
         };
+        let (base, base_len) = if mem.in_place {
+            (mem.output as usize, mem.output_len)
+        } else {
+            (mem.input as usize, mem.input_len)
+        };
+        let mine = (base + in_off * es, mem.output as usize + out_off * es);
+        let (in_used, out_used) = used(kind, args.count, n, me, es);
+        let room = |off: usize, used: usize, len: usize| used == 0 || off * es + used <= len;
         let able = mem.space != MemSpace::Host
+            && mine.0 as u64 & IN_PLACE == 0
+            && mine.1 as u64 & IN_PLACE == 0
             && reducer.is_some_and(|r| r.reduces_many() && r.serves(mem.space))
-            && mem.output_len >= bytes
-            && (mem.in_place || mem.input_len >= bytes);
+            && room(in_off, in_used, base_len)
+            && room(out_off, out_used, mem.output_len);
         let key = key_of(mem.space, premul);
         let mut words = vec![0u64; HEAD + 2 * n];
         (words[0], words[1]) = if able {
@@ -170,38 +235,45 @@ impl Engine {
         } else {
             (u64::MAX, u64::MAX)
         };
-        words[HEAD + 2 * me] = input as u64;
-        words[HEAD + 2 * me + 1] = mem.output as u64;
+        // Addresses leave the top bit free (user and device addresses are below 2^57): the
+        // output's word carries whether the rank is in place there.
+        words[HEAD + 2 * me] = mine.0 as u64 & !IN_PLACE;
+        words[HEAD + 2 * me + 1] = mine.1 as u64 & !IN_PLACE | u64::from(mem.in_place) << 63;
         self.max_words(&mut words, ctx)?;
+        let word = |k: usize, w: usize| words[HEAD + 2 * k + w];
         let bufs: Vec<(usize, usize)> = (0..n)
-            .map(|k| {
-                (
-                    words[HEAD + 2 * k] as usize,
-                    words[HEAD + 2 * k + 1] as usize,
-                )
-            })
+            .map(|k| (word(k, 0) as usize, (word(k, 1) & !IN_PLACE) as usize))
             .collect();
-        if words[0] != !words[1] || !apart(&bufs, bytes) {
+        let lens: Vec<(usize, usize)> = (0..n).map(|k| used(kind, args.count, n, k, es)).collect();
+        let in_place: Vec<bool> = (0..n).map(|k| word(k, 1) & IN_PLACE != 0).collect();
+        if words[0] != !words[1] || !apart(&bufs, &lens, &in_place) {
             return Ok(false);
         }
         let Some(reducer) = reducer else {
             return Err(Error::internal(format!(
-                "{}: agreed to reduce straight between the buffers without a reducer",
+                "{}: agreed to run straight between the buffers without a reducer",
                 ctx.label()
             )));
         };
-        let mine = chunk(args.count, n, me, es);
-        let result = if mine.is_empty() {
+        let Some(todo) = share(kind, args.count, n, me, es, &bufs) else {
+            return Err(Error::internal(format!(
+                "{}: agreed to run {} straight between the buffers",
+                ctx.label(),
+                kind.name()
+            )));
+        };
+        let result = if todo.bytes == 0 {
             Ok(())
         } else {
             let at = |addr: usize| MemRef {
                 space: mem.space,
-                addr: addr + mine.start * es,
-                len: mine.len() * es,
+                addr,
+                len: todo.bytes,
             };
-            let srcs: Vec<MemRef> = bufs.iter().map(|&(i, _)| at(i)).collect();
-            let dsts: Vec<MemRef> = bufs.iter().map(|&(_, o)| at(o)).collect();
+            let srcs: Vec<MemRef> = todo.srcs.iter().map(|&a| at(a)).collect();
+            let dsts: Vec<MemRef> = todo.dsts.iter().map(|&a| at(a)).collect();
             crate::profile::phase(crate::profile::Phase::Reduce);
+            let premul = premul.filter(|_| kind.reduces());
             let r = reducer.reduce_many(dtype, op, &dsts, &srcs, premul);
             crate::profile::phase(crate::profile::Phase::Drive);
             r
@@ -211,10 +283,11 @@ impl Engine {
         result.map_err(|e| e.context(ctx.label()))?;
         if status[0] != 0 {
             return Err(Error::remote(format!(
-                "{}: rank {} failed its share of the allreduce straight between the ranks' \
-                 buffers; this rank's result is incomplete",
+                "{}: rank {} failed its share of the {} straight between the ranks' buffers; \
+                 this rank's result is incomplete",
                 ctx.label(),
-                status[0] - 1
+                status[0] - 1,
+                kind.name()
             )));
         }
         self.peer.calls += 1;
@@ -230,7 +303,10 @@ impl Engine {
             in_place: true,
         };
         let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(words));
-        self.run_collective(&args, DataType::Uint64, ElemOp::Max, None, mem, ctx)
+        self.peer.busy = true;
+        let r = self.run_collective(&args, DataType::Uint64, ElemOp::Max, None, mem, ctx);
+        self.peer.busy = false;
+        r
     }
 }
 
@@ -263,18 +339,94 @@ mod tests {
     #[test]
     fn buffers_apart_or_not() {
         let b = 1024;
+        let lens = [(b, b); 3];
         // Out of place, all apart.
-        assert!(apart(&[(0, 4096), (8192, 12288)], b));
+        assert!(apart(&[(0, 4096), (8192, 12288)], &lens[..2], &[false; 2]));
         // In place: a rank's input is its output.
-        assert!(apart(&[(0, 0), (4096, 4096)], b));
+        assert!(apart(&[(0, 0), (4096, 4096)], &lens[..2], &[true; 2]));
+        // ... but out of place that is an overlap.
+        assert!(!apart(&[(0, 0), (4096, 4096)], &lens[..2], &[false, true]));
         // Two ranks on one buffer.
-        assert!(!apart(&[(0, 0), (0, 0)], b));
+        assert!(!apart(&[(0, 0), (0, 0)], &lens[..2], &[true; 2]));
         // A rank's output overlaps another's input by one byte.
-        assert!(!apart(&[(0, 4096), (4096 + b - 1, 8192)], b));
-        // A rank's input overlaps its own output without being it.
-        assert!(!apart(&[(0, 512), (8192, 8192)], b));
+        assert!(!apart(
+            &[(0, 4096), (4096 + b - 1, 8192)],
+            &lens[..2],
+            &[false; 2]
+        ));
         // Touching is not overlapping.
-        assert!(apart(&[(0, b), (2 * b, 3 * b)], b));
+        assert!(apart(
+            &[(0, b), (2 * b, 3 * b), (4 * b, 5 * b)],
+            &lens,
+            &[false; 3]
+        ));
+        // What a rank does not use may be anywhere: a broadcast's non-roots read nothing.
+        let bcast: Vec<(usize, usize)> = (0..3)
+            .map(|r| used(CollKind::Broadcast { root: 1 }, 256, 3, r, 4))
+            .collect();
+        assert_eq!(bcast, vec![(0, b), (b, b), (0, b)]);
+        assert!(apart(
+            &[(4 * b, 0), (b, 2 * b), (4 * b, 4 * b)],
+            &bcast,
+            &[false; 3]
+        ));
+        assert!(!apart(
+            &[(4 * b, 0), (0, 2 * b), (4 * b, 4 * b)],
+            &bcast,
+            &[false; 3]
+        ));
+    }
+
+    #[test]
+    fn shares_read_and_write_what_each_collective_asks() {
+        let bufs = [(0x1000, 0x9000), (0x2000, 0xa000)];
+        let (count, es) = (64, 4);
+        let both = |off: usize| vec![0x1000 + off, 0x2000 + off];
+        let outs = |off: usize| vec![0x9000 + off, 0xa000 + off];
+        let s = |kind, r| share(kind, count, 2, r, es, &bufs).unwrap();
+        // Whole buffers: rank 1's chunk is the second half (32 elements, 128 bytes).
+        assert_eq!(
+            s(CollKind::AllReduce, 1),
+            Share {
+                srcs: both(128),
+                dsts: outs(128),
+                bytes: 128
+            }
+        );
+        assert_eq!(
+            s(CollKind::Broadcast { root: 1 }, 0),
+            Share {
+                srcs: vec![0x2000],
+                dsts: outs(0),
+                bytes: 128
+            }
+        );
+        assert_eq!(
+            s(CollKind::Reduce { root: 0 }, 1),
+            Share {
+                srcs: both(128),
+                dsts: vec![0x9000 + 128],
+                bytes: 128
+            }
+        );
+        // Blocks: rank 1's block of every output, of every input.
+        assert_eq!(
+            s(CollKind::AllGather, 1),
+            Share {
+                srcs: vec![0x2000],
+                dsts: outs(256),
+                bytes: 256
+            }
+        );
+        assert_eq!(
+            s(CollKind::ReduceScatter, 1),
+            Share {
+                srcs: both(256),
+                dsts: vec![0xa000],
+                bytes: 256
+            }
+        );
+        assert!(share(CollKind::AllToAll, count, 2, 0, es, &bufs).is_none());
     }
 
     #[test]

@@ -570,7 +570,7 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
                         // the ring's): said only where some did.
                         let peer = fc.comm().device_peer_calls();
                         if peer > 0 {
-                            println!("# Allreduces between the ranks' buffers : {peer}");
+                            println!("# Calls between the ranks' buffers : {peer}");
                         }
                         summary
                     } else {

@@ -81,16 +81,16 @@ fn close(got: &[f64], want: &[f64], line: &str) {
     }
 }
 
-#[test]
-fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
+/// What `all_reduce_perf` prints for sizes `b` to `e` by x8 on 2 thread ranks of stand-in
+/// device buffers, blocking, with `env` added; it must pass.
+fn all_reduce_perf(b: &str, e: &str, env: &[(&str, &str)]) -> String {
     let out = Command::new("timeout")
         .arg("120")
         .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
-        .args([
-            "-b", "8", "-e", "32K", "-f", "8", "-n", "2", "-t", "2", "-B", "1",
-        ])
+        .args(["-b", b, "-e", e, "-f", "8", "-n", "2", "-t", "2", "-B", "1"])
         .env("FERRO_DEVICE_PROVIDER", "host")
         .env("FERRO_TIMEOUT", "30")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("running all_reduce_perf");
@@ -100,6 +100,12 @@ fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
         "all_reduce_perf: {}\n{table}",
         out.status
     );
+    table
+}
+
+#[test]
+fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
+    let table = all_reduce_perf("8", "32K", &[]);
     let copy = 100.0;
     let log = format!(
         "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy {copy:.1} GB/s (read + written)\n\
@@ -164,39 +170,27 @@ fn the_targets_are_read_from_the_rows_all_reduce_perf_prints() {
 #[test]
 fn allreduces_between_the_ranks_buffers_count_their_own_traffic() {
     let perf = |peer: &str| {
-        let out = Command::new("timeout")
-            .arg("120")
-            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
-            .args([
-                "-b", "1K", "-e", "64K", "-f", "8", "-n", "2", "-t", "2", "-B", "1",
-            ])
-            .env("FERRO_DEVICE_PROVIDER", "host")
-            // One stand-in device, as on a one-GPU machine: both ranks on it.
-            .env("FERRO_STANDIN_DEVICES", "1")
-            .env("FERRO_P2P_PROVIDER", "host")
-            .env("FERRO_TRANSPORTS", "p2p")
-            .env("FERRO_DEVICE_PEER", peer)
-            .env("FERRO_TIMEOUT", "30")
-            .stdin(Stdio::null())
-            .output()
-            .expect("running all_reduce_perf");
-        let table = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "all_reduce_perf: {}\n{table}",
-            out.status
-        );
-        table
+        all_reduce_perf(
+            "1K",
+            "64K",
+            &[
+                // One stand-in device, as on a one-GPU machine: both ranks on it.
+                ("FERRO_STANDIN_DEVICES", "1"),
+                ("FERRO_P2P_PROVIDER", "host"),
+                ("FERRO_TRANSPORTS", "p2p"),
+                ("FERRO_DEVICE_PEER", peer),
+            ],
+        )
     };
     let (peer, ring) = (perf("1"), perf("0"));
     // Warm-up and timed calls of every size, out of place and in place, on rank 0.
-    let calls: u64 = line(&peer, "# Allreduces between the ranks' buffers : ")
+    let calls: u64 = line(&peer, "# Calls between the ranks' buffers : ")
         .rsplit(' ')
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(calls >= 3 * 2 * 2, "{peer}");
-    assert!(!ring.contains("# Allreduces between"), "{ring}");
+    assert!(!ring.contains("# Calls between"), "{ring}");
     let copy = 100.0;
     let log = format!(
         "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy {copy:.1} GB/s (read + written)\n\

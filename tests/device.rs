@@ -994,7 +994,9 @@ fn device_check_tool_passes_on_the_host_stand_in_and_says_when_there_is_no_devic
     let lines = out.tagged("cases per rank matched the host results");
     assert_eq!(lines.len(), 2, "{}", out.dump());
     assert!(
-        lines[1].ends_with("blocking calls staged through pinned host memory; 0 calls between the ranks' buffers)"),
+        lines[1].ends_with(
+            "blocking calls staged through pinned host memory; 0 calls between the ranks' buffers)"
+        ),
         "{}",
         out.dump()
     );

@@ -382,7 +382,7 @@ fi
 
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait)"
+echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait), except between ranks that are threads of one process (one kernel a call, part 8i); that path for ranks of several processes (their buffers exported through CUDA IPC)"
 echo "   - the stream-ordered form on communicators with p2p connections (their calls block: the transport makes driver calls, which a stream job must not)"
 
 if [ "$failed" -ne 0 ]; then

@@ -94,6 +94,63 @@ fn child_peer() {
     });
 }
 
+/// A child in which the stand-in's reduce-copies of 64 bytes fail: an allreduce of 20 f32
+/// over 2 ranks gives rank 0 a share of 16 elements (64 bytes) and rank 1 one of 4, so rank 0's
+/// kernel fails. Both ranks return an error promptly (no hang), rank 1's naming rank 0, and
+/// the communicator stays failed.
+#[test]
+fn child_peer_failure() {
+    if !child::is_role("peer-failure") {
+        return;
+    }
+    let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
+    let dev = Device::new(Provider::Host, 0).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                let host: Vec<f32> = (0..20).map(|i| i as f32).collect();
+                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                let e = c
+                    .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                    .expect_err("rank 0's share fails");
+                println!("FAILED rank={} error={e}", c.rank());
+                let again = c
+                    .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                    .expect_err("the communicator stays failed");
+                println!("AGAIN rank={} error={again}", c.rank());
+            });
+        }
+    });
+}
+
+#[test]
+fn a_rank_whose_share_fails_is_named_by_every_rank() {
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+        ("FERRO_STANDIN_FAIL_MANY", "64".to_string()),
+        ("FERRO_TIMEOUT", "60".to_string()),
+    ];
+    let out = Running::spawn(self_command("child_peer_failure", "peer-failure", &env))
+        .finish(Duration::from_secs(60));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("FAILED ");
+    assert_eq!(lines.len(), 2, "{}", out.dump());
+    for l in &lines {
+        if l.starts_with("FAILED rank=1") {
+            assert!(
+                l.contains("rank 0 failed its share of the all_reduce"),
+                "{l}"
+            );
+        } else {
+            assert!(l.contains("a reduce-copy of 64 bytes fails"), "{l}");
+        }
+    }
+    assert_eq!(out.tagged("AGAIN ").len(), 2, "{}", out.dump());
+}
+
 /// A pre-multiplied sum whose factor every rank shares takes the path (the sweep's factors
 /// differ by rank, which it refuses): one call, in place, on every rank.
 fn same_factor(c: &Communicator, dev: Device, n: usize) {

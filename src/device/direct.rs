@@ -177,6 +177,18 @@ impl StandInReducer {
     }
 }
 
+/// `FERRO_STANDIN_FAIL_MANY=N` (test tooling): the stand-in's reduce-copies of many buffers
+/// of exactly `N` bytes fail, as a kernel that cannot launch would, so that the tests see
+/// what the other ranks of a call make of one rank's failed share. Read once per process.
+fn fail_many_at() -> Option<usize> {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("FERRO_STANDIN_FAIL_MANY")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// Refuses a destination that overlaps a source (the slices would alias).
 fn disjoint(dst: &PayloadMut<'_>, srcs: &[&Payload<'_>]) -> Result<()> {
     let d = dst.mem();
@@ -282,6 +294,13 @@ impl Reducer for StandInReducer {
             return Err(Error::internal(format!(
                 "host stand-in reducer: operand lengths differ ({} and {} bytes)",
                 first.len, m.len
+            )));
+        }
+        if fail_many_at() == Some(first.len) {
+            return Err(Error::internal(format!(
+                "host stand-in reducer (device {}): a reduce-copy of {} bytes fails \
+                 (FERRO_STANDIN_FAIL_MANY)",
+                self.ordinal, first.len
             )));
         }
         let mut acc = vec![0u8; first.len];

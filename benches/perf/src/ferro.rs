@@ -49,6 +49,9 @@ pub struct FerroComm {
     device: Option<Mutex<DeviceBufs>>,
     /// `-u`: where the buffers start within the device allocations.
     unalign: usize,
+    /// The communicator's calls between the ranks' buffers when the last row was labelled
+    /// ([`PerfComm::algorithm`]): a row whose calls added to them took that path.
+    peer_seen: std::sync::atomic::AtomicU64,
 }
 
 impl FerroComm {
@@ -58,6 +61,7 @@ impl FerroComm {
             comm,
             device: None,
             unalign: 0,
+            peer_seen: Default::default(),
         }
     }
 
@@ -88,6 +92,7 @@ impl FerroComm {
             comm,
             device: Some(Mutex::new(bufs)),
             unalign,
+            peer_seen: Default::default(),
         })
     }
 
@@ -309,6 +314,16 @@ impl PerfComm for FerroComm {
     }
 
     fn algorithm(&self, coll: Coll, count: usize, dtype: DataType, root: usize) -> Option<String> {
+        // Called after each row's calls: where they went straight between the ranks' buffers
+        // (device buffers of threads of one process), that is the row's path, not the
+        // schedule the model would pick.
+        let now = self.comm.device_peer_calls();
+        let before = self
+            .peer_seen
+            .swap(now, std::sync::atomic::Ordering::Relaxed);
+        if now > before {
+            return Some("peer".to_string());
+        }
         let Some(kind) = scheduled_kind(coll, root) else {
             return Some("p2p".to_string());
         };

@@ -191,6 +191,16 @@ fn allreduces_between_the_ranks_buffers_count_their_own_traffic() {
         .unwrap_or(0);
     assert!(calls >= 3 * 2 * 2, "{peer}");
     assert!(!ring.contains("# Calls between"), "{ring}");
+    // Each row's last column names the path its calls took.
+    let label = |table: &str| {
+        let l = table
+            .lines()
+            .find(|l| l.trim_start().starts_with("65536 "))
+            .unwrap_or_else(|| panic!("no 64 KiB row in:\n{table}"));
+        l.split_whitespace().last().unwrap_or("").to_string()
+    };
+    assert_eq!(label(&peer), "peer", "{peer}");
+    assert_ne!(label(&ring), "peer", "{ring}");
     let copy = 100.0;
     let log = format!(
         "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy {copy:.1} GB/s (read + written)\n\

@@ -18,7 +18,7 @@ use common::conformance::{all_ops, run_sweep_on, Mem, Sweep};
 use ferroccl::device::{Device, DeviceBuffer, Provider, PROVIDER_ENV};
 use ferroccl::{Communicator, Config, DataType, ReduceOp};
 
-/// Every collective (all_to_all stays on the schedule), every dtype and op; counts of none
+/// Every collective (all_to_all in place stays on the schedule), every dtype and op; counts of none
 /// (no call), a few elements (lane-sized: the path is offered before the lanes, and one
 /// rank's share holds them all), odd and prime, and large enough that the shares are uneven
 /// and the 64 KiB device slices of these runs cut one call into several.
@@ -207,10 +207,10 @@ fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
     calls
 }
 
-/// The sweep's calls of the path: every call with elements, but all_to_all and the
+/// The sweep's calls of the path: every call with elements, but in-place all_to_all and the
 /// pre-multiplied sums (whose factors differ by rank); allreduce, broadcast and reduce in
-/// device slices of 64 KiB, one call each; all_gather and reduce_scatter whole (the blocked
-/// layouts are not cut where p2p is tried).
+/// device slices of 64 KiB, one call each; all_gather, reduce_scatter and all_to_all whole
+/// (the blocked layouts are not cut where p2p is tried).
 fn path_calls(n: usize) -> u64 {
     let s = sweep(n <= 3);
     let ops = |coll: &str| {
@@ -228,13 +228,14 @@ fn path_calls(n: usize) -> u64 {
         for d in &s.dtypes {
             for &count in &s.counts {
                 let bytes = count * d.size();
-                let slices = match coll {
-                    "all_to_all" => 0,
-                    "all_gather" | "reduce_scatter" => u64::from(count > 0),
-                    _ => bytes.div_ceil(64 << 10) as u64,
+                let (slices, placements) = match coll {
+                    // Out of place only: in place, a rank would overwrite a block its owner
+                    // has yet to send.
+                    "all_to_all" => (u64::from(count > 0), 1),
+                    "all_gather" | "reduce_scatter" => (u64::from(count > 0), 2),
+                    _ => (bytes.div_ceil(64 << 10) as u64, 2),
                 };
-                // In place and out of place.
-                calls += slices * ops(coll) * 2;
+                calls += slices * ops(coll) * placements;
             }
         }
     }

@@ -39,7 +39,8 @@ pub struct Config {
     pub device_direct: bool,
     /// `FERRO_DEVICE_PEER` (`1` default, `0`): in a communicator whose ranks are all threads
     /// of one process and whose transport list has `p2p`, allreduce, broadcast, reduce,
-    /// all_gather and reduce_scatter on device buffers go straight between the ranks' buffers:
+    /// all_gather, reduce_scatter and all_to_all (out of place) on device buffers go straight
+    /// between the ranks' buffers:
     /// each rank reduces or copies its share from the other ranks' inputs into their outputs,
     /// one kernel a call (docs/CUDA.md, "Between the ranks' buffers"), where every rank's
     /// buffers allow it. Must be equal on every rank (checked at init).

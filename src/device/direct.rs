@@ -280,31 +280,16 @@ impl Reducer for StandInReducer {
         srcs: &[MemRef],
         premul: Option<f64>,
     ) -> Result<()> {
-        let Some(first) = srcs.first() else {
-            return Err(Error::internal("host stand-in reducer: no source"));
-        };
-        if srcs.len() > ferroccl_cuda::MAX_SRCS || dsts.len() > ferroccl_cuda::MAX_DSTS {
-            return Err(Error::internal(format!(
-                "host stand-in reducer: {} sources and {} destinations",
-                srcs.len(),
-                dsts.len()
-            )));
-        }
-        if let Some(m) = srcs.iter().chain(dsts).find(|m| m.len != first.len) {
-            return Err(Error::internal(format!(
-                "host stand-in reducer: operand lengths differ ({} and {} bytes)",
-                first.len, m.len
-            )));
-        }
-        if fail_many_at() == Some(first.len) {
+        let len = crate::reduce::many_len("host stand-in reducer", dtype, dsts, srcs)?;
+        if fail_many_at() == Some(len) {
             return Err(Error::internal(format!(
                 "host stand-in reducer (device {}): a reduce-copy of {} bytes fails \
                  (FERRO_STANDIN_FAIL_MANY)",
-                self.ordinal, first.len
+                self.ordinal, len
             )));
         }
-        let mut acc = vec![0u8; first.len];
-        let mut scaled = vec![0u8; if premul.is_some() { first.len } else { 0 }];
+        let mut acc = vec![0u8; len];
+        let mut scaled = vec![0u8; if premul.is_some() { len } else { 0 }];
         for (k, m) in srcs.iter().enumerate() {
             let (_, src) = self.read("source", Payload::Device(*m))?;
             let src = match premul {

@@ -1,11 +1,12 @@
 //! Collectives straight between the ranks' device buffers: where every rank of a communicator
 //! is a thread of one process, their device buffers are memory of one address space, and each
 //! rank can reduce or copy its share of the data from the other ranks' buffers into theirs
-//! itself, in one reduce-copy kernel (the reducer's [`Reducer::reduce_many`]), instead of
-//! passing pieces from slot to slot along a ring. What each rank does is its [`share`]: for an
-//! allreduce, chunk `r` of the elements, from every input into every output.
+//! itself, in one reduce-copy kernel (the reducer's [`Reducer::reduce_many`]; an all_to_all
+//! makes one copy per rank), instead of passing pieces from slot to slot along a ring. What
+//! each rank does is its [`share`]: for an allreduce, chunk `r` of the elements, from every
+//! input into every output.
 //!
-//! Per call (allreduce, broadcast, reduce, all_gather or reduce_scatter with elements, on a
+//! Per call (any collective with elements, all_to_all only out of place, on a
 //! communicator where [`Engine::set_peer_direct`] was turned on, the same on every rank; before
 //! the small-message lanes, which a tiny allreduce takes where the ranks do not agree to this):
 //!
@@ -139,13 +140,14 @@ pub(crate) struct Share {
 }
 
 /// What rank `r` of `n` does in collective `kind` of `count` elements of `es` bytes, with
-/// every rank's `(input, output)` starts in `bufs`: a collective of whole buffers (allreduce,
-/// broadcast, reduce) splits the elements into [`chunk`]s, rank `r` reducing or copying chunk
-/// `r` of the sources (every input; the root's) into the destinations (every output; the
-/// root's); all_gather copies rank `r`'s input into block `r` of every output, and
-/// reduce_scatter reduces block `r` of every input into rank `r`'s output. `None` for the
-/// collectives it does not run (all_to_all: in place, a rank would write a block its owner
-/// has yet to send); an empty share does nothing.
+/// every rank's `(input, output)` starts in `bufs` (`any_in_place`: some rank is in place): a
+/// collective of whole buffers (allreduce, broadcast, reduce) splits the elements into
+/// [`chunk`]s, rank `r` reducing or copying chunk `r` of the sources (every input; the root's)
+/// into the destinations (every output; the root's); all_gather copies rank `r`'s input into
+/// block `r` of every output; reduce_scatter reduces block `r` of every input into rank `r`'s
+/// output; all_to_all copies block `j` of rank `r`'s input into block `r` of rank `j`'s
+/// output, one copy per rank. `None` where it does not run: an all_to_all with a rank in place
+/// (a rank would overwrite a block its owner has yet to send). An empty share does nothing.
 pub(crate) fn share(
     kind: CollKind,
     count: usize,
@@ -153,7 +155,8 @@ pub(crate) fn share(
     r: usize,
     es: usize,
     bufs: &[(usize, usize)],
-) -> Option<Share> {
+    any_in_place: bool,
+) -> Option<Vec<Share>> {
     let ins = |off: usize| bufs.iter().map(|&(i, _)| i + off).collect::<Vec<_>>();
     let outs = |off: usize| bufs.iter().map(|&(_, o)| o + off).collect::<Vec<_>>();
     let c = chunk(count, n, r, es);
@@ -164,9 +167,18 @@ pub(crate) fn share(
         CollKind::Reduce { root } => (ins(off), vec![bufs[root].1 + off], bytes),
         CollKind::AllGather => (vec![bufs[r].0], outs(r * count * es), count * es),
         CollKind::ReduceScatter => (ins(r * count * es), vec![bufs[r].1], count * es),
-        CollKind::AllToAll => return None,
+        CollKind::AllToAll if any_in_place => return None,
+        CollKind::AllToAll => {
+            let block = count * es;
+            let copy = |j: usize| Share {
+                srcs: vec![bufs[r].0 + j * block],
+                dsts: vec![bufs[j].1 + r * block],
+                bytes: block,
+            };
+            return Some((0..n).map(copy).collect());
+        }
     };
-    Some(Share { srcs, dsts, bytes })
+    Some(vec![Share { srcs, dsts, bytes }])
 }
 
 impl Engine {
@@ -187,7 +199,6 @@ impl Engine {
     pub(super) fn peer_fits(&self, args: &CollArgs) -> bool {
         self.peer.on
             && !self.peer.busy
-            && !matches!(args.kind, CollKind::AllToAll)
             && args.count > 0
             && self.tuning.probe.is_none()
             && self.tuning.overrides == crate::plan::Overrides::default()
@@ -246,38 +257,31 @@ impl Engine {
             .collect();
         let lens: Vec<(usize, usize)> = (0..n).map(|k| used(kind, args.count, n, k, es)).collect();
         let in_place: Vec<bool> = (0..n).map(|k| word(k, 1) & IN_PLACE != 0).collect();
-        if words[0] != !words[1] || !apart(&bufs, &lens, &in_place) {
+        let any_in_place = in_place.iter().any(|&p| p);
+        let todo = share(kind, args.count, n, me, es, &bufs, any_in_place);
+        let Some(todo) = todo.filter(|_| words[0] == !words[1] && apart(&bufs, &lens, &in_place))
+        else {
             return Ok(false);
-        }
+        };
         let Some(reducer) = reducer else {
             return Err(Error::internal(format!(
                 "{}: agreed to run straight between the buffers without a reducer",
                 ctx.label()
             )));
         };
-        let Some(todo) = share(kind, args.count, n, me, es, &bufs) else {
-            return Err(Error::internal(format!(
-                "{}: agreed to run {} straight between the buffers",
-                ctx.label(),
-                kind.name()
-            )));
-        };
-        let result = if todo.bytes == 0 {
-            Ok(())
-        } else {
+        let premul = premul.filter(|_| kind.reduces());
+        crate::profile::phase(crate::profile::Phase::Reduce);
+        let result = todo.iter().filter(|t| t.bytes > 0).try_for_each(|t| {
             let at = |addr: usize| MemRef {
                 space: mem.space,
                 addr,
-                len: todo.bytes,
+                len: t.bytes,
             };
-            let srcs: Vec<MemRef> = todo.srcs.iter().map(|&a| at(a)).collect();
-            let dsts: Vec<MemRef> = todo.dsts.iter().map(|&a| at(a)).collect();
-            crate::profile::phase(crate::profile::Phase::Reduce);
-            let premul = premul.filter(|_| kind.reduces());
-            let r = reducer.reduce_many(dtype, op, &dsts, &srcs, premul);
-            crate::profile::phase(crate::profile::Phase::Drive);
-            r
-        };
+            let srcs: Vec<MemRef> = t.srcs.iter().map(|&a| at(a)).collect();
+            let dsts: Vec<MemRef> = t.dsts.iter().map(|&a| at(a)).collect();
+            reducer.reduce_many(dtype, op, &dsts, &srcs, premul)
+        });
+        crate::profile::phase(crate::profile::Phase::Drive);
         let mut status = [u64::from(result.is_err()) * (me as u64 + 1)];
         self.max_words(&mut status, ctx)?;
         result.map_err(|e| e.context(ctx.label()))?;
@@ -383,7 +387,11 @@ mod tests {
         let (count, es) = (64, 4);
         let both = |off: usize| vec![0x1000 + off, 0x2000 + off];
         let outs = |off: usize| vec![0x9000 + off, 0xa000 + off];
-        let s = |kind, r| share(kind, count, 2, r, es, &bufs).unwrap();
+        let s = |kind, r| {
+            let mut v = share(kind, count, 2, r, es, &bufs, false).unwrap();
+            assert_eq!(v.len(), 1);
+            v.remove(0)
+        };
         // Whole buffers: rank 1's chunk is the second half (32 elements, 128 bytes).
         assert_eq!(
             s(CollKind::AllReduce, 1),
@@ -426,7 +434,24 @@ mod tests {
                 bytes: 256
             }
         );
-        assert!(share(CollKind::AllToAll, count, 2, 0, es, &bufs).is_none());
+        // all_to_all: block j of rank 1's input into block 1 of rank j's output, 256 bytes
+        // each; not with a rank in place.
+        assert_eq!(
+            share(CollKind::AllToAll, count, 2, 1, es, &bufs, false).unwrap(),
+            vec![
+                Share {
+                    srcs: vec![0x2000],
+                    dsts: vec![0x9000 + 256],
+                    bytes: 256
+                },
+                Share {
+                    srcs: vec![0x2000 + 256],
+                    dsts: vec![0xa000 + 256],
+                    bytes: 256
+                },
+            ]
+        );
+        assert!(share(CollKind::AllToAll, count, 2, 0, es, &bufs, true).is_none());
     }
 
     #[test]

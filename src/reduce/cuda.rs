@@ -223,39 +223,20 @@ impl Reducer for CudaReducer {
         srcs: &[MemRef],
         premul: Option<f64>,
     ) -> Result<()> {
-        let many = |what: &str, ms: &[MemRef], most: usize, least: usize| {
-            if ms.len() < least || ms.len() > most {
-                return Err(Error::internal(format!(
-                    "{NAME}: {} {what}s in one reduce-copy ({least}..={most})",
-                    ms.len()
-                )));
-            }
+        let len = super::many_len(NAME, dtype, dsts, srcs)?;
+        let on_device = |what: &str, ms: &[MemRef]| {
             ms.iter()
                 .map(|m| self.device(what, m.space, Some(*m)))
                 .collect::<Result<Vec<MemRef>>>()
         };
-        let srcs = many("source", srcs, ferroccl_cuda::MAX_SRCS, 1)?;
-        let dsts = many("destination", dsts, ferroccl_cuda::MAX_DSTS, 1)?;
-        if let Some(m) = srcs.iter().chain(&dsts).find(|m| m.len != dsts[0].len) {
-            return Err(Error::internal(format!(
-                "{NAME}: operand lengths differ ({} and {} bytes)",
-                dsts[0].len, m.len
-            )));
-        }
-        let es = dtype.size();
-        if !dsts[0].len.is_multiple_of(es) {
-            return Err(Error::internal(format!(
-                "{NAME}: {} bytes is not a whole number of {dtype} elements",
-                dsts[0].len
-            )));
-        }
-        if dsts[0].len == 0 {
+        let (srcs, dsts) = (on_device("source", srcs)?, on_device("destination", dsts)?);
+        if len == 0 {
             return Ok(());
         }
         let k = self.kernels()?;
         let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
         let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
-        let mut args = RcArgs::new(&s, &d, (dsts[0].len / es) as u64);
+        let mut args = RcArgs::new(&s, &d, (len / dtype.size()) as u64);
         if let Some(f) = premul {
             args = args.with_scale(dtype, (1u32 << s.len()) - 1, f);
         }
@@ -349,6 +330,7 @@ mod tests {
             r.scale_into(f32_, PayloadMut::Device(d), Payload::Device(a), 0.5),
             r.divide(f32_, PayloadMut::Device(d), 4),
             r.copy(PayloadMut::Device(d), Payload::Device(a)),
+            r.reduce_many(f32_, ElemOp::Sum, &[d, a], &[a, b], Some(0.5)),
         ];
         for e in results {
             let e = e.unwrap_err();
@@ -357,6 +339,34 @@ mod tests {
                 e.message().starts_with(ferroccl_cuda::DRIVER_MISSING),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn reduce_copies_of_many_buffers_are_checked_before_any_launch() {
+        let r = CudaReducer::unchecked(1);
+        let f32_ = DataType::Float32;
+        let (a, b) = (dev(1, 0x1000, 64), dev(1, 0x2000, 64));
+        // Another device's operand, a short one, nine sources, a partial element.
+        let cases = [
+            (
+                vec![a],
+                vec![a, dev(0, 0x3000, 64)],
+                "source operand is cuda device 0",
+            ),
+            (vec![a], vec![a, dev(1, 0x3000, 32)], "lengths differ"),
+            (vec![a], vec![b; 9], "9 sources"),
+            (
+                vec![dev(1, 0x1000, 6)],
+                vec![dev(1, 0x2000, 6)],
+                "not a whole number",
+            ),
+        ];
+        for (dsts, srcs, says) in cases {
+            let e = r
+                .reduce_many(f32_, ElemOp::Sum, &dsts, &srcs, None)
+                .unwrap_err();
+            assert!(e.message().contains(says), "{e}");
         }
     }
 

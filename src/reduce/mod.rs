@@ -129,6 +129,38 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
     }
 }
 
+/// The checks every [`Reducer::reduce_many`] makes before touching memory: 1 to 8 sources,
+/// 1 to 8 destinations, one length for all, a whole number of `dtype` elements. Returns that
+/// length in bytes; `who` names the reducer in the error.
+pub(crate) fn many_len(
+    who: &str,
+    dtype: DataType,
+    dsts: &[MemRef],
+    srcs: &[MemRef],
+) -> Result<usize> {
+    let (ns, nd) = (srcs.len(), dsts.len());
+    if !(1..=ferroccl_cuda::MAX_SRCS).contains(&ns) || !(1..=ferroccl_cuda::MAX_DSTS).contains(&nd)
+    {
+        return Err(ferroccl_transport::Error::internal(format!(
+            "{who}: {ns} sources and {nd} destinations in one reduce-copy (1 to {} each)",
+            ferroccl_cuda::MAX_SRCS
+        )));
+    }
+    let len = srcs[0].len;
+    if let Some(m) = srcs.iter().chain(dsts).find(|m| m.len != len) {
+        return Err(ferroccl_transport::Error::internal(format!(
+            "{who}: operand lengths differ ({len} and {} bytes)",
+            m.len
+        )));
+    }
+    if !len.is_multiple_of(dtype.size()) {
+        return Err(ferroccl_transport::Error::internal(format!(
+            "{who}: {len} bytes is not a whole number of {dtype} elements"
+        )));
+    }
+    Ok(len)
+}
+
 /// [`Reducer::reduce_queued`]'s work, run to the end.
 pub(crate) fn reduce_now<R: Reducer + ?Sized>(
     r: &R,

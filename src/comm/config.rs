@@ -162,6 +162,12 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Whether `FERRO_TRANSPORTS` lists the GPU peer-to-peer transport (what decides, alike on
+    /// every rank, how device calls are cut and whether they are offered between the buffers).
+    pub(crate) fn tries_p2p(&self) -> bool {
+        self.transports.iter().any(|t| t == "p2p")
+    }
+
     /// Defaults overridden by the `FERRO_*` variables that are set.
     pub fn from_env() -> Result<Config> {
         Self::from_lookup(&|k| std::env::var(k).ok())

@@ -669,7 +669,7 @@ pub(super) const MIN_PIECE_BYTES: usize = 64 << 10;
 /// Whether the blocked layouts are cut into slices: no collective can run straight on device
 /// buffers (no transport that carries device memory is tried), whose path runs them whole.
 fn cuts_blocks(config: &Config) -> bool {
-    !config.transports.iter().any(|t| t == "p2p")
+    !config.tries_p2p()
 }
 
 /// Runs a checked device collective on the device buffers themselves: every connection

@@ -55,7 +55,7 @@ pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
         small_lane_bytes: config.small_lane_bytes,
         device_cut: (
             config.device_slice_bytes.map_or(0, |b| b as u64),
-            config.transports.iter().any(|t| t == "p2p"),
+            config.tries_p2p(),
         ),
         device_peer: config.device_peer,
     }
@@ -226,9 +226,7 @@ impl Communicator {
         let one_process = descs
             .iter()
             .all(|d| d.host == descs[rank].host && d.pid == descs[rank].pid);
-        engine.set_peer_direct(
-            config.device_peer && one_process && config.transports.iter().any(|t| t == "p2p"),
-        );
+        engine.set_peer_direct(config.device_peer && one_process && config.tries_p2p());
         let device_transport = engine.carries_device_memory();
         Communicator {
             inner: Arc::new(Inner {

@@ -43,7 +43,7 @@ pub(crate) struct MeshOptions {
     /// What decides how device collectives are cut into slices, which every rank must see the
     /// same (`FERRO_DEVICE_SLICE_BYTES`, 0 where unset; whether `p2p` is tried).
     pub device_cut: (u64, bool),
-    /// Whether allreduces are offered straight between the ranks' buffers
+    /// Whether collectives are offered straight between the ranks' buffers
     /// (`FERRO_DEVICE_PEER`), which every rank must see the same: a rank that offers waits for
     /// an offer that a rank that does not would never make.
     pub device_peer: bool,
@@ -337,7 +337,7 @@ fn agree_on_lanes(
                 return Err(Error::invalid_usage(format!(
                     "init on rank {rank}: rank {rank} has FERRO_DEVICE_PEER={} but rank {peer} \
                      has FERRO_DEVICE_PEER={}; every rank must set it alike, since it decides \
-                     whether allreduces are offered straight between the ranks' buffers",
+                     whether collectives are offered straight between the ranks' buffers",
                     say(opts.device_peer),
                     say(f & 2 != 0)
                 )));

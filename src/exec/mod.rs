@@ -147,7 +147,7 @@ pub(crate) struct Engine {
     trace: Option<Box<crate::trace::Tracer>>,
     /// Tiny allreduces through the connections' small-message lanes.
     lanes: lane::Lanes,
-    /// Allreduces straight between the buffers of ranks of one process (`peer`).
+    /// Collectives straight between the buffers of ranks of one process (`peer`).
     peer: peer::Peer,
 }
 

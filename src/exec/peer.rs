@@ -269,7 +269,6 @@ impl Engine {
                 ctx.label()
             )));
         };
-        let premul = premul.filter(|_| kind.reduces());
         crate::profile::phase(crate::profile::Phase::Reduce);
         let result = todo.iter().filter(|t| t.bytes > 0).try_for_each(|t| {
             let at = |addr: usize| MemRef {

@@ -580,7 +580,7 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
                     let rank = fc.rank();
                     let summary = if rank == 0 {
                         let summary = run_perf(&fc, coll, args, &mut std::io::stdout())?;
-                        // Which path the device allreduces took, for readers of the figures
+                        // Which path the device collectives took, for readers of the figures
                         // (the traffic of a call straight between the ranks' buffers is not
                         // the ring's): said only where some did.
                         let peer = fc.comm().device_peer_calls();

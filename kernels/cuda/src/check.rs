@@ -4,6 +4,8 @@
 
 use ferroccl_kernels::{reference, DataType, ElemOp, Fp8E4M3, Fp8E5M2};
 
+use crate::{MAX_DSTS, MAX_SRCS};
+
 /// xorshift64*: reproducible bits.
 #[derive(Debug)]
 pub struct Rng(pub u64);
@@ -111,8 +113,10 @@ pub struct Case {
     pub factor: f64,
     /// See the struct docs.
     pub divide: bool,
-    /// See the struct docs.
-    pub in_place: bool,
+    /// How many destinations are sources themselves: destination `k` is source `k` for every
+    /// `k` below this (1: NCCL's in-place calls; all of them: the share of a collective
+    /// between the ranks' buffers where every rank is in place).
+    pub in_place: usize,
 }
 
 /// A case of `op` with `nsrc` sources and `ndst` destinations, nothing else.
@@ -124,21 +128,29 @@ pub const fn case(op: ElemOp, nsrc: usize, ndst: usize) -> Case {
         scale_mask: 0,
         factor: 0.0,
         divide: false,
-        in_place: false,
+        in_place: 0,
     }
 }
 
 /// The cases both checks run: every op with 2 sources (also in place) and 3 sources into 2
-/// destinations; pre-multiplied sums; scale alone; divide alone; averages of 2 and 5 sources.
+/// destinations; pre-multiplied sums; scale alone; divide alone; averages of 2 and 5 sources;
+/// the widest shares of collectives between the ranks' buffers (8 sources into 8
+/// destinations, every op, out of place and with every destination its source; a
+/// pre-multiplied sum and an average of 8 so).
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for op in ElemOp::ALL {
         v.push(case(op, 2, 1));
         v.push(Case {
-            in_place: true,
+            in_place: 1,
             ..case(op, 2, 1)
         });
         v.push(case(op, 3, 2));
+        v.push(case(op, MAX_SRCS, MAX_DSTS));
+        v.push(Case {
+            in_place: MAX_DSTS,
+            ..case(op, MAX_SRCS, MAX_DSTS)
+        });
     }
     // Pre-multiplied sum: every source scaled (NCCL's PreMulSum), and only the local one.
     v.push(Case {
@@ -159,7 +171,7 @@ pub fn cases() -> Vec<Case> {
     });
     v.push(Case {
         divide: true,
-        in_place: true,
+        in_place: 1,
         ..case(ElemOp::Sum, 1, 1)
     });
     v.push(Case {
@@ -169,6 +181,18 @@ pub fn cases() -> Vec<Case> {
     v.push(Case {
         divide: true,
         ..case(ElemOp::Sum, 5, 3)
+    });
+    let all = (1u32 << MAX_SRCS) - 1;
+    v.push(Case {
+        scale_mask: all,
+        factor: 0.61,
+        in_place: MAX_DSTS,
+        ..case(ElemOp::Sum, MAX_SRCS, MAX_DSTS)
+    });
+    v.push(Case {
+        divide: true,
+        in_place: MAX_DSTS,
+        ..case(ElemOp::Sum, MAX_SRCS, MAX_DSTS)
     });
     v
 }

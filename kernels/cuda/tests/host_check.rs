@@ -87,15 +87,12 @@ fn reduce_copy_matches_reference_for_every_dtype_and_op() {
                             .enumerate()
                             .map(|(s, b)| Buf::new(offs[s], b))
                             .collect();
-                        let first_dst = usize::from(case.in_place);
+                        let first_dst = case.in_place;
                         let mut dbufs: Vec<Buf> = (first_dst..case.ndst)
                             .map(|k| Buf::new(offs[9 + k], &vec![0x5a; count * size]))
                             .collect();
                         let src_addrs: Vec<u64> = sbufs.iter_mut().map(Buf::addr).collect();
-                        let mut dst_addrs: Vec<u64> = Vec::new();
-                        if case.in_place {
-                            dst_addrs.push(src_addrs[0]);
-                        }
+                        let mut dst_addrs: Vec<u64> = src_addrs[..first_dst].to_vec();
                         dst_addrs.extend(dbufs.iter_mut().map(Buf::addr));
                         let mut args = RcArgs::new(&src_addrs, &dst_addrs, count as u64);
                         if case.scale_mask != 0 {
@@ -105,15 +102,12 @@ fn reduce_copy_matches_reference_for_every_dtype_and_op() {
                             args = args.with_divide(dtype, case.nsrc as u64);
                         }
                         // SAFETY: every address is inside a live buffer of `count` elements;
-                        // destinations are distinct buffers or exactly source 0 (in place).
+                        // destinations are distinct buffers or exactly the source of their index (in place).
                         unsafe { host::reduce_copy(dtype, case.op, &args, nthreads) };
                         let what = format!(
                             "{dtype} {case:?} count {count} layout {layout} nthreads {nthreads}"
                         );
-                        let mut outs: Vec<&Buf> = Vec::new();
-                        if case.in_place {
-                            outs.push(&sbufs[0]);
-                        }
+                        let mut outs: Vec<&Buf> = sbufs[..first_dst].iter().collect();
                         outs.extend(dbufs.iter());
                         for (k, b) in outs.iter().enumerate() {
                             assert!(

@@ -96,7 +96,7 @@ fn run_case(
     let sbufs = (0..case.nsrc)
         .map(|_| DevBuf::new(d, len))
         .collect::<Result<Vec<_>, _>>()?;
-    let first_dst = usize::from(case.in_place);
+    let first_dst = case.in_place;
     let dbufs = (first_dst..case.ndst)
         .map(|_| DevBuf::new(d, len))
         .collect::<Result<Vec<_>, _>>()?;
@@ -105,10 +105,7 @@ fn run_case(
         unsafe { d.upload(b.ptr + off as u64, s)? };
     }
     let src_addrs: Vec<u64> = sbufs.iter().map(|b| b.ptr + off as u64).collect();
-    let mut dst_addrs = Vec::new();
-    if case.in_place {
-        dst_addrs.push(src_addrs[0]);
-    }
+    let mut dst_addrs = src_addrs[..first_dst].to_vec();
     dst_addrs.extend(dbufs.iter().map(|b| b.ptr + off as u64));
     let mut args = RcArgs::new(&src_addrs, &dst_addrs, count as u64);
     if case.scale_mask != 0 {
@@ -118,7 +115,7 @@ fn run_case(
         args = args.with_divide(dtype, case.nsrc as u64);
     }
     // SAFETY: every address is inside a live allocation of len + 32 bytes; destinations are
-    // distinct allocations or exactly source 0; synchronised below before any buffer is freed.
+    // distinct allocations or exactly the source of their index; synchronised below before any buffer is freed.
     unsafe { k.reduce_copy(dtype, case.op, &args)? };
     k.synchronize()?;
     let mut wrong = 0u64;

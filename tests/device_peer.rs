@@ -6,7 +6,8 @@
 //!
 //! Every case checks every element against the host reference, and says how many allreduces
 //! took the path, so that a case that should take it and a case that must not are both
-//! asserted: all ranks on device buffers (2, 3, 5 and 8 ranks); the path turned off; one rank
+//! asserted: all ranks on device buffers (2, 3, 5 and 8 ranks); ranks on two devices that
+//! reach each other (peer access), and on two that do not; the path turned off; one rank
 //! staging through host memory; one rank on host buffers.
 
 mod common;
@@ -41,7 +42,8 @@ fn sweep(full: bool) -> Sweep {
 }
 
 /// A child: `FERRO_TEST_RANKS` thread ranks on stand-in device 0; `FERRO_TEST_CASE` says
-/// which rank is different (`staged`: rank 0 stages, `host`: rank 0 uses host buffers).
+/// which rank is different (`staged`: rank 0 stages, `host`: rank 0 uses host buffers;
+/// `devices`: rank `r` on device `r % 2`, its p2p slots there too).
 #[test]
 fn child_peer() {
     if !child::is_role("peer") {
@@ -51,19 +53,21 @@ fn child_peer() {
     let case: String = child::env_var("FERRO_TEST_CASE");
     let full = case == "all" && n <= 3;
     let base = Config::from_env().expect("config");
+    let ordinal = |r: usize| if case == "devices" { r as u32 % 2 } else { 0 };
     let configs: Vec<Config> = (0..n)
         .map(|r| {
             let mut c = base.clone();
             c.device_direct = !(case == "staged" && r == 0);
+            c.p2p_device = Some(ordinal(r));
             c
         })
         .collect();
     let comms = Communicator::local_group_with(configs).expect("local_group");
-    let dev = Device::new(Provider::Host, 0).expect("stand-in device 0");
     let want = expected_cases(&sweep(full));
     std::thread::scope(|s| {
         for c in &comms {
             let case = case.as_str();
+            let dev = Device::new(Provider::Host, ordinal(c.rank())).expect("stand-in device");
             s.spawn(move || {
                 c.set_device(dev).unwrap();
                 let mem = if case == "host" && c.rank() == 0 {
@@ -74,7 +78,7 @@ fn child_peer() {
                 let cases = run_sweep_on(c, mem, &sweep(full), 11 * n as u64)
                     .unwrap_or_else(|e| panic!("rank {}: {e}", c.rank()));
                 assert_eq!(cases, want);
-                if case == "all" {
+                if case == "all" || case == "devices" {
                     same_factor(c, dev, n);
                 }
                 println!(
@@ -167,10 +171,19 @@ fn same_factor(c: &Communicator, dev: Device, n: usize) {
 /// Runs the child with `n` ranks in case `case` (`FERRO_DEVICE_PEER=peer`); returns each
 /// rank's count of allreduces that went straight between the buffers.
 fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
+    run_with(n, case, peer, true)
+}
+
+/// [`run`] where distinct stand-in devices reach each other or (`reach` false) do not.
+fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
     // Device calls in slices of 64 KiB, except beside a rank with host buffers, whose calls
     // are never cut (the default 64 MiB slices of a one-host p2p communicator cut none here).
     let slices = if case == "host" { "64M" } else { "64K" };
     let env = [
+        (
+            "FERRO_STANDIN_PEER_ACCESS",
+            if reach { "1" } else { "0" }.to_string(),
+        ),
         (PROVIDER_ENV, "host".to_string()),
         ("FERRO_P2P_PROVIDER", "host".to_string()),
         ("FERRO_TRANSPORTS", "p2p".to_string()),
@@ -201,12 +214,12 @@ fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
     calls
 }
 
-/// The sweep's calls of the path: every call with elements, but in-place all_to_all and the
+/// The calls of the path in the sweep (`full`: every dtype and op): every call with elements, but in-place all_to_all and the
 /// pre-multiplied sums (whose factors differ by rank); allreduce, broadcast and reduce in
 /// device slices of 64 KiB, one call each; all_gather, reduce_scatter and all_to_all whole
 /// (the blocked layouts are not cut where p2p is tried).
-fn path_calls(n: usize) -> u64 {
-    let s = sweep(n <= 3);
+fn path_calls(full: bool) -> u64 {
+    let s = sweep(full);
     let ops = |coll: &str| {
         if matches!(coll, "all_reduce" | "reduce" | "reduce_scatter") {
             s.ops
@@ -241,13 +254,30 @@ fn path_calls(n: usize) -> u64 {
 fn collectives_go_between_the_buffers_of_2_3_5_and_8_thread_ranks() {
     for n in [2, 3, 5, 8] {
         let calls = run(n, "all", true);
-        let want = path_calls(n);
+        let want = path_calls(n <= 3);
         assert!(want > 0);
         assert!(
             calls.iter().all(|&c| c == want),
             "{n} ranks: {calls:?}, want {want} each"
         );
     }
+}
+
+#[test]
+fn ranks_on_two_devices_that_reach_each_other_go_between_the_buffers() {
+    for n in [2, 3, 4] {
+        let calls = run(n, "devices", true);
+        let want = path_calls(false);
+        assert!(
+            calls.iter().all(|&c| c == want),
+            "{n} ranks on two devices: {calls:?}, want {want} each"
+        );
+    }
+}
+
+#[test]
+fn ranks_on_two_devices_without_peer_access_run_the_schedule() {
+    assert_eq!(run_with(3, "devices", true, false), vec![0; 3]);
 }
 
 #[test]

@@ -127,20 +127,35 @@ pub(crate) struct StandInReducer {
 
 impl StandInReducer {
     fn check(&self, what: &str, m: &MemRef) -> Result<()> {
-        if m.space != MemSpace::Cuda(self.ordinal) {
+        self.check_on(what, m, self.ordinal)
+    }
+
+    /// Checks that `m` is live memory of stand-in device `ordinal`.
+    fn check_on(&self, what: &str, m: &MemRef, ordinal: u32) -> Result<()> {
+        if m.space != MemSpace::Cuda(ordinal) {
             return Err(Error::invalid_argument(format!(
                 "host stand-in reducer (device {}): the {what} operand is {} memory",
                 self.ordinal, m.space
             )));
         }
-        if m.len > 0 && host::locate(m.addr as u64, m.len) != Some(self.ordinal) {
+        if m.len > 0 && host::locate(m.addr as u64, m.len) != Some(ordinal) {
             return Err(Error::invalid_argument(format!(
                 "host stand-in reducer (device {}): the {what} operand (0x{:x}, {} bytes) is \
-                 not live memory of the device",
+                 not live memory of device {ordinal}",
                 self.ordinal, m.addr, m.len
             )));
         }
         Ok(())
+    }
+
+    /// Checks an operand of [`Reducer::reduce_many`]: live memory of this device or of one
+    /// it reaches ([`standin_reach`]).
+    fn many_operand(&self, what: &str, m: &MemRef) -> Result<()> {
+        let ordinal = match m.space {
+            MemSpace::Cuda(o) if o == self.ordinal || standin_reach() => o,
+            _ => self.ordinal,
+        };
+        self.check_on(what, m, ordinal)
     }
 
     /// A source: stand-in device memory, or host memory (a transport's receive buffer lent
@@ -187,6 +202,14 @@ fn fail_many_at() -> Option<usize> {
             .ok()
             .and_then(|v| v.trim().parse().ok())
     })
+}
+
+/// Whether distinct stand-in devices reach each other's memory in a reduce-copy of many
+/// buffers, as GPUs with peer access do: yes, unless `FERRO_STANDIN_PEER_ACCESS=0` (test
+/// tooling: GPUs without it). Read once per process.
+fn standin_reach() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FERRO_STANDIN_PEER_ACCESS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Refuses a destination that overlaps a source (the slices would alias).
@@ -270,6 +293,11 @@ impl Reducer for StandInReducer {
         true
     }
 
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
+        from == to
+            || matches!((from, to), (MemSpace::Cuda(_), MemSpace::Cuda(_))) && standin_reach()
+    }
+
     /// The reduce-copy kernel's order: the first source (scaled), then each next one
     /// combined into it, the result written to every destination once every source is read.
     fn reduce_many(
@@ -288,10 +316,24 @@ impl Reducer for StandInReducer {
                 self.ordinal, len
             )));
         }
+        for m in dsts {
+            self.many_operand("destination", m)?;
+        }
+        for m in srcs {
+            self.many_operand("source", m)?;
+        }
+        if len == 0 {
+            return Ok(());
+        }
         let mut acc = vec![0u8; len];
         let mut scaled = vec![0u8; if premul.is_some() { len } else { 0 }];
         for (k, m) in srcs.iter().enumerate() {
-            let (_, src) = self.read("source", Payload::Device(*m))?;
+            // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that
+            // a rank of this process holds until every rank has reported its share done; no
+            // destination is written while this slice lives (the sources are read whole into
+            // the accumulator first).
+            let src =
+                Payload::Host(unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) });
             let src = match premul {
                 Some(f) => {
                     HostReducer.scale_into(dtype, PayloadMut::Host(&mut scaled), src, f)?;
@@ -306,8 +348,10 @@ impl Reducer for StandInReducer {
             }
         }
         for m in dsts {
-            let (_, d) = self.write(PayloadMut::Device(*m))?;
-            HostReducer.copy(d, Payload::Host(&acc))?;
+            // SAFETY: as for the sources above; every source slice is gone, and no two
+            // destinations overlap (the ranks' buffers were checked apart).
+            let d = unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) };
+            HostReducer.copy(PayloadMut::Host(d), Payload::Host(&acc))?;
         }
         Ok(())
     }

@@ -61,6 +61,13 @@ pub(super) struct Peer {
 
 /// Words of the offer: key, !key, then input and output of each rank.
 const HEAD: usize = 2;
+/// Bits of an offer's address word that hold the address: user and device addresses lie below
+/// 2^57 (five-level paging's user space; CUDA's unified addresses), and the bits above carry
+/// the rank's device (input word) and whether it is in place (output word).
+const ADDR_BITS: u32 = 57;
+const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
+/// The highest device ordinal an offer carries (six bits above the input's address).
+const MAX_ORDINAL: u32 = 63;
 /// The bit of a rank's output word that says it is in place.
 const IN_PLACE: u64 = 1 << 63;
 
@@ -77,11 +84,12 @@ fn process_token() -> u64 {
 }
 
 /// The key of memory `space` in this process, for a call pre-multiplied by `premul`: never
-/// all ones (the word of a rank that cannot take part).
+/// all ones (the word of a rank that cannot take part). Devices of one process share a key:
+/// whether one reaches another is asked of the reducer once the devices are known.
 fn key_of(space: MemSpace, premul: Option<f64>) -> u64 {
     let code: u64 = match space {
         MemSpace::Host => 0,
-        MemSpace::Cuda(n) => 1 + u64::from(n),
+        MemSpace::Cuda(_) => 1,
     };
     let factor = premul.map_or(u64::MAX, f64::to_bits);
     ferroccl_transport::hash64(&[
@@ -131,11 +139,12 @@ pub(crate) fn apart(bufs: &[(usize, usize)], lens: &[(usize, usize)], in_place: 
     })
 }
 
-/// One reduce-copy of a rank's share: sources and destinations (addresses) of `bytes` each.
+/// One reduce-copy of a rank's share: sources and destinations, each the rank whose buffer
+/// it is and an address, of `bytes` each.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Share {
-    pub srcs: Vec<usize>,
-    pub dsts: Vec<usize>,
+    pub srcs: Vec<(usize, usize)>,
+    pub dsts: Vec<(usize, usize)>,
     pub bytes: usize,
 }
 
@@ -157,28 +166,37 @@ pub(crate) fn share(
     bufs: &[(usize, usize)],
     any_in_place: bool,
 ) -> Option<Vec<Share>> {
-    let ins = |off: usize| bufs.iter().map(|&(i, _)| i + off).collect::<Vec<_>>();
-    let outs = |off: usize| bufs.iter().map(|&(_, o)| o + off).collect::<Vec<_>>();
+    let input = |k: usize, off: usize| (k, bufs[k].0 + off);
+    let output = |k: usize, off: usize| (k, bufs[k].1 + off);
+    let ins = |off: usize| (0..n).map(|k| input(k, off)).collect::<Vec<_>>();
+    let outs = |off: usize| (0..n).map(|k| output(k, off)).collect::<Vec<_>>();
     let c = chunk(count, n, r, es);
     let (off, bytes) = (c.start * es, c.len() * es);
     let (srcs, dsts, bytes) = match kind {
         CollKind::AllReduce => (ins(off), outs(off), bytes),
-        CollKind::Broadcast { root } => (vec![bufs[root].0 + off], outs(off), bytes),
-        CollKind::Reduce { root } => (ins(off), vec![bufs[root].1 + off], bytes),
-        CollKind::AllGather => (vec![bufs[r].0], outs(r * count * es), count * es),
-        CollKind::ReduceScatter => (ins(r * count * es), vec![bufs[r].1], count * es),
+        CollKind::Broadcast { root } => (vec![input(root, off)], outs(off), bytes),
+        CollKind::Reduce { root } => (ins(off), vec![output(root, off)], bytes),
+        CollKind::AllGather => (vec![input(r, 0)], outs(r * count * es), count * es),
+        CollKind::ReduceScatter => (ins(r * count * es), vec![output(r, 0)], count * es),
         CollKind::AllToAll if any_in_place => return None,
         CollKind::AllToAll => {
             let block = count * es;
             let copy = |j: usize| Share {
-                srcs: vec![bufs[r].0 + j * block],
-                dsts: vec![bufs[j].1 + r * block],
+                srcs: vec![input(r, j * block)],
+                dsts: vec![output(j, r * block)],
                 bytes: block,
             };
             return Some((0..n).map(copy).collect());
         }
     };
     Some(vec![Share { srcs, dsts, bytes }])
+}
+
+/// Whether a reduce-copy on each of `spaces` may reach every other of them.
+fn reach_all(reducer: &dyn Reducer, spaces: &[MemSpace]) -> bool {
+    spaces
+        .iter()
+        .all(|&a| spaces.iter().all(|&b| reducer.reaches(a, b)))
 }
 
 impl Engine {
@@ -233,9 +251,12 @@ impl Engine {
         let mine = (base + in_off * es, mem.output as usize + out_off * es);
         let (in_used, out_used) = used(kind, args.count, n, me, es);
         let room = |off: usize, used: usize, len: usize| used == 0 || off * es + used <= len;
-        let able = mem.space != MemSpace::Host
-            && mine.0 as u64 & IN_PLACE == 0
-            && mine.1 as u64 & IN_PLACE == 0
+        let ordinal = match mem.space {
+            MemSpace::Cuda(o) if o <= MAX_ORDINAL => o,
+            _ => 0,
+        };
+        let able = mem.space == MemSpace::Cuda(ordinal)
+            && (mine.0 | mine.1) as u64 & !ADDR_MASK == 0
             && reducer.is_some_and(|r| r.reduces_many() && r.serves(mem.space))
             && room(in_off, in_used, base_len)
             && room(out_off, out_used, mem.output_len);
@@ -246,38 +267,45 @@ impl Engine {
         } else {
             (u64::MAX, u64::MAX)
         };
-        // Addresses leave the top bit free (user and device addresses are below 2^57): the
-        // output's word carries whether the rank is in place there.
-        words[HEAD + 2 * me] = mine.0 as u64 & !IN_PLACE;
-        words[HEAD + 2 * me + 1] = mine.1 as u64 & !IN_PLACE | u64::from(mem.in_place) << 63;
+        // Above the addresses: the input's word carries the rank's device, the output's
+        // whether the rank is in place.
+        words[HEAD + 2 * me] = mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS;
+        words[HEAD + 2 * me + 1] = mine.1 as u64 & ADDR_MASK | u64::from(mem.in_place) << 63;
         self.max_words(&mut words, ctx)?;
         let word = |k: usize, w: usize| words[HEAD + 2 * k + w];
         let bufs: Vec<(usize, usize)> = (0..n)
-            .map(|k| (word(k, 0) as usize, (word(k, 1) & !IN_PLACE) as usize))
+            .map(|k| {
+                (
+                    (word(k, 0) & ADDR_MASK) as usize,
+                    (word(k, 1) & ADDR_MASK) as usize,
+                )
+            })
+            .collect();
+        let spaces: Vec<MemSpace> = (0..n)
+            .map(|k| MemSpace::Cuda((word(k, 0) >> ADDR_BITS) as u32 & MAX_ORDINAL))
             .collect();
         let lens: Vec<(usize, usize)> = (0..n).map(|k| used(kind, args.count, n, k, es)).collect();
         let in_place: Vec<bool> = (0..n).map(|k| word(k, 1) & IN_PLACE != 0).collect();
         let any_in_place = in_place.iter().any(|&p| p);
         let todo = share(kind, args.count, n, me, es, &bufs, any_in_place);
-        let Some(todo) = todo.filter(|_| words[0] == !words[1] && apart(&bufs, &lens, &in_place))
-        else {
+        // One key (so every rank is able, and holds a reducer), buffers apart, and every
+        // rank's device reaching every other's (a property of this process's devices, so the
+        // same answer on every rank).
+        let agreed = words[0] == !words[1]
+            && apart(&bufs, &lens, &in_place)
+            && reducer.is_some_and(|r| reach_all(r, &spaces));
+        let (Some(todo), Some(reducer)) = (todo.filter(|_| agreed), reducer) else {
             return Ok(false);
-        };
-        let Some(reducer) = reducer else {
-            return Err(Error::internal(format!(
-                "{}: agreed to run straight between the buffers without a reducer",
-                ctx.label()
-            )));
         };
         crate::profile::phase(crate::profile::Phase::Reduce);
         let result = todo.iter().filter(|t| t.bytes > 0).try_for_each(|t| {
-            let at = |addr: usize| MemRef {
-                space: mem.space,
+            let at = |&(rank, addr): &(usize, usize)| MemRef {
+                space: spaces[rank],
                 addr,
                 len: t.bytes,
             };
-            let srcs: Vec<MemRef> = t.srcs.iter().map(|&a| at(a)).collect();
-            let dsts: Vec<MemRef> = t.dsts.iter().map(|&a| at(a)).collect();
+            let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
+            let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
             reducer.reduce_many(dtype, op, &dsts, &srcs, premul)
         });
         crate::profile::phase(crate::profile::Phase::Drive);
@@ -384,8 +412,8 @@ mod tests {
     fn shares_read_and_write_what_each_collective_asks() {
         let bufs = [(0x1000, 0x9000), (0x2000, 0xa000)];
         let (count, es) = (64, 4);
-        let both = |off: usize| vec![0x1000 + off, 0x2000 + off];
-        let outs = |off: usize| vec![0x9000 + off, 0xa000 + off];
+        let both = |off: usize| vec![(0, 0x1000 + off), (1, 0x2000 + off)];
+        let outs = |off: usize| vec![(0, 0x9000 + off), (1, 0xa000 + off)];
         let s = |kind, r| {
             let mut v = share(kind, count, 2, r, es, &bufs, false).unwrap();
             assert_eq!(v.len(), 1);
@@ -403,7 +431,7 @@ mod tests {
         assert_eq!(
             s(CollKind::Broadcast { root: 1 }, 0),
             Share {
-                srcs: vec![0x2000],
+                srcs: vec![(1, 0x2000)],
                 dsts: outs(0),
                 bytes: 128
             }
@@ -412,7 +440,7 @@ mod tests {
             s(CollKind::Reduce { root: 0 }, 1),
             Share {
                 srcs: both(128),
-                dsts: vec![0x9000 + 128],
+                dsts: vec![(0, 0x9000 + 128)],
                 bytes: 128
             }
         );
@@ -420,7 +448,7 @@ mod tests {
         assert_eq!(
             s(CollKind::AllGather, 1),
             Share {
-                srcs: vec![0x2000],
+                srcs: vec![(1, 0x2000)],
                 dsts: outs(256),
                 bytes: 256
             }
@@ -429,7 +457,7 @@ mod tests {
             s(CollKind::ReduceScatter, 1),
             Share {
                 srcs: both(256),
-                dsts: vec![0xa000],
+                dsts: vec![(1, 0xa000)],
                 bytes: 256
             }
         );
@@ -439,13 +467,13 @@ mod tests {
             share(CollKind::AllToAll, count, 2, 1, es, &bufs, false).unwrap(),
             vec![
                 Share {
-                    srcs: vec![0x2000],
-                    dsts: vec![0x9000 + 256],
+                    srcs: vec![(1, 0x2000)],
+                    dsts: vec![(0, 0x9000 + 256)],
                     bytes: 256
                 },
                 Share {
-                    srcs: vec![0x2000 + 256],
-                    dsts: vec![0xa000 + 256],
+                    srcs: vec![(1, 0x2000 + 256)],
+                    dsts: vec![(1, 0xa000 + 256)],
                     bytes: 256
                 },
             ]
@@ -454,9 +482,19 @@ mod tests {
     }
 
     #[test]
-    fn keys_differ_by_space_and_factor() {
+    fn every_device_must_reach_every_other() {
+        let host = crate::reduce::HostReducer;
+        let cuda = MemSpace::Cuda;
+        assert!(reach_all(&host, &[cuda(0), cuda(0), cuda(0)]));
+        assert!(!reach_all(&host, &[cuda(0), cuda(1)]));
+        assert!(!reach_all(&host, &[cuda(2), cuda(2), cuda(1)]));
+    }
+
+    #[test]
+    fn keys_differ_by_kind_of_memory_and_factor_not_by_device() {
         let key = |n: u32, f: Option<f64>| key_of(MemSpace::Cuda(n), f);
-        assert_ne!(key(0, None), key(1, None));
+        // Devices of one process share a key; whether they reach each other is asked apart.
+        assert_eq!(key(0, None), key(1, None));
         assert_ne!(key(0, None), key_of(MemSpace::Host, None));
         assert_eq!(key(3, None), key(3, None));
         assert_ne!(key(0, Some(0.5)), key(0, Some(0.25)));

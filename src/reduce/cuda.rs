@@ -9,7 +9,7 @@
 //! `device buffers need an NVIDIA driver (libcuda.so.1 not found); host buffers work without
 //! one`, never a panic. Built and checked without a GPU; not yet run on one (see docs/CUDA.md).
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use ferroccl_cuda::device::DeviceKernels;
 use ferroccl_cuda::{CudaError, CudaErrorKind, RcArgs};
@@ -31,11 +31,34 @@ fn convert(e: &CudaError) -> Error {
     Error::new(kind, e.message().to_string())
 }
 
+/// Whether kernels on CUDA device `a` of this process may read and write device `b`'s
+/// memory: the same device, or the driver says `a` can access `b` as a peer (NVLink, or PCIe
+/// peer access). Asked of the driver once per pair and process, the same answer every time
+/// after; no driver, or an error: no.
+fn peer_reach(a: u32, b: u32) -> bool {
+    if a == b {
+        return true;
+    }
+    static KNOWN: Mutex<Vec<((u32, u32), bool)>> = Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(&(_, r)) = known.iter().find(|(p, _)| *p == (a, b)) {
+        return r;
+    }
+    let r = ferroccl_cuda::driver::driver()
+        .ok()
+        .and_then(|d| d.can_access_peer(d.device(a).ok()?, d.device(b).ok()?).ok())
+        .unwrap_or(false);
+    known.push(((a, b), r));
+    r
+}
+
 /// Reduces device memory of one GPU with the NVRTC-compiled kernels.
 #[derive(Debug)]
 pub(crate) struct CudaReducer {
     ordinal: u32,
     kernels: OnceLock<std::result::Result<DeviceKernels, CudaError>>,
+    /// Devices whose memory this device's context has peer access to (enabled here).
+    reached: Mutex<Vec<u32>>,
 }
 
 impl CudaReducer {
@@ -52,6 +75,7 @@ impl CudaReducer {
         CudaReducer {
             ordinal,
             kernels: OnceLock::new(),
+            reached: Mutex::new(Vec::new()),
         }
     }
 
@@ -79,6 +103,52 @@ impl CudaReducer {
                 self.ordinal, self.ordinal
             ))),
         }
+    }
+
+    /// An operand of [`Reducer::reduce_many`]: memory of this device, or of another device
+    /// of this process that this one reaches ([`peer_reach`]).
+    fn many_operand(&self, what: &str, m: MemRef) -> Result<MemRef> {
+        match m.space {
+            MemSpace::Cuda(o) if o != self.ordinal && peer_reach(self.ordinal, o) => {
+                if m.addr == 0 && m.len > 0 {
+                    return Err(Error::invalid_argument(format!(
+                        "{NAME} (cuda device {}): the {what} operand on cuda device {o} is a \
+                         null device pointer ({} bytes)",
+                        self.ordinal, m.len
+                    )));
+                }
+                Ok(m)
+            }
+            _ => self.device(what, m.space, Some(m)),
+        }
+    }
+
+    /// Lets this device's kernels read and write device `peer`'s memory: peer access from
+    /// this device's primary context to `peer`'s, enabled once per reducer (access another
+    /// reducer or transport enabled already counts as done).
+    fn reach(&self, k: &DeviceKernels, peer: u32) -> Result<()> {
+        let mut reached = self.reached.lock().unwrap_or_else(|p| p.into_inner());
+        if peer == self.ordinal || reached.contains(&peer) {
+            return Ok(());
+        }
+        let d = k.driver();
+        let fail = |e: CudaError| {
+            Error::internal(format!(
+                "{NAME} (cuda device {}): enabling peer access to cuda device {peer}: {}",
+                self.ordinal,
+                e.message()
+            ))
+        };
+        let ctx = d
+            .device(peer)
+            .and_then(|dev| d.bind_primary_context(dev))
+            .map_err(fail)?;
+        k.bind().map_err(fail)?;
+        // SAFETY: this device's primary context is current on this thread (bound above), and
+        // `ctx` is `peer`'s primary context, retained for the process's life.
+        unsafe { d.enable_peer_access(ctx) }.map_err(fail)?;
+        reached.push(peer);
+        Ok(())
     }
 
     fn read(&self, what: &str, p: Payload<'_>) -> Result<MemRef> {
@@ -215,6 +285,13 @@ impl Reducer for CudaReducer {
         true
     }
 
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
+        match (from, to) {
+            (MemSpace::Cuda(a), MemSpace::Cuda(b)) => peer_reach(a, b),
+            _ => from == to,
+        }
+    }
+
     fn reduce_many(
         &self,
         dtype: DataType,
@@ -226,7 +303,7 @@ impl Reducer for CudaReducer {
         let len = super::many_len(NAME, dtype, dsts, srcs)?;
         let on_device = |what: &str, ms: &[MemRef]| {
             ms.iter()
-                .map(|m| self.device(what, m.space, Some(*m)))
+                .map(|m| self.many_operand(what, *m))
                 .collect::<Result<Vec<MemRef>>>()
         };
         let (srcs, dsts) = (on_device("source", srcs)?, on_device("destination", dsts)?);
@@ -234,14 +311,19 @@ impl Reducer for CudaReducer {
             return Ok(());
         }
         let k = self.kernels()?;
+        for m in srcs.iter().chain(&dsts) {
+            if let MemSpace::Cuda(o) = m.space {
+                self.reach(k, o)?;
+            }
+        }
         let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
         let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
         let mut args = RcArgs::new(&s, &d, (len / dtype.size()) as u64);
         if let Some(f) = premul {
             args = args.with_scale(dtype, (1u32 << s.len()) - 1, f);
         }
-        // SAFETY: every operand is a non-null reference on this reducer's device (checked
-        // above), which its maker vouches is live device memory of `len` bytes for the call
+        // SAFETY: every operand is a non-null reference on this reducer's device or on one it
+        // has peer access to (checked and enabled above), which its maker vouches is live device memory of `len` bytes for the call
         // (MemRef's contract: here the buffers of ranks that are threads of this process, each
         // held by its rank until every rank has reported its kernel done); the lengths were
         // checked equal, and the stream is waited for before returning. A destination that is
@@ -347,13 +429,9 @@ mod tests {
         let r = CudaReducer::unchecked(1);
         let f32_ = DataType::Float32;
         let (a, b) = (dev(1, 0x1000, 64), dev(1, 0x2000, 64));
-        // Another device's operand, a short one, nine sources, a partial element.
-        let cases = [
-            (
-                vec![a],
-                vec![a, dev(0, 0x3000, 64)],
-                "source operand is cuda device 0",
-            ),
+        // Another device's operand (where this device does not reach it), a short one, nine
+        // sources, a partial element.
+        let mut cases = vec![
             (vec![a], vec![a, dev(1, 0x3000, 32)], "lengths differ"),
             (vec![a], vec![b; 9], "9 sources"),
             (
@@ -362,11 +440,36 @@ mod tests {
                 "not a whole number",
             ),
         ];
+        if !peer_reach(1, 0) {
+            cases.push((
+                vec![a],
+                vec![a, dev(0, 0x3000, 64)],
+                "source operand is cuda device 0",
+            ));
+        }
         for (dsts, srcs, says) in cases {
             let e = r
                 .reduce_many(f32_, ElemOp::Sum, &dsts, &srcs, None)
                 .unwrap_err();
             assert!(e.message().contains(says), "{e}");
+        }
+    }
+
+    /// A device reaches itself; without a driver no other; the answer for a pair is the
+    /// process's, whichever reducer is asked, and the same when asked again.
+    #[test]
+    fn which_devices_a_reduce_copy_reaches() {
+        let (r0, r1) = (CudaReducer::unchecked(0), CudaReducer::unchecked(1));
+        let cuda = MemSpace::Cuda;
+        assert!(r1.reaches(cuda(1), cuda(1)) && r1.reaches(cuda(3), cuda(3)));
+        assert!(!r1.reaches(cuda(1), MemSpace::Host) && !r1.reaches(MemSpace::Host, cuda(1)));
+        for (a, b) in [(0, 1), (1, 0), (1, 2)] {
+            let first = r0.reaches(cuda(a), cuda(b));
+            assert_eq!(first, r1.reaches(cuda(a), cuda(b)));
+            assert_eq!(first, r0.reaches(cuda(a), cuda(b)));
+            if ferroccl_cuda::driver::driver().is_err() {
+                assert!(!first, "{a} reaches {b} without a driver");
+            }
         }
     }
 

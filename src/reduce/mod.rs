@@ -95,11 +95,21 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether a [`Reducer::reduce_many`] on device memory `from` may also read and write
+    /// memory `to`: the same memory, or another device of this process that `from`'s device
+    /// reaches directly (CUDA peer access). A property of the process's devices: every reducer
+    /// of the process gives the same answer for a pair, every time (the ranks of a collective
+    /// between their buffers each ask it of every pair and must agree).
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
+        from == to
+    }
+
     /// `dst[i] = src_0[i] op src_1[i] op ...` for every `dst` in `dsts`, in one pass, every
     /// source first multiplied by `premul` where given; returns when the destinations hold
     /// it. All operands the same length; a destination may be a source (the same memory, not
     /// overlapping otherwise): every element of every source is read before that element is
-    /// written. At most 8 sources and 8 destinations. Reducers without it refuse.
+    /// written. At most 8 sources and 8 destinations, each on this reducer's device or one it
+    /// [`Reducer::reaches`]. Reducers without it refuse.
     fn reduce_many(
         &self,
         dtype: DataType,

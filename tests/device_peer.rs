@@ -149,6 +149,82 @@ fn a_rank_whose_share_fails_is_named_by_every_rank() {
     assert_eq!(out.tagged("AGAIN ").len(), 2, "{}", out.dump());
 }
 
+/// A child whose two thread ranks make calls that do not match: an allreduce of 1031 f32
+/// against one of 1030; of 1030 f32 against 1030 i32; a sum against a max. Each on fresh
+/// communicators. Every rank must return an error (never read or write past another rank's
+/// buffer, never hang).
+#[test]
+fn child_peer_mismatch() {
+    if !child::is_role("peer-mismatch") {
+        return;
+    }
+    let dev = Device::new(Provider::Host, 0).unwrap();
+    for case in ["count", "dtype", "op"] {
+        let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    c.set_device(dev).unwrap();
+                    let r = c.rank();
+                    let count = if case == "count" && r == 1 {
+                        1030
+                    } else {
+                        1031
+                    };
+                    let op = if case == "op" && r == 1 {
+                        ReduceOp::Max
+                    } else {
+                        ReduceOp::Sum
+                    };
+                    let e = if case == "dtype" && r == 1 {
+                        let host: Vec<i32> = (0..count).collect();
+                        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                        c.all_reduce_device_in_place(&mut buf, op).err()
+                    } else {
+                        let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
+                        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                        c.all_reduce_device_in_place(&mut buf, op).err()
+                    };
+                    println!(
+                        "MISMATCH case={case} rank={r} peer={} error={}",
+                        c.device_peer_calls(),
+                        e.map_or("none".to_string(), |e| e.to_string())
+                    );
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn calls_that_do_not_match_fail_on_every_rank_and_never_take_the_path() {
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+        ("FERRO_TIMEOUT", "20".to_string()),
+    ];
+    let out = Running::spawn(self_command("child_peer_mismatch", "peer-mismatch", &env))
+        .finish(Duration::from_secs(120));
+    assert!(out.success(), "{}", out.dump());
+    let lines = out.tagged("MISMATCH ");
+    assert_eq!(lines.len(), 6, "{}", out.dump());
+    for l in &lines {
+        assert!(l.contains(" peer=0 "), "{l}");
+        assert!(!l.contains("error=none"), "{l}");
+    }
+    let case = |c: &str| {
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!("case={c} ")))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(case("count").contains("1030 x f32"), "{}", case("count"));
+    assert!(case("dtype").contains("i32"), "{}", case("dtype"));
+}
+
 /// A pre-multiplied sum whose factor every rank shares takes the path (the sweep's factors
 /// differ by rank, which it refuses): one call, in place, on every rank.
 fn same_factor(c: &Communicator, dev: Device, n: usize) {
@@ -214,10 +290,11 @@ fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
     calls
 }
 
-/// The calls of the path in the sweep (`full`: every dtype and op): every call with elements, but in-place all_to_all and the
-/// pre-multiplied sums (whose factors differ by rank); allreduce, broadcast and reduce in
-/// device slices of 64 KiB, one call each; all_gather, reduce_scatter and all_to_all whole
-/// (the blocked layouts are not cut where p2p is tried).
+/// The calls of the path in the sweep (`full`: every dtype and op): every call with elements,
+/// but in-place all_to_all and the pre-multiplied sums (whose factors differ by rank); each
+/// once, whole: allreduce, broadcast and reduce, cut into device slices of 64 KiB, are
+/// offered whole at their first slice (and all_gather, reduce_scatter and all_to_all are not
+/// cut where p2p is tried).
 fn path_calls(full: bool) -> u64 {
     let s = sweep(full);
     let ops = |coll: &str| {
@@ -232,17 +309,12 @@ fn path_calls(full: bool) -> u64 {
     };
     let mut calls = 0;
     for &coll in &s.colls {
-        for d in &s.dtypes {
+        for _ in &s.dtypes {
             for &count in &s.counts {
-                let bytes = count * d.size();
-                let (slices, placements) = match coll {
-                    // Out of place only: in place, a rank would overwrite a block its owner
-                    // has yet to send.
-                    "all_to_all" => (u64::from(count > 0), 1),
-                    "all_gather" | "reduce_scatter" => (u64::from(count > 0), 2),
-                    _ => (bytes.div_ceil(64 << 10) as u64, 2),
-                };
-                calls += slices * ops(coll) * placements;
+                // Out of place only for all_to_all: in place, a rank would overwrite a block
+                // its owner has yet to send.
+                let placements = if coll == "all_to_all" { 1 } else { 2 };
+                calls += u64::from(count > 0) * ops(coll) * placements;
             }
         }
     }

@@ -136,10 +136,42 @@ impl Call {
         &self,
         e: &mut Engine,
         seq: u64,
-        mut mem: Memory,
+        mem: Memory,
+        check_root: bool,
+        arena: Option<&mut (dyn DeviceArena + 'static)>,
+    ) -> Result<()> {
+        self.run_first_in(e, seq, mem, check_root, arena, None)
+            .map(|_| ())
+    }
+
+    /// The buffers a rank does not use pointed at nothing (out of place: a broadcast's input
+    /// off the root, a reduce's output off the root).
+    fn unused_emptied(&self, mut mem: Memory) -> Memory {
+        let is_root = self.args.kind.root() == Some(self.rank);
+        if !mem.in_place {
+            if matches!(self.args.kind, CollKind::Broadcast { .. }) && !is_root {
+                mem.input_len = 0;
+            }
+            if matches!(self.args.kind, CollKind::Reduce { .. }) && !is_root {
+                mem.output_len = 0;
+            }
+        }
+        mem
+    }
+
+    /// [`Call::run_in`] for the first slice of a call cut into slices, `whole` the whole call
+    /// and its buffers: the whole call is offered between the ranks' buffers
+    /// ([`Engine::offer_whole`]); `Ok(true)` where it ran so, every slice of it done (`Avg`'s
+    /// divide too), `Ok(false)` where this slice ran alone.
+    pub(super) fn run_first_in(
+        &self,
+        e: &mut Engine,
+        seq: u64,
+        mem: Memory,
         check_root: bool,
         mut arena: Option<&mut (dyn DeviceArena + 'static)>,
-    ) -> Result<()> {
+        whole: Option<(&Call, Memory)>,
+    ) -> Result<bool> {
         let reduces = self.args.kind.reduces();
         let ctx = OpContext {
             name: self.name,
@@ -155,16 +187,8 @@ impl Call {
             count: self.args.count as u64,
             root: self.args.kind.root().map_or(u32::MAX, |r| r as u32),
         };
-        let is_root = self.args.kind.root() == Some(self.rank);
-        if !mem.in_place {
-            // Buffers a rank does not use may be empty: point them at nothing.
-            if matches!(self.args.kind, CollKind::Broadcast { .. }) && !is_root {
-                mem.input_len = 0;
-            }
-            if matches!(self.args.kind, CollKind::Reduce { .. }) && !is_root {
-                mem.output_len = 0;
-            }
-        }
+        let mem = self.unused_emptied(mem);
+        let whole = whole.map(|(c, m)| (c, c.unused_emptied(m)));
         let premul = match self.op {
             ReduceOp::PreMulSum(f) if reduces => Some(f),
             _ => None,
@@ -172,7 +196,10 @@ impl Call {
         if let Some(root) = self.args.kind.root().filter(|_| check_root) {
             e.agree_on_root(root, &ctx)?;
         }
-        e.run_collective_in(
+        if let Some((c, m)) = whole {
+            e.offer_whole(c.args.count, m);
+        }
+        let r = e.run_collective_in(
             &self.args,
             self.dtype,
             self.op.elem_op(),
@@ -180,7 +207,26 @@ impl Call {
             mem,
             &ctx,
             arena.as_deref_mut(),
-        )?;
+        );
+        // Asked whatever the result: an offer no collective took is forgotten here.
+        let ran_whole = e.ran_whole();
+        r?;
+        match whole {
+            Some((c, m)) if ran_whole => c.divide_if_avg(e, m, arena)?,
+            _ => self.divide_if_avg(e, mem, arena)?,
+        }
+        Ok(ran_whole)
+    }
+
+    /// `Avg`'s divide of this rank's output after the collective.
+    fn divide_if_avg(
+        &self,
+        e: &mut Engine,
+        mem: Memory,
+        arena: Option<&mut (dyn DeviceArena + 'static)>,
+    ) -> Result<()> {
+        let reduces = self.args.kind.reduces();
+        let is_root = self.args.kind.root() == Some(self.rank);
         if self.op == ReduceOp::Avg && reduces {
             let es = self.dtype.size();
             let (_, out_len) = self.args.kind.buffer_lens(self.args.count, self.nranks);

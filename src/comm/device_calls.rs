@@ -702,6 +702,35 @@ fn direct<T: Element>(
     let range = |len: usize, k: usize| slice_range(count, slices, len, k);
     let (name, hkind) = (kind.name(), header_kind(kind));
     let space = recv.device().space();
+    let memory = |ri: std::ops::Range<usize>, ro: std::ops::Range<usize>| {
+        let out = recv.addr() as usize + ro.start * es;
+        Memory {
+            input: send.map_or(out, |s| s.addr() as usize + ri.start * es) as *const u8,
+            input_len: ri.len() * es,
+            output: out as *mut u8,
+            output_len: ro.len() * es,
+            in_place: send.is_none(),
+            space,
+        }
+    };
+    // The whole call, offered at the first slice between the ranks' buffers (where every
+    // rank takes that path, the other slices are then done).
+    let whole = if slices > 1 {
+        let call = Call::check(
+            inner,
+            name,
+            hkind,
+            kind,
+            send.map(|_| in_len * es),
+            out_len * es,
+            count,
+            T::DTYPE,
+            op,
+        )?;
+        Some((call, memory(0..in_len, 0..out_len)))
+    } else {
+        None
+    };
     for k in 0..slices {
         let (ri, ro) = (range(in_len, k), range(out_len, k));
         let call = Call::check(
@@ -715,19 +744,18 @@ fn direct<T: Element>(
             T::DTYPE,
             op,
         )?;
-        let out = recv.addr() as usize + ro.start * es;
-        let mem = Memory {
-            input: send.map_or(out, |s| s.addr() as usize + ri.start * es) as *const u8,
-            input_len: ri.len() * es,
-            output: out as *mut u8,
-            output_len: ro.len() * es,
-            in_place: send.is_none(),
-            space,
-        };
+        let mem = memory(ri, ro);
         let arena = &mut *arena;
+        let first = whole.as_ref().filter(|_| k == 0).map(|(c, m)| (c, *m));
+        let mut ran_whole = false;
         inner.execute_next(true, |e, seq| {
-            call.run_in(e, seq, mem, inner.config.check_root, Some(arena))
+            let check_root = inner.config.check_root;
+            ran_whole = call.run_first_in(e, seq, mem, check_root, Some(arena), first)?;
+            Ok(())
         })?;
+        if ran_whole {
+            break;
+        }
     }
     Ok(())
 }

@@ -474,9 +474,11 @@ impl Engine {
         waits: Option<&mut [u64]>,
     ) -> Result<()> {
         let es = dtype.size();
+        let whole = self.take_whole();
         if self.peer_fits(args) {
             let device = arena.as_deref().map(|a| a.reducer());
-            if self.peer_collective(args, dtype, op, premul, &mem, ctx, device.as_deref())? {
+            let r = device.as_deref();
+            if self.peer_collective(args, dtype, op, premul, &mem, ctx, r, whole)? {
                 return Ok(());
             }
         }

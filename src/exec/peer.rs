@@ -57,6 +57,37 @@ pub(super) struct Peer {
     calls: u64,
     /// In an offer or a status exchange: those allreduces of host words are never offered.
     busy: bool,
+    /// The whole of a call cut into slices, offered at its first slice instead of the slice
+    /// ([`Engine::offer_whole`]).
+    whole: Option<Whole>,
+    /// Whether the last collective ran the whole call offered so.
+    ran_whole: bool,
+}
+
+/// A whole call offered at its first slice: its count, and its [`Memory`] as plain numbers
+/// (kept between calls of the engine, which moves between threads).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Whole {
+    count: usize,
+    input: usize,
+    input_len: usize,
+    output: usize,
+    output_len: usize,
+    in_place: bool,
+    space: MemSpace,
+}
+
+impl Whole {
+    fn memory(&self) -> Memory {
+        Memory {
+            input: self.input as *const u8,
+            input_len: self.input_len,
+            output: self.output as *mut u8,
+            output_len: self.output_len,
+            in_place: self.in_place,
+            space: self.space,
+        }
+    }
 }
 
 /// Words of the offer: key, !key, then input and output of each rank.
@@ -212,6 +243,38 @@ impl Engine {
         self.peer.calls
     }
 
+    /// Makes the next collective, the first slice of a call cut into slices, offer the whole
+    /// call (`count` elements in `mem`) instead of the slice: where every rank agrees, the
+    /// whole call runs between the buffers in one share per rank, and
+    /// [`Engine::ran_whole`] says so (the other slices are then done); otherwise the slice
+    /// runs as before. Ranks that never make this offer (they stage) offer nothing for the
+    /// slice either, so every rank still exchanges the same words.
+    pub(crate) fn offer_whole(&mut self, count: usize, mem: Memory) {
+        if self.peer.on {
+            self.peer.whole = Some(Whole {
+                count,
+                input: mem.input as usize,
+                input_len: mem.input_len,
+                output: mem.output as usize,
+                output_len: mem.output_len,
+                in_place: mem.in_place,
+                space: mem.space,
+            });
+        }
+    }
+
+    /// Whether the collective since [`Engine::offer_whole`] ran the whole call; forgets an
+    /// offer no collective took.
+    pub(crate) fn ran_whole(&mut self) -> bool {
+        self.peer.whole = None;
+        std::mem::take(&mut self.peer.ran_whole)
+    }
+
+    /// The whole call offered for the coming collective, taken (only one collective sees it).
+    pub(super) fn take_whole(&mut self) -> Option<Whole> {
+        self.peer.whole.take()
+    }
+
     /// Whether collective `args` is offered straight between the buffers: the same answer
     /// on every rank, whatever its buffers.
     pub(super) fn peer_fits(&self, args: &CollArgs) -> bool {
@@ -222,7 +285,8 @@ impl Engine {
             && self.tuning.overrides == crate::plan::Overrides::default()
     }
 
-    /// Offers collective `args` straight between the ranks' buffers (see the module);
+    /// Offers collective `args` straight between the ranks' buffers (see the module), or
+    /// the whole call it is the first slice of (`whole`: its count and buffers);
     /// `Ok(true)` when it ran so, `Ok(false)` when the ranks agreed to run the schedule
     /// instead. `reducer`: the reducer of this rank's device arena, for device buffers.
     #[allow(clippy::too_many_arguments)]
@@ -235,7 +299,14 @@ impl Engine {
         mem: &Memory,
         ctx: &OpContext,
         reducer: Option<&dyn Reducer>,
+        whole: Option<Whole>,
     ) -> Result<bool> {
+        let whole_mem = whole.map(|w| w.memory());
+        let mem = whole_mem.as_ref().unwrap_or(mem);
+        let args = &CollArgs {
+            count: whole.map_or(args.count, |w| w.count),
+            ..*args
+        };
         let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
         // Where this rank's input and output start (in place, blocks of the one buffer).
         let (in_off, out_off) = if mem.in_place {
@@ -322,6 +393,7 @@ impl Engine {
             )));
         }
         self.peer.calls += 1;
+        self.peer.ran_whole = whole.is_some();
         Ok(true)
     }
 

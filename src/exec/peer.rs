@@ -27,6 +27,11 @@
 //!    may still be writing its output or reading its input, and a rank whose kernel failed is
 //!    named by all of them (the outputs are then incomplete, and every rank says so).
 //!
+//! A call cut into device slices offers the whole call at its first slice
+//! ([`Engine::offer_whole`]); where every rank agrees, the whole call runs here and its other
+//! slices are done. The offer's allreduce carries the call's header, so ranks whose calls do
+//! not match fail there, before any share touches another rank's buffers.
+//!
 //! Traffic of an allreduce: each rank reads `n` chunks and writes `n` chunks of `S / n` bytes,
 //! `2 × S` per rank and `2 × n × S` in all, against the `9 × S` of the two-rank ring on the p2p
 //! transport's slots (copy into the peer's slot, reduce from it, copy the result over, copy it

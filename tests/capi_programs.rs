@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::capi::{gcc, nvidia_flags, nvidia_include, our_include, run_c, ROOT};
+use common::capi::{gcc, nvidia_flags, nvidia_include, our_include, out_dir, run_c, ROOT};
 
 #[test]
 fn c_program_runs_every_collective_on_1_2_3_processes() {
@@ -109,6 +109,39 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
     let exe = gcc("streams.c", "streams_nvidia", &flags, true);
     run_c(&exe, &["2"], &host);
     run_c(&exe, &["2", "all"], &host);
+}
+
+/// `ncclCommInitAll` on three stand-in devices joined by the p2p transport, one thread driving
+/// them through a group, calls in the blocking form: the allreduce and the broadcast go
+/// straight between the communicators' buffers across the devices (every rank's trace labels
+/// both `peer`), and their elements are right (the program checks them).
+#[test]
+fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffers() {
+    let exe = gcc("streams.c", "streams", &[&our_include()], true);
+    let dir = out_dir().join(format!("peer-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace-%r.json");
+    run_c(
+        &exe,
+        &["3", "all"],
+        &[
+            ("FERRO_DEVICE_PROVIDER", "host"),
+            ("FERRO_TRANSPORTS", "p2p"),
+            ("FERRO_P2P_PROVIDER", "host"),
+            ("FERRO_STREAM_WAITS", "0"),
+            ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
+        ],
+    );
+    for r in 0..3 {
+        let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
+        let peer = t.matches("\"algorithm\":\"peer\"").count();
+        assert_eq!(
+            peer, 2,
+            "rank {r}: {peer} calls between the buffers in its trace:\n{t}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `tests/c/vmm.c` (memory mapped piece by piece, run by `gpu-check.sh` on a GPU) builds, and

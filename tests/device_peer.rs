@@ -225,6 +225,67 @@ fn calls_that_do_not_match_fail_on_every_rank_and_never_take_the_path() {
     assert!(case("dtype").contains("i32"), "{}", case("dtype"));
 }
 
+/// A child of two thread ranks with a trace each: an allreduce of 2 f32 (lane-sized) and one of
+/// 65537 f32 (five 64 KiB device slices).
+#[test]
+fn child_peer_trace() {
+    if !child::is_role("peer-trace") {
+        return;
+    }
+    let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
+    let dev = Device::new(Provider::Host, 0).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                for count in [2usize, 65537] {
+                    let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
+                    let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                    c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                        .unwrap();
+                    assert_eq!(buf.to_vec().unwrap()[count - 1], 2.0 * (count - 1) as f32);
+                }
+                println!("TRACED rank={} peer={}", c.rank(), c.device_peer_calls());
+            });
+        }
+    });
+}
+
+/// Each rank's trace labels both calls `peer` (the tiny one too, though it would fit the
+/// lanes) with the bytes of the whole call (the sliced one ran whole).
+#[test]
+fn the_trace_names_calls_between_the_buffers_with_their_whole_bytes() {
+    let dir = std::env::temp_dir().join(format!("ferroccl-peer-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let env = [
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+        ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
+        ("FERRO_TIMEOUT", "30".to_string()),
+        (
+            "FERRO_TRACE_FILE",
+            dir.join("trace-%r.json").display().to_string(),
+        ),
+    ];
+    let out = Running::spawn(self_command("child_peer_trace", "peer-trace", &env))
+        .finish(Duration::from_secs(120));
+    assert!(out.success(), "{}", out.dump());
+    assert_eq!(out.tagged("TRACED ").len(), 2, "{}", out.dump());
+    for r in 0..2 {
+        let text = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
+        let events: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+        let peer: Vec<u64> = events
+            .iter()
+            .filter(|e| e["args"]["algorithm"] == "peer")
+            .map(|e| e["args"]["bytes"].as_u64().unwrap())
+            .collect();
+        assert_eq!(peer, vec![8, 65537 * 4], "rank {r}:\n{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A pre-multiplied sum whose factor every rank shares takes the path (the sweep's factors
 /// differ by rank, which it refuses): one call, in place, on every rank.
 fn same_factor(c: &Communicator, dev: Device, n: usize) {

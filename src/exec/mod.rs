@@ -410,10 +410,11 @@ impl Engine {
         let peer_calls = self.peer_calls();
         let r = self.collective(args, dtype, op, premul, mem, ctx, arena, Some(&mut waits));
         let end = std::time::Instant::now();
-        let algorithm = if lane {
-            "lane".to_string()
-        } else if self.peer_calls() != peer_calls {
+        // The path between the ranks' buffers is offered before the lanes.
+        let algorithm = if self.peer_calls() != peer_calls {
             "peer".to_string()
+        } else if lane {
+            "lane".to_string()
         } else {
             self.algorithm_for(args, dtype.size()).to_string()
         };
@@ -423,11 +424,12 @@ impl Engine {
                     .map_or_else(String::new, |l| format!("{l:?}").to_lowercase())
             })
             .collect();
+        let bytes = self.whole_count().unwrap_or(args.count) * dtype.size();
         if let Some(t) = self.trace.as_mut() {
             t.record(&crate::trace::Record {
                 name: ctx.name,
                 seq: ctx.seq,
-                bytes: args.count * dtype.size(),
+                bytes,
                 algorithm,
                 start,
                 end,

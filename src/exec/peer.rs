@@ -65,8 +65,8 @@ pub(super) struct Peer {
     /// The whole of a call cut into slices, offered at its first slice instead of the slice
     /// ([`Engine::offer_whole`]).
     whole: Option<Whole>,
-    /// Whether the last collective ran the whole call offered so.
-    ran_whole: bool,
+    /// The count of the whole call the last collective ran, where it ran one offered so.
+    ran_whole: Option<usize>,
 }
 
 /// A whole call offered at its first slice: its count, and its [`Memory`] as plain numbers
@@ -272,7 +272,13 @@ impl Engine {
     /// offer no collective took.
     pub(crate) fn ran_whole(&mut self) -> bool {
         self.peer.whole = None;
-        std::mem::take(&mut self.peer.ran_whole)
+        self.peer.ran_whole.take().is_some()
+    }
+
+    /// The count of the whole call the last collective ran, where it ran one
+    /// ([`Engine::offer_whole`]; until [`Engine::ran_whole`] is asked).
+    pub(super) fn whole_count(&self) -> Option<usize> {
+        self.peer.ran_whole
     }
 
     /// The whole call offered for the coming collective, taken (only one collective sees it).
@@ -398,7 +404,7 @@ impl Engine {
             )));
         }
         self.peer.calls += 1;
-        self.peer.ran_whole = whole.is_some();
+        self.peer.ran_whole = whole.map(|w| w.count);
         Ok(true)
     }
 

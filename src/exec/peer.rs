@@ -119,10 +119,12 @@ fn process_token() -> u64 {
     })
 }
 
-/// The key of memory `space` in this process, for a call pre-multiplied by `premul`: never
-/// all ones (the word of a rank that cannot take part). Devices of one process share a key:
-/// whether one reaches another is asked of the reducer once the devices are known.
-fn key_of(space: MemSpace, premul: Option<f64>) -> u64 {
+/// The key of memory `space` in this process, for a call of `count` elements pre-multiplied by
+/// `premul`: never all ones (the word of a rank that cannot take part). Devices of one process
+/// share a key: whether one reaches another is asked of the reducer once the devices are
+/// known. The count is in it because a whole call is offered under its first slice's header,
+/// which two calls of different counts may share.
+fn key_of(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
     let code: u64 = match space {
         MemSpace::Host => 0,
         MemSpace::Cuda(_) => 1,
@@ -131,6 +133,7 @@ fn key_of(space: MemSpace, premul: Option<f64>) -> u64 {
     ferroccl_transport::hash64(&[
         &process_token().to_le_bytes(),
         &code.to_le_bytes(),
+        &(count as u64).to_le_bytes(),
         &factor.to_le_bytes(),
     ]) >> 1
 }
@@ -342,7 +345,7 @@ impl Engine {
             && reducer.is_some_and(|r| r.reduces_many() && r.serves(mem.space))
             && room(in_off, in_used, base_len)
             && room(out_off, out_used, mem.output_len);
-        let key = key_of(mem.space, premul);
+        let key = key_of(mem.space, args.count, premul);
         let mut words = vec![0u64; HEAD + 2 * n];
         (words[0], words[1]) = if able {
             (key, !key)
@@ -574,11 +577,12 @@ mod tests {
     }
 
     #[test]
-    fn keys_differ_by_kind_of_memory_and_factor_not_by_device() {
-        let key = |n: u32, f: Option<f64>| key_of(MemSpace::Cuda(n), f);
+    fn keys_differ_by_kind_of_memory_count_and_factor_not_by_device() {
+        let key = |n: u32, f: Option<f64>| key_of(MemSpace::Cuda(n), 64, f);
         // Devices of one process share a key; whether they reach each other is asked apart.
         assert_eq!(key(0, None), key(1, None));
-        assert_ne!(key(0, None), key_of(MemSpace::Host, None));
+        assert_ne!(key(0, None), key_of(MemSpace::Host, 64, None));
+        assert_ne!(key(0, None), key_of(MemSpace::Cuda(0), 65, None));
         assert_eq!(key(3, None), key(3, None));
         assert_ne!(key(0, Some(0.5)), key(0, Some(0.25)));
         assert_ne!(key(0, Some(1.0)), key(0, None));

@@ -90,6 +90,14 @@ for a in "$@"; do
     [ "$prev" = "--device" ] && device_args=(--device "$a")
     prev=$a
 done
+# The GPUs this machine shows, and one of them for the parts whose targets are for ranks on one
+# GPU (5, 8b, 8i): all_reduce_perf -t N gives each rank the device of its local rank, so on a
+# machine with several GPUs its ranks would spread over them. The --device one, else the first
+# of CUDA_VISIBLE_DEVICES, else 0.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+ngpu=${ngpu:-0}
+visible=${CUDA_VISIBLE_DEVICES:-0}
+one_gpu=${device_args[1]:-${visible%%,*}}
 if want 1; then
 echo
 echo "== 1. reduction kernels vs the CPU reference (every dtype x op, awkward counts and offsets), bandwidth vs device copy"
@@ -217,7 +225,7 @@ if want 5; then
 echo
 echo "== 5. all_reduce_perf on device buffers (-B 1), 8 B .. 1 GiB, 2 ranks as threads on one GPU, every result checked"
 if [ -x "$bundle/bin/all_reduce_perf" ]; then
-    FERRO_DEVICE_PROVIDER=cuda deadline=$((3 * step_timeout)) part=5 step "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
+    CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda deadline=$((3 * step_timeout)) part=5 step "$bundle/bin/all_reduce_perf" -b 8 -e 1G -f 2 -t 2 -n 5 -w 2 -B 1
     rc=$?
     if [ "$rc" -eq 0 ]; then echo "-- all_reduce_perf -B 1: PASS"; else echo "-- all_reduce_perf -B 1: FAIL (exit $rc)"; failed=1; fi
 else
@@ -276,7 +284,7 @@ fi
 
 if want 8; then
 echo
-echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f, 8g and 8h: diagnostics, 4 MiB slices, the time per phase, and reductions from the slots queued (FERRO_P2P_QUEUED_REDUCE) off against on; 8i: allreduce straight between the threads' buffers (one kernel a rank, the default in 8a and 8b) against the lanes and the ring (FERRO_DEVICE_PEER=0), 8 B .. 256 MiB by x32 alternated (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us)"
+echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f, 8g and 8h: diagnostics, 4 MiB slices, the time per phase, and reductions from the slots queued (FERRO_P2P_QUEUED_REDUCE) off against on; 8i: allreduce straight between the threads' buffers (one kernel a rank, the default in 8a and 8b) against the lanes and the ring (FERRO_DEVICE_PEER=0), 8 B .. 256 MiB by x32 alternated (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us); 8j: the same across two GPUs (needs two). 5, 8b and 8i run on one GPU ($one_gpu)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     echo "-- 8a. ferroccl-device-check over p2p"
@@ -284,7 +292,7 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
         part=8a step "$bundle/bin/ferroccl-device-check" "${device_args[@]}" --ranks 2,4 || rc=1
     for direct in 1 0; do
         echo "-- 8b. threads, FERRO_DEVICE_DIRECT=$direct"
-        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_DIRECT=$direct \
+        CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_DIRECT=$direct \
             part=8b step "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 2 -t 2 -n 10 -w 3 -B 1 || rc=1
     done
     for direct in 1 0; do
@@ -347,9 +355,24 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     # the ring through the slots (FERRO_DEVICE_PEER=0), alternated twice, elements checked.
     for peer in 0 1 0 1; do
         echo "-- 8i: FERRO_DEVICE_PEER=$peer, threads, direct"
-        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_PEER=$peer \
+        CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_PEER=$peer \
             part=8i step "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 32 -t 2 -n 10 -w 3 -B 1 || rc=1
     done
+    # 8j: the same across two GPUs (rank r on GPU r), where every GPU reaches the other (peer
+    # access): one kernel a rank reads both inputs over the link. Needs two GPUs; with fewer it
+    # does not run, and does not pass by being skipped.
+    if ! want 8j; then
+        echo "-- part 8j not selected (FERRO_GPU_STEPS)"
+    elif [ "$ngpu" -ge 2 ]; then
+        for peer in 0 1 0 1; do
+            echo "-- 8j: FERRO_DEVICE_PEER=$peer, threads on two GPUs, direct"
+            CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1} FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_PEER=$peer \
+                part=8j step "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 32 -t 2 -n 10 -w 3 -B 1 || rc=1
+        done
+    else
+        echo "-- 8j: SKIPPED (this machine shows $ngpu GPU; two are needed; this part did not run)"
+        unran=1
+    fi
     if [ "$rc" -eq 0 ]; then echo "-- device-direct collectives: PASS"; else echo "-- device-direct collectives: FAIL"; failed=1; fi
 else
     echo "-- device-direct collectives: FAIL (bin/ferrorun or bin/all_reduce_perf missing from the bundle)"
@@ -390,7 +413,7 @@ if [ "$failed" -ne 0 ]; then
     exit 1
 fi
 if [ "${unran:-0}" = 1 ]; then
-    echo "gpu-check: the built parts that ran passed; step 9 was skipped (see above)"
+    echo "gpu-check: the built parts that ran passed; some were skipped (see above)"
 elif [ -n "$steps" ]; then
     echo "gpu-check: the selected parts passed (FERRO_GPU_STEPS=$steps)"
 else

@@ -37,6 +37,8 @@ function bytes(n) {
     if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=1/) part = "8b-direct"
     else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=0/) part = "8i-ring"
     else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=1/) part = "8i-peer"
+    else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=0/) part = "8j-ring"
+    else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=1/) part = "8j-peer"
     else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
     else if (match($0, /^-- 6a round [0-9]+, -B [01]/)) {
         split(substr($0, 4, RLENGTH - 3), w, /[ ,]+/)
@@ -99,6 +101,15 @@ END {
         line = sprintf("-- 8i, %s, %s: %.1f / %.1f us out of / in place; %d x S of traffic in the faster is %.0f GB/s", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], k, traffic)
         if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
         print line
+    }
+
+    # Part 8j, two GPUs (no target: the targets are for one GPU): both paths at the largest size.
+    for (p = 0; p <= 1; p++) {
+        part8 = p ? "8j-peer" : "8j-ring"
+        s = largest[part8]
+        key = part8 SUBSEP s
+        if (s == 0 || !(key in oop_t)) continue
+        printf "-- 8j, two GPUs, %s, %s: %.1f / %.1f us out of / in place, busbw %.1f / %.1f GB/s (no target)\n", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], oop_bw[key], ip_bw[key]
     }
 
     split("8b-direct 8b-staged 5 8i-peer 8i-ring", eight, " ")

@@ -255,6 +255,50 @@ fn allreduces_between_the_ranks_buffers_count_their_own_traffic() {
     );
 }
 
+/// Part 8j: thread ranks on two devices (two stand-in devices, rank r on device r, which reach
+/// each other) go between the buffers too, and the targets print both paths' times and busbw,
+/// with no target.
+#[test]
+fn two_devices_go_between_the_buffers_and_part_8j_is_printed_without_a_target() {
+    let perf = |peer: &str| {
+        all_reduce_perf(
+            "1K",
+            "64K",
+            &[
+                ("FERRO_STANDIN_DEVICES", "2"),
+                ("FERRO_P2P_PROVIDER", "host"),
+                ("FERRO_TRANSPORTS", "p2p"),
+                ("FERRO_DEVICE_PEER", peer),
+            ],
+        )
+    };
+    let (peer, ring) = (perf("1"), perf("0"));
+    assert!(
+        peer.contains("# Calls between the ranks' buffers : "),
+        "{peer}"
+    );
+    assert!(!ring.contains("# Calls between"), "{ring}");
+    let log = format!(
+        "== 8. straight on the device\n-- 8j: FERRO_DEVICE_PEER=0, threads on two GPUs, direct\n\
+         {ring}-- all_reduce_perf: 1 s\n-- 8j: FERRO_DEVICE_PEER=1, threads on two GPUs, direct\n{peer}"
+    );
+    let got = targets(&log);
+    for (table, name) in [
+        (&peer, "between the buffers of the ranks"),
+        (&ring, "ring (FERRO_DEVICE_PEER=0)"),
+    ] {
+        let r = row(table, 65536);
+        let l = line(&got, &format!("-- 8j, two GPUs, {name}, 64 KiB: "));
+        close(&numbers_after(l, "KiB: "), &[r[5], r[9], r[7], r[11]], l);
+        assert!(l.ends_with("(no target)"), "{l}");
+    }
+    // Nothing of 8j is taken for the one-GPU targets.
+    assert!(
+        got.contains("p2p allreduce, 2 ranks on one GPU: not measured"),
+        "{got}"
+    );
+}
+
 #[test]
 fn staged_figures_are_compared_round_by_round_and_missing_steps_are_named() {
     let row = |oop: f64, ip: f64| {

@@ -241,8 +241,9 @@ fn calls_that_do_not_match_fail_and_no_share_runs_past_a_buffer() {
     assert!(case("dtype").contains("i32"), "{}", case("dtype"));
 }
 
-/// A child of two thread ranks with a trace each: an allreduce of 2 f32 (lane-sized) and one of
-/// 65537 f32 (five 64 KiB device slices).
+/// A child of two thread ranks with a trace each: an allreduce of 2 f32 (lane-sized), one of
+/// 65537 f32 (five 64 KiB device slices) and a broadcast of 3 f32 from rank 1 (whose root the
+/// ranks agree on first).
 #[test]
 fn child_peer_trace() {
     if !child::is_role("peer-trace") {
@@ -261,14 +262,20 @@ fn child_peer_trace() {
                         .unwrap();
                     assert_eq!(buf.to_vec().unwrap()[count - 1], 2.0 * (count - 1) as f32);
                 }
+                let host = [c.rank() as f32; 3];
+                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                c.broadcast_device(&mut buf, 1).unwrap();
+                assert_eq!(buf.to_vec().unwrap(), vec![1.0; 3]);
                 println!("TRACED rank={} peer={}", c.rank(), c.device_peer_calls());
             });
         }
     });
 }
 
-/// Each rank's trace labels both calls `peer` (the tiny one too, though it would fit the
-/// lanes) with the bytes of the whole call (the sliced one ran whole).
+/// Each rank's trace labels every call `peer` (the tiny one too, though it would fit the
+/// lanes) with the bytes of the whole call (the sliced one ran whole); around each, one offer
+/// (6 words) and one status word through the lanes, and the broadcast's root agreement (two
+/// words of 4 bytes), which is not offered itself.
 #[test]
 fn the_trace_names_calls_between_the_buffers_with_their_whole_bytes() {
     let dir = std::env::temp_dir().join(format!("ferroccl-peer-trace-{}", std::process::id()));
@@ -292,12 +299,21 @@ fn the_trace_names_calls_between_the_buffers_with_their_whole_bytes() {
     for r in 0..2 {
         let text = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
         let events: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
-        let peer: Vec<u64> = events
-            .iter()
-            .filter(|e| e["args"]["algorithm"] == "peer")
-            .map(|e| e["args"]["bytes"].as_u64().unwrap())
-            .collect();
-        assert_eq!(peer, vec![8, 65537 * 4], "rank {r}:\n{text}");
+        let bytes = |algorithm: &str| {
+            let mut b: Vec<u64> = events
+                .iter()
+                .filter(|e| e["args"]["algorithm"] == algorithm)
+                .map(|e| e["args"]["bytes"].as_u64().unwrap())
+                .collect();
+            b.sort_unstable();
+            b
+        };
+        assert_eq!(bytes("peer"), vec![8, 12, 65537 * 4], "rank {r}:\n{text}");
+        assert_eq!(
+            bytes("lane"),
+            vec![8, 8, 8, 8, 48, 48, 48],
+            "rank {r}:\n{text}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

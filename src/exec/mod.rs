@@ -704,7 +704,7 @@ impl Engine {
             in_place: true,
         };
         let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(&mut v));
-        self.run_collective(&args, DataType::Uint32, ElemOp::Max, None, mem, ctx)?;
+        self.unoffered(|e| e.run_collective(&args, DataType::Uint32, ElemOp::Max, None, mem, ctx))?;
         let (highest, lowest) = (v[0], u32::MAX - v[1]);
         if highest != lowest || highest != mine {
             return Err(ferroccl_transport::Error::remote(format!(

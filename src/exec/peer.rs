@@ -60,7 +60,8 @@ pub(super) struct Peer {
     on: bool,
     /// Calls that ran so.
     calls: u64,
-    /// In an offer or a status exchange: those allreduces of host words are never offered.
+    /// In an offer, a status exchange or another exchange of the engine's own (the root
+    /// agreement): those allreduces of host words are never offered.
     busy: bool,
     /// The whole of a call cut into slices, offered at its first slice instead of the slice
     /// ([`Engine::offer_whole`]).
@@ -420,9 +421,16 @@ impl Engine {
             in_place: true,
         };
         let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(words));
-        self.peer.busy = true;
-        let r = self.run_collective(&args, DataType::Uint64, ElemOp::Max, None, mem, ctx);
-        self.peer.busy = false;
+        self.unoffered(|e| e.run_collective(&args, DataType::Uint64, ElemOp::Max, None, mem, ctx))
+    }
+
+    /// Runs `f`, an exchange of the engine's own on host words, without offering its
+    /// collectives between the ranks' buffers (they would only be declined, at the cost of an
+    /// exchange each).
+    pub(super) fn unoffered<R>(&mut self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let was = std::mem::replace(&mut self.peer.busy, true);
+        let r = f(self);
+        self.peer.busy = was;
         r
     }
 }

@@ -5,6 +5,7 @@ mod call;
 mod calls;
 mod config;
 mod device_calls;
+mod device_paths;
 mod device_streams;
 mod group;
 mod init;

@@ -33,8 +33,9 @@ fn convert(e: &CudaError) -> Error {
 
 /// Whether kernels on CUDA device `a` of this process may read and write device `b`'s
 /// memory: the same device, or the driver says `a` can access `b` as a peer (NVLink, or PCIe
-/// peer access). Asked of the driver once per pair and process, the same answer every time
-/// after; no driver, or an error: no.
+/// peer access) and peer access from `a`'s primary context to `b`'s is enabled here. Settled
+/// once per pair and process (whichever thread asks first enables it), the same answer every
+/// time after; no driver, or an error: no (logged where enabling failed).
 fn peer_reach(a: u32, b: u32) -> bool {
     if a == b {
         return true;
@@ -44,10 +45,26 @@ fn peer_reach(a: u32, b: u32) -> bool {
     if let Some(&(_, r)) = known.iter().find(|(p, _)| *p == (a, b)) {
         return r;
     }
-    let r = ferroccl_cuda::driver::driver()
-        .ok()
-        .and_then(|d| d.can_access_peer(d.device(a).ok()?, d.device(b).ok()?).ok())
-        .unwrap_or(false);
+    let r = ferroccl_cuda::driver::driver().is_ok_and(|d| {
+        let (Ok(da), Ok(db)) = (d.device(a), d.device(b)) else {
+            return false;
+        };
+        if !d.can_access_peer(da, db).unwrap_or(false) {
+            return false;
+        }
+        match d.enable_peer_access_between(da, db) {
+            Ok(()) => true,
+            Err(e) => {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN DEVICE: cuda device {a} can reach device {b}, but enabling \
+                     peer access failed ({}): collectives between the ranks' buffers on both \
+                     run their schedules instead",
+                    e.message()
+                );
+                false
+            }
+        }
+    });
     known.push(((a, b), r));
     r
 }
@@ -57,8 +74,6 @@ fn peer_reach(a: u32, b: u32) -> bool {
 pub(crate) struct CudaReducer {
     ordinal: u32,
     kernels: OnceLock<std::result::Result<DeviceKernels, CudaError>>,
-    /// Devices whose memory this device's context has peer access to (enabled here).
-    reached: Mutex<Vec<u32>>,
 }
 
 impl CudaReducer {
@@ -75,7 +90,6 @@ impl CudaReducer {
         CudaReducer {
             ordinal,
             kernels: OnceLock::new(),
-            reached: Mutex::new(Vec::new()),
         }
     }
 
@@ -106,7 +120,7 @@ impl CudaReducer {
     }
 
     /// An operand of [`Reducer::reduce_many`]: memory of this device, or of another device
-    /// of this process that this one reaches ([`peer_reach`]).
+    /// of this process that this one reaches ([`peer_reach`], which enabled the access).
     fn many_operand(&self, what: &str, m: MemRef) -> Result<MemRef> {
         match m.space {
             MemSpace::Cuda(o) if o != self.ordinal && peer_reach(self.ordinal, o) => {
@@ -121,34 +135,6 @@ impl CudaReducer {
             }
             _ => self.device(what, m.space, Some(m)),
         }
-    }
-
-    /// Lets this device's kernels read and write device `peer`'s memory: peer access from
-    /// this device's primary context to `peer`'s, enabled once per reducer (access another
-    /// reducer or transport enabled already counts as done).
-    fn reach(&self, k: &DeviceKernels, peer: u32) -> Result<()> {
-        let mut reached = self.reached.lock().unwrap_or_else(|p| p.into_inner());
-        if peer == self.ordinal || reached.contains(&peer) {
-            return Ok(());
-        }
-        let d = k.driver();
-        let fail = |e: CudaError| {
-            Error::internal(format!(
-                "{NAME} (cuda device {}): enabling peer access to cuda device {peer}: {}",
-                self.ordinal,
-                e.message()
-            ))
-        };
-        let ctx = d
-            .device(peer)
-            .and_then(|dev| d.bind_primary_context(dev))
-            .map_err(fail)?;
-        k.bind().map_err(fail)?;
-        // SAFETY: this device's primary context is current on this thread (bound above), and
-        // `ctx` is `peer`'s primary context, retained for the process's life.
-        unsafe { d.enable_peer_access(ctx) }.map_err(fail)?;
-        reached.push(peer);
-        Ok(())
     }
 
     fn read(&self, what: &str, p: Payload<'_>) -> Result<MemRef> {
@@ -311,19 +297,15 @@ impl Reducer for CudaReducer {
             return Ok(());
         }
         let k = self.kernels()?;
-        for m in srcs.iter().chain(&dsts) {
-            if let MemSpace::Cuda(o) = m.space {
-                self.reach(k, o)?;
-            }
-        }
         let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
         let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
         let mut args = RcArgs::new(&s, &d, (len / dtype.size()) as u64);
         if let Some(f) = premul {
             args = args.with_scale(dtype, (1u32 << s.len()) - 1, f);
         }
-        // SAFETY: every operand is a non-null reference on this reducer's device or on one it
-        // has peer access to (checked and enabled above), which its maker vouches is live device memory of `len` bytes for the call
+        // SAFETY: every operand is a non-null reference on this reducer's device or on one its
+        // context has peer access to (checked above; `peer_reach` enabled it), which its maker
+        // vouches is live device memory of `len` bytes for the call
         // (MemRef's contract: here the buffers of ranks that are threads of this process, each
         // held by its rank until every rank has reported its kernel done); the lengths were
         // checked equal, and the stream is waited for before returning. A destination that is

@@ -340,6 +340,15 @@ impl Driver {
 
     /// Makes `device`'s primary context current on this thread and returns it.
     pub fn bind_primary_context(&self, device: Device) -> Result<Handle> {
+        let ctx = self.primary_context(device)?;
+        // SAFETY: `ctx` is a retained primary context, never released.
+        unsafe { self.set_current(ctx) }?;
+        Ok(ctx)
+    }
+
+    /// `device`'s primary context, retained (once per device and process, for the process's
+    /// life), not made current.
+    pub fn primary_context(&self, device: Device) -> Result<Handle> {
         // Retained once per device and process, kept for the process's life: a retain per
         // call would take the driver's lock each time and grow the reference count forever.
         static RETAINED: std::sync::Mutex<Vec<(Device, usize)>> = std::sync::Mutex::new(Vec::new());
@@ -356,9 +365,6 @@ impl Driver {
                 ctx
             }
         };
-        drop(retained);
-        // SAFETY: `ctx` is a retained primary context, never released.
-        unsafe { self.set_current(ctx) }?;
         Ok(ctx)
     }
 
@@ -736,6 +742,26 @@ impl Driver {
             return Ok(());
         }
         self.check("cuCtxEnablePeerAccess", status)
+    }
+
+    /// Lets kernels in `device`'s primary context reach memory of `peer`'s
+    /// (`cuCtxEnablePeerAccess` from the one to the other; already enabled counts as done),
+    /// from any thread: the context current on this thread before is current again after.
+    pub fn enable_peer_access_between(&self, device: Device, peer: Device) -> Result<()> {
+        let (from, to) = (self.primary_context(device)?, self.primary_context(peer)?);
+        let mut saved = std::ptr::null_mut();
+        // SAFETY: `saved` is a valid out-pointer.
+        self.check("cuCtxGetCurrent", unsafe {
+            (self.ctx_get_current)(&mut saved)
+        })?;
+        // SAFETY: `from` is a retained primary context, never released.
+        unsafe { self.set_current_raw(from) }?;
+        // SAFETY: `from` is current (set above); `to` is a retained primary context.
+        let r = unsafe { self.enable_peer_access(to) };
+        // SAFETY: `saved` was current on this thread (a context the program or this crate
+        // holds), or null (none).
+        let back = unsafe { self.set_current_raw(saved) };
+        r.and(back)
     }
 
     /// The device's PCI bus id (`0000:3b:00.0`): the same GPU has the same id in every process,

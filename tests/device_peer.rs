@@ -14,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::child::{self, expected_cases, field, self_command, Running};
+use common::child::{self, expected_cases, field, self_command, Finished, Running};
 use common::conformance::{all_ops, run_sweep_on, Mem, Sweep, ALL_COLLS};
 use ferroccl::device::{Device, DeviceBuffer, Provider, PROVIDER_ENV};
 use ferroccl::{Communicator, Config, DataType, ReduceOp};
@@ -39,6 +39,20 @@ fn sweep(full: bool) -> Sweep {
         // Every collective but send_recv, which the path does not take.
         colls: ALL_COLLS[..6].to_vec(),
     }
+}
+
+/// Runs child test `test` in role `role` with the stand-ins of both providers, the p2p
+/// transport only, and `extra` settings; waits up to `secs` and asserts it succeeded.
+fn run_child(test: &str, role: &str, extra: &[(&str, String)], secs: u64) -> Finished {
+    let mut env = vec![
+        (PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+    ];
+    env.extend(extra.iter().cloned());
+    let out = Running::spawn(self_command(test, role, &env)).finish(Duration::from_secs(secs));
+    assert!(out.success(), "{}", out.dump());
+    out
 }
 
 /// A child: `FERRO_TEST_RANKS` thread ranks on stand-in device 0; `FERRO_TEST_CASE` says
@@ -125,15 +139,10 @@ fn child_peer_failure() {
 #[test]
 fn a_rank_whose_share_fails_is_named_by_every_rank() {
     let env = [
-        (PROVIDER_ENV, "host".to_string()),
-        ("FERRO_P2P_PROVIDER", "host".to_string()),
-        ("FERRO_TRANSPORTS", "p2p".to_string()),
         ("FERRO_STANDIN_FAIL_MANY", "64".to_string()),
         ("FERRO_TIMEOUT", "60".to_string()),
     ];
-    let out = Running::spawn(self_command("child_peer_failure", "peer-failure", &env))
-        .finish(Duration::from_secs(60));
-    assert!(out.success(), "{}", out.dump());
+    let out = run_child("child_peer_failure", "peer-failure", &env, 60);
     let lines = out.tagged("FAILED ");
     assert_eq!(lines.len(), 2, "{}", out.dump());
     for l in &lines {
@@ -201,15 +210,10 @@ fn child_peer_mismatch() {
 #[test]
 fn calls_that_do_not_match_fail_and_no_share_runs_past_a_buffer() {
     let env = [
-        (PROVIDER_ENV, "host".to_string()),
-        ("FERRO_P2P_PROVIDER", "host".to_string()),
-        ("FERRO_TRANSPORTS", "p2p".to_string()),
         ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
         ("FERRO_TIMEOUT", "5".to_string()),
     ];
-    let out = Running::spawn(self_command("child_peer_mismatch", "peer-mismatch", &env))
-        .finish(Duration::from_secs(120));
-    assert!(out.success(), "{}", out.dump());
+    let out = run_child("child_peer_mismatch", "peer-mismatch", &env, 120);
     let lines = out.tagged("MISMATCH ");
     assert_eq!(lines.len(), 8, "{}", out.dump());
     // No share of a call that did not match ran (the stand-in refuses an operand past a live
@@ -282,9 +286,6 @@ fn the_trace_names_calls_between_the_buffers_with_their_whole_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let env = [
-        (PROVIDER_ENV, "host".to_string()),
-        ("FERRO_P2P_PROVIDER", "host".to_string()),
-        ("FERRO_TRANSPORTS", "p2p".to_string()),
         ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
         ("FERRO_TIMEOUT", "30".to_string()),
         (
@@ -292,9 +293,7 @@ fn the_trace_names_calls_between_the_buffers_with_their_whole_bytes() {
             dir.join("trace-%r.json").display().to_string(),
         ),
     ];
-    let out = Running::spawn(self_command("child_peer_trace", "peer-trace", &env))
-        .finish(Duration::from_secs(120));
-    assert!(out.success(), "{}", out.dump());
+    let out = run_child("child_peer_trace", "peer-trace", &env, 120);
     assert_eq!(out.tagged("TRACED ").len(), 2, "{}", out.dump());
     for r in 0..2 {
         let text = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
@@ -353,9 +352,6 @@ fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
             "FERRO_STANDIN_PEER_ACCESS",
             if reach { "1" } else { "0" }.to_string(),
         ),
-        (PROVIDER_ENV, "host".to_string()),
-        ("FERRO_P2P_PROVIDER", "host".to_string()),
-        ("FERRO_TRANSPORTS", "p2p".to_string()),
         ("FERRO_DEVICE_SLICE_BYTES", slices.to_string()),
         (
             "FERRO_DEVICE_PEER",
@@ -365,9 +361,7 @@ fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
         ("FERRO_TEST_RANKS", n.to_string()),
         ("FERRO_TEST_CASE", case.to_string()),
     ];
-    let out =
-        Running::spawn(self_command("child_peer", "peer", &env)).finish(Duration::from_secs(300));
-    assert!(out.success(), "{}", out.dump());
+    let out = run_child("child_peer", "peer", &env, 300);
     let lines = out.tagged("PEER ");
     assert_eq!(lines.len(), n, "{}", out.dump());
     let full = case == "all" && n <= 3;

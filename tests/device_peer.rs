@@ -106,6 +106,22 @@ fn child_peer() {
     });
 }
 
+/// Runs `f` on each rank of a fresh communicator of two thread ranks, each on its own thread
+/// and bound to stand-in device 0.
+fn on_two_ranks(f: impl Fn(&Communicator, Device) + Sync) {
+    let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
+    let dev = Device::new(Provider::Host, 0).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            let f = &f;
+            s.spawn(move || {
+                c.set_device(dev).unwrap();
+                f(c, dev);
+            });
+        }
+    });
+}
+
 /// A child in which the stand-in's reduce-copies of 64 bytes fail: an allreduce of 20 f32
 /// over 2 ranks gives rank 0 a share of 16 elements (64 bytes) and rank 1 one of 4, so rank 0's
 /// kernel fails. Both ranks return an error promptly (no hang), rank 1's naming rank 0, and
@@ -115,24 +131,17 @@ fn child_peer_failure() {
     if !child::is_role("peer-failure") {
         return;
     }
-    let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
-    let dev = Device::new(Provider::Host, 0).unwrap();
-    std::thread::scope(|s| {
-        for c in &comms {
-            s.spawn(move || {
-                c.set_device(dev).unwrap();
-                let host: Vec<f32> = (0..20).map(|i| i as f32).collect();
-                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
-                let e = c
-                    .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
-                    .expect_err("rank 0's share fails");
-                println!("FAILED rank={} error={e}", c.rank());
-                let again = c
-                    .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
-                    .expect_err("the communicator stays failed");
-                println!("AGAIN rank={} error={again}", c.rank());
-            });
-        }
+    on_two_ranks(|c, dev| {
+        let host: Vec<f32> = (0..20).map(|i| i as f32).collect();
+        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+        let e = c
+            .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("rank 0's share fails");
+        println!("FAILED rank={} error={e}", c.rank());
+        let again = c
+            .all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("the communicator stays failed");
+        println!("AGAIN rank={} error={again}", c.rank());
     });
 }
 
@@ -168,41 +177,34 @@ fn child_peer_mismatch() {
     if !child::is_role("peer-mismatch") {
         return;
     }
-    let dev = Device::new(Provider::Host, 0).unwrap();
     for case in ["count", "dtype", "op", "sliced"] {
-        let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || {
-                    c.set_device(dev).unwrap();
-                    let r = c.rank();
-                    let count = match (case, r) {
-                        ("count", 1) => 1030,
-                        ("sliced", 0) => 49152,
-                        ("sliced", _) => 32768,
-                        _ => 1031,
-                    };
-                    let op = if case == "op" && r == 1 {
-                        ReduceOp::Max
-                    } else {
-                        ReduceOp::Sum
-                    };
-                    let e = if case == "dtype" && r == 1 {
-                        let host: Vec<i32> = (0..count).collect();
-                        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
-                        c.all_reduce_device_in_place(&mut buf, op).err()
-                    } else {
-                        let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
-                        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
-                        c.all_reduce_device_in_place(&mut buf, op).err()
-                    };
-                    println!(
-                        "MISMATCH case={case} rank={r} peer={} error={}",
-                        c.device_peer_calls(),
-                        e.map_or("none".to_string(), |e| e.to_string())
-                    );
-                });
-            }
+        on_two_ranks(|c, dev| {
+            let r = c.rank();
+            let count = match (case, r) {
+                ("count", 1) => 1030,
+                ("sliced", 0) => 49152,
+                ("sliced", _) => 32768,
+                _ => 1031,
+            };
+            let op = if case == "op" && r == 1 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            let e = if case == "dtype" && r == 1 {
+                let host: Vec<i32> = (0..count).collect();
+                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                c.all_reduce_device_in_place(&mut buf, op).err()
+            } else {
+                let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
+                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+                c.all_reduce_device_in_place(&mut buf, op).err()
+            };
+            println!(
+                "MISMATCH case={case} rank={r} peer={} error={}",
+                c.device_peer_calls(),
+                e.map_or("none".to_string(), |e| e.to_string())
+            );
         });
     }
 }
@@ -253,26 +255,19 @@ fn child_peer_trace() {
     if !child::is_role("peer-trace") {
         return;
     }
-    let comms = Communicator::local_group(2, Config::from_env().expect("config")).unwrap();
-    let dev = Device::new(Provider::Host, 0).unwrap();
-    std::thread::scope(|s| {
-        for c in &comms {
-            s.spawn(move || {
-                c.set_device(dev).unwrap();
-                for count in [2usize, 65537] {
-                    let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
-                    let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
-                    c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
-                        .unwrap();
-                    assert_eq!(buf.to_vec().unwrap()[count - 1], 2.0 * (count - 1) as f32);
-                }
-                let host = [c.rank() as f32; 3];
-                let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
-                c.broadcast_device(&mut buf, 1).unwrap();
-                assert_eq!(buf.to_vec().unwrap(), vec![1.0; 3]);
-                println!("TRACED rank={} peer={}", c.rank(), c.device_peer_calls());
-            });
+    on_two_ranks(|c, dev| {
+        for count in [2usize, 65537] {
+            let host: Vec<f32> = (0..count).map(|i| i as f32).collect();
+            let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+            c.all_reduce_device_in_place(&mut buf, ReduceOp::Sum)
+                .unwrap();
+            assert_eq!(buf.to_vec().unwrap()[count - 1], 2.0 * (count - 1) as f32);
         }
+        let host = [c.rank() as f32; 3];
+        let mut buf = DeviceBuffer::from_host(dev, &host).unwrap();
+        c.broadcast_device(&mut buf, 1).unwrap();
+        assert_eq!(buf.to_vec().unwrap(), vec![1.0; 3]);
+        println!("TRACED rank={} peer={}", c.rank(), c.device_peer_calls());
     });
 }
 

@@ -424,8 +424,13 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
         comm.set_device(first.device)?;
     }
     let streams = distinct_streams(ops);
+    // Collectives that may go straight between the ranks' buffers in stream order run as
+    // the blocking form runs them (`stream::run_coll`), which queues them on their streams.
     if !ops.iter().all(|op| stream_of(op).is_some())
         || !comm.stream_jobs_supported(first.device, &streams)
+        || streams
+            .iter()
+            .any(|&s| comm.orders_between_buffers(first.device, s))
     {
         return Ok(Plan::Block);
     }

@@ -333,7 +333,13 @@ pub(crate) unsafe fn run_coll(
     if comm.device() != Some(on.device) {
         comm.set_device(on.device)?;
     }
-    wait_stream(api, on)?;
+    // Straight between the ranks' buffers in stream order where every rank agrees (returns
+    // once queued); a device scalar is read after the stream is waited for.
+    let ordered =
+        matches!(red, Reduction::Op(_)) && comm.orders_between_buffers(on.device, on.stream);
+    if !ordered {
+        wait_stream(api, on)?;
+    }
     // Read after the wait: earlier work on the stream may write a device scalar.
     let op = match red {
         Reduction::Op(op) => op,
@@ -360,7 +366,9 @@ pub(crate) unsafe fn run_coll(
     // SAFETY: the layout's buffers are device memory of `dev` (checked by the caller), live
     // and the call's alone while it runs (NCCL's contract); `coll_layout` refuses overlapping
     // buffers outside the in-place layout, which has no send span.
-    unsafe { comm.collective_at(kind, send, recv, dtype, op) }.map_err(|e| e.context(api))
+    let stream = ordered.then_some(on.stream);
+    unsafe { comm.collective_at_on(kind, send, recv, dtype, op, stream) }
+        .map_err(|e| e.context(api))
 }
 
 /// Checks the buffers of a gather or scatter against the call's device.

@@ -16,7 +16,7 @@
 use ferroccl_kernels::{as_bytes, as_bytes_mut, Element};
 
 use crate::coll::CollKind;
-use crate::device::direct::DirectArena;
+use crate::device::direct::{DirectArena, StreamCall};
 use crate::device::staging::{slices_in_flight, Cut};
 use crate::device::stream_queue::{async_supported, blocks_always};
 use crate::device::{Device, DeviceBuffer, Provider, Staging};
@@ -147,7 +147,7 @@ pub(super) fn count_of(
 
 /// [`count_of`] for rank `rank` of `n`, or the error naming the call and the length that
 /// does not split into `n` blocks.
-pub(super) fn call_count(
+pub(crate) fn call_count(
     kind: CollKind,
     rank: usize,
     send: Option<usize>,
@@ -415,14 +415,33 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
+        self.run_device_in(kind, send, recv, count, op, None)
+    }
+
+    /// [`Communicator::run_device`], or ordered on a caller's stream (`on`, from
+    /// [`Communicator::orders_between_buffers`]'s callers): then the call goes straight
+    /// between the ranks' buffers in stream order where every rank agrees, and returns once
+    /// that is queued; otherwise it waits for the stream and runs as a blocking call.
+    pub(crate) fn run_device_in<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        on: Option<StreamCall>,
+    ) -> Result<()> {
         let _call = crate::profile::call();
         let dev = self.check_device(kind, send, recv, count, op)?;
         // Stream jobs queued earlier run first (on every rank alike), and none still uses
-        // the buffers.
+        // the buffers. (A call ordered on a stream comes after earlier work on it by the
+        // stream's order, whatever holds that work keeps.)
         self.streams.drain_if_used();
-        recv.wait_idle();
-        if let Some(s) = send {
-            s.wait_idle();
+        if on.is_none() {
+            recv.wait_idle();
+            if let Some(s) = send {
+                s.wait_idle();
+            }
         }
         let mut st = lock(&self.device);
         if self.direct_for(&mut st) {
@@ -430,10 +449,37 @@ impl Communicator {
                 st.arena = Some(DirectArena::new(dev)?);
             }
             let arena = st.arena.as_mut().expect("set above");
-            return direct(&self.inner, arena, kind, send, recv, count, op);
+            if let Some(call) = on {
+                arena.begin_call(call);
+            }
+            let r = direct(&self.inner, arena, kind, send, recv, count, op);
+            let end = arena.end_call();
+            return r.and(end);
         }
         drop(st);
+        if let Some(call) = on {
+            // SAFETY: the caller's stream of `dev` (checked by the caller).
+            unsafe { dev.sync_stream(std::ptr::without_provenance_mut(call.stream)) }?;
+        }
         staged(&self.inner, &self.device, dev, kind, send, recv, count, op)
+    }
+
+    /// Whether a call on the caller's stream `handle` of `dev` goes straight between the
+    /// ranks' buffers in stream order: every rank a thread of this process (the path between
+    /// the buffers is on), the stream one that a call may queue work on (not the NULL stream,
+    /// nor on CUDA the legacy and per-thread handles), and `FERRO_STREAM_WAITS` not `0`.
+    /// Such calls do not use stream jobs: where the ranks do not agree to the path, the call
+    /// waits for the stream and runs as a blocking call.
+    pub(crate) fn orders_between_buffers(&self, dev: Device, handle: usize) -> bool {
+        !blocks_always(dev, handle)
+            && crate::device::stream_queue::stream_waits() != Some(false)
+            && self
+                .inner
+                .engine
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .peer_direct()
+            && self.device_direct()
     }
 
     // ----- typed entries on device buffers -----

@@ -27,6 +27,7 @@ use std::ops::Range;
 use ferroccl_kernels::{DataType, Element};
 
 use crate::coll::CollKind;
+use crate::device::direct::StreamCall;
 use crate::device::stream_queue::orders_call;
 use crate::device::{DeviceBuffer, DeviceStream, Hold};
 use crate::{Error, Result};
@@ -71,11 +72,22 @@ impl Communicator {
         if let Some(e) = self.streams.failed() {
             return Err(e);
         }
-        if !self.stream_jobs_supported(dev, &[stream.handle()]) {
+        let handle = stream.handle();
+        if self.orders_between_buffers(dev, handle) {
+            // Straight between the ranks' buffers, in stream order (`exec::peer`): the
+            // buffers are held until the stream has run the call.
+            let mut holds = vec![recv.hold()];
+            holds.extend(send.map(DeviceBuffer::hold));
+            let call = StreamCall {
+                stream: handle,
+                holds,
+            };
+            return self.run_device_in(kind, send, recv, count, op, Some(call));
+        }
+        if !self.stream_jobs_supported(dev, &[handle]) {
             stream.synchronize()?;
             return self.run_device(kind, send, recv, count, op);
         }
-        let handle = stream.handle();
         // The ranges the jobs read and write are staged through the stream's pinned arena by
         // copies queued on the stream now (`device::stream_stage`): the jobs run the host
         // collective on the arena and make no driver call. Cut into slices as the blocking

@@ -32,6 +32,7 @@ use crate::exec::Engine;
 use crate::{Error, ErrorKind, Result};
 
 pub use config::{parse_size, Config, DebugLevel};
+pub(crate) use device_calls::call_count;
 pub use device_calls::{BufMut, BufRef};
 pub use group::Group;
 #[cfg(feature = "capi")]

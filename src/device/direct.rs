@@ -12,9 +12,9 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Fence, MemRef, MemSpace, Payload, PayloadMut};
 
-use super::{host, Device, DeviceBuffer, Provider};
+use super::{host, host_stream, Device, DeviceBuffer, Provider};
 use crate::exec::{ArenaUse, DeviceArena};
-use crate::reduce::{CudaReducer, HostReducer, Reducer};
+use crate::reduce::{CudaReducer, HostReducer, Mark, MarkUse, Reducer, NO_MARK};
 use crate::{Error, Result};
 
 /// Smallest arena buffer (a larger request takes at least twice the buffer it replaces).
@@ -31,6 +31,17 @@ pub(crate) struct DirectArena {
     /// device, which would wait for streams held at a flag by another communicator's job.
     retired: Vec<DeviceBuffer<u8>>,
     allocations: u64,
+    /// The call running now, where it is ordered on a caller's stream.
+    call: Option<StreamCall>,
+}
+
+/// A call ordered on a caller's stream: the stream's handle, and what keeps the call's
+/// buffers alive until the stream has run it (the Rust API's holds; none from the C ABI,
+/// whose callers keep them by NCCL's contract).
+#[derive(Debug)]
+pub(crate) struct StreamCall {
+    pub stream: usize,
+    pub holds: Vec<super::Hold>,
 }
 
 impl DirectArena {
@@ -38,9 +49,7 @@ impl DirectArena {
     pub(crate) fn new(device: Device) -> Result<DirectArena> {
         let reducer: Arc<dyn Reducer> = match device.provider() {
             Provider::Cuda => Arc::new(CudaReducer::new(device.ordinal())?),
-            Provider::Host => Arc::new(StandInReducer {
-                ordinal: device.ordinal(),
-            }),
+            Provider::Host => Arc::new(StandInReducer::new(device.ordinal())),
         };
         Ok(DirectArena {
             device,
@@ -48,6 +57,7 @@ impl DirectArena {
             buffers: Vec::new(),
             retired: Vec::new(),
             allocations: 0,
+            call: None,
         })
     }
 
@@ -59,6 +69,33 @@ impl DirectArena {
     /// Device allocations it has made.
     pub(crate) fn allocations(&self) -> u64 {
         self.allocations
+    }
+
+    /// Orders the next call on the caller's stream `call.stream` (until it ends or settles).
+    pub(crate) fn begin_call(&mut self, call: StreamCall) {
+        self.call = Some(call);
+    }
+
+    /// Ends the call begun by [`DirectArena::begin_call`]: where it did not settle, its holds
+    /// go once the stream has run what the call queued (at once, where it queued nothing
+    /// that could still touch the buffers: the stream then waits for nothing of the call).
+    pub(crate) fn end_call(&mut self) -> Result<()> {
+        let Some(call) = self.call.take() else {
+            return Ok(());
+        };
+        if call.holds.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self
+            .reducer
+            .release_after(call.stream, Box::new(call.holds))
+        {
+            // Not queued (the holds are gone with the error): the buffers are let go once the
+            // stream is done, waited for here.
+            self.reducer.synchronize(Some(call.stream))?;
+            return Err(e);
+        }
+        Ok(())
     }
 }
 
@@ -96,6 +133,17 @@ impl DeviceArena for DirectArena {
         unsafe { self.device.read_raw(src.addr as u64, dst) }
     }
 
+    fn call_stream(&self) -> Option<usize> {
+        self.call.as_ref().map(|c| c.stream)
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        match self.call.take() {
+            Some(c) => self.reducer.synchronize(Some(c.stream)),
+            None => Ok(()),
+        }
+    }
+
     fn upload(&mut self, dst: MemRef, src: &[u8]) -> Result<()> {
         self.check_operand("upload", &dst, src.len())?;
         // SAFETY: as in `download`: live memory of this device for `src.len()` bytes, the
@@ -123,9 +171,31 @@ impl DirectArena {
 #[derive(Debug)]
 pub(crate) struct StandInReducer {
     ordinal: u32,
+    /// Its own stand-in stream (the model of the CUDA reducer's), made at first use.
+    own: std::sync::OnceLock<usize>,
+}
+
+impl Drop for StandInReducer {
+    fn drop(&mut self) {
+        if let Some(&h) = self.own.get() {
+            host_stream::remove(h);
+        }
+    }
 }
 
 impl StandInReducer {
+    pub(crate) fn new(ordinal: u32) -> StandInReducer {
+        StandInReducer {
+            ordinal,
+            own: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The stand-in stream `on` names (`None`: the reducer's own).
+    fn stream(&self, on: Option<usize>) -> usize {
+        on.unwrap_or_else(|| *self.own.get_or_init(super::stream::next_host_handle))
+    }
+
     fn check(&self, what: &str, m: &MemRef) -> Result<()> {
         self.check_on(what, m, self.ordinal)
     }
@@ -148,7 +218,7 @@ impl StandInReducer {
         Ok(())
     }
 
-    /// Checks an operand of [`Reducer::reduce_many`]: live memory of this device or of one
+    /// Checks an operand of [`Reducer::queue_many`]: live memory of this device or of one
     /// it reaches ([`standin_reach`]).
     fn many_operand(&self, what: &str, m: &MemRef) -> Result<()> {
         let ordinal = match m.space {
@@ -156,6 +226,57 @@ impl StandInReducer {
             _ => self.ordinal,
         };
         self.check_on(what, m, ordinal)
+    }
+
+    /// The reduce-copy of [`Reducer::queue_many`] as the stream runs it: every operand checked
+    /// live again (a buffer freed before the stream got here is an error, not a wild access).
+    fn reduce_many_now(
+        &self,
+        dtype: DataType,
+        op: ElemOp,
+        dsts: &[MemRef],
+        srcs: &[MemRef],
+        premul: Option<f64>,
+    ) -> Result<()> {
+        let len = srcs[0].len;
+        for m in dsts {
+            self.many_operand("destination", m)?;
+        }
+        for m in srcs {
+            self.many_operand("source", m)?;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let mut acc = vec![0u8; len];
+        let mut scaled = vec![0u8; if premul.is_some() { len } else { 0 }];
+        for (k, m) in srcs.iter().enumerate() {
+            // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that
+            // a rank of this process holds until its stream has waited for every rank's share; no
+            // destination is written while this slice lives (the sources are read whole into
+            // the accumulator first).
+            let src =
+                Payload::Host(unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) });
+            let src = match premul {
+                Some(f) => {
+                    HostReducer.scale_into(dtype, PayloadMut::Host(&mut scaled), src, f)?;
+                    Payload::Host(&scaled[..])
+                }
+                None => src,
+            };
+            if k == 0 {
+                HostReducer.copy(PayloadMut::Host(&mut acc), src)?;
+            } else {
+                HostReducer.reduce_inplace(dtype, op, PayloadMut::Host(&mut acc), src)?;
+            }
+        }
+        for m in dsts {
+            // SAFETY: as for the sources above; every source slice is gone, and no two
+            // destinations overlap (the ranks' buffers were checked apart).
+            let d = unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) };
+            HostReducer.copy(PayloadMut::Host(d), Payload::Host(&acc))?;
+        }
+        Ok(())
     }
 
     /// A source: stand-in device memory, or host memory (a transport's receive buffer lent
@@ -298,10 +419,13 @@ impl Reducer for StandInReducer {
             || matches!((from, to), (MemSpace::Cuda(_), MemSpace::Cuda(_))) && standin_reach()
     }
 
-    /// The reduce-copy kernel's order: the first source (scaled), then each next one
-    /// combined into it, the result written to every destination once every source is read.
-    fn reduce_many(
+    /// Checks the operands now, then queues the reduce-copy on the stand-in stream (the
+    /// caller's, or the reducer's own): it runs when the stream reaches it, in the kernel's
+    /// order (the first source scaled, then each next one combined into it, the result written
+    /// to every destination once every source is read), each operand checked live again then.
+    fn queue_many(
         &self,
+        on: Option<usize>,
         dtype: DataType,
         op: ElemOp,
         dsts: &[MemRef],
@@ -325,34 +449,39 @@ impl Reducer for StandInReducer {
         if len == 0 {
             return Ok(());
         }
-        let mut acc = vec![0u8; len];
-        let mut scaled = vec![0u8; if premul.is_some() { len } else { 0 }];
-        for (k, m) in srcs.iter().enumerate() {
-            // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that
-            // a rank of this process holds until every rank has reported its share done; no
-            // destination is written while this slice lives (the sources are read whole into
-            // the accumulator first).
-            let src =
-                Payload::Host(unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) });
-            let src = match premul {
-                Some(f) => {
-                    HostReducer.scale_into(dtype, PayloadMut::Host(&mut scaled), src, f)?;
-                    Payload::Host(&scaled[..])
-                }
-                None => src,
-            };
-            if k == 0 {
-                HostReducer.copy(PayloadMut::Host(&mut acc), src)?;
-            } else {
-                HostReducer.reduce_inplace(dtype, op, PayloadMut::Host(&mut acc), src)?;
-            }
+        let me = StandInReducer::new(self.ordinal);
+        let (dsts, srcs) = (dsts.to_vec(), srcs.to_vec());
+        host_stream::launch(
+            self.stream(on),
+            Box::new(move || me.reduce_many_now(dtype, op, &dsts, &srcs, premul)),
+        );
+        Ok(())
+    }
+
+    fn mark(&self, on: Option<usize>, _which: MarkUse) -> Result<Mark> {
+        let h = self.stream(on);
+        Ok([h as u64, host_stream::record(h)])
+    }
+
+    fn wait_mark(&self, on: Option<usize>, mark: Mark) -> Result<()> {
+        if mark != NO_MARK {
+            host_stream::wait_for(self.stream(on), mark[0] as usize, mark[1]);
         }
-        for m in dsts {
-            // SAFETY: as for the sources above; every source slice is gone, and no two
-            // destinations overlap (the ranks' buffers were checked apart).
-            let d = unsafe { std::slice::from_raw_parts_mut(m.addr as *mut u8, m.len) };
-            HostReducer.copy(PayloadMut::Host(d), Payload::Host(&acc))?;
-        }
+        Ok(())
+    }
+
+    fn synchronize(&self, on: Option<usize>) -> Result<()> {
+        host_stream::synchronize(self.stream(on))
+    }
+
+    fn release_after(&self, on: usize, held: Box<dyn std::any::Any + Send>) -> Result<()> {
+        host_stream::launch(
+            on,
+            Box::new(move || {
+                drop(held);
+                Ok(())
+            }),
+        );
         Ok(())
     }
 
@@ -374,9 +503,7 @@ impl Reducer for StandInReducer {
             self.check("source", m)?;
         }
         Ok(Some(Box::new(Deferred {
-            reducer: StandInReducer {
-                ordinal: self.ordinal,
-            },
+            reducer: StandInReducer::new(self.ordinal),
             dtype,
             op,
             dst: d,
@@ -460,7 +587,7 @@ mod tests {
     #[test]
     fn stand_in_reducer_reduces_device_memory_and_refuses_anything_else() {
         let d = dev(2);
-        let r = StandInReducer { ordinal: 2 };
+        let r = StandInReducer::new(2);
         let a = DeviceBuffer::from_host(d, &[1f32, 2.0, 3.0]).unwrap();
         let b = DeviceBuffer::from_host(d, &[10f32, 20.0, 30.0]).unwrap();
         let out = DeviceBuffer::<f32>::new(d, 3).unwrap();

@@ -7,6 +7,8 @@
 //! |---|---|
 //! | copy of bytes | at once, when reached |
 //! | wait until a flag `>=` a value | when the flag (written by a host thread) gets there |
+//! | a job (the model of a kernel, or of a host function) | at once, when reached; its error is the stream's, returned by the next wait for it |
+//! | wait until another stream has run to a position (an event of it) | when that stream gets there: whoever waits runs that stream too |
 //!
 //! An event is a position in the FIFO (the count of entries queued when it was recorded):
 //! waiting for it runs the entries before it. A flag wait that is never released would block
@@ -23,7 +25,7 @@
 //! queued. The suite runs the device tests in both modes (`scripts/test.sh`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,13 +34,38 @@ use crate::{Error, ErrorKind, Result};
 /// How long a stand-in stream waits for a flag before it reports an error.
 pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
+/// Work a stand-in stream runs when it reaches it (the model of a kernel or a host function).
+pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// How deep waits of streams on other streams may nest before a wait is taken for a cycle.
+const MAX_CHAIN: usize = 64;
+
 /// One entry of a stand-in stream.
-#[derive(Debug)]
 enum Entry {
     /// `len` bytes from `src` to `dst`.
     Copy { dst: usize, src: usize, len: usize },
     /// Wait until `flag` reaches `value` (wrapping comparison, as `CU_STREAM_WAIT_VALUE_GEQ`).
     WaitFlag { flag: Arc<AtomicU32>, value: u32 },
+    /// Run a job.
+    Run(Job),
+    /// Wait until stream `handle` (whose count of entries run is `progress`) has run the
+    /// entries before position `upto`.
+    After {
+        handle: usize,
+        progress: Arc<AtomicU64>,
+        upto: u64,
+    },
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entry::Copy { len, .. } => write!(f, "Copy({len} bytes)"),
+            Entry::WaitFlag { value, .. } => write!(f, "WaitFlag(>= {value})"),
+            Entry::Run(_) => f.write_str("Run"),
+            Entry::After { handle, upto, .. } => write!(f, "After(0x{handle:x} at {upto})"),
+        }
+    }
 }
 
 /// The entries of one stream not yet run. Invariant: `run` entries have left the front, so
@@ -46,9 +73,18 @@ enum Entry {
 #[derive(Debug, Default)]
 struct Fifo {
     entries: VecDeque<Entry>,
-    run: u64,
+    /// Entries run so far (shared with the entries of other streams that wait for this one).
+    run: Arc<AtomicU64>,
+    /// The error of a job that failed, until a wait for the stream returns it.
+    failed: Option<Error>,
     /// Being captured into a graph (the tests' model of `cudaStreamBeginCapture`).
     capturing: bool,
+}
+
+impl Fifo {
+    fn run(&self) -> u64 {
+        self.run.load(Ordering::Acquire)
+    }
 }
 
 /// Stand-in streams by handle number.
@@ -76,11 +112,12 @@ pub(crate) fn eager() -> bool {
     *ON.get_or_init(|| std::env::var("FERRO_STANDIN_EAGER").is_ok_and(|v| v.trim() == "1"))
 }
 
-/// Runs the entries at the front of `f` before position `upto` that can run now (copies;
-/// waits whose flag got there), stopping at the first wait that cannot; whether it ran any.
+/// Runs the entries at the front of `f` before position `upto` that can run now (copies,
+/// jobs; waits whose flag or stream got there), stopping at the first wait that cannot;
+/// whether it ran any.
 fn run_ready(f: &mut Fifo, upto: u64) -> bool {
     let mut ran = false;
-    while f.run < upto {
+    while f.run() < upto {
         let ready = match f.entries.front() {
             None => return ran,
             Some(Entry::Copy { dst, src, len }) => {
@@ -90,12 +127,18 @@ fn run_ready(f: &mut Fifo, upto: u64) -> bool {
                 true
             }
             Some(Entry::WaitFlag { flag, value }) => reached(flag.load(Ordering::Acquire), *value),
+            Some(Entry::Run(_)) => true,
+            Some(Entry::After { progress, upto, .. }) => progress.load(Ordering::Acquire) >= *upto,
         };
         if !ready {
             return ran;
         }
-        f.entries.pop_front();
-        f.run += 1;
+        if let Some(Entry::Run(job)) = f.entries.pop_front() {
+            if let Err(e) = job() {
+                f.failed.get_or_insert(e);
+            }
+        }
+        f.run.fetch_add(1, Ordering::AcqRel);
         ran = true;
     }
     ran
@@ -152,28 +195,82 @@ pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usiz
     kick(&s);
 }
 
+/// Queues `job` on stand-in stream `handle`: it runs when the stream reaches it (whoever
+/// waits for the stream runs it, or with eager streams as early as it can); an error it
+/// returns is the stream's, returned by the next wait for the stream.
+pub(crate) fn launch(handle: usize, job: Job) {
+    let s = stream(handle);
+    lock(&s).entries.push_back(Entry::Run(job));
+    kick(&s);
+}
+
+/// Queues on stand-in stream `handle` a wait until stream `other` has run the entries before
+/// position `upto` (an event recorded on it: `cuStreamWaitEvent`).
+pub(crate) fn wait_for(handle: usize, other: usize, upto: u64) {
+    let progress = Arc::clone(&lock(&stream(other)).run);
+    let s = stream(handle);
+    lock(&s).entries.push_back(Entry::After {
+        handle: other,
+        progress,
+        upto,
+    });
+    kick(&s);
+}
+
 /// Records an event at the current end of stand-in stream `handle`: its position.
 pub(crate) fn record(handle: usize) -> u64 {
     let s = stream(handle);
     let f = lock(&s);
-    f.run + f.entries.len() as u64
+    f.run() + f.entries.len() as u64
 }
 
 /// Runs the entries of stand-in stream `handle` before position `upto` (an event), waiting for
-/// flags as it meets them; an error after [`WAIT_LIMIT`] on one flag.
+/// flags as it meets them and running the streams it waits for; an error after [`WAIT_LIMIT`]
+/// on one flag, or the error of a job that failed.
 pub(crate) fn run_to(handle: usize, upto: u64) -> Result<()> {
+    run_chain(handle, upto, 0)
+}
+
+fn run_chain(handle: usize, upto: u64, depth: usize) -> Result<()> {
+    if depth > MAX_CHAIN {
+        return Err(Error::internal(format!(
+            "host stand-in stream 0x{handle:x}: waits of streams on other streams nest more \
+             than {MAX_CHAIN} deep (streams that wait for each other in a cycle never finish)"
+        )));
+    }
     let s = stream(handle);
     let mut since: Option<Instant> = None;
     let mut nap = Duration::from_micros(20);
     loop {
-        {
+        let other = {
             let mut f = lock(&s);
-            if f.run >= upto || f.entries.is_empty() {
+            let ran = run_ready(&mut f, upto);
+            if let Some(e) = f.failed.take() {
+                return Err(e);
+            }
+            if f.run() >= upto || f.entries.is_empty() {
                 return Ok(());
             }
-            if run_ready(&mut f, upto) {
+            if ran {
                 since = None;
                 nap = Duration::from_micros(20);
+                continue;
+            }
+            match f.entries.front() {
+                Some(Entry::After {
+                    handle,
+                    progress,
+                    upto,
+                }) => Some((*handle, Arc::clone(progress), *upto)),
+                _ => None,
+            }
+        };
+        // A wait for another stream: run that one (this one's lock released, as a GPU runs
+        // both), then go on here. (A stream forgotten meanwhile never gets there: the wait
+        // then runs into the time limit below.)
+        if let Some((other, progress, at)) = other {
+            run_chain(other, at, depth + 1)?;
+            if progress.load(Ordering::Acquire) >= at {
                 continue;
             }
         }
@@ -182,8 +279,8 @@ pub(crate) fn run_to(handle: usize, upto: u64) -> Result<()> {
             return Err(Error::new(
                 ErrorKind::Timeout,
                 format!(
-                    "host stand-in stream 0x{handle:x}: a wait on a completion flag was not \
-                     released within {} s",
+                    "host stand-in stream 0x{handle:x}: a wait on a completion flag or on \
+                     another stream was not released within {} s",
                     WAIT_LIMIT.as_secs()
                 ),
             ));

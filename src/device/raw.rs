@@ -13,6 +13,7 @@ use std::ops::Range;
 
 use ferroccl_kernels::{DataType, Element};
 
+use super::direct::StreamCall;
 use super::{cuda, host, host_stream, Device, DeviceBuffer, Provider};
 use crate::coll::CollKind;
 use crate::{BufMut, BufRef, Communicator, Error, ErrorKind, ReduceOp, Result};
@@ -583,20 +584,43 @@ impl Communicator {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        // SAFETY: per this function's contract.
+        unsafe { self.collective_at_on(kind, send, recv, dtype, op, None) }
+    }
+
+    /// [`Communicator::collective_at`], or ordered on the caller's stream `stream` of the
+    /// spans' device where [`Communicator::orders_between_buffers`] said so: it returns once
+    /// the call is queued there (or, where the ranks do not agree to go between their
+    /// buffers, after waiting for the stream, done).
+    ///
+    /// # Safety
+    /// As for [`Communicator::collective_at`], the spans live and the call's alone until the
+    /// stream has run it (NCCL's contract for a call on a stream); `stream` is a live stream
+    /// of the spans' device.
+    pub(crate) unsafe fn collective_at_on(
+        &self,
+        kind: CollKind,
+        send: Option<Span>,
+        recv: Span,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: Option<usize>,
+    ) -> Result<()> {
         ferroccl_kernels::with_element!(dtype, T => {
             // SAFETY: per this function's contract.
-            unsafe { self.collective_at_typed::<T>(kind, send, recv, op) }
+            unsafe { self.collective_at_typed::<T>(kind, send, recv, op, stream) }
         })
     }
 
     /// # Safety
-    /// As for [`Communicator::collective_at`], with `T` the element type.
+    /// As for [`Communicator::collective_at_on`], with `T` the element type.
     unsafe fn collective_at_typed<T: Element>(
         &self,
         kind: CollKind,
         send: Option<Span>,
         recv: Span,
         op: ReduceOp,
+        stream: Option<usize>,
     ) -> Result<()> {
         let es = T::DTYPE.size();
         // SAFETY: per this function's contract (a partial element is left out of the view).
@@ -609,12 +633,21 @@ impl Communicator {
             }
             None => None,
         };
-        self.collective(
-            kind,
-            s.as_deref().map(BufRef::Device),
-            BufMut::Device(&mut r),
-            op,
-        )
+        let Some(stream) = stream else {
+            return self.collective(
+                kind,
+                s.as_deref().map(BufRef::Device),
+                BufMut::Device(&mut r),
+                op,
+            );
+        };
+        let (rank, n) = (self.rank(), self.nranks());
+        let count = crate::comm::call_count(kind, rank, s.as_ref().map(|s| s.len()), r.len(), n)?;
+        let call = StreamCall {
+            stream,
+            holds: Vec::new(),
+        };
+        self.run_device_in(kind, s.as_deref(), &mut r, count, op, Some(call))
     }
 }
 

@@ -19,6 +19,11 @@ use crate::Result;
 /// tests and the special CUDA handles (1, 2) use.
 static NEXT_HOST_STREAM: AtomicUsize = AtomicUsize::new(0x5_7000_0000);
 
+/// A new stand-in stream handle, distinct from every other of this process.
+pub(crate) fn next_host_handle() -> usize {
+    NEXT_HOST_STREAM.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A stream of a [`Device`]: work queued on it runs in order.
 ///
 /// Dropping a stream made by [`DeviceStream::new`] synchronizes and destroys it on CUDA (so it
@@ -78,7 +83,7 @@ impl DeviceStream {
             }
             Provider::Host => Ok(DeviceStream {
                 device,
-                raw: NEXT_HOST_STREAM.fetch_add(1, Ordering::Relaxed),
+                raw: next_host_handle(),
                 owned: Owned::Host,
             }),
         }

@@ -439,7 +439,7 @@ pub(crate) fn landing<K: Send + 'static>(keep: K) -> (Sender<Vec<Gate>>, After) 
 /// call (its job made driver calls); the job now makes none, and the stream-ordered form
 /// passed there, with such a copy after every call (docs/CUDA.md, "On a GPU"). Read once per
 /// process.
-fn stream_waits() -> Option<bool> {
+pub(crate) fn stream_waits() -> Option<bool> {
     static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         match std::env::var("FERRO_STREAM_WAITS")

@@ -478,11 +478,15 @@ impl Engine {
         let es = dtype.size();
         let whole = self.take_whole();
         if self.peer_fits(args) {
-            let device = arena.as_deref().map(|a| a.reducer());
-            let r = device.as_deref();
-            if self.peer_collective(args, dtype, op, premul, &mem, ctx, r, whole)? {
+            let a = arena.as_deref_mut();
+            if self.peer_collective(args, dtype, op, premul, &mem, ctx, a, whole)? {
                 return Ok(());
             }
+        }
+        // Past the path between the buffers, the call reads and writes them from the host's
+        // side of the stream: a call ordered on a stream waits for it now.
+        if let Some(a) = arena.as_deref_mut() {
+            a.settle()?;
         }
         if self.takes_lane(args, es, premul, &mem, arena.is_some()) {
             crate::profile::phase(crate::profile::Phase::Drive);

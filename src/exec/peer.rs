@@ -42,9 +42,9 @@ use std::ops::Range;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, MemRef, MemSpace, Result};
 
-use super::{Engine, Memory, OpContext};
+use super::{DeviceArena, Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
-use crate::reduce::Reducer;
+use crate::reduce::{MarkUse, Reducer, NO_MARK};
 
 /// Most ranks: one source and one destination per rank in one reduce-copy.
 pub(crate) const PEER_MAX_RANKS: usize = ferroccl_cuda::MAX_SRCS;
@@ -96,8 +96,10 @@ impl Whole {
     }
 }
 
-/// Words of the offer: key, !key, then input and output of each rank.
+/// Words of the offer: key, !key, then [`PER_RANK`] of each rank.
 const HEAD: usize = 2;
+/// A rank's words of the offer: its input, its output, its ready mark (two words).
+const PER_RANK: usize = 4;
 /// Bits of an offer's address word that hold the address: user and device addresses lie below
 /// 2^57 (five-level paging's user space; CUDA's unified addresses), and the bits above carry
 /// the rank's device (input word) and whether it is in place (output word).
@@ -247,6 +249,12 @@ impl Engine {
         self.peer.on = on && (2..=PEER_MAX_RANKS).contains(&self.nranks);
     }
 
+    /// Whether collectives of device buffers are offered straight between the ranks' buffers
+    /// ([`Engine::set_peer_direct`]).
+    pub(crate) fn peer_direct(&self) -> bool {
+        self.peer.on
+    }
+
     /// Collectives that went straight between the ranks' buffers.
     pub(crate) fn peer_calls(&self) -> u64 {
         self.peer.calls
@@ -313,9 +321,12 @@ impl Engine {
         premul: Option<f64>,
         mem: &Memory,
         ctx: &OpContext,
-        reducer: Option<&dyn Reducer>,
+        arena: Option<&mut (dyn DeviceArena + 'static)>,
         whole: Option<Whole>,
     ) -> Result<bool> {
+        let on = arena.as_deref().and_then(|a| a.call_stream());
+        let device = arena.as_deref().map(|a| a.reducer());
+        let reducer = device.as_deref();
         let whole_mem = whole.map(|w| w.memory());
         let mem = whole_mem.as_ref().unwrap_or(mem);
         let args = &CollArgs {
@@ -341,13 +352,23 @@ impl Engine {
             MemSpace::Cuda(o) if o <= MAX_ORDINAL => o,
             _ => 0,
         };
-        let able = mem.space == MemSpace::Cuda(ordinal)
+        let mut able = mem.space == MemSpace::Cuda(ordinal)
             && (mine.0 | mine.1) as u64 & !ADDR_MASK == 0
             && reducer.is_some_and(|r| r.reduces_many() && r.serves(mem.space))
             && room(in_off, in_used, base_len)
             && room(out_off, out_used, mem.output_len);
+        // A call ordered on a stream offers where the work queued before it ends, so that the
+        // other ranks' shares wait for it (a blocking call's buffers are ready now). A rank
+        // that cannot mark its stream does not take part.
+        let ready = match (able, on, reducer) {
+            (true, Some(_), Some(r)) => r.mark(on, MarkUse::Ready).unwrap_or_else(|_| {
+                able = false;
+                NO_MARK
+            }),
+            _ => NO_MARK,
+        };
         let key = key_of(mem.space, args.count, premul);
-        let mut words = vec![0u64; HEAD + 2 * n];
+        let mut words = vec![0u64; HEAD + PER_RANK * n];
         (words[0], words[1]) = if able {
             (key, !key)
         } else {
@@ -355,10 +376,12 @@ impl Engine {
         };
         // Above the addresses: the input's word carries the rank's device, the output's
         // whether the rank is in place.
-        words[HEAD + 2 * me] = mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS;
-        words[HEAD + 2 * me + 1] = mine.1 as u64 & ADDR_MASK | u64::from(mem.in_place) << 63;
+        let at = HEAD + PER_RANK * me;
+        words[at] = mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS;
+        words[at + 1] = mine.1 as u64 & ADDR_MASK | u64::from(mem.in_place) << 63;
+        words[at + 2..at + 4].copy_from_slice(&ready);
         self.max_words(&mut words, ctx)?;
-        let word = |k: usize, w: usize| words[HEAD + 2 * k + w];
+        let word = |k: usize, w: usize| words[HEAD + PER_RANK * k + w];
         let bufs: Vec<(usize, usize)> = (0..n)
             .map(|k| {
                 (
@@ -383,25 +406,50 @@ impl Engine {
         let (Some(todo), Some(reducer)) = (todo.filter(|_| agreed), reducer) else {
             return Ok(false);
         };
+        // Queued on the call's stream (a blocking call: the reducer's own): after the other
+        // ranks' ready marks, this rank's share, then its done mark.
         crate::profile::phase(crate::profile::Phase::Reduce);
-        let result = todo.iter().filter(|t| t.bytes > 0).try_for_each(|t| {
-            let at = |&(rank, addr): &(usize, usize)| MemRef {
-                space: spaces[rank],
-                addr,
-                len: t.bytes,
-            };
-            let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
-            let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
-            reducer.reduce_many(dtype, op, &dsts, &srcs, premul)
-        });
+        let queued = (|| {
+            for k in (0..n).filter(|&k| k != me) {
+                reducer.wait_mark(on, [word(k, 2), word(k, 3)])?;
+            }
+            for t in todo.iter().filter(|t| t.bytes > 0) {
+                let at = |&(rank, addr): &(usize, usize)| MemRef {
+                    space: spaces[rank],
+                    addr,
+                    len: t.bytes,
+                };
+                let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
+                let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
+                reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
+            }
+            reducer.mark(on, MarkUse::Done)
+        })();
         crate::profile::phase(crate::profile::Phase::Drive);
-        let mut status = [u64::from(result.is_err()) * (me as u64 + 1)];
+        let mut status = vec![0u64; 1 + 2 * n];
+        match &queued {
+            Ok(done) => status[1 + 2 * me..3 + 2 * me].copy_from_slice(done),
+            Err(_) => status[0] = me as u64 + 1,
+        }
         self.max_words(&mut status, ctx)?;
-        result.map_err(|e| e.context(ctx.label()))?;
+        // No rank's stream goes past the call before every share that reads its input or
+        // writes its output is done (the shares that were queued: a rank that failed to queue
+        // its own still waits for the others'); a blocking call waits for that here.
+        let settled = (|| {
+            for k in (0..n).filter(|&k| k != me) {
+                reducer.wait_mark(on, [status[1 + 2 * k], status[2 + 2 * k]])?;
+            }
+            if on.is_none() {
+                reducer.synchronize(None)?;
+            }
+            Ok(())
+        })();
+        queued.map_err(|e| e.context(ctx.label()))?;
+        settled.map_err(|e: Error| e.context(ctx.label()))?;
         if status[0] != 0 {
             return Err(Error::remote(format!(
-                "{}: rank {} failed its share of the {} straight between the ranks' buffers; \
-                 this rank's result is incomplete",
+                "{}: rank {} failed to queue its share of the {} straight between the ranks' \
+                 buffers; this rank's result is incomplete",
                 ctx.label(),
                 status[0] - 1,
                 kind.name()

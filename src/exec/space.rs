@@ -28,6 +28,19 @@ pub(crate) trait DeviceArena: Send {
 
     /// Copies `src` to the device's memory at `dst`; returns once it is there.
     fn upload(&mut self, dst: MemRef, src: &[u8]) -> Result<()>;
+
+    /// The caller's stream the call running now is ordered on (its handle), until
+    /// [`DeviceArena::settle`]; `None` for a blocking call, whose buffers are ready now.
+    fn call_stream(&self) -> Option<usize> {
+        None
+    }
+
+    /// Waits until the caller's stream has run the work queued on it before the call, and
+    /// makes the rest of the call a blocking one (the schedule reads and writes the buffers
+    /// from now on); nothing for a blocking call.
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What an arena buffer is for (each use has its own buffer).

@@ -12,11 +12,12 @@
 use std::sync::{Mutex, OnceLock};
 
 use ferroccl_cuda::device::DeviceKernels;
+use ferroccl_cuda::driver::Handle;
 use ferroccl_cuda::{CudaError, CudaErrorKind, RcArgs};
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, ErrorKind, Fence, MemRef, MemSpace, Payload, PayloadMut, Result};
 
-use super::Reducer;
+use super::{Mark, MarkUse, Reducer, NO_MARK};
 
 const NAME: &str = "cuda reducer";
 
@@ -74,6 +75,8 @@ fn peer_reach(a: u32, b: u32) -> bool {
 pub(crate) struct CudaReducer {
     ordinal: u32,
     kernels: OnceLock<std::result::Result<DeviceKernels, CudaError>>,
+    /// Its two marks' events ([`MarkUse`]), made at the first mark (0: not yet).
+    events: Mutex<[usize; 2]>,
 }
 
 impl CudaReducer {
@@ -90,6 +93,7 @@ impl CudaReducer {
         CudaReducer {
             ordinal,
             kernels: OnceLock::new(),
+            events: Mutex::new([0; 2]),
         }
     }
 
@@ -119,7 +123,7 @@ impl CudaReducer {
         }
     }
 
-    /// An operand of [`Reducer::reduce_many`]: memory of this device, or of another device
+    /// An operand of [`Reducer::queue_many`]: memory of this device, or of another device
     /// of this process that this one reaches ([`peer_reach`], which enabled the access).
     fn many_operand(&self, what: &str, m: MemRef) -> Result<MemRef> {
         match m.space {
@@ -192,6 +196,49 @@ impl CudaReducer {
         unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
         Ok(k)
     }
+}
+
+impl CudaReducer {
+    /// The kernels, bound on this thread, and the stream `on` names (`None`: the kernels' own).
+    fn on(&self, on: Option<usize>) -> Result<(&DeviceKernels, Handle)> {
+        let k = self.kernels()?;
+        k.bind().map_err(|e| convert(&e))?;
+        Ok((k, on.map_or(k.stream(), |h| h as Handle)))
+    }
+
+    /// The event of mark `which`, made now if it was not yet (the context bound).
+    fn event(&self, k: &DeviceKernels, which: MarkUse) -> Result<Handle> {
+        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut ev[which as usize];
+        if *slot == 0 {
+            *slot = k.driver().create_event().map_err(|e| convert(&e))? as usize;
+        }
+        Ok(*slot as Handle)
+    }
+}
+
+impl Drop for CudaReducer {
+    fn drop(&mut self) {
+        let ev = *self.events.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(Ok(k)) = self.kernels.get() {
+            for e in ev.into_iter().filter(|&e| e != 0) {
+                // SAFETY: made by `event` in this device's context, destroyed once here; a
+                // stream still waiting for it keeps what it waits for (the driver defers the
+                // release until the recorded work is done).
+                let _ = k
+                    .bind()
+                    .and_then(|()| unsafe { k.driver().destroy_event(e as Handle) });
+            }
+        }
+    }
+}
+
+/// Lets a stream-ordered call's holds go (`cuLaunchHostFunc`'s function): `data` is the
+/// `Box<Box<dyn Any + Send>>` that [`Reducer::release_after`] leaked.
+unsafe extern "C" fn release(data: *mut std::ffi::c_void) {
+    // SAFETY: `release_after` passed a pointer from `Box::into_raw` of this type, and the
+    // driver calls this once per launch.
+    drop(unsafe { Box::from_raw(data.cast::<Box<dyn std::any::Any + Send>>()) });
 }
 
 /// Waits until the kernels' stream has run what was queued on it.
@@ -278,8 +325,9 @@ impl Reducer for CudaReducer {
         }
     }
 
-    fn reduce_many(
+    fn queue_many(
         &self,
+        on: Option<usize>,
         dtype: DataType,
         op: ElemOp,
         dsts: &[MemRef],
@@ -296,7 +344,7 @@ impl Reducer for CudaReducer {
         if len == 0 {
             return Ok(());
         }
-        let k = self.kernels()?;
+        let (k, stream) = self.on(on)?;
         let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
         let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
         let mut args = RcArgs::new(&s, &d, (len / dtype.size()) as u64);
@@ -305,14 +353,54 @@ impl Reducer for CudaReducer {
         }
         // SAFETY: every operand is a non-null reference on this reducer's device or on one its
         // context has peer access to (checked above; `peer_reach` enabled it), which its maker
-        // vouches is live device memory of `len` bytes for the call
-        // (MemRef's contract: here the buffers of ranks that are threads of this process, each
-        // held by its rank until every rank has reported its kernel done); the lengths were
-        // checked equal, and the stream is waited for before returning. A destination that is
-        // also a source is the same memory, which the kernel reads element by element before
-        // writing it.
-        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
-        wait(k)
+        // vouches is live device memory of `len` bytes until the stream has run the kernel
+        // (MemRef's contract and this method's: here the buffers of ranks that are threads of
+        // this process, each held by its rank until its stream has waited for every rank's
+        // share); the lengths were checked equal. `stream` is the kernels' own or the caller's
+        // stream of this device's primary context. A destination that is also a source is the
+        // same memory, which the kernel reads element by element before writing it.
+        unsafe { k.reduce_copy_on(stream, dtype, op, &args) }.map_err(|e| convert(&e))
+    }
+
+    fn mark(&self, on: Option<usize>, which: MarkUse) -> Result<Mark> {
+        let (k, stream) = self.on(on)?;
+        let ev = self.event(k, which)?;
+        // SAFETY: `ev` is this reducer's live event; `stream` a live stream of the bound
+        // context (the kernels' own, or the caller's of this device).
+        unsafe { k.driver().record_event(ev, stream) }.map_err(|e| convert(&e))?;
+        Ok([ev as u64, 0])
+    }
+
+    fn wait_mark(&self, on: Option<usize>, mark: Mark) -> Result<()> {
+        if mark == NO_MARK {
+            return Ok(());
+        }
+        let (k, stream) = self.on(on)?;
+        // SAFETY: `mark` came from `mark` of a reducer of this process, whose event lives as
+        // long as its communicator, which takes part in the call that waits for it; the
+        // driver lets a stream wait for an event of another context or device.
+        unsafe { k.driver().stream_wait(stream, mark[0] as Handle) }.map_err(|e| convert(&e))
+    }
+
+    fn synchronize(&self, on: Option<usize>) -> Result<()> {
+        let (k, stream) = self.on(on)?;
+        // SAFETY: a live stream of the bound context.
+        unsafe { k.driver().sync_stream(stream) }.map_err(|e| convert(&e))
+    }
+
+    fn release_after(&self, on: usize, held: Box<dyn std::any::Any + Send>) -> Result<()> {
+        let (k, stream) = self.on(Some(on))?;
+        let data = Box::into_raw(Box::new(held));
+        // SAFETY: `release` makes no CUDA call and takes back `data` once; the stream is the
+        // caller's stream of this device.
+        let r = unsafe { k.driver().launch_host_func(stream, release, data.cast()) };
+        if let Err(e) = r {
+            // Not queued: the stream is waited for here instead, then the holds go.
+            // SAFETY: `data` was not handed to the driver, so it is still ours, once.
+            drop(unsafe { Box::from_raw(data) });
+            return Err(convert(&e));
+        }
+        Ok(())
     }
 
     fn queue(
@@ -394,7 +482,10 @@ mod tests {
             r.scale_into(f32_, PayloadMut::Device(d), Payload::Device(a), 0.5),
             r.divide(f32_, PayloadMut::Device(d), 4),
             r.copy(PayloadMut::Device(d), Payload::Device(a)),
-            r.reduce_many(f32_, ElemOp::Sum, &[d, a], &[a, b], Some(0.5)),
+            r.queue_many(None, f32_, ElemOp::Sum, &[d, a], &[a, b], Some(0.5)),
+            r.mark(None, MarkUse::Ready).map(|_| ()),
+            r.wait_mark(None, [1, 0]),
+            r.synchronize(None),
         ];
         for e in results {
             let e = e.unwrap_err();
@@ -431,7 +522,7 @@ mod tests {
         }
         for (dsts, srcs, says) in cases {
             let e = r
-                .reduce_many(f32_, ElemOp::Sum, &dsts, &srcs, None)
+                .queue_many(None, f32_, ElemOp::Sum, &dsts, &srcs, None)
                 .unwrap_err();
             assert!(e.message().contains(says), "{e}");
         }

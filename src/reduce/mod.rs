@@ -7,7 +7,7 @@
 //! | `dst = src * factor` | [`Reducer::scale_into`]      | pre-multiplied sums (`PreMulSum`)      |
 //! | `buf = buf / n`      | [`Reducer::divide`]          | `Avg`'s divide by the number of ranks  |
 //! | `dst = src`          | [`Reducer::copy`]            | a schedule's local copies              |
-//! | `dsts = op(srcs)`    | [`Reducer::reduce_many`]     | allreduce between ranks' buffers (device) |
+//! | `dsts = op(srcs)`    | [`Reducer::queue_many`]      | collectives between ranks' buffers (device), with the stream steps below |
 //!
 //! Operands are typed memory ([`Payload`] / [`PayloadMut`]: host slices, or a device
 //! [`ferroccl_transport::MemRef`]), so that each implementation says which [`MemSpace`]s it
@@ -90,12 +90,13 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         }
     }
 
-    /// Whether [`Reducer::reduce_many`] runs (device reducers: one reduce-copy kernel).
+    /// Whether [`Reducer::queue_many`] and the stream steps after it run (device reducers: one
+    /// reduce-copy kernel on a stream, events).
     fn reduces_many(&self) -> bool {
         false
     }
 
-    /// Whether a [`Reducer::reduce_many`] on device memory `from` may also read and write
+    /// Whether a [`Reducer::queue_many`] on device memory `from` may also read and write
     /// memory `to`: the same memory, or another device of this process that `from`'s device
     /// reaches directly (CUDA peer access). A property of the process's devices: every reducer
     /// of the process gives the same answer for a pair, every time (the ranks of a collective
@@ -104,25 +105,55 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         from == to
     }
 
-    /// `dst[i] = src_0[i] op src_1[i] op ...` for every `dst` in `dsts`, in one pass, every
-    /// source first multiplied by `premul` where given; returns when the destinations hold
-    /// it. All operands the same length; a destination may be a source (the same memory, not
-    /// overlapping otherwise): every element of every source is read before that element is
-    /// written. At most 8 sources and 8 destinations, each on this reducer's device or one it
-    /// [`Reducer::reaches`]. Reducers without it refuse.
-    fn reduce_many(
+    /// Queues `dst[i] = src_0[i] op src_1[i] op ...` for every `dst` in `dsts`, in one pass,
+    /// every source first multiplied by `premul` where given, on stream `on` (a caller's
+    /// stream of this reducer's device; `None`: the reducer's own), and returns once it is
+    /// queued: the destinations hold it once the stream has run it ([`Reducer::synchronize`],
+    /// or a [`Reducer::mark`] after it). All operands the same length; a destination may be a
+    /// source (the same memory, not overlapping otherwise): every element of every source is
+    /// read before that element is written. At most 8 sources and 8 destinations, each on
+    /// this reducer's device or one it [`Reducer::reaches`]; the caller keeps them live until
+    /// the stream has run it. Reducers without it refuse, as they refuse the steps below.
+    fn queue_many(
         &self,
+        on: Option<usize>,
         dtype: DataType,
         op: ElemOp,
         dsts: &[MemRef],
         srcs: &[MemRef],
         premul: Option<f64>,
     ) -> Result<()> {
-        let _ = (dtype, op, dsts, srcs, premul);
-        Err(ferroccl_transport::Error::internal(format!(
-            "the {} reducer does not reduce many buffers in one pass",
-            self.name()
-        )))
+        let _ = (on, dtype, op, dsts, srcs, premul);
+        Err(no_streams(self.name()))
+    }
+
+    /// Records this reducer's mark `which` at the current end of stream `on` (`None`: its own),
+    /// replacing where it was recorded before: another rank's stream can then be made to wait
+    /// for the work queued before it ([`Reducer::wait_mark`], with any reducer of this process).
+    fn mark(&self, on: Option<usize>, which: MarkUse) -> Result<Mark> {
+        let _ = (on, which);
+        Err(no_streams(self.name()))
+    }
+
+    /// Makes work queued on stream `on` (`None`: the reducer's own) after this call wait for
+    /// `mark` (recorded by any reducer of this process, on any stream); [`NO_MARK`] waits for
+    /// nothing. Does not block the host.
+    fn wait_mark(&self, on: Option<usize>, mark: Mark) -> Result<()> {
+        let _ = (on, mark);
+        Err(no_streams(self.name()))
+    }
+
+    /// Waits until stream `on` (`None`: the reducer's own) has run everything queued on it.
+    fn synchronize(&self, on: Option<usize>) -> Result<()> {
+        let _ = on;
+        Err(no_streams(self.name()))
+    }
+
+    /// Lets `held` go once stream `on` has run the work queued on it so far (what keeps a
+    /// stream-ordered call's buffers alive); returns at once.
+    fn release_after(&self, on: usize, held: Box<dyn std::any::Any + Send>) -> Result<()> {
+        let _ = (on, held);
+        Err(no_streams(self.name()))
     }
 
     /// [`Reducer::reduce_queued`]'s queued form. The default runs it to the end; the CUDA
@@ -139,7 +170,29 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
     }
 }
 
-/// The checks every [`Reducer::reduce_many`] makes before touching memory: 1 to 8 sources,
+/// A point of a stream that another stream can be made to wait for (an event recorded
+/// there): two words whose meaning is the reducer's that recorded it.
+pub(crate) type Mark = [u64; 2];
+
+/// The mark that waits for nothing (a call whose buffers were ready when it was made).
+pub(crate) const NO_MARK: Mark = [0, 0];
+
+/// Which of a reducer's marks: each is one event, recorded again by every call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkUse {
+    /// The end of the work the caller queued before a call.
+    Ready,
+    /// The end of a rank's share of a call.
+    Done,
+}
+
+fn no_streams(name: &str) -> ferroccl_transport::Error {
+    ferroccl_transport::Error::internal(format!(
+        "the {name} reducer does not reduce many buffers in one pass on a stream"
+    ))
+}
+
+/// The checks every [`Reducer::queue_many`] makes before touching memory: 1 to 8 sources,
 /// 1 to 8 destinations, one length for all, a whole number of `dtype` elements. Returns that
 /// length in bytes; `who` names the reducer in the error.
 pub(crate) fn many_len(

@@ -249,6 +249,23 @@ impl DeviceKernels {
     /// until the stream has run the kernel; a destination is one of the sources or overlaps
     /// none of them.
     pub unsafe fn reduce_copy(&self, dtype: DataType, op: ElemOp, args: &RcArgs) -> Result<()> {
+        // SAFETY: per this function's contract; the stream is this device's own.
+        unsafe { self.reduce_copy_on(self.stream, dtype, op, args) }
+    }
+
+    /// [`DeviceKernels::reduce_copy`] on `stream`, a stream of this device's primary context
+    /// (a caller's `cudaStream_t`) instead of the kernels' own.
+    ///
+    /// # Safety
+    /// As for [`DeviceKernels::reduce_copy`], until `stream` has run the kernel; `stream` is
+    /// a live stream of this device's primary context.
+    pub unsafe fn reduce_copy_on(
+        &self,
+        stream: Handle,
+        dtype: DataType,
+        op: ElemOp,
+        args: &RcArgs,
+    ) -> Result<()> {
         if args.nsrc == 0
             || args.nsrc as usize > crate::MAX_SRCS
             || args.ndst as usize > crate::MAX_DSTS
@@ -285,7 +302,7 @@ impl DeviceKernels {
                 1,
                 1,
                 0,
-                self.stream,
+                stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )

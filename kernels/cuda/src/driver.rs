@@ -132,7 +132,13 @@ driver_api! {
     stream_is_capturing = "cuStreamIsCapturing": fn(Handle, *mut c_int);
     // The C ABI (libnccl.so.2): the device a communicator binds to at init.
     ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
+    // Stream-ordered calls: what the call holds is let go once its stream has run it.
+    launch_host_func = "cuLaunchHostFunc": fn(Handle, HostFn, *mut c_void);
 }
+
+/// A host function queued on a stream (`CUhostFn`): runs on a driver thread once the stream
+/// reaches it, and must make no CUDA call.
+pub type HostFn = unsafe extern "C" fn(*mut c_void);
 
 static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
 
@@ -553,6 +559,24 @@ impl Driver {
         // SAFETY: per the caller.
         self.check("cuEventSynchronize", unsafe {
             (self.event_synchronize)(event)
+        })
+    }
+
+    /// Queues `f(data)` on `stream`: the driver runs it on a thread of its own once the work
+    /// queued before it has run, and the work queued after it waits until it returns.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the current context; `f` makes no CUDA call and may be
+    /// called with `data` on another thread, once.
+    pub unsafe fn launch_host_func(
+        &self,
+        stream: Handle,
+        f: HostFn,
+        data: *mut c_void,
+    ) -> Result<()> {
+        // SAFETY: per the caller.
+        self.check("cuLaunchHostFunc", unsafe {
+            (self.launch_host_func)(stream, f, data)
         })
     }
 

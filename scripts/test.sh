@@ -17,6 +17,7 @@ echo "== cargo test (unit, integration and doctests)"
 cargo test --workspace --no-fail-fast "$@"
 echo "== device tests again on eager stand-in streams (copies run as early as a GPU could run them)"
 FERRO_STANDIN_EAGER=1 cargo test -p ferroccl --lib --test device --test device_streams --test device_faults \
+  --test device_peer_streams \
   --no-fail-fast
 echo "== the perf tools built with the profile feature (each row's time per phase)"
 cargo test -p ferroccl-perf --features profile --test profile_rows --test latency_parts --no-fail-fast

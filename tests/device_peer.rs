@@ -12,11 +12,9 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::child::{self, expected_cases, field, self_command, Finished, Running};
+use common::child::{self, expected_cases, field, standin_p2p_child as run_child};
 use common::conformance::{all_ops, run_sweep_on, Mem, Sweep, ALL_COLLS};
-use ferroccl::device::{Device, DeviceBuffer, Provider, PROVIDER_ENV};
+use ferroccl::device::{Device, DeviceBuffer, Provider};
 use ferroccl::{Communicator, Config, DataType, ReduceOp};
 
 /// Every collective (all_to_all in place stays on the schedule), every dtype and op; counts of none
@@ -39,20 +37,6 @@ fn sweep(full: bool) -> Sweep {
         // Every collective but send_recv, which the path does not take.
         colls: ALL_COLLS[..6].to_vec(),
     }
-}
-
-/// Runs child test `test` in role `role` with the stand-ins of both providers, the p2p
-/// transport only, and `extra` settings; waits up to `secs` and asserts it succeeded.
-fn run_child(test: &str, role: &str, extra: &[(&str, String)], secs: u64) -> Finished {
-    let mut env = vec![
-        (PROVIDER_ENV, "host".to_string()),
-        ("FERRO_P2P_PROVIDER", "host".to_string()),
-        ("FERRO_TRANSPORTS", "p2p".to_string()),
-    ];
-    env.extend(extra.iter().cloned());
-    let out = Running::spawn(self_command(test, role, &env)).finish(Duration::from_secs(secs));
-    assert!(out.success(), "{}", out.dump());
-    out
 }
 
 /// A child: `FERRO_TEST_RANKS` thread ranks on stand-in device 0; `FERRO_TEST_CASE` says

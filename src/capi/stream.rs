@@ -363,10 +363,11 @@ pub(crate) unsafe fn run_coll(
             recv_len,
         } => (Some(span(send, send_len)), span(recv, recv_len)),
     };
-    // SAFETY: the layout's buffers are device memory of `dev` (checked by the caller), live
-    // and the call's alone while it runs (NCCL's contract); `coll_layout` refuses overlapping
-    // buffers outside the in-place layout, which has no send span.
     let stream = ordered.then_some(on.stream);
+    // SAFETY: the layout's buffers are device memory of `dev` (checked by the caller), live
+    // and the call's alone until it completes, on a stream until the stream has run it
+    // (NCCL's contract), and `on.stream` is the caller's stream of `dev`; `coll_layout`
+    // refuses overlapping buffers outside the in-place layout, which has no send span.
     unsafe { comm.collective_at_on(kind, send, recv, dtype, op, stream) }
         .map_err(|e| e.context(api))
 }

@@ -474,6 +474,9 @@ impl Reducer for StandInReducer {
         host_stream::synchronize(self.stream(on))
     }
 
+    /// Queues the release on the stream; a stand-in stream runs only when waited for, and host
+    /// access to a held buffer runs it to there ([`host_stream::run_releases`]) before it
+    /// waits for the holds, as a GPU gets there by itself.
     fn release_after(&self, on: usize, held: Box<dyn std::any::Any + Send>) -> Result<()> {
         host_stream::launch(
             on,
@@ -482,6 +485,7 @@ impl Reducer for StandInReducer {
                 Ok(())
             }),
         );
+        host_stream::release_later(on);
         Ok(())
     }
 

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | copy of bytes | at once, when reached |
 //! | wait until a flag `>=` a value | when the flag (written by a host thread) gets there |
-//! | a job (the model of a kernel, or of a host function) | at once, when reached; its error is the stream's, returned by the next wait for it |
+//! | a job (the model of a kernel, or of a host function) | at once, when reached; its error is the stream's, returned by every later wait for it |
 //! | wait until another stream has run to a position (an event of it) | when that stream gets there: whoever waits runs that stream too |
 //!
 //! An event is a position in the FIFO (the count of entries queued when it was recorded):
@@ -75,7 +75,8 @@ struct Fifo {
     entries: VecDeque<Entry>,
     /// Entries run so far (shared with the entries of other streams that wait for this one).
     run: Arc<AtomicU64>,
-    /// The error of a job that failed, until a wait for the stream returns it.
+    /// The error of a job that failed: every later wait for the stream returns it (sticky,
+    /// as a CUDA context's error after a failed kernel).
     failed: Option<Error>,
     /// Being captured into a graph (the tests' model of `cudaStreamBeginCapture`).
     capturing: bool,
@@ -90,6 +91,11 @@ impl Fifo {
 /// Stand-in streams by handle number.
 static STREAMS: LazyLock<Mutex<HashMap<usize, Arc<Mutex<Fifo>>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Handles of streams forgotten ([`remove`]; handles are never reused): a wait for an event of
+/// one waits for nothing, as a GPU finishes a destroyed stream's work by itself.
+static GONE: LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::HashSet::new()));
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -197,7 +203,7 @@ pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usiz
 
 /// Queues `job` on stand-in stream `handle`: it runs when the stream reaches it (whoever
 /// waits for the stream runs it, or with eager streams as early as it can); an error it
-/// returns is the stream's, returned by the next wait for the stream.
+/// returns is the stream's, returned by every later wait for the stream.
 pub(crate) fn launch(handle: usize, job: Job) {
     let s = stream(handle);
     lock(&s).entries.push_back(Entry::Run(job));
@@ -207,7 +213,15 @@ pub(crate) fn launch(handle: usize, job: Job) {
 /// Queues on stand-in stream `handle` a wait until stream `other` has run the entries before
 /// position `upto` (an event recorded on it: `cuStreamWaitEvent`).
 pub(crate) fn wait_for(handle: usize, other: usize, upto: u64) {
-    let progress = Arc::clone(&lock(&stream(other)).run);
+    let progress = {
+        let mut streams = lock(&STREAMS);
+        if lock(&GONE).contains(&other) {
+            return;
+        }
+        let fifo = streams.entry(other).or_default();
+        let run = Arc::clone(&lock(fifo).run);
+        run
+    };
     let s = stream(handle);
     lock(&s).entries.push_back(Entry::After {
         handle: other,
@@ -215,6 +229,29 @@ pub(crate) fn wait_for(handle: usize, other: usize, upto: u64) {
         upto,
     });
     kick(&s);
+}
+
+/// Points of stand-in streams up to which something waits to be let go (a stream-ordered
+/// call's holds, [`release_later`]), run by [`run_releases`].
+static RELEASES: Mutex<Vec<(usize, u64)>> = Mutex::new(Vec::new());
+
+/// Says that host code may wait (for a buffer's holds) until stand-in stream `handle` has run
+/// what is queued on it now: [`run_releases`] then runs it there, as a GPU gets there by itself.
+pub(crate) fn release_later(handle: usize) {
+    let upto = record(handle);
+    lock(&RELEASES).push((handle, upto));
+}
+
+/// Runs every stand-in stream to the points of [`release_later`] (a failed entry keeps its
+/// error for the stream's own waits); whether there were any.
+pub(crate) fn run_releases() -> bool {
+    let todo = std::mem::take(&mut *lock(&RELEASES));
+    for &(handle, upto) in &todo {
+        if !lock(&GONE).contains(&handle) {
+            let _ = run_to(handle, upto);
+        }
+    }
+    !todo.is_empty()
 }
 
 /// Records an event at the current end of stand-in stream `handle`: its position.
@@ -245,8 +282,8 @@ fn run_chain(handle: usize, upto: u64, depth: usize) -> Result<()> {
         let other = {
             let mut f = lock(&s);
             let ran = run_ready(&mut f, upto);
-            if let Some(e) = f.failed.take() {
-                return Err(e);
+            if let Some(e) = &f.failed {
+                return Err(e.clone());
             }
             if f.run() >= upto || f.entries.is_empty() {
                 return Ok(());
@@ -298,7 +335,9 @@ pub(crate) fn synchronize(handle: usize) -> Result<()> {
 /// Forgets stand-in stream `handle` (its owner dropped it); entries not yet run are dropped,
 /// as a GPU drops a destroyed stream's state (a gate recorded on it then has nothing to wait for).
 pub(crate) fn remove(handle: usize) {
-    lock(&STREAMS).remove(&handle);
+    let mut streams = lock(&STREAMS);
+    lock(&GONE).insert(handle);
+    streams.remove(&handle);
 }
 
 /// Whether stand-in stream `handle` is being captured into a graph.
@@ -388,6 +427,98 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!(*dst.lock().unwrap(), [5; 8]);
+        remove(h);
+    }
+
+    #[test]
+    fn a_wait_for_another_stream_runs_that_stream_to_the_event_and_no_further() {
+        if eager() {
+            return; // the lazy model: what runs when
+        }
+        let (a, b) = (0x0A_0001, 0x0A_0002);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let job = |what: &'static str| -> Job {
+            let log = Arc::clone(&log);
+            Box::new(move || {
+                lock(&log).push(what);
+                Ok(())
+            })
+        };
+        launch(a, job("a1"));
+        let mark = record(a);
+        launch(a, job("a2"));
+        wait_for(b, a, mark);
+        launch(b, job("b1"));
+        assert!(lock(&log).is_empty(), "nothing runs until waited for");
+        synchronize(b).unwrap();
+        assert_eq!(*lock(&log), ["a1", "b1"], "b ran a to its event only");
+        assert_eq!(pending(a), 1);
+        synchronize(a).unwrap();
+        assert_eq!(*lock(&log), ["a1", "b1", "a2"]);
+        // A wait for an event of a stream that is gone waits for nothing.
+        remove(a);
+        wait_for(b, a, mark + 100);
+        launch(b, job("b2"));
+        synchronize(b).unwrap();
+        assert_eq!(lock(&log).last(), Some(&"b2"));
+        remove(b);
+    }
+
+    #[test]
+    fn a_failed_job_is_the_streams_error_from_then_on() {
+        let h = 0x0B_0001;
+        launch(h, Box::new(|| Err(Error::internal("kernel fault"))));
+        let ran = Arc::new(AtomicU32::new(0));
+        let r = Arc::clone(&ran);
+        launch(
+            h,
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        );
+        for _ in 0..2 {
+            let e = synchronize(h).unwrap_err();
+            assert!(e.to_string().contains("kernel fault"), "{e}");
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "later entries still ran");
+        remove(h);
+    }
+
+    #[test]
+    fn streams_that_wait_for_each_other_in_a_cycle_are_an_error_not_a_hang() {
+        if eager() {
+            return;
+        }
+        let (a, b) = (0x0C_0001, 0x0C_0002);
+        // Each waits for the other to get past its own wait.
+        wait_for(a, b, 1);
+        wait_for(b, a, 1);
+        let e = synchronize(a).unwrap_err();
+        assert!(e.to_string().contains("cycle"), "{e}");
+        remove(a);
+        remove(b);
+    }
+
+    #[test]
+    fn releases_run_their_streams_when_host_code_waits() {
+        if eager() {
+            return;
+        }
+        let h = 0x0D_0001;
+        let done = Arc::new(AtomicU32::new(0));
+        let d = Arc::clone(&done);
+        launch(
+            h,
+            Box::new(move || {
+                d.store(1, Ordering::SeqCst);
+                Ok(())
+            }),
+        );
+        release_later(h);
+        assert_eq!(done.load(Ordering::SeqCst), 0);
+        assert!(run_releases());
+        assert_eq!(done.load(Ordering::SeqCst), 1);
         remove(h);
     }
 

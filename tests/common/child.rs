@@ -445,3 +445,18 @@ pub fn rank_env(
         ("FERRO_TIMEOUT", timeout_s.to_string()),
     ]
 }
+
+/// Runs child test `test` in role `role` with the host stand-ins of both the device and the
+/// p2p providers, the p2p transport only, and `extra` settings; waits up to `secs` and asserts
+/// it succeeded.
+pub fn standin_p2p_child(test: &str, role: &str, extra: &[(&str, String)], secs: u64) -> Finished {
+    let mut env = vec![
+        (ferroccl::device::PROVIDER_ENV, "host".to_string()),
+        ("FERRO_P2P_PROVIDER", "host".to_string()),
+        ("FERRO_TRANSPORTS", "p2p".to_string()),
+    ];
+    env.extend(extra.iter().cloned());
+    let out = Running::spawn(self_command(test, role, &env)).finish(Duration::from_secs(secs));
+    assert!(out.success(), "{}", out.dump());
+    out
+}

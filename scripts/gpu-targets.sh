@@ -6,7 +6,7 @@
 #   kernels   f32 and bf16 `dst = a + b` at >= 90 % of the device-to-device copy (step 1)
 #   p2p       2 ranks on one GPU, 256 MiB allreduce straight on the device (step 8b, direct):
 #             the schedule's memory traffic at >= 60 % of step 1's copy rate
-#   8 B       allreduce on device buffers, 2 ranks on one GPU: <= 20 us (steps 8b and 5)
+#   8 B       allreduce on device buffers, 2 ranks on one GPU: <= 20 us (steps 8b, 5, 8i, 8k)
 #   staged    2 processes over shm, 64 MiB: device busbw >= 70 % of host busbw (step 6a)
 #
 # The ring of 2 ranks moves 9 x S bytes of device memory for an S-byte allreduce (each rank:
@@ -14,7 +14,8 @@
 # and the input and writes the output, 1.5 x S; the reduced half copied over and out, 2 x S).
 # Straight between the ranks' buffers (ranks as threads of one process, the default where
 # all_reduce_perf prints "# Calls between the ranks' buffers"), 4 x S: each rank reads
-# its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures.
+# its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures,
+# part 8k that path with calls ordered on a stream (-B 2) beside blocking ones.
 # A target whose step gave no figure (not run, or stopped early) is reported as not measured.
 # Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
 #
@@ -37,6 +38,8 @@ function bytes(n) {
     if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=1/) part = "8b-direct"
     else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=0/) part = "8i-ring"
     else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=1/) part = "8i-peer"
+    else if ($0 ~ /^-- 8k: -B 1,/) part = "8k-blocking"
+    else if ($0 ~ /^-- 8k: -B 2,/) part = "8k-stream"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=0/) part = "8j-ring"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=1/) part = "8j-peer"
     else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
@@ -103,6 +106,20 @@ END {
         print line
     }
 
+    # Part 8k: between the buffers, calls on a stream against blocking calls (the same targets).
+    for (p = 0; p <= 1; p++) {
+        part8 = p ? "8k-stream" : "8k-blocking"
+        s = largest[part8]
+        key = part8 SUBSEP s
+        if (s == 0 || !(key in oop_t)) continue
+        t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
+        traffic = 4 * s / (t * 1e3)
+        line = sprintf("-- 8k, between the buffers of the ranks, %s, %s: %.1f / %.1f us out of / in place; 4 x S of traffic in the faster is %.0f GB/s", p ? "calls on a stream (-B 2)" : "blocking calls (-B 1)", bytes(s), oop_t[key], ip_t[key], traffic)
+        if (copy > 0 && s == 268435456) line = line sprintf(", %s of the copy rate (target >= 60 %%): %s", pct(traffic, copy), verdict(100 * traffic / copy >= 60))
+        else if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
+        print line
+    }
+
     # Part 8j, two GPUs (no target: the targets are for one GPU): both paths at the largest size.
     for (p = 0; p <= 1; p++) {
         part8 = p ? "8j-peer" : "8j-ring"
@@ -112,11 +129,12 @@ END {
         printf "-- 8j, two GPUs, %s, %s: %.1f / %.1f us out of / in place, busbw %.1f / %.1f GB/s (no target)\n", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], oop_bw[key], ip_bw[key]
     }
 
-    split("8b-direct 8b-staged 5 8i-peer 8i-ring", eight, " ")
+    split("8b-direct 8b-staged 5 8i-peer 8i-ring 8k-blocking 8k-stream", eight, " ")
     names["8b-direct"] = "8b, p2p, direct"; names["8b-staged"] = "8b, p2p, staged"; names["5"] = "5, shm, staged"
     names["8i-peer"] = "8i, between the buffers of the ranks"; names["8i-ring"] = "8i, lanes, FERRO_DEVICE_PEER=0"
+    names["8k-blocking"] = "8k, between the buffers, blocking calls"; names["8k-stream"] = "8k, between the buffers, calls on a stream"
     seen8 = 0
-    for (i = 1; i <= 5; i++) {
+    for (i = 1; i <= 7; i++) {
         key = eight[i] SUBSEP 8
         if (!(key in oop_t)) continue
         seen8 = 1

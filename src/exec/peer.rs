@@ -1,7 +1,7 @@
 //! Collectives straight between the ranks' device buffers: where every rank of a communicator
 //! is a thread of one process, their device buffers are memory of one address space, and each
 //! rank can reduce or copy its share of the data from the other ranks' buffers into theirs
-//! itself, in one reduce-copy kernel (the reducer's [`Reducer::reduce_many`]; an all_to_all
+//! itself, in one reduce-copy kernel (the reducer's [`Reducer::queue_many`]; an all_to_all
 //! makes one copy per rank), instead of passing pieces from slot to slot along a ring. What
 //! each rank does is its [`share`]: for an allreduce, chunk `r` of the elements, from every
 //! input into every output.
@@ -15,17 +15,28 @@
 //!    and the key's complement (so that max gives the least key too; a rank that cannot take
 //!    part, not holding device buffers of a reducer that reduces many buffers in one pass,
 //!    offers two all-ones words, which no key matches), and where its input and output start,
-//!    in its own words. Every rank gets the same words, so every rank reaches the same
-//!    verdict: one key, and no rank's buffers overlapping another's (in place, a rank's input
-//!    and output are blocks of one buffer). Otherwise every rank runs the schedule as before:
-//!    so do ranks whose pre-multiplied sums have factors of their own (one kernel scales every
-//!    source alike).
-//! 2. **Reduce.** Rank `r` runs its share and waits for it. In place this is safe: a rank
-//!    writes only its own chunk or block of each buffer, which no other rank reads, and the
-//!    kernel reads an element of every source before it writes that element.
-//! 3. **Done.** One more lane allreduce (max) of a status word: no rank returns while another
-//!    may still be writing its output or reading its input, and a rank whose kernel failed is
+//!    in its own words, and its ready mark: where the call is ordered on the caller's stream
+//!    ([`DeviceArena::call_stream`]), an event at the end of the work queued there before the
+//!    call (a blocking call's buffers are ready: no mark). Every rank gets the same words, so
+//!    every rank reaches the same verdict: one key, and no rank's buffers overlapping
+//!    another's (in place, a rank's input and output are blocks of one buffer). Otherwise
+//!    every rank runs the schedule as before (a call on a stream first waits for it,
+//!    [`DeviceArena::settle`]): so do ranks whose pre-multiplied sums have factors of their
+//!    own (one kernel scales every source alike).
+//! 2. **Share.** Rank `r` queues, on the call's stream (a blocking call: the reducer's own),
+//!    waits for the other ranks' ready marks, its share, and its done mark. In place this is
+//!    safe: a rank writes only its own chunk or block of each buffer, which no other rank
+//!    reads, and the kernel reads an element of every source before it writes that element.
+//! 3. **Done.** One more lane allreduce (max) of a status word and every rank's done mark;
+//!    each rank's stream then waits for the other ranks' done marks, so that no stream goes
+//!    past the call while another rank may still be writing its output or reading its input
+//!    (a blocking call waits for its stream here). A rank that failed to queue its share is
 //!    named by all of them (the outputs are then incomplete, and every rank says so).
+//!
+//! The exchanges order the marks' re-records: a rank records its ready mark again only after
+//! the status exchange of the call before (every rank has queued its waits for it by then), its
+//! done mark only after the next offer (likewise). A call on a stream returns once this is
+//! queued; a kernel that fails afterwards shows on the stream, as CUDA's asynchronous errors do.
 //!
 //! A call cut into device slices offers the whole call at its first slice
 //! ([`Engine::offer_whole`]); where every rank agrees, the whole call runs here and its other
@@ -35,7 +46,8 @@
 //! Traffic of an allreduce: each rank reads `n` chunks and writes `n` chunks of `S / n` bytes,
 //! `2 × S` per rank and `2 × n × S` in all, against the `9 × S` of the two-rank ring on the p2p
 //! transport's slots (copy into the peer's slot, reduce from it, copy the result over, copy it
-//! out). No host round trip per piece: two lane exchanges and one launch a call.
+//! out). No host round trip per piece: two lane exchanges, one launch and a few event records
+//! and waits a call.
 
 use std::ops::Range;
 

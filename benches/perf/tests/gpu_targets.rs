@@ -84,10 +84,28 @@ fn close(got: &[f64], want: &[f64], line: &str) {
 /// What `all_reduce_perf` prints for sizes `b` to `e` by x8 on 2 thread ranks of stand-in
 /// device buffers, blocking, with `env` added; it must pass.
 fn all_reduce_perf(b: &str, e: &str, env: &[(&str, &str)]) -> String {
+    all_reduce_perf_b(b, e, "1", env)
+}
+
+/// [`all_reduce_perf`] with `-B device_buffers` (`2`: calls ordered on a stream).
+fn all_reduce_perf_b(b: &str, e: &str, device_buffers: &str, env: &[(&str, &str)]) -> String {
     let out = Command::new("timeout")
         .arg("120")
         .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
-        .args(["-b", b, "-e", e, "-f", "8", "-n", "2", "-t", "2", "-B", "1"])
+        .args([
+            "-b",
+            b,
+            "-e",
+            e,
+            "-f",
+            "8",
+            "-n",
+            "2",
+            "-t",
+            "2",
+            "-B",
+            device_buffers,
+        ])
         .env("FERRO_DEVICE_PROVIDER", "host")
         .env("FERRO_TIMEOUT", "30")
         .envs(env.iter().copied())
@@ -297,6 +315,46 @@ fn two_devices_go_between_the_buffers_and_part_8j_is_printed_without_a_target() 
         got.contains("p2p allreduce, 2 ranks on one GPU: not measured"),
         "{got}"
     );
+}
+
+/// Part 8k: thread ranks on one device over p2p go between the buffers with calls ordered on
+/// a stream (`-B 2`) as with blocking ones (`-B 1`), every row checked by the tool; the
+/// targets print both, with the 8 B figures beside the others.
+#[test]
+fn calls_on_a_stream_go_between_the_buffers_and_part_8k_is_printed() {
+    let env = [("FERRO_P2P_PROVIDER", "host"), ("FERRO_TRANSPORTS", "p2p")];
+    let (blocking, stream) = (
+        all_reduce_perf_b("8", "32K", "1", &env),
+        all_reduce_perf_b("8", "32K", "2", &env),
+    );
+    for t in [&blocking, &stream] {
+        assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+        assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+    }
+    let log = format!(
+        "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy 100.0 GB/s (read + written)\n\
+         -- ferro-gpu-check: 3 s\n== 8. straight on the device\n\
+         -- 8k: -B 1, threads, between the buffers\n{blocking}-- all_reduce_perf: 1 s\n\
+         -- 8k: -B 2, threads, between the buffers\n{stream}"
+    );
+    let got = targets(&log);
+    for (table, name, short) in [
+        (&blocking, "blocking calls (-B 1)", "blocking calls"),
+        (&stream, "calls on a stream (-B 2)", "calls on a stream"),
+    ] {
+        let r = row(table, 32768);
+        let l = line(
+            &got,
+            &format!("-- 8k, between the buffers of the ranks, {name}, 32 KiB: "),
+        );
+        close(&numbers_after(l, "KiB: ")[..2], &[r[5], r[9]], l);
+        let r8 = row(table, 8);
+        let l = line(
+            &got,
+            &format!("-- 8 B allreduce on device buffers, 2 ranks on one GPU (8k, between the buffers, {short}): "),
+        );
+        close(&numbers_after(l, "): ")[..2], &[r8[5], r8[9]], l);
+    }
 }
 
 #[test]

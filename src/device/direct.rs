@@ -228,6 +228,13 @@ impl StandInReducer {
         self.check_on(what, m, ordinal)
     }
 
+    /// Checks every operand of a reduce-copy ([`StandInReducer::many_operand`]).
+    fn many_operands(&self, dsts: &[MemRef], srcs: &[MemRef]) -> Result<()> {
+        let dsts = dsts.iter().map(|m| ("destination", m));
+        dsts.chain(srcs.iter().map(|m| ("source", m)))
+            .try_for_each(|(what, m)| self.many_operand(what, m))
+    }
+
     /// The reduce-copy of [`Reducer::queue_many`] as the stream runs it: every operand checked
     /// live again (a buffer freed before the stream got here is an error, not a wild access).
     fn reduce_many_now(
@@ -239,12 +246,7 @@ impl StandInReducer {
         premul: Option<f64>,
     ) -> Result<()> {
         let len = srcs[0].len;
-        for m in dsts {
-            self.many_operand("destination", m)?;
-        }
-        for m in srcs {
-            self.many_operand("source", m)?;
-        }
+        self.many_operands(dsts, srcs)?;
         if len == 0 {
             return Ok(());
         }
@@ -440,12 +442,7 @@ impl Reducer for StandInReducer {
                 self.ordinal, len
             )));
         }
-        for m in dsts {
-            self.many_operand("destination", m)?;
-        }
-        for m in srcs {
-            self.many_operand("source", m)?;
-        }
+        self.many_operands(dsts, srcs)?;
         if len == 0 {
             return Ok(());
         }

@@ -538,7 +538,7 @@ impl Communicator {
         // SAFETY: the ranges lie inside their buffers (checked above), which own their memory
         // on their devices; `recv` is borrowed mutably and `send` shared, so neither range is
         // used by anything else while the call runs, and they do not overlap.
-        unsafe { self.collective_at(kind, send, recv_span, dtype, op) }
+        unsafe { self.collective_at_on(kind, send, recv_span, dtype, op, None) }
     }
 
     /// Checks that the byte ranges of a raw device collective are whole elements of `dtype`
@@ -571,32 +571,17 @@ impl Communicator {
 
     /// Runs collective `kind` on device memory named by address (`send: None`: in place) with
     /// elements of `dtype`: the entry of code outside Rust (the C ABI) and of
-    /// [`Communicator::raw_collective_device`].
+    /// [`Communicator::raw_collective_device`]. Blocking (`stream: None`), or ordered on the
+    /// caller's stream `stream` of the spans' device where
+    /// [`Communicator::orders_between_buffers`] said so: it then returns once the call is
+    /// queued there (or, where the ranks do not agree to go between their buffers, after
+    /// waiting for the stream, done).
     ///
     /// # Safety
-    /// Each span is device memory of its device, live while the call runs; `recv` is used by
-    /// nothing else meanwhile, `send` is not written by anything and does not overlap `recv`.
-    pub(crate) unsafe fn collective_at(
-        &self,
-        kind: CollKind,
-        send: Option<Span>,
-        recv: Span,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        // SAFETY: per this function's contract.
-        unsafe { self.collective_at_on(kind, send, recv, dtype, op, None) }
-    }
-
-    /// [`Communicator::collective_at`], or ordered on the caller's stream `stream` of the
-    /// spans' device where [`Communicator::orders_between_buffers`] said so: it returns once
-    /// the call is queued there (or, where the ranks do not agree to go between their
-    /// buffers, after waiting for the stream, done).
-    ///
-    /// # Safety
-    /// As for [`Communicator::collective_at`], the spans live and the call's alone until the
-    /// stream has run it (NCCL's contract for a call on a stream); `stream` is a live stream
-    /// of the spans' device.
+    /// Each span is device memory of its device, live while the call runs (with a stream:
+    /// until the stream has run it, NCCL's contract for a call on a stream); `recv` is used by
+    /// nothing else meanwhile, `send` is not written by anything and does not overlap `recv`;
+    /// `stream` is a live stream of the spans' device.
     pub(crate) unsafe fn collective_at_on(
         &self,
         kind: CollKind,

@@ -26,7 +26,12 @@ fn value(r: usize, i: usize) -> f32 {
 }
 
 /// The calls of one round between the buffers.
-const CALLS: u64 = 7;
+const CALLS: u64 = 8;
+
+/// The sum over the `n` ranks of their data's element `i`.
+fn total_of_values(n: usize, i: usize) -> f32 {
+    (0..n).map(|k| value(k, i)).sum()
+}
 
 /// Element `i` of rank `r`'s first input: the sum of ranks 0 and 1's data on those two, the
 /// rank's own data on the others.
@@ -62,6 +67,7 @@ fn round(
     let mut scattered = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
     let mut reduced = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
     let mut exchanged = DeviceBuffer::<f32>::new(dev, count * n).map_err(e("alloc", r))?;
+    let mut averaged = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
     let sum = ReduceOp::Sum;
     if blocking {
         local
@@ -80,6 +86,8 @@ fn round(
             .map_err(e("reduce", r))?;
         c.all_to_all_device(&gathered, &mut exchanged)
             .map_err(e("all_to_all", r))?;
+        c.all_reduce_device(&scattered, &mut averaged, ReduceOp::Avg)
+            .map_err(e("avg", r))?;
     } else {
         // The input of the first call, written on the stream: not there until the stream
         // gets to it.
@@ -100,6 +108,8 @@ fn round(
             .map_err(e("reduce", r))?;
         c.all_to_all_device_on(&gathered, &mut exchanged, stream)
             .map_err(e("all_to_all", r))?;
+        c.all_reduce_device_on(&scattered, &mut averaged, ReduceOp::Avg, stream)
+            .map_err(e("avg", r))?;
         // A rank that took no part in the pair's allreduce runs its stream first: its shares
         // must wait for the pair's streams to get to their ready marks.
         if r >= 2 {
@@ -137,6 +147,8 @@ fn round(
         check("reduce to 0", read(&reduced)?, &|i| n as f32 * first(1, i))?;
     }
     check("all_to_all", read(&exchanged)?, &|i| value(r, i % count))?;
+    // The average of every rank's n x data: each rank's sum, divided by n, exactly.
+    check("avg", read(&averaged)?, &|i| total_of_values(n, i))?;
     Ok(())
 }
 

@@ -248,7 +248,13 @@ impl Call {
                 let reducer = arena
                     .as_deref()
                     .map_or_else(|| e.shared_reducer(), |a| a.reducer());
-                reducer.divide(self.dtype, PayloadMut::Device(out), self.nranks as u64)?;
+                let n = self.nranks as u64;
+                // A call still ordered on a stream (it went between the buffers and queued
+                // its shares there) divides there too, after them.
+                match arena.as_deref().and_then(|a| a.call_stream()) {
+                    Some(on) => reducer.queue_divide(Some(on), self.dtype, out, n)?,
+                    None => reducer.divide(self.dtype, PayloadMut::Device(out), n)?,
+                }
             } else if writes && out_len > 0 {
                 // SAFETY: the output (at `out_off` in the one buffer when in place) holds
                 // `out_len` elements: `Call::check` verified the buffer lengths, and the

@@ -455,6 +455,26 @@ impl Reducer for StandInReducer {
         Ok(())
     }
 
+    fn queue_divide(&self, on: Option<usize>, dtype: DataType, buf: MemRef, n: u64) -> Result<()> {
+        self.check("buffer", &buf)?;
+        if buf.len == 0 {
+            return Ok(());
+        }
+        let me = StandInReducer::new(self.ordinal);
+        host_stream::launch(
+            self.stream(on),
+            Box::new(move || {
+                me.check("buffer", &buf)?;
+                // SAFETY: `buf` lies in a live stand-in allocation (checked just now), the
+                // output of a call whose rank holds it until its stream has run this; the
+                // stream's order puts every share that writes it before this.
+                let b = unsafe { std::slice::from_raw_parts_mut(buf.addr as *mut u8, buf.len) };
+                HostReducer.divide(dtype, PayloadMut::Host(b), n)
+            }),
+        );
+        Ok(())
+    }
+
     fn mark(&self, on: Option<usize>, _which: MarkUse) -> Result<Mark> {
         let h = self.stream(on);
         Ok([h as u64, host_stream::record(h)])

@@ -362,6 +362,31 @@ impl Reducer for CudaReducer {
         unsafe { k.reduce_copy_on(stream, dtype, op, &args) }.map_err(|e| convert(&e))
     }
 
+    fn queue_divide(&self, on: Option<usize>, dtype: DataType, buf: MemRef, n: u64) -> Result<()> {
+        let b = self.device("buffer", buf.space, Some(buf))?;
+        if n == 0 {
+            return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
+        }
+        if !b.len.is_multiple_of(dtype.size()) {
+            return Err(Error::internal(format!(
+                "{NAME}: {} bytes is not a whole number of {dtype} elements",
+                b.len
+            )));
+        }
+        if b.len == 0 {
+            return Ok(());
+        }
+        let (k, stream) = self.on(on)?;
+        let a = [b.addr as u64];
+        let args = RcArgs::new(&a, &a, (b.len / dtype.size()) as u64).with_divide(dtype, n);
+        // SAFETY: `b` is a non-null reference on this reducer's device (checked above), live
+        // device memory of `len` bytes until the stream has run the kernel (MemRef's contract:
+        // the output of a call ordered on this stream, held until the stream has run it); the
+        // kernel reads each element before it writes it. `stream` is the kernels' own or the
+        // caller's stream of this device.
+        unsafe { k.reduce_copy_on(stream, dtype, ElemOp::Sum, &args) }.map_err(|e| convert(&e))
+    }
+
     fn mark(&self, on: Option<usize>, which: MarkUse) -> Result<Mark> {
         let (k, stream) = self.on(on)?;
         let ev = self.event(k, which)?;

@@ -127,6 +127,14 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         Err(no_streams(self.name()))
     }
 
+    /// Queues `buf[i] = buf[i] / n` (as [`Reducer::divide`]) on stream `on` (`None`: the
+    /// reducer's own) and returns once it is queued: `Avg`'s divide of a call ordered on a
+    /// stream, after its shares.
+    fn queue_divide(&self, on: Option<usize>, dtype: DataType, buf: MemRef, n: u64) -> Result<()> {
+        let _ = (on, dtype, buf, n);
+        Err(no_streams(self.name()))
+    }
+
     /// Records this reducer's mark `which` at the current end of stream `on` (`None`: its own),
     /// replacing where it was recorded before: another rank's stream can then be made to wait
     /// for the work queued before it ([`Reducer::wait_mark`], with any reducer of this process).

@@ -474,12 +474,7 @@ impl Communicator {
     pub(crate) fn orders_between_buffers(&self, dev: Device, handle: usize) -> bool {
         !blocks_always(dev, handle)
             && crate::device::stream_queue::stream_waits() != Some(false)
-            && self
-                .inner
-                .engine
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .peer_direct()
+            && self.inner.peer_direct
             && self.device_direct()
     }
 

@@ -228,6 +228,7 @@ impl Communicator {
             .all(|d| d.host == descs[rank].host && d.pid == descs[rank].pid);
         engine.set_peer_direct(config.device_peer && one_process && config.tries_p2p());
         let device_transport = engine.carries_device_memory();
+        let peer_direct = engine.peer_direct();
         Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -253,6 +254,7 @@ impl Communicator {
                 descs,
                 transports: mesh.transports,
                 device_transport,
+                peer_direct,
             }),
             worker: Mutex::new(None),
             device: Arc::default(),

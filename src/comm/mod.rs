@@ -138,6 +138,9 @@ struct Inner {
     transports: Vec<Option<&'static str>>,
     /// Whether a connection carries CUDA device memory itself (the p2p transport).
     device_transport: bool,
+    /// Whether device collectives are offered straight between the ranks' buffers (the
+    /// engine's setting, known without its lock).
+    peer_direct: bool,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.

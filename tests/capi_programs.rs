@@ -112,36 +112,41 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
 }
 
 /// `ncclCommInitAll` on three stand-in devices joined by the p2p transport, one thread driving
-/// them through a group, calls in the blocking form: the allreduce and the broadcast go
-/// straight between the communicators' buffers across the devices (every rank's trace labels
-/// both `peer`), and their elements are right (the program checks them).
+/// them through a group, calls in the blocking form (`FERRO_STREAM_WAITS=0`) and in stream
+/// order (`1`: each call's shares queued on the stream, read by the program after its
+/// synchronize): the allreduce and the broadcast go straight between the communicators'
+/// buffers across the devices (every rank's trace labels both `peer`), and their elements are
+/// right (the program checks them).
 #[test]
 fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffers() {
     let exe = gcc("streams.c", "streams", &[&our_include()], true);
-    let dir = out_dir().join(format!("peer-trace-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let trace = dir.join("trace-%r.json");
-    run_c(
-        &exe,
-        &["3", "all"],
-        &[
-            ("FERRO_DEVICE_PROVIDER", "host"),
-            ("FERRO_TRANSPORTS", "p2p"),
-            ("FERRO_P2P_PROVIDER", "host"),
-            ("FERRO_STREAM_WAITS", "0"),
-            ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
-        ],
-    );
-    for r in 0..3 {
-        let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
-        let peer = t.matches("\"algorithm\":\"peer\"").count();
-        assert_eq!(
-            peer, 2,
-            "rank {r}: {peer} calls between the buffers in its trace:\n{t}"
+    for waits in ["0", "1"] {
+        let dir = out_dir().join(format!("peer-trace-{}-{waits}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("trace-%r.json");
+        run_c(
+            &exe,
+            &["3", "all"],
+            &[
+                ("FERRO_DEVICE_PROVIDER", "host"),
+                ("FERRO_TRANSPORTS", "p2p"),
+                ("FERRO_P2P_PROVIDER", "host"),
+                ("FERRO_STREAM_WAITS", waits),
+                ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
+            ],
         );
+        for r in 0..3 {
+            let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
+            let peer = t.matches("\"algorithm\":\"peer\"").count();
+            assert_eq!(
+                peer, 2,
+                "FERRO_STREAM_WAITS={waits}, rank {r}: {peer} calls between the buffers in its \
+                 trace:\n{t}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `tests/c/vmm.c` (memory mapped piece by piece, run by `gpu-check.sh` on a GPU) builds, and

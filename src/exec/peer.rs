@@ -443,7 +443,12 @@ impl Engine {
             Ok(done) => status[1 + 2 * me..3 + 2 * me].copy_from_slice(done),
             Err(_) => status[0] = me as u64 + 1,
         }
-        self.max_words(&mut status, ctx)?;
+        if let Err(e) = self.max_words(&mut status, ctx) {
+            // The exchange failed (a peer gone, the deadline): this rank's share may be
+            // queued and reach other ranks' buffers; it is done before the error returns.
+            let _ = reducer.synchronize(on);
+            return Err(e);
+        }
         // No rank's stream goes past the call before every share that reads its input or
         // writes its output is done (the shares that were queued: a rank that failed to queue
         // its own still waits for the others'); a blocking call waits for that here.

@@ -21,7 +21,10 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Runs `gpu-targets.sh` on `log` and returns what it printed.
 fn targets(log: &str) -> String {
-    let dir = scratch("gpu-targets-log");
+    // A folder of each call's own: the tests of this file run at once.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = scratch(&format!("gpu-targets-log-{k}"));
     let path = dir.join("gpu-check.log");
     std::fs::write(&path, log).expect("writing the log");
     let out = Command::new("bash")

@@ -65,6 +65,19 @@ NF >= 13 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && part != "" {
     if (num($1) > largest[part]) largest[part] = num($1)
     next
 }
+# One line for part `part8` at its largest size: both times, `k` x S of traffic in the faster
+# against the copy rate, and with `target` the 60 % verdict where the size is 256 MiB.
+function both(part8, label, k, target,    s, key, t, traffic, line) {
+    s = largest[part8]
+    key = part8 SUBSEP s
+    if (s == 0 || !(key in oop_t)) return
+    t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
+    traffic = k * s / (t * 1e3)
+    line = sprintf("-- %s, %s: %.1f / %.1f us out of / in place; %d x S of traffic in the faster is %.0f GB/s", label, bytes(s), oop_t[key], ip_t[key], k, traffic)
+    if (copy > 0 && target && s == 268435456) line = line sprintf(", %s of the copy rate (target >= 60 %%): %s", pct(traffic, copy), verdict(100 * traffic / copy >= 60))
+    else if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
+    print line
+}
 END {
     print "== targets, from the figures of this run (benchmarks: not part of the verdict above)"
     if (copy > 0) print "-- copy rate: " copy " GB/s (step 1)"
@@ -92,33 +105,12 @@ END {
         print line
     }
 
-    # Part 8i: the two paths side by side at the largest size, alternated in one run.
-    for (p = 0; p <= 1; p++) {
-        part8 = p ? "8i-peer" : "8i-ring"
-        s = largest[part8]
-        key = part8 SUBSEP s
-        if (s == 0 || !(key in oop_t)) continue
-        k = p ? 4 : 9
-        t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
-        traffic = k * s / (t * 1e3)
-        line = sprintf("-- 8i, %s, %s: %.1f / %.1f us out of / in place; %d x S of traffic in the faster is %.0f GB/s", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], k, traffic)
-        if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
-        print line
-    }
-
-    # Part 8k: between the buffers, calls on a stream against blocking calls (the same targets).
-    for (p = 0; p <= 1; p++) {
-        part8 = p ? "8k-stream" : "8k-blocking"
-        s = largest[part8]
-        key = part8 SUBSEP s
-        if (s == 0 || !(key in oop_t)) continue
-        t = oop_t[key] < ip_t[key] || ip_t[key] == 0 ? oop_t[key] : ip_t[key]
-        traffic = 4 * s / (t * 1e3)
-        line = sprintf("-- 8k, between the buffers of the ranks, %s, %s: %.1f / %.1f us out of / in place; 4 x S of traffic in the faster is %.0f GB/s", p ? "calls on a stream (-B 2)" : "blocking calls (-B 1)", bytes(s), oop_t[key], ip_t[key], traffic)
-        if (copy > 0 && s == 268435456) line = line sprintf(", %s of the copy rate (target >= 60 %%): %s", pct(traffic, copy), verdict(100 * traffic / copy >= 60))
-        else if (copy > 0) line = line sprintf(", %s of the copy rate", pct(traffic, copy))
-        print line
-    }
+    # Part 8i: the two paths side by side at the largest size, alternated in one run; part 8k:
+    # between the buffers, calls on a stream against blocking calls (the 60 % target at 256 MiB).
+    both("8i-ring", "8i, ring (FERRO_DEVICE_PEER=0)", 9, 0)
+    both("8i-peer", "8i, between the buffers of the ranks", 4, 0)
+    both("8k-blocking", "8k, between the buffers of the ranks, blocking calls (-B 1)", 4, 1)
+    both("8k-stream", "8k, between the buffers of the ranks, calls on a stream (-B 2)", 4, 1)
 
     # Part 8j, two GPUs (no target: the targets are for one GPU): both paths at the largest size.
     for (p = 0; p <= 1; p++) {

@@ -323,7 +323,8 @@ impl Engine {
     /// Offers collective `args` straight between the ranks' buffers (see the module), or
     /// the whole call it is the first slice of (`whole`: its count and buffers);
     /// `Ok(true)` when it ran so, `Ok(false)` when the ranks agreed to run the schedule
-    /// instead. `reducer`: the reducer of this rank's device arena, for device buffers.
+    /// instead. `arena`: this rank's device arena (its reducer, and the caller's stream where
+    /// the call is ordered on one), for device buffers.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn peer_collective(
         &mut self,

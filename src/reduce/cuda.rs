@@ -155,11 +155,13 @@ impl CudaReducer {
         }
     }
 
-    /// Checks the lengths and queues one reduce-copy of `srcs` into `dst` on the kernels'
-    /// stream, whose kernels it returns: the caller waits for the stream ([`wait`]) or marks
-    /// it ([`Reducer::queue`]).
+    /// Checks the lengths and queues one reduce-copy of `srcs` into `dst` on stream `on` (`None`:
+    /// the kernels' own), whose kernels it returns: the caller waits for the stream ([`wait`]),
+    /// marks it ([`Reducer::queue`]), or orders later work on it.
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
+        on: Option<usize>,
         dtype: DataType,
         op: ElemOp,
         dst: MemRef,
@@ -190,20 +192,40 @@ impl CudaReducer {
         }
         // SAFETY: the operands are `Payload::Device` references on this reducer's device, whose
         // makers vouch that they are live device allocations of `len` bytes (MemRef's
-        // contract); the lengths were checked equal above, and the caller waits for the
-        // stream or holds the memory until the mark it makes is done, so the memory outlives
-        // the kernel.
-        unsafe { k.reduce_copy(dtype, op, &args) }.map_err(|e| convert(&e))?;
+        // contract: on a caller's stream, until the stream has run the kernel); the lengths
+        // were checked equal above, and the caller waits for the stream or holds the memory
+        // until the mark it makes is done, so the memory outlives the kernel. The stream is
+        // the kernels' own or the caller's stream of this device.
+        unsafe { k.reduce_copy_on(stream_of(k, on), dtype, op, &args) }.map_err(|e| convert(&e))?;
         Ok(k)
     }
 }
 
+/// The stream `on` names (`None`: the kernels' own).
+fn stream_of(k: &DeviceKernels, on: Option<usize>) -> Handle {
+    on.map_or(k.stream(), |h| h as Handle)
+}
+
 impl CudaReducer {
-    /// The kernels, bound on this thread, and the stream `on` names (`None`: the kernels' own).
+    /// The kernels, bound on this thread, and the stream `on` names ([`stream_of`]).
     fn on(&self, on: Option<usize>) -> Result<(&DeviceKernels, Handle)> {
         let k = self.kernels()?;
         k.bind().map_err(|e| convert(&e))?;
-        Ok((k, on.map_or(k.stream(), |h| h as Handle)))
+        Ok((k, stream_of(k, on)))
+    }
+
+    /// Queues `b = b / n` on stream `on` ([`CudaReducer::launch`]).
+    fn divide_on(
+        &self,
+        on: Option<usize>,
+        dtype: DataType,
+        b: MemRef,
+        n: u64,
+    ) -> Result<&DeviceKernels> {
+        if n == 0 {
+            return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
+        }
+        self.launch(on, dtype, ElemOp::Sum, b, &[b], None, Some(n))
     }
 
     /// The event of mark `which`, made now if it was not yet (the context bound).
@@ -281,7 +303,7 @@ impl Reducer for CudaReducer {
             self.read("first", a)?,
             self.read("second", b)?,
         );
-        wait(self.launch(dtype, op, d, &[a, b], None, None)?)
+        wait(self.launch(None, dtype, op, d, &[a, b], None, None)?)
     }
 
     fn reduce_inplace(
@@ -292,7 +314,7 @@ impl Reducer for CudaReducer {
         src: Payload<'_>,
     ) -> Result<()> {
         let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
-        wait(self.launch(dtype, op, d, &[d, s], None, None)?)
+        wait(self.launch(None, dtype, op, d, &[d, s], None, None)?)
     }
 
     fn scale_into(
@@ -303,15 +325,12 @@ impl Reducer for CudaReducer {
         factor: f64,
     ) -> Result<()> {
         let (d, s) = (self.write("destination", dst)?, self.read("source", src)?);
-        wait(self.launch(dtype, ElemOp::Sum, d, &[s], Some(factor), None)?)
+        wait(self.launch(None, dtype, ElemOp::Sum, d, &[s], Some(factor), None)?)
     }
 
     fn divide(&self, dtype: DataType, buf: PayloadMut<'_>, n: u64) -> Result<()> {
         let b = self.write("buffer", buf)?;
-        if n == 0 {
-            return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
-        }
-        wait(self.launch(dtype, ElemOp::Sum, b, &[b], None, Some(n))?)
+        wait(self.divide_on(None, dtype, b, n)?)
     }
 
     fn reduces_many(&self) -> bool {
@@ -344,7 +363,7 @@ impl Reducer for CudaReducer {
         if len == 0 {
             return Ok(());
         }
-        let (k, stream) = self.on(on)?;
+        let k = self.kernels()?;
         let s: Vec<u64> = srcs.iter().map(|m| m.addr as u64).collect();
         let d: Vec<u64> = dsts.iter().map(|m| m.addr as u64).collect();
         let mut args = RcArgs::new(&s, &d, (len / dtype.size()) as u64);
@@ -359,32 +378,12 @@ impl Reducer for CudaReducer {
         // share); the lengths were checked equal. `stream` is the kernels' own or the caller's
         // stream of this device's primary context. A destination that is also a source is the
         // same memory, which the kernel reads element by element before writing it.
-        unsafe { k.reduce_copy_on(stream, dtype, op, &args) }.map_err(|e| convert(&e))
+        unsafe { k.reduce_copy_on(stream_of(k, on), dtype, op, &args) }.map_err(|e| convert(&e))
     }
 
     fn queue_divide(&self, on: Option<usize>, dtype: DataType, buf: MemRef, n: u64) -> Result<()> {
         let b = self.device("buffer", buf.space, Some(buf))?;
-        if n == 0 {
-            return Err(Error::internal(format!("{NAME}: divide by 0 ranks")));
-        }
-        if !b.len.is_multiple_of(dtype.size()) {
-            return Err(Error::internal(format!(
-                "{NAME}: {} bytes is not a whole number of {dtype} elements",
-                b.len
-            )));
-        }
-        if b.len == 0 {
-            return Ok(());
-        }
-        let (k, stream) = self.on(on)?;
-        let a = [b.addr as u64];
-        let args = RcArgs::new(&a, &a, (b.len / dtype.size()) as u64).with_divide(dtype, n);
-        // SAFETY: `b` is a non-null reference on this reducer's device (checked above), live
-        // device memory of `len` bytes until the stream has run the kernel (MemRef's contract:
-        // the output of a call ordered on this stream, held until the stream has run it); the
-        // kernel reads each element before it writes it. `stream` is the kernels' own or the
-        // caller's stream of this device.
-        unsafe { k.reduce_copy_on(stream, dtype, ElemOp::Sum, &args) }.map_err(|e| convert(&e))
+        self.divide_on(on, dtype, b, n).map(|_| ())
     }
 
     fn mark(&self, on: Option<usize>, which: MarkUse) -> Result<Mark> {
@@ -442,7 +441,7 @@ impl Reducer for CudaReducer {
             None => d,
         };
         let b = self.read("second", b)?;
-        let k = self.launch(dtype, op, d, &[a, b], None, None)?;
+        let k = self.launch(None, dtype, op, d, &[a, b], None, None)?;
         let mark = k.mark().map_err(|e| convert(&e))?;
         Ok(Some(Box::new(Queued(mark))))
     }

@@ -2,7 +2,7 @@
 //!
 //! | code space | carried in   | values                                            |
 //! |------------|--------------|---------------------------------------------------|
-//! | [`kind`]   | `Header.kind`| which operation a message belongs to (1..=12)     |
+//! | [`kind`]   | `Header.kind`| which operation a message belongs to (1..=13)     |
 //! | [`op`]     | `Header.op`  | the reduction, NCCL's `ncclRedOp_t` numbering; [`op::NONE`] when the operation does not reduce |
 //!
 //! Peers compare headers byte for byte, so a code here never changes meaning once released.
@@ -24,6 +24,8 @@ pub(crate) mod kind {
     /// A failure notice: a failing rank's last message on a connection before it closes it.
     /// `root` names the rank where the failure began; the payload is that rank's reason.
     pub const NOTICE: u8 = 12;
+    /// A window's registration and deregistration (the exchange of the ranks' buffers).
+    pub const WINDOW: u8 = 13;
 
     /// Name of a header kind.
     pub fn name(k: u8) -> &'static str {
@@ -40,6 +42,7 @@ pub(crate) mod kind {
             GATHER => "gather",
             SCATTER => "scatter",
             NOTICE => "failure notice",
+            WINDOW => "window registration",
             _ => "unknown operation",
         }
     }

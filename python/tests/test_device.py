@@ -1,7 +1,7 @@
 """The process group's device path (what CUDA tensors take) on the host stand-in provider.
 
 ``FERRO_DEVICE_PROVIDER=host`` makes the native device calls accept the stand-in's "device
-memory" (host heap memory it registers). Tensors made over that memory here are CPU tensors to
+memory" (host memory it registers). Tensors made over that memory here are CPU tensors to
 PyTorch; the adapter installed below (``ferroccl.device.install``) tells the process group they
 are device tensors of device 0 on a stand-in stream, so every operation takes the device path:
 queued on the stream, its copies and waits ordered after it, errors named. The stand-in's

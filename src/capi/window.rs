@@ -1,8 +1,12 @@
-//! Memory windows (`ncclCommWindowRegister`, NCCL 2.27+): a buffer registered with every
-//! connection of a communicator through the transport seam (`Connection::register`). Shared
-//! memory and TCP copy through their own buffers and need no registration, so on them a
-//! window holds no region; a transport that moves bytes straight into registered memory gets
-//! its regions made here and kept until the window is deregistered.
+//! Memory windows (`ncclCommWindowRegister`, NCCL 2.27+): collective, as NCCL's. A host buffer
+//! is registered with every connection of a communicator through the transport seam
+//! (`Connection::register`): shared memory and TCP copy through their own buffers and need no
+//! registration, so on them a window holds no region; a transport that moves bytes straight
+//! into registered memory gets its regions made here and kept until the window is
+//! deregistered. Every buffer is also registered with the communicator
+//! ([`crate::Communicator::register_window`]): where its ranks are processes of one host with
+//! the p2p transport, device buffers are exchanged (CUDA IPC) so that collectives on them go
+//! straight between the ranks' buffers.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
@@ -21,6 +25,8 @@ struct Window {
     /// The communicator handle it was registered with.
     comm: usize,
     addr: usize,
+    /// The communicator's registration, given back at deregistration.
+    registered: crate::comm::Window,
     /// Registrations of the transports that need them; dropping them releases them.
     _regions: Vec<ferroccl_transport::Region>,
     /// The handle C holds (its address is the key).
@@ -74,12 +80,23 @@ nccl_api! {
                 )));
             }
             let c = shared.wait_ready().map_err(|e| e.context(API))?;
-            let regions = c.register_host(buff.cast_const().cast(), size).map_err(|e| e.context(API))?;
+            let device = crate::device::Provider::from_env()
+                .ok()
+                .and_then(|p| p.locate(buff as u64, size))
+                .is_some();
+            // SAFETY: NCCL's contract: the buffer stays allocated until the window is
+            // deregistered, which returns once every rank has unmapped it.
+            let registered = unsafe { c.register_window(buff as u64, size) }.map_err(|e| e.context(API))?;
+            let regions = match device {
+                true => Vec::new(),
+                false => c.register_host(buff.cast_const().cast(), size).map_err(|e| e.context(API))?,
+            };
             let mut handle = Box::new(ncclWindow_vidmem { _serial: SERIAL.fetch_add(1, Ordering::Relaxed) });
             let h: ncclWindow_t = &mut *handle;
             lock(&WINDOWS).insert(h as usize, Window {
                 comm: comm as usize,
                 addr: buff as usize,
+                registered,
                 _regions: regions,
                 _handle: handle,
             });
@@ -95,9 +112,13 @@ nccl_api! {
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
         const API: &str = "ncclCommWindowDeregister";
         guard(API, || {
-            lookup(API, comm)?;
+            let shared = lookup(API, comm)?;
             window_of(API, comm, win)?;
-            lock(&WINDOWS).remove(&(win as usize));
+            let w = lock(&WINDOWS).remove(&(win as usize));
+            if let Some(w) = w {
+                let c = shared.wait_ready().map_err(|e| e.context(API))?;
+                c.deregister_window(w.registered).map_err(|e| e.context(API))?;
+            }
             Ok(ncclSuccess)
         })
     }

@@ -227,8 +227,11 @@ impl Communicator {
             .iter()
             .all(|d| d.host == descs[rank].host && d.pid == descs[rank].pid);
         engine.set_peer_direct(config.device_peer && one_process && config.tries_p2p());
+        let one_host = descs.iter().all(|d| d.host == descs[rank].host);
+        engine.set_peer_windows(config.device_peer && one_host && config.tries_p2p());
         let device_transport = engine.carries_device_memory();
         let peer_direct = engine.peer_direct();
+        let peer_windows = engine.peer_windows();
         Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -255,6 +258,7 @@ impl Communicator {
                 transports: mesh.transports,
                 device_transport,
                 peer_direct,
+                peer_windows,
             }),
             worker: Mutex::new(None),
             device: Arc::default(),

@@ -17,6 +17,7 @@ mod split;
 mod stream_rounds;
 mod stream_slices;
 mod transports;
+mod windows;
 mod work;
 
 use std::net::IpAddr;
@@ -39,6 +40,7 @@ pub use group::Group;
 pub(crate) use stream_rounds::{P2pRounds, PieceOp, RoundContext};
 #[cfg(feature = "capi")]
 pub(crate) use stream_slices::{SliceJob, Sliced};
+pub use windows::Window;
 pub use work::Work;
 
 use call::{header_kind, Call};
@@ -141,6 +143,9 @@ struct Inner {
     /// Whether device collectives are offered straight between the ranks' buffers (the
     /// engine's setting, known without its lock).
     peer_direct: bool,
+    /// Whether windows are exchanged at registration (ranks of several processes of one host:
+    /// the engine's setting, known without its lock).
+    peer_windows: bool,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.

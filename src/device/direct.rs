@@ -166,7 +166,7 @@ impl DirectArena {
 }
 
 /// The stand-in provider's reducer: the host kernels on the stand-in's "device memory" (host
-/// heap memory), every device operand checked to be a live stand-in allocation of its device
+/// host memory), every device operand checked to be a live stand-in allocation of its device
 /// first. Sources may also be host memory; destinations are always device memory.
 #[derive(Debug)]
 pub(crate) struct StandInReducer {
@@ -253,7 +253,7 @@ impl StandInReducer {
         let mut acc = vec![0u8; len];
         let mut scaled = vec![0u8; if premul.is_some() { len } else { 0 }];
         for (k, m) in srcs.iter().enumerate() {
-            // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that
+            // SAFETY: `m` lies in a live stand-in allocation (host memory, checked above) that
             // a rank of this process holds until its stream has waited for every rank's share; no
             // destination is written while this slice lives (the sources are read whole into
             // the accumulator first).
@@ -292,7 +292,7 @@ impl StandInReducer {
         if m.len == 0 {
             return Ok((m, Payload::Host(&[])));
         }
-        // SAFETY: `m` lies in a live stand-in allocation (heap memory, checked above) that the
+        // SAFETY: `m` lies in a live stand-in allocation (host memory, checked above) that the
         // executor's caller holds for the call; no operand written by the same step overlaps
         // it (checked by `disjoint` before any slice is made).
         let s = unsafe { std::slice::from_raw_parts(m.addr as *const u8, m.len) };
@@ -330,7 +330,7 @@ fn fail_many_at() -> Option<usize> {
 /// Whether distinct stand-in devices reach each other's memory in a reduce-copy of many
 /// buffers, as GPUs with peer access do: yes, unless `FERRO_STANDIN_PEER_ACCESS=0` (test
 /// tooling: GPUs without it). Read once per process.
-fn standin_reach() -> bool {
+pub(crate) fn standin_reach() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("FERRO_STANDIN_PEER_ACCESS").map_or(true, |v| v.trim() != "0"))
 }

@@ -1,5 +1,6 @@
-//! The host stand-in provider (`FERRO_DEVICE_PROVIDER=host`): "device memory" is heap memory
-//! kept in a registry of live allocations, copies are `memcpy`, and a stream is a queue of
+//! The host stand-in provider (`FERRO_DEVICE_PROVIDER=host`): "device memory" is shared memory
+//! (a memory file per allocation, which another process can map as CUDA IPC maps device
+//! memory) kept in a registry of live allocations, copies are `memcpy`, and a stream is a queue of
 //! copies that run, in order, when the stream is synchronized.
 //!
 //! It exists so that everything about device buffers except the CUDA calls — the API's checks,
@@ -40,12 +41,16 @@ pub(crate) fn visible_devices() -> Result<u32> {
 /// Alignment of every allocation, device or staging (CUDA allocations are 256-byte aligned).
 const ALIGN: usize = 256;
 
-/// A live stand-in device allocation.
+/// A live stand-in device allocation: a mapping of a memory file of its own (`memfd`), so that
+/// another process can map it too ([`export`], [`import`]), as CUDA IPC maps device memory.
 #[derive(Debug, Clone, Copy)]
 struct Alloc {
     ordinal: u32,
-    /// Bytes requested (the layout holds at least one byte).
+    /// Bytes requested (the mapping holds at least one page).
     len: usize,
+    /// The memory file, kept open for exports; `-1` for a mapping of another process's
+    /// allocation ([`import`]).
+    fd: i32,
 }
 
 /// Live allocations by start address.
@@ -82,26 +87,218 @@ unsafe fn raw_free(p: *mut u8, len: usize) {
     unsafe { std::alloc::dealloc(p, Layout::from_size_align_unchecked(len.max(1), ALIGN)) }
 }
 
-/// Allocates `len` bytes of "device memory" on device `ordinal` (zeroed) and registers it.
-pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
-    let p = raw_alloc(len)?;
-    registry().insert(p as usize, Alloc { ordinal, len });
-    Ok(p as u64)
+/// Bytes mapped for an allocation of `len` bytes: whole pages, at least one.
+fn mapped_len(len: usize) -> usize {
+    len.max(1).div_ceil(4096) * 4096
 }
 
-/// Frees an allocation of [`alloc`]; an address the registry does not hold is an error.
+fn os_error(what: &str, len: usize) -> Error {
+    Error::new(
+        crate::ErrorKind::System,
+        format!(
+            "host stand-in device: {what} of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        ),
+    )
+}
+
+/// Maps `len` bytes of memory file `fd`, shared.
+fn map_file(fd: i32, len: usize) -> Result<*mut u8> {
+    // SAFETY: a fresh shared mapping of an open file; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            mapped_len(len),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_error("mapping", len));
+    }
+    Ok(p.cast())
+}
+
+/// Every live allocation keeps a file open: the soft limit on open files is raised to the hard
+/// one once, so that tests holding many buffers do not run out.
+fn raise_file_limit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `l` is a valid rlimit to read into and then to set from.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+                l.rlim_cur = l.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+            }
+        }
+    });
+}
+
+/// Allocates `len` bytes of "device memory" on device `ordinal` (zeroed) and registers it.
+pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
+    raise_file_limit();
+    // SAFETY: a NUL-terminated name; the flags are memfd_create's.
+    let fd = unsafe { libc::memfd_create(c"ferroccl-standin".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_error("a memory file", len));
+    }
+    let sized = i64::try_from(mapped_len(len)).unwrap_or(i64::MAX);
+    // SAFETY: `fd` is the open memory file made above.
+    let p = match unsafe { libc::ftruncate(fd, sized) } {
+        0 => map_file(fd, len),
+        _ => Err(os_error("sizing a memory file", len)),
+    };
+    match p {
+        Ok(p) => {
+            registry().insert(p as usize, Alloc { ordinal, len, fd });
+            Ok(p as u64)
+        }
+        Err(e) => {
+            // SAFETY: `fd` is open and closed once.
+            unsafe { libc::close(fd) };
+            Err(e)
+        }
+    }
+}
+
+/// Unmaps an allocation's memory and closes its file.
+fn unmap(addr: u64, a: Alloc) {
+    // SAFETY: `addr` is the start of a mapping of `mapped_len(a.len)` bytes made by
+    // `map_file`, which the registry held and no longer does; `fd`, where set, is its file.
+    unsafe {
+        libc::munmap(addr as *mut libc::c_void, mapped_len(a.len));
+        if a.fd >= 0 {
+            libc::close(a.fd);
+        }
+    }
+}
+
+/// Frees an allocation of [`alloc`]; an address the registry does not hold, or the mapping of
+/// another process's allocation ([`close_import`] closes those), is an error.
 ///
 /// # Safety
 /// No queued copy still uses the allocation.
 pub(crate) unsafe fn free(addr: u64) -> Result<()> {
-    let Some(a) = registry().remove(&(addr as usize)) else {
-        return Err(Error::internal(format!(
+    let mut reg = registry();
+    match reg.get(&(addr as usize)).copied() {
+        Some(a) if a.fd >= 0 => {
+            reg.remove(&(addr as usize));
+            drop(reg);
+            unmap(addr, a);
+            Ok(())
+        }
+        Some(_) => Err(Error::internal(format!(
+            "host stand-in device: free of 0x{addr:x}, a mapping of another process's \
+             allocation (it is closed, not freed)"
+        ))),
+        None => Err(Error::internal(format!(
             "host stand-in device: free of 0x{addr:x}, which is not a live allocation"
+        ))),
+    }
+}
+
+/// Bytes of an exported allocation's handle that the stand-in uses: a tag, the owner's pid,
+/// its memory file's descriptor, the length and the device.
+const HANDLE_TAG: u64 = u64::from_le_bytes(*b"ferroSTI");
+
+/// The handle another process opens with [`import`] to map the allocation holding
+/// `[addr, addr + len)`, with the allocation's start and length (CUDA:
+/// `cuMemGetAddressRange` and `cuIpcGetMemHandle`).
+pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
+    let reg = registry();
+    let found = reg
+        .range(..=addr as usize)
+        .next_back()
+        .filter(|(&start, a)| addr as usize + len <= start + a.len);
+    let Some((&start, a)) = found else {
+        return Err(Error::invalid_argument(format!(
+            "host stand-in device: 0x{addr:x}..+{len} is not in one live allocation"
         )));
     };
-    // SAFETY: the registry held it, so `alloc` made it with this length; removed once.
-    unsafe { raw_free(addr as *mut u8, a.len) };
-    Ok(())
+    if a.fd < 0 {
+        return Err(Error::invalid_argument(format!(
+            "host stand-in device: 0x{addr:x} is a mapping of another process's allocation, \
+             which cannot be exported again"
+        )));
+    }
+    let words = [
+        HANDLE_TAG,
+        u64::from(std::process::id()),
+        a.fd as u64,
+        a.len as u64,
+        u64::from(a.ordinal),
+    ];
+    let mut h = [0u8; 64];
+    for (i, w) in words.iter().enumerate() {
+        h[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    Ok((start as u64, a.len, h))
+}
+
+/// Maps another process's allocation from its [`export`] handle, for a reduce-copy on device
+/// `ordinal` (refused where the devices differ and stand-in devices do not reach each other,
+/// as `cuIpcOpenMemHandle` fails without peer access). The mapping is device memory of the
+/// owner's device until [`close_import`].
+pub(crate) fn import(ordinal: u32, handle: &[u8; 64], reach: bool) -> Result<u64> {
+    let w = |i: usize| u64::from_le_bytes(handle[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+    let (pid, fd, len, owner) = (w(1), w(2), w(3) as usize, w(4) as u32);
+    if w(0) != HANDLE_TAG {
+        return Err(Error::invalid_argument(
+            "host stand-in device: not a stand-in memory handle".to_string(),
+        ));
+    }
+    if owner != ordinal && !reach {
+        return Err(Error::invalid_argument(format!(
+            "host stand-in device: device {ordinal} cannot map memory of device {owner} (no \
+             peer access)"
+        )));
+    }
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| {
+            Error::new(
+                crate::ErrorKind::System,
+                format!("host stand-in device: opening {path} (another process's memory): {e}"),
+            )
+        })?;
+    let p = map_file(std::os::fd::AsRawFd::as_raw_fd(&file), len)?;
+    registry().insert(
+        p as usize,
+        Alloc {
+            ordinal: owner,
+            len,
+            fd: -1,
+        },
+    );
+    Ok(p as u64)
+}
+
+/// Unmaps a mapping of [`import`].
+///
+/// # Safety
+/// No queued work still uses it.
+pub(crate) unsafe fn close_import(addr: u64) -> Result<()> {
+    let mut reg = registry();
+    match reg.get(&(addr as usize)).copied() {
+        Some(a) if a.fd < 0 => {
+            reg.remove(&(addr as usize));
+            drop(reg);
+            unmap(addr, a);
+            Ok(())
+        }
+        _ => Err(Error::internal(format!(
+            "host stand-in device: 0x{addr:x} is not a mapping of another process's memory"
+        ))),
+    }
 }
 
 /// The device whose live allocation holds all of `[addr, addr + len)`; `None`: not device

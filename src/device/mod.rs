@@ -40,6 +40,7 @@ pub(crate) mod direct;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod gate;
 mod host;
+pub(crate) mod ipc;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod host_stream;
 mod pending;
@@ -108,7 +109,7 @@ pub const PROVIDER_ENV: &str = "FERRO_DEVICE_PROVIDER";
 pub enum Provider {
     /// NVIDIA GPUs through the CUDA driver (`libcuda.so.1`, loaded at run time).
     Cuda,
-    /// A stand-in for tests on machines without a GPU: "device memory" is heap memory kept in
+    /// A stand-in for tests on machines without a GPU: "device memory" is host memory kept in
     /// a registry of allocations (an address it did not allocate is not device memory), copies
     /// are `memcpy`, and a stream is a queue of copies run in order when it is synchronized.
     /// It offers devices `0..4`.
@@ -199,7 +200,7 @@ impl Device {
             SAID.call_once(|| {
                 ferroccl_transport::log_line!(
                     "ferroccl WARN DEVICE: device buffers on the host stand-in provider \
-                     ({PROVIDER_ENV}=host) are host heap memory: a test stand-in, no GPU is used"
+                     ({PROVIDER_ENV}=host) are host memory: a test stand-in, no GPU is used"
                 )
             });
         }

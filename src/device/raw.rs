@@ -121,7 +121,7 @@ impl Device {
             // SAFETY: per the caller.
             Provider::Cuda => unsafe { cuda::download(self.ordinal, dst, addr) },
             Provider::Host => {
-                // SAFETY: per the caller the range is a live stand-in allocation (heap memory);
+                // SAFETY: per the caller the range is a live stand-in allocation (host memory);
                 // `dst` is a distinct, exclusively borrowed host slice.
                 unsafe {
                     std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len())
@@ -140,7 +140,7 @@ impl Device {
             // SAFETY: per the caller.
             Provider::Cuda => unsafe { cuda::upload(self.ordinal, addr, src) },
             Provider::Host => {
-                // SAFETY: per the caller the range is a live stand-in allocation (heap memory);
+                // SAFETY: per the caller the range is a live stand-in allocation (host memory);
                 // `src` is a distinct host slice.
                 unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
                 Ok(())
@@ -297,7 +297,7 @@ impl<T: Element> DeviceBuffer<T> {
             // SAFETY: the range is inside the buffer (checked), which owns it.
             Provider::Cuda => unsafe { cuda::upload(self.device.ordinal, at, bytes) },
             Provider::Host => {
-                // SAFETY: as above; heap memory of the stand-in, `src` a distinct host slice.
+                // SAFETY: as above; host memory of the stand-in, `src` a distinct host slice.
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len())
                 };
@@ -367,7 +367,7 @@ impl Device {
             Provider::Cuda => unsafe { cuda::copy_within(self.ordinal, dst, src, len) },
             Provider::Host => {
                 if len > 0 {
-                    // SAFETY: per the caller; stand-in device memory is heap memory.
+                    // SAFETY: per the caller; stand-in device memory is host memory.
                     unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
                 }
                 Ok(())

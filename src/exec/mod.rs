@@ -24,6 +24,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 mod tuning;
+mod windows;
 mod wait;
 
 use std::collections::HashMap;
@@ -49,6 +50,7 @@ pub(crate) use space::{ArenaUse, DeviceArena};
 pub(crate) use step::{OpContext, RawOp};
 use step::{OpState, StepEnv};
 pub(crate) use tuning::Tuning;
+pub(crate) use windows::{Mapper, Offered};
 use wait::{SysWaiter, WaitBuffers};
 
 /// How long a failing rank spends, at most, telling its peers why (see

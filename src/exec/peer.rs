@@ -54,6 +54,7 @@ use std::ops::Range;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, MemRef, MemSpace, Result};
 
+use super::windows::{Window, Windows};
 use super::{DeviceArena, Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
 use crate::reduce::{MarkUse, Reducer, NO_MARK};
@@ -70,6 +71,9 @@ const CHUNK_ALIGN: usize = 64;
 pub(super) struct Peer {
     /// Tried at all: every rank a thread of this process, and asked for.
     on: bool,
+    /// Ranks of several processes of one host, asked for: their windows, through which their
+    /// buffers are offered instead of by address ([`Engine::set_peer_windows`]).
+    windows: Option<Windows>,
     /// Calls that ran so.
     calls: u64,
     /// In an offer, a status exchange or another exchange of the engine's own (the root
@@ -124,7 +128,7 @@ const IN_PLACE: u64 = 1 << 63;
 
 /// This process's part of the key: random per process, so that ranks of two processes (which
 /// `set_peer_direct` should have kept apart already) never agree on one.
-fn process_token() -> u64 {
+pub(super) fn process_token() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *TOKEN.get_or_init(|| {
@@ -153,6 +157,58 @@ fn key_of(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
     ]) >> 1
 }
 
+/// The key of a call through windows ([`Engine::set_peer_windows`]): as [`key_of`], with no
+/// process in it (the ranks are processes of their own) and never equal to a key of
+/// [`key_of`]'s.
+fn key_of_windows(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
+    let code: u64 = match space {
+        MemSpace::Host => 0,
+        MemSpace::Cuda(_) => 1,
+    };
+    let factor = premul.map_or(u64::MAX, f64::to_bits);
+    ferroccl_transport::hash64(&[
+        b"windows",
+        &code.to_le_bytes(),
+        &(count as u64).to_le_bytes(),
+        &factor.to_le_bytes(),
+    ]) >> 1
+}
+
+/// Every rank's buffers named by the offer's words through windows (`word(k, 0)` the input's,
+/// `word(k, 1)` the output's; `lens[k]` the bytes each uses: a buffer it does not use is
+/// not looked up): where they lie here, where in their owners' processes, every rank's memory
+/// here and its process. `None` where some rank's word names no usable window or runs past
+/// its buffer in it; every rank gets the same answer from the same list.
+#[allow(clippy::type_complexity)]
+fn resolve_all(
+    ws: &Windows,
+    lens: &[(usize, usize)],
+    word: impl Fn(usize, usize) -> u64,
+) -> Option<(Vec<(usize, usize)>, Vec<(usize, usize)>, Vec<MemSpace>, Vec<u64>)> {
+    let n = lens.len();
+    let (mut here, mut own) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut spaces, mut processes) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (k, &(il, ol)) in lens.iter().enumerate() {
+        let look = |w: usize, len: usize| match len {
+            0 => Some(None),
+            _ => ws.resolve(k, word(k, w), len).map(Some),
+        };
+        let (i, o) = (look(0, il)?, look(1, ol)?);
+        let (space, process) = match (i, o) {
+            (Some(a), Some(b)) if a.2 != b.2 || a.3 != b.3 => return None,
+            (Some(a), _) | (None, Some(a)) => (a.2, a.3),
+            (None, None) => return None,
+        };
+        let at = |r: Option<(u64, u64, MemSpace, u64)>| r.map_or((0, 0), |r| (r.0 as usize, r.1 as usize));
+        let (i, o) = (at(i), at(o));
+        own.push((i.0, o.0));
+        here.push((i.1, o.1));
+        spaces.push(space);
+        processes.push(process);
+    }
+    Some((here, own, spaces, processes))
+}
+
 /// Elements of `count` that rank `r` of `n` reduces: equal shares, each starting on a multiple
 /// of [`CHUNK_ALIGN`] bytes of `es`-byte elements; the last ones may be short or empty.
 pub(crate) fn chunk(count: usize, n: usize, r: usize, es: usize) -> Range<usize> {
@@ -175,9 +231,15 @@ pub(crate) fn used(kind: CollKind, count: usize, n: usize, r: usize, es: usize) 
 }
 
 /// Whether the ranks' buffers, `(input, output)` starts with the bytes each uses
-/// (`lens[k]`), are apart: no rank's input or output overlaps another rank's, and a rank's
-/// input overlaps its output only in place (one buffer: `in_place[k]`).
-pub(crate) fn apart(bufs: &[(usize, usize)], lens: &[(usize, usize)], in_place: &[bool]) -> bool {
+/// (`lens[k]`), are apart: no rank's input or output overlaps another rank's of the same
+/// address space (`spaces[k]`: ranks of two processes never overlap), and a rank's input
+/// overlaps its output only in place (one buffer: `in_place[k]`).
+pub(crate) fn apart(
+    bufs: &[(usize, usize)],
+    lens: &[(usize, usize)],
+    in_place: &[bool],
+    spaces: &[u64],
+) -> bool {
     let overlap = |a: usize, al: usize, b: usize, bl: usize| {
         al > 0 && bl > 0 && a < b.saturating_add(bl) && b < a.saturating_add(al)
     };
@@ -186,9 +248,10 @@ pub(crate) fn apart(bufs: &[(usize, usize)], lens: &[(usize, usize)], in_place: 
         let [(i, il), (o, ol)] = regions(k);
         (in_place[k] || !overlap(i, il, o, ol))
             && (k + 1..bufs.len()).all(|j| {
-                regions(k)
-                    .iter()
-                    .all(|&(a, al)| regions(j).iter().all(|&(b, bl)| !overlap(a, al, b, bl)))
+                spaces[j] != spaces[k]
+                    || regions(k)
+                        .iter()
+                        .all(|&(a, al)| regions(j).iter().all(|&(b, bl)| !overlap(a, al, b, bl)))
             })
     })
 }
@@ -262,9 +325,41 @@ impl Engine {
     }
 
     /// Whether collectives of device buffers are offered straight between the ranks' buffers
-    /// ([`Engine::set_peer_direct`]).
+    /// by address ([`Engine::set_peer_direct`]; not through windows).
     pub(crate) fn peer_direct(&self) -> bool {
         self.peer.on
+    }
+
+    /// Lets collectives of device buffers in windows go straight between the ranks' buffers
+    /// where the ranks are processes of one host (the same on every rank): see
+    /// `windows.rs`. Not where every rank is a thread of this process (that offers by
+    /// address: [`Engine::set_peer_direct`]), nor beyond [`PEER_MAX_RANKS`] ranks.
+    pub(crate) fn set_peer_windows(&mut self, on: bool) {
+        self.peer.windows = (on && !self.peer.on && (2..=PEER_MAX_RANKS).contains(&self.nranks))
+            .then(Windows::default);
+    }
+
+    /// Whether windows are exchanged at registration ([`Engine::set_peer_windows`]).
+    pub(crate) fn peer_windows(&self) -> bool {
+        self.peer.windows.is_some()
+    }
+
+    /// Adds a window registered on every rank; its place (the same on every rank). `None`
+    /// where windows are not exchanged, or too many are held.
+    pub(crate) fn add_window(&mut self, w: Window) -> Option<usize> {
+        let ws = self.peer.windows.as_mut()?;
+        (ws.len() < super::windows::MAX_WINDOWS).then(|| ws.add(w))
+    }
+
+    /// Takes the window at `place` out, to be dropped once every rank is past it.
+    pub(crate) fn take_window(&mut self, place: usize) -> Option<Window> {
+        self.peer.windows.as_mut()?.take(place)
+    }
+
+    /// Whether collectives are offered at all: by address, or through windows where some
+    /// window can carry one (the same on every rank: registration is collective).
+    fn offered(&self) -> bool {
+        self.peer.on || self.peer.windows.as_ref().is_some_and(Windows::any_usable)
     }
 
     /// Collectives that went straight between the ranks' buffers.
@@ -279,7 +374,7 @@ impl Engine {
     /// runs as before. Ranks that never make this offer (they stage) offer nothing for the
     /// slice either, so every rank still exchanges the same words.
     pub(crate) fn offer_whole(&mut self, count: usize, mem: Memory) {
-        if self.peer.on {
+        if self.offered() {
             self.peer.whole = Some(Whole {
                 count,
                 input: mem.input as usize,
@@ -313,7 +408,7 @@ impl Engine {
     /// Whether collective `args` is offered straight between the buffers: the same answer
     /// on every rank, whatever its buffers.
     pub(super) fn peer_fits(&self, args: &CollArgs) -> bool {
-        self.peer.on
+        self.offered()
             && !self.peer.busy
             && args.count > 0
             && self.tuning.probe.is_none()
@@ -380,7 +475,24 @@ impl Engine {
             }),
             _ => NO_MARK,
         };
-        let key = key_of(mem.space, args.count, premul);
+        // Through windows (ranks of several processes): where the buffers lie in windows, by
+        // place and offset; blocking calls only (a stream of another process cannot wait for
+        // this one's events), each rank's share waited for before the status exchange.
+        let windows = self.peer.windows.as_ref();
+        let across = windows.is_some();
+        let in_window = |addr: usize, len: usize| match (len, windows) {
+            (0, _) => Some(0),
+            (_, Some(ws)) => ws.word_of(me, addr as u64, len),
+            (_, None) => None,
+        };
+        let win_words = (in_window(mine.0, in_used), in_window(mine.1, out_used));
+        if across {
+            able &= on.is_none() && win_words.0.is_some() && win_words.1.is_some();
+        }
+        let key = match across {
+            true => key_of_windows(mem.space, args.count, premul),
+            false => key_of(mem.space, args.count, premul),
+        };
         let mut words = vec![0u64; HEAD + PER_RANK * n];
         (words[0], words[1]) = if able {
             (key, !key)
@@ -390,32 +502,60 @@ impl Engine {
         // Above the addresses: the input's word carries the rank's device, the output's
         // whether the rank is in place.
         let at = HEAD + PER_RANK * me;
-        words[at] = mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS;
-        words[at + 1] = mine.1 as u64 & ADDR_MASK | u64::from(mem.in_place) << 63;
+        (words[at], words[at + 1]) = match (across, win_words) {
+            (true, (Some(i), Some(o))) => (i, o),
+            (true, _) => (0, 0),
+            (false, _) => (
+                mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS,
+                mine.1 as u64 & ADDR_MASK,
+            ),
+        };
+        words[at + 1] |= u64::from(mem.in_place) << 63;
         words[at + 2..at + 4].copy_from_slice(&ready);
         self.max_words(&mut words, ctx)?;
         let word = |k: usize, w: usize| words[HEAD + PER_RANK * k + w];
-        let bufs: Vec<(usize, usize)> = (0..n)
-            .map(|k| {
-                (
-                    (word(k, 0) & ADDR_MASK) as usize,
-                    (word(k, 1) & ADDR_MASK) as usize,
-                )
-            })
-            .collect();
-        let spaces: Vec<MemSpace> = (0..n)
-            .map(|k| MemSpace::Cuda((word(k, 0) >> ADDR_BITS) as u32 & MAX_ORDINAL))
-            .collect();
         let lens: Vec<(usize, usize)> = (0..n).map(|k| used(kind, args.count, n, k, es)).collect();
         let in_place: Vec<bool> = (0..n).map(|k| word(k, 1) & IN_PLACE != 0).collect();
         let any_in_place = in_place.iter().any(|&p| p);
-        let todo = share(kind, args.count, n, me, es, &bufs, any_in_place);
-        // One key (so every rank is able, and holds a reducer), buffers apart, and every
-        // rank's device reaching every other's (a property of this process's devices, so the
-        // same answer on every rank).
-        let agreed = words[0] == !words[1]
-            && apart(&bufs, &lens, &in_place)
-            && reducer.is_some_and(|r| reach_all(r, &spaces));
+        let one_key = words[0] == !words[1];
+        // Every rank's buffers here, their memory here, and, to tell overlaps, where they lie
+        // in their owners' processes and which process that is.
+        let (bufs, spaces, verdict) = match self.peer.windows.as_ref() {
+            None => {
+                let bufs: Vec<(usize, usize)> = (0..n)
+                    .map(|k| {
+                        (
+                            (word(k, 0) & ADDR_MASK) as usize,
+                            (word(k, 1) & ADDR_MASK) as usize,
+                        )
+                    })
+                    .collect();
+                let spaces: Vec<MemSpace> = (0..n)
+                    .map(|k| MemSpace::Cuda((word(k, 0) >> ADDR_BITS) as u32 & MAX_ORDINAL))
+                    .collect();
+                // Buffers apart, and every rank's device reaching every other's (a property
+                // of this process's devices, so the same answer on every rank).
+                let ok = one_key
+                    && apart(&bufs, &lens, &in_place, &[0; PEER_MAX_RANKS][..n])
+                    && reducer.is_some_and(|r| reach_all(r, &spaces));
+                (bufs, spaces, ok)
+            }
+            // Every rank resolves the same words against the same windows. A mapping made at
+            // registration reaches its memory (no reach check); ranks of two processes never
+            // overlap, whatever their addresses.
+            Some(ws) => match one_key.then(|| resolve_all(ws, &lens, |k, w| word(k, w))).flatten() {
+                Some((bufs, own, spaces, processes)) => {
+                    let ok = apart(&own, &lens, &in_place, &processes);
+                    (bufs, spaces, ok)
+                }
+                None => (Vec::new(), Vec::new(), false),
+            },
+        };
+        let todo = verdict
+            .then(|| share(kind, args.count, n, me, es, &bufs, any_in_place))
+            .flatten();
+        // One key (so every rank is able, and holds a reducer), and the verdict above.
+        let agreed = one_key && verdict;
         let (Some(todo), Some(reducer)) = (todo.filter(|_| agreed), reducer) else {
             return Ok(false);
         };
@@ -423,7 +563,7 @@ impl Engine {
         // ranks' ready marks, this rank's share, then its done mark.
         crate::profile::phase(crate::profile::Phase::Reduce);
         let queued = (|| {
-            for k in (0..n).filter(|&k| k != me) {
+            for k in (0..n).filter(|&k| k != me && !across) {
                 reducer.wait_mark(on, [word(k, 2), word(k, 3)])?;
             }
             for t in todo.iter().filter(|t| t.bytes > 0) {
@@ -435,6 +575,11 @@ impl Engine {
                 let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
                 let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
                 reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
+            }
+            if across {
+                // No mark crosses processes: the share is done before the status exchange.
+                reducer.synchronize(None)?;
+                return Ok(NO_MARK);
             }
             reducer.mark(on, MarkUse::Done)
         })();
@@ -480,7 +625,7 @@ impl Engine {
 
     /// `words = max over the ranks of words`, in place, as an allreduce of host memory under
     /// `ctx` (through the lanes where it fits them).
-    fn max_words(&mut self, words: &mut [u64], ctx: &OpContext) -> Result<()> {
+    pub(super) fn max_words(&mut self, words: &mut [u64], ctx: &OpContext) -> Result<()> {
         let args = CollArgs {
             kind: CollKind::AllReduce,
             count: words.len(),
@@ -529,24 +674,28 @@ mod tests {
 
     #[test]
     fn buffers_apart_or_not() {
+        let ap = |b: &[(usize, usize)], l: &[(usize, usize)], p: &[bool]| apart(b, l, p, &[0; 8][..b.len()]);
         let b = 1024;
         let lens = [(b, b); 3];
         // Out of place, all apart.
-        assert!(apart(&[(0, 4096), (8192, 12288)], &lens[..2], &[false; 2]));
+        assert!(ap(&[(0, 4096), (8192, 12288)], &lens[..2], &[false; 2]));
         // In place: a rank's input is its output.
-        assert!(apart(&[(0, 0), (4096, 4096)], &lens[..2], &[true; 2]));
+        assert!(ap(&[(0, 0), (4096, 4096)], &lens[..2], &[true; 2]));
         // ... but out of place that is an overlap.
-        assert!(!apart(&[(0, 0), (4096, 4096)], &lens[..2], &[false, true]));
+        assert!(!ap(&[(0, 0), (4096, 4096)], &lens[..2], &[false, true]));
         // Two ranks on one buffer.
-        assert!(!apart(&[(0, 0), (0, 0)], &lens[..2], &[true; 2]));
+        assert!(!ap(&[(0, 0), (0, 0)], &lens[..2], &[true; 2]));
+        // ... unless they are of two processes, each its own address space.
+        assert!(apart(&[(0, 0), (0, 0)], &lens[..2], &[true; 2], &[1, 2]));
+        assert!(!apart(&[(0, 0), (8192, 8192), (0, 0)], &lens, &[true; 3], &[1, 2, 1]));
         // A rank's output overlaps another's input by one byte.
-        assert!(!apart(
+        assert!(!ap(
             &[(0, 4096), (4096 + b - 1, 8192)],
             &lens[..2],
             &[false; 2]
         ));
         // Touching is not overlapping.
-        assert!(apart(
+        assert!(ap(
             &[(0, b), (2 * b, 3 * b), (4 * b, 5 * b)],
             &lens,
             &[false; 3]
@@ -556,12 +705,12 @@ mod tests {
             .map(|r| used(CollKind::Broadcast { root: 1 }, 256, 3, r, 4))
             .collect();
         assert_eq!(bcast, vec![(0, b), (b, b), (0, b)]);
-        assert!(apart(
+        assert!(ap(
             &[(4 * b, 0), (b, 2 * b), (4 * b, 4 * b)],
             &bcast,
             &[false; 3]
         ));
-        assert!(!apart(
+        assert!(!ap(
             &[(4 * b, 0), (0, 2 * b), (4 * b, 4 * b)],
             &bcast,
             &[false; 3]

@@ -1,7 +1,7 @@
 /* Calls with a stream complete in stream order: they return at once, the collective starts
  * after the work queued on the stream before the call, and work queued on the stream after
  * the call waits for it. One process, ncclCommInitAll, one thread, the host stand-in
- * (FERRO_DEVICE_PROVIDER=host): device memory is host heap memory and cudaStreamSynchronize /
+ * (FERRO_DEVICE_PROVIDER=host): device memory is host memory and cudaStreamSynchronize /
  * cudaMemcpyAsync come from tests/c/cuda_stub/cuda_runtime.h (the stand-in's stream model).
  *
  *   async N nogroup    N communicators driven from one thread WITHOUT a group: upload on each
@@ -123,7 +123,7 @@ static int run_nogroup(int n) {
   for (int r = 0; r < n; r++) {
     EXPECT(hb[4 * r + 3] == 4 * n, "host allreduce on comm %d: %d", r, hb[4 * r + 3]);
     sync_stream(r);
-    /* stand-in device memory is host heap memory */
+    /* stand-in device memory is host memory */
     int32_t want = n * (100000 * n * (n - 1) / 2 + n * 7);
     EXPECT(g_dev[r][7] == want, "grouped allreduce on comm %d: %d, want %d", r, g_dev[r][7], want);
   }
@@ -215,7 +215,7 @@ static int run_pieces(int n) {
       CHECK(ncclMemAlloc(&p, sizeof(int32_t) * L));
       buf[r][b] = p;
     }
-  /* Stand-in device memory is host heap memory: filled before anything is queued. */
+  /* Stand-in device memory is host memory: filled before anything is queued. */
   for (int r = 0; r < n; r++)
     for (int i = 0; i < L; i++) {
       buf[r][0][i] = r * 100000 + i;

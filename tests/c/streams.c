@@ -73,7 +73,7 @@ static void open_driver(void) {
 /* Host bytes to device memory, ordered on the stream (the stand-in: host-addressable). */
 static void to_dev(void *dev, const void *host, size_t bytes) {
   if (g_standin) {
-    /* after the work queued on the stream; stand-in device memory is host heap memory */
+    /* after the work queued on the stream; stand-in device memory is host memory */
     EXPECT(ferrocclStreamSynchronize(g_stream) == 0, "stream sync: %s", ncclGetLastError(NULL));
     memcpy(dev, host, bytes);
     return;
@@ -87,7 +87,7 @@ static void to_dev(void *dev, const void *host, size_t bytes) {
 static void from_dev(void *host, const void *dev, size_t bytes) {
   if (g_standin) {
     EXPECT(ferrocclStreamSynchronize(g_stream) == 0, "stream sync: %s", ncclGetLastError(NULL));
-    memcpy(host, dev, bytes); /* stand-in device memory is host heap memory */
+    memcpy(host, dev, bytes); /* stand-in device memory is host memory */
     return;
   }
   if (cu_sync && getenv("FERROCCL_TEST_SYNC_FIRST"))

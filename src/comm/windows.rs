@@ -1,0 +1,140 @@
+//! Windows of device memory (`ncclCommWindowRegister`): registered on every rank at once, so
+//! that collectives on communicators whose ranks are processes of one host can go straight
+//! between the ranks' buffers (docs/CUDA.md, "Across processes: windows").
+
+use ferroccl_kernels::DataType;
+use ferroccl_transport::MemSpace;
+
+use crate::device::ipc::{self, Mapping};
+use crate::device::Provider;
+use crate::exec::{Mapper, Offered, OpContext};
+use crate::wire::{kind, op};
+use crate::Result;
+
+use super::Communicator;
+
+/// A registered window of a communicator ([`Communicator::register_window`]); give it back
+/// with [`Communicator::deregister_window`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Its place in the communicator's list (the same on every rank); `None` where the
+    /// communicator exchanges no windows.
+    place: Option<usize>,
+    addr: u64,
+    len: usize,
+}
+
+impl Window {
+    /// Where the buffer starts.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty (never: a window holds a byte at least).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Maps through the device provider, for work on this rank's device.
+struct ByProvider {
+    provider: Provider,
+    ordinal: u32,
+}
+
+impl Mapper for ByProvider {
+    fn map(&self, handle: &[u8; 64]) -> Result<Mapping> {
+        Mapping::open(self.provider, self.ordinal, handle)
+    }
+
+    fn space(&self, addr: u64, len: usize) -> Option<MemSpace> {
+        let dev = crate::device::Device::new(self.provider, self.ordinal).ok()?;
+        dev.find(addr, len).map(MemSpace::Cuda)
+    }
+}
+
+impl Communicator {
+    /// Registers the `len` bytes at `addr` as a window of this communicator: a collective
+    /// call (every rank registers one, in the same order; lengths may differ). Where the
+    /// ranks are processes of one host with the p2p transport ([`crate::Config::device_peer`]),
+    /// each rank exports the device allocation holding its buffer (CUDA IPC), every other
+    /// process maps it, and later collectives whose buffers lie in windows go straight between
+    /// the ranks' buffers, one reduce-copy per rank, instead of through the transport's slots.
+    /// Elsewhere nothing is exchanged and the window only names the buffer. Host memory, or
+    /// memory that cannot be exported (mapped piece by piece with `cuMemMap`), is accepted: its
+    /// window carries no collective.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`Communicator::deregister_window`] has returned on
+    /// this rank (which it does only once every rank has unmapped it).
+    pub unsafe fn register_window(&self, addr: u64, len: usize) -> Result<Window> {
+        let inner = &self.inner;
+        if let Some(e) = inner.failed_error() {
+            return Err(e);
+        }
+        let provider = Provider::from_env().ok();
+        let ordinal = provider.and_then(|p| p.locate(addr, len));
+        let export = match (provider, ordinal) {
+            (Some(p), Some(o)) if inner.peer_windows => ipc::export(p, o, addr, len)
+                .map_err(|e| {
+                    ferroccl_transport::log_line!(
+                        "ferroccl INFO P2P: rank {}: window 0x{addr:x}..+{len} not exported: {e}",
+                        inner.rank
+                    )
+                })
+                .ok(),
+            _ => None,
+        };
+        let mine = Offered { addr, len, export };
+        let mapper = ByProvider {
+            provider: provider.unwrap_or(Provider::Host),
+            ordinal: ordinal.unwrap_or(0),
+        };
+        let mut place = None;
+        inner.execute_next(true, |e, seq| {
+            place = e.register_window(mine, &mapper, &window_ctx("register_window", seq, inner.rank))?;
+            Ok(())
+        })?;
+        Ok(Window { place, addr, len })
+    }
+
+    /// Deregisters a window of [`Communicator::register_window`]: a collective call, in the
+    /// same order on every rank. It returns once every rank has unmapped it, so the buffer
+    /// may be freed after.
+    pub fn deregister_window(&self, w: Window) -> Result<()> {
+        let inner = &self.inner;
+        let Some(place) = w.place else {
+            return Ok(());
+        };
+        if let Some(e) = inner.failed_error() {
+            return Err(e);
+        }
+        inner.execute_next(true, |e, seq| {
+            e.deregister_window(place, &window_ctx("deregister_window", seq, inner.rank))
+        })
+    }
+
+    /// Whether this communicator exchanges windows at registration (its ranks are processes
+    /// of one host, with the p2p transport, up to 8): the same on every rank.
+    pub fn exchanges_windows(&self) -> bool {
+        self.inner.peer_windows
+    }
+}
+
+fn window_ctx(name: &'static str, seq: u64, rank: usize) -> OpContext {
+    OpContext {
+        name,
+        seq,
+        rank,
+        kind: kind::WINDOW,
+        dtype: DataType::Uint64,
+        op: op::NONE,
+        count: 0,
+        root: u32::MAX,
+    }
+}

@@ -1,0 +1,310 @@
+//! Windows: device buffers registered with every rank of a communicator whose ranks are
+//! processes of one host ([`crate::Communicator::register_window`], `ncclCommWindowRegister`).
+//! Registration is collective, so every rank holds the same list, in the same order, of every
+//! rank's window: where it lies in its owner's process, and where this process mapped it
+//! (CUDA IPC). A collective whose buffers lie in windows can then go straight between the
+//! ranks' buffers (`peer.rs`) although they live in other address spaces: the offer names a
+//! window and an offset instead of an address, and every rank reads the same list.
+//!
+//! Deregistration is collective too: every rank unmaps its mappings of the window before any
+//! rank returns, so no rank frees memory that another still maps (CUDA leaves a free of
+//! exported memory undefined while another process holds it open).
+
+use ferroccl_kernels::{DataType, ElemOp};
+use ferroccl_transport::{Error, MemSpace, Result};
+
+use super::{Engine, Memory, OpContext};
+use crate::coll::{CollArgs, CollKind};
+use crate::device::ipc::{Exported, Mapping};
+
+/// One rank's buffer of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WinRank {
+    /// Its process's key (ranks of one process may hold overlapping buffers; ranks of two
+    /// processes never do, whatever their addresses).
+    pub process: u64,
+    /// Where it starts in its owner's process, and its length.
+    pub addr: u64,
+    pub len: usize,
+    /// Where it starts in this process.
+    pub here: u64,
+    /// Its memory as this process sees it.
+    pub space: MemSpace,
+}
+
+/// A window: every rank's buffer, the same list on every rank.
+#[derive(Debug)]
+pub(crate) struct Window {
+    /// Every rank exported its buffer and every rank mapped every other's: agreed at
+    /// registration, the same on every rank.
+    pub usable: bool,
+    pub ranks: Vec<WinRank>,
+    /// This process's mappings of the other ranks' buffers, unmapped when the window is
+    /// dropped (after every share that used them is done: shares are waited for in the call).
+    pub mappings: Vec<Mapping>,
+}
+
+/// The windows of a communicator, by their place in the order of registration (the same on
+/// every rank); a deregistered window leaves its place empty.
+#[derive(Debug, Default)]
+pub(crate) struct Windows {
+    list: Vec<Option<Window>>,
+}
+
+/// Bits of an offer word that hold the offset in a window; the window's place plus one lies
+/// above them, below the top bit.
+pub(crate) const OFFSET_BITS: u32 = 48;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+/// The most windows a communicator holds at once in the offer's words.
+pub(crate) const MAX_WINDOWS: usize = (1 << (63 - OFFSET_BITS)) - 2;
+
+impl Windows {
+    /// Adds a window at the next place; returns the place.
+    pub fn add(&mut self, w: Window) -> usize {
+        self.list.push(Some(w));
+        self.list.len() - 1
+    }
+
+    /// Takes the window at `place` out (`None`: never registered, or taken before).
+    pub fn take(&mut self, place: usize) -> Option<Window> {
+        self.list.get_mut(place).and_then(Option::take)
+    }
+
+    /// Places in use.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether some window can carry a collective: where none can, calls are not offered.
+    pub fn any_usable(&self) -> bool {
+        self.list.iter().flatten().any(|w| w.usable)
+    }
+
+    /// The offer word of `[addr, addr + len)` of rank `me`: its usable window's place plus one
+    /// above [`OFFSET_BITS`], the offset below. `None`: in no usable window (or past the words'
+    /// room). A buffer of length 0 lies in any window that holds its start.
+    pub fn word_of(&self, me: usize, addr: u64, len: usize) -> Option<u64> {
+        self.list.iter().enumerate().find_map(|(place, w)| {
+            let w = w.as_ref().filter(|w| w.usable)?;
+            let r = w.ranks.get(me)?;
+            let off = addr.checked_sub(r.addr)?;
+            let fits = off.checked_add(len as u64)? <= r.len as u64;
+            (fits && place < MAX_WINDOWS && off <= OFFSET_MASK)
+                .then(|| (place as u64 + 1) << OFFSET_BITS | off)
+        })
+    }
+
+    /// Rank `k`'s buffer at offer word `word` (its top bit ignored) for `len` bytes: where it
+    /// lies in its owner's process, where in this one, its memory here and its process. `None`
+    /// where the word names no usable window, or the range runs past rank `k`'s buffer: the
+    /// same answer on every rank, which all hold the same list.
+    pub fn resolve(&self, k: usize, word: u64, len: usize) -> Option<(u64, u64, MemSpace, u64)> {
+        let place = ((word & !(1 << 63)) >> OFFSET_BITS).checked_sub(1)? as usize;
+        let off = word & OFFSET_MASK;
+        let w = self.list.get(place)?.as_ref().filter(|w| w.usable)?;
+        let r = w.ranks.get(k)?;
+        (off.checked_add(len as u64)? <= r.len as u64)
+            .then(|| (r.addr + off, r.here + off, r.space, r.process))
+    }
+}
+
+/// Words of a rank's record in the exchange at registration: whether it exported its buffer,
+/// its process, the buffer's start and length, the allocation's start, and the handle (8).
+const RECORD: usize = 13;
+
+/// What a rank brings to a window's registration: its buffer, and, where it could export it,
+/// the export.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Offered {
+    pub addr: u64,
+    pub len: usize,
+    pub export: Option<Exported>,
+}
+
+/// How this process maps another process's export and sees memory: made by the caller, who
+/// knows the device provider.
+pub(crate) trait Mapper {
+    /// Maps `handle` here.
+    fn map(&self, handle: &[u8; 64]) -> Result<Mapping>;
+    /// The memory holding `[addr, addr + len)` here (`None`: no device memory).
+    fn space(&self, addr: u64, len: usize) -> Option<MemSpace>;
+}
+
+impl Engine {
+    /// Registers a window on every rank (see the module): the ranks' records are gathered,
+    /// each rank maps every other process's buffer, and the ranks agree whether every mapping
+    /// was made; the window then takes the next place on every rank. `Ok(None)` where this
+    /// communicator does not exchange windows ([`Engine::set_peer_windows`]; nothing is
+    /// exchanged). A window some rank could not export or map is kept unusable, so that
+    /// places stay alike on every rank; why is logged on the rank that failed.
+    pub(crate) fn register_window(
+        &mut self,
+        mine: Offered,
+        mapper: &dyn Mapper,
+        ctx: &OpContext,
+    ) -> Result<Option<usize>> {
+        if !self.peer_windows() {
+            return Ok(None);
+        }
+        let (n, me) = (self.nranks, self.rank);
+        let mut words = vec![0u64; RECORD * n];
+        let rec = &mut words[RECORD * me..RECORD * (me + 1)];
+        rec[1] = super::peer::process_token();
+        (rec[2], rec[3]) = (mine.addr, mine.len as u64);
+        if let Some(e) = mine.export {
+            rec[0] = 1;
+            rec[4] = e.base;
+            for (i, w) in e.handle.chunks_exact(8).enumerate() {
+                rec[5 + i] = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+            }
+        }
+        let args = CollArgs {
+            kind: CollKind::AllGather,
+            count: RECORD,
+            in_place: true,
+        };
+        let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(&mut words));
+        self.unoffered(|e| e.run_collective(&args, DataType::Uint64, ElemOp::Sum, None, mem, ctx))?;
+        let rec = |k: usize| &words[RECORD * k..RECORD * (k + 1)];
+        let everyone = (0..n).all(|k| rec(k)[0] == 1);
+        let mut mappings = Vec::new();
+        let mut ranks = Vec::with_capacity(n);
+        let mut failed = None;
+        for k in 0..n {
+            let r = rec(k);
+            let (process, addr, len) = (r[1], r[2], r[3] as usize);
+            let mut here = addr;
+            if everyone && k != me && process != rec(me)[1] {
+                let mut handle = [0u8; 64];
+                for (i, w) in r[5..].iter().enumerate() {
+                    handle[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+                }
+                match mapper.map(&handle) {
+                    Ok(m) => {
+                        here = m.addr().wrapping_add(addr.wrapping_sub(r[4]));
+                        mappings.push(m);
+                    }
+                    Err(e) => failed = failed.or(Some(format!("mapping rank {k}'s buffer: {e}"))),
+                }
+            }
+            let space = mapper.space(here, len);
+            if everyone && failed.is_none() && space.is_none() {
+                failed = Some(format!("rank {k}'s buffer at 0x{here:x} is not device memory here"));
+            }
+            ranks.push(WinRank {
+                process,
+                addr,
+                len,
+                here,
+                space: space.unwrap_or(MemSpace::Host),
+            });
+        }
+        if let Some(why) = &failed {
+            ferroccl_transport::log_line!(
+                "ferroccl WARN P2P: {}: the window is registered, but collectives on it take the \
+                 schedule: {why}",
+                ctx.label()
+            );
+        }
+        let mut status = [u64::from(failed.is_some())];
+        self.max_words(&mut status, ctx)?;
+        let usable = everyone && status[0] == 0;
+        if !usable {
+            mappings.clear();
+        }
+        let w = Window {
+            usable,
+            ranks,
+            mappings,
+        };
+        self.add_window(w).map(Some).ok_or_else(|| {
+            Error::invalid_usage(format!(
+                "{}: this communicator holds {MAX_WINDOWS} windows, the most it can",
+                ctx.label()
+            ))
+        })
+    }
+
+    /// Deregisters the window at `place` on every rank: each rank unmaps its mappings of it,
+    /// then every rank waits for every other, so that no rank frees its buffer while another
+    /// process still maps it. A place this rank does not hold still takes part, then is an
+    /// error.
+    pub(crate) fn deregister_window(&mut self, place: usize, ctx: &OpContext) -> Result<()> {
+        let w = self.take_window(place);
+        let held = w.is_some();
+        drop(w);
+        let mut words = [0u64];
+        self.max_words(&mut words, ctx)?;
+        if held {
+            Ok(())
+        } else {
+            Err(Error::invalid_argument(format!(
+                "{}: no window at place {place} (never registered, or deregistered before)",
+                ctx.label()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(usable: bool, ranks: &[(u64, u64, usize, u64)]) -> Window {
+        Window {
+            usable,
+            ranks: ranks
+                .iter()
+                .map(|&(process, addr, len, here)| WinRank {
+                    process,
+                    addr,
+                    len,
+                    here,
+                    space: MemSpace::Cuda(0),
+                })
+                .collect(),
+            mappings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn words_name_a_window_and_an_offset_that_every_rank_resolves_alike() {
+        let mut ws = Windows::default();
+        assert!(!ws.any_usable());
+        // Rank 0's buffers at 0x1000 (4 KiB) and 0x8000 (1 KiB), rank 1's at the same
+        // addresses of its own process, mapped here at 0x50000 and 0x60000.
+        let a = ws.add(window(true, &[(1, 0x1000, 4096, 0x1000), (2, 0x1000, 4096, 0x50000)]));
+        let b = ws.add(window(true, &[(1, 0x8000, 1024, 0x8000), (2, 0x1000, 1024, 0x60000)]));
+        assert_eq!((a, b), (0, 1));
+        assert!(ws.any_usable());
+        let w = ws.word_of(0, 0x1100, 256).unwrap();
+        assert_eq!(w, 1 << OFFSET_BITS | 0x100);
+        assert_eq!(ws.resolve(1, w, 256), Some((0x1100, 0x50100, MemSpace::Cuda(0), 2)));
+        assert_eq!(ws.resolve(0, w, 256), Some((0x1100, 0x1100, MemSpace::Cuda(0), 1)));
+        // The in-place bit above is ignored.
+        assert_eq!(ws.resolve(1, w | 1 << 63, 256).map(|r| r.1), Some(0x50100));
+        // Past rank 1's buffer in the second window (1 KiB).
+        let w2 = ws.word_of(0, 0x8000, 1024).unwrap();
+        assert_eq!(w2 >> OFFSET_BITS, 2);
+        assert!(ws.resolve(1, w2, 1024).is_some());
+        assert_eq!(ws.resolve(1, w2 + 1, 1024), None);
+        // Outside every window, or running past one.
+        assert_eq!(ws.word_of(0, 0x1000 + 4000, 200), None);
+        assert_eq!(ws.word_of(0, 0x20000, 1), None);
+        // A word of no window.
+        assert_eq!(ws.resolve(0, 0x100, 1), None);
+        assert_eq!(ws.resolve(0, 9 << OFFSET_BITS, 1), None);
+        // A taken window leaves its place empty; later places keep theirs.
+        assert!(ws.take(0).is_some());
+        assert!(ws.take(0).is_none());
+        assert_eq!(ws.word_of(0, 0x1100, 1), None);
+        assert_eq!(ws.resolve(0, w2, 8).map(|r| r.0), Some(0x8000));
+        assert_eq!(ws.len(), 2);
+        // An unusable window carries nothing.
+        ws.add(window(false, &[(1, 0x30000, 64, 0x30000), (2, 0, 64, 0x70000)]));
+        assert_eq!(ws.word_of(0, 0x30000, 8), None);
+        assert!(ws.any_usable());
+        ws.take(1);
+        assert!(!ws.any_usable());
+    }
+}

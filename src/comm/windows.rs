@@ -97,7 +97,11 @@ impl Communicator {
         };
         let mut place = None;
         inner.execute_next(true, |e, seq| {
-            place = e.register_window(mine, &mapper, &window_ctx("register_window", seq, inner.rank))?;
+            place = e.register_window(
+                mine,
+                &mapper,
+                &window_ctx("register_window", seq, inner.rank),
+            )?;
             Ok(())
         })?;
         Ok(Window { place, addr, len })

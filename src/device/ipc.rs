@@ -129,7 +129,11 @@ mod tests {
         assert_eq!((e.base, e.len), (a, 10_000));
         let m = import(Provider::Host, 1, &e.handle).unwrap();
         assert_ne!(m, a, "a second mapping");
-        assert_eq!(host::locate(m + 9_000, 1000), Some(1), "device memory of the owner's device");
+        assert_eq!(
+            host::locate(m + 9_000, 1000),
+            Some(1),
+            "device memory of the owner's device"
+        );
         // SAFETY: both mappings are live, 10,000 bytes, and nothing else uses them.
         unsafe {
             *(a as *mut u8).add(1234) = 77;
@@ -137,7 +141,10 @@ mod tests {
             *(m as *mut u8).add(9) = 5;
             assert_eq!(*(a as *const u8).add(9), 5);
         }
-        assert!(export(Provider::Host, 1, m, 1).is_err(), "a mapping is not exported again");
+        assert!(
+            export(Provider::Host, 1, m, 1).is_err(),
+            "a mapping is not exported again"
+        );
         // SAFETY: not used after.
         let e2 = unsafe { host::free(m) }.unwrap_err();
         assert!(e2.to_string().contains("closed, not freed"), "{e2}");
@@ -150,9 +157,15 @@ mod tests {
         let m2 = Mapping::open(Provider::Host, 0, &e.handle).unwrap();
         assert_eq!(host::locate(m2.addr(), 10_000), Some(1));
         drop(m2);
-        assert!(export(Provider::Host, 1, a + 9_990, 11).is_err(), "past its end");
+        assert!(
+            export(Provider::Host, 1, a + 9_990, 11).is_err(),
+            "past its end"
+        );
         let v = [0u8; 16];
-        assert!(export(Provider::Host, 0, v.as_ptr() as u64, 16).is_err(), "host memory");
+        assert!(
+            export(Provider::Host, 0, v.as_ptr() as u64, 16).is_err(),
+            "host memory"
+        );
         // SAFETY: nothing queued on it.
         unsafe { host::free(a) }.unwrap();
     }

@@ -40,9 +40,9 @@ pub(crate) mod direct;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod gate;
 mod host;
-pub(crate) mod ipc;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod host_stream;
+pub(crate) mod ipc;
 mod pending;
 pub(crate) mod raw;
 pub(crate) mod staging;

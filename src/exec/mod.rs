@@ -24,8 +24,8 @@ mod step;
 #[cfg(test)]
 mod tests;
 mod tuning;
-mod windows;
 mod wait;
+mod windows;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -50,8 +50,8 @@ pub(crate) use space::{ArenaUse, DeviceArena};
 pub(crate) use step::{OpContext, RawOp};
 use step::{OpState, StepEnv};
 pub(crate) use tuning::Tuning;
-pub(crate) use windows::{Mapper, Offered};
 use wait::{SysWaiter, WaitBuffers};
+pub(crate) use windows::{Mapper, Offered};
 
 /// How long a failing rank spends, at most, telling its peers why (see
 /// [`Engine::notify_failure`]).

@@ -184,7 +184,12 @@ fn resolve_all(
     ws: &Windows,
     lens: &[(usize, usize)],
     word: impl Fn(usize, usize) -> u64,
-) -> Option<(Vec<(usize, usize)>, Vec<(usize, usize)>, Vec<MemSpace>, Vec<u64>)> {
+) -> Option<(
+    Vec<(usize, usize)>,
+    Vec<(usize, usize)>,
+    Vec<MemSpace>,
+    Vec<u64>,
+)> {
     let n = lens.len();
     let (mut here, mut own) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let (mut spaces, mut processes) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -199,7 +204,9 @@ fn resolve_all(
             (Some(a), _) | (None, Some(a)) => (a.2, a.3),
             (None, None) => return None,
         };
-        let at = |r: Option<(u64, u64, MemSpace, u64)>| r.map_or((0, 0), |r| (r.0 as usize, r.1 as usize));
+        let at = |r: Option<(u64, u64, MemSpace, u64)>| {
+            r.map_or((0, 0), |r| (r.0 as usize, r.1 as usize))
+        };
         let (i, o) = (at(i), at(o));
         own.push((i.0, o.0));
         here.push((i.1, o.1));
@@ -543,7 +550,7 @@ impl Engine {
             // Every rank resolves the same words against the same windows. A mapping made at
             // registration reaches its memory (no reach check); ranks of two processes never
             // overlap, whatever their addresses.
-            Some(ws) => match one_key.then(|| resolve_all(ws, &lens, |k, w| word(k, w))).flatten() {
+            Some(ws) => match one_key.then(|| resolve_all(ws, &lens, word)).flatten() {
                 Some((bufs, own, spaces, processes)) => {
                     let ok = apart(&own, &lens, &in_place, &processes);
                     (bufs, spaces, ok)
@@ -674,7 +681,9 @@ mod tests {
 
     #[test]
     fn buffers_apart_or_not() {
-        let ap = |b: &[(usize, usize)], l: &[(usize, usize)], p: &[bool]| apart(b, l, p, &[0; 8][..b.len()]);
+        let ap = |b: &[(usize, usize)], l: &[(usize, usize)], p: &[bool]| {
+            apart(b, l, p, &[0; 8][..b.len()])
+        };
         let b = 1024;
         let lens = [(b, b); 3];
         // Out of place, all apart.
@@ -687,7 +696,12 @@ mod tests {
         assert!(!ap(&[(0, 0), (0, 0)], &lens[..2], &[true; 2]));
         // ... unless they are of two processes, each its own address space.
         assert!(apart(&[(0, 0), (0, 0)], &lens[..2], &[true; 2], &[1, 2]));
-        assert!(!apart(&[(0, 0), (8192, 8192), (0, 0)], &lens, &[true; 3], &[1, 2, 1]));
+        assert!(!apart(
+            &[(0, 0), (8192, 8192), (0, 0)],
+            &lens,
+            &[true; 3],
+            &[1, 2, 1]
+        ));
         // A rank's output overlaps another's input by one byte.
         assert!(!ap(
             &[(0, 4096), (4096 + b - 1, 8192)],

@@ -41,7 +41,7 @@ pub(crate) struct Window {
     pub ranks: Vec<WinRank>,
     /// This process's mappings of the other ranks' buffers, unmapped when the window is
     /// dropped (after every share that used them is done: shares are waited for in the call).
-    pub mappings: Vec<Mapping>,
+    pub _mappings: Vec<Mapping>,
 }
 
 /// The windows of a communicator, by their place in the order of registration (the same on
@@ -189,7 +189,9 @@ impl Engine {
             }
             let space = mapper.space(here, len);
             if everyone && failed.is_none() && space.is_none() {
-                failed = Some(format!("rank {k}'s buffer at 0x{here:x} is not device memory here"));
+                failed = Some(format!(
+                    "rank {k}'s buffer at 0x{here:x} is not device memory here"
+                ));
             }
             ranks.push(WinRank {
                 process,
@@ -215,7 +217,7 @@ impl Engine {
         let w = Window {
             usable,
             ranks,
-            mappings,
+            _mappings: mappings,
         };
         self.add_window(w).map(Some).ok_or_else(|| {
             Error::invalid_usage(format!(
@@ -263,7 +265,7 @@ mod tests {
                     space: MemSpace::Cuda(0),
                 })
                 .collect(),
-            mappings: Vec::new(),
+            _mappings: Vec::new(),
         }
     }
 
@@ -273,14 +275,26 @@ mod tests {
         assert!(!ws.any_usable());
         // Rank 0's buffers at 0x1000 (4 KiB) and 0x8000 (1 KiB), rank 1's at the same
         // addresses of its own process, mapped here at 0x50000 and 0x60000.
-        let a = ws.add(window(true, &[(1, 0x1000, 4096, 0x1000), (2, 0x1000, 4096, 0x50000)]));
-        let b = ws.add(window(true, &[(1, 0x8000, 1024, 0x8000), (2, 0x1000, 1024, 0x60000)]));
+        let a = ws.add(window(
+            true,
+            &[(1, 0x1000, 4096, 0x1000), (2, 0x1000, 4096, 0x50000)],
+        ));
+        let b = ws.add(window(
+            true,
+            &[(1, 0x8000, 1024, 0x8000), (2, 0x1000, 1024, 0x60000)],
+        ));
         assert_eq!((a, b), (0, 1));
         assert!(ws.any_usable());
         let w = ws.word_of(0, 0x1100, 256).unwrap();
         assert_eq!(w, 1 << OFFSET_BITS | 0x100);
-        assert_eq!(ws.resolve(1, w, 256), Some((0x1100, 0x50100, MemSpace::Cuda(0), 2)));
-        assert_eq!(ws.resolve(0, w, 256), Some((0x1100, 0x1100, MemSpace::Cuda(0), 1)));
+        assert_eq!(
+            ws.resolve(1, w, 256),
+            Some((0x1100, 0x50100, MemSpace::Cuda(0), 2))
+        );
+        assert_eq!(
+            ws.resolve(0, w, 256),
+            Some((0x1100, 0x1100, MemSpace::Cuda(0), 1))
+        );
         // The in-place bit above is ignored.
         assert_eq!(ws.resolve(1, w | 1 << 63, 256).map(|r| r.1), Some(0x50100));
         // Past rank 1's buffer in the second window (1 KiB).
@@ -301,7 +315,10 @@ mod tests {
         assert_eq!(ws.resolve(0, w2, 8).map(|r| r.0), Some(0x8000));
         assert_eq!(ws.len(), 2);
         // An unusable window carries nothing.
-        ws.add(window(false, &[(1, 0x30000, 64, 0x30000), (2, 0, 64, 0x70000)]));
+        ws.add(window(
+            false,
+            &[(1, 0x30000, 64, 0x30000), (2, 0, 64, 0x70000)],
+        ));
         assert_eq!(ws.word_of(0, 0x30000, 8), None);
         assert!(ws.any_usable());
         ws.take(1);

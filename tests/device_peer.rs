@@ -327,6 +327,11 @@ fn run(n: usize, case: &str, peer: bool) -> Vec<u64> {
 
 /// [`run`] where distinct stand-in devices reach each other or (`reach` false) do not.
 fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
+    run_env(n, case, peer, reach, &[])
+}
+
+/// [`run_with`] with `extra` settings.
+fn run_env(n: usize, case: &str, peer: bool, reach: bool, extra: &[(&str, &str)]) -> Vec<u64> {
     // Device calls in slices of 64 KiB, except beside a rank with host buffers, whose calls
     // are never cut (the default 64 MiB slices of a one-host p2p communicator cut none here).
     let slices = if case == "host" { "64M" } else { "64K" };
@@ -344,6 +349,8 @@ fn run_with(n: usize, case: &str, peer: bool, reach: bool) -> Vec<u64> {
         ("FERRO_TEST_RANKS", n.to_string()),
         ("FERRO_TEST_CASE", case.to_string()),
     ];
+    let mut env = env.to_vec();
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
     let out = run_child("child_peer", "peer", &env, 300);
     let lines = out.tagged("PEER ");
     assert_eq!(lines.len(), n, "{}", out.dump());
@@ -420,6 +427,17 @@ fn ranks_on_two_devices_that_reach_each_other_go_between_the_buffers() {
 #[test]
 fn ranks_on_two_devices_without_peer_access_run_the_schedule() {
     assert_eq!(run_with(3, "devices", true, false), vec![0; 3]);
+}
+
+/// Buffers that peer access does not cover (a pool's, or mapped with `cuMemMap`: the
+/// stand-in's `FERRO_STANDIN_PLAIN=0`) keep ranks on two devices on the schedule; on one
+/// device they take the path.
+#[test]
+fn buffers_peer_access_does_not_cover_keep_two_devices_on_the_schedule() {
+    let off = [("FERRO_STANDIN_PLAIN", "0")];
+    assert_eq!(run_env(2, "devices", true, true, &off), vec![0; 2]);
+    let calls = run_env(2, "all", true, true, &off);
+    assert!(calls.iter().all(|&c| c == path_calls(true)), "{calls:?}");
 }
 
 #[test]

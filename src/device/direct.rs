@@ -421,6 +421,13 @@ impl Reducer for StandInReducer {
             || matches!((from, to), (MemSpace::Cuda(_), MemSpace::Cuda(_))) && standin_reach()
     }
 
+    /// Yes, unless `FERRO_STANDIN_PLAIN=0` (test tooling: memory as a pool's or `cuMemMap`'s,
+    /// which peer access does not cover).
+    fn peer_mappable(&self, _m: MemRef) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("FERRO_STANDIN_PLAIN").map_or(true, |v| v.trim() != "0"))
+    }
+
     /// Checks the operands now, then queues the reduce-copy on the stand-in stream (the
     /// caller's, or the reducer's own): it runs when the stream reaches it, in the kernel's
     /// order (the first source scaled, then each next one combined into it, the result written

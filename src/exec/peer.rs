@@ -125,6 +125,10 @@ const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
 const MAX_ORDINAL: u32 = 63;
 /// The bit of a rank's output word that says it is in place.
 const IN_PLACE: u64 = 1 << 63;
+/// The bit of a rank's input word (by address) that says some buffer of its is not memory
+/// that another device's peer access reaches ([`Reducer::peer_mappable`]): then every rank
+/// must be on one device.
+const NOT_PLAIN: u64 = 1 << 63;
 
 /// This process's part of the key: random per process, so that ranks of two processes (which
 /// `set_peer_direct` should have kept apart already) never agree on one.
@@ -512,10 +516,24 @@ impl Engine {
         (words[at], words[at + 1]) = match (across, win_words) {
             (true, (Some(i), Some(o))) => (i, o),
             (true, _) => (0, 0),
-            (false, _) => (
-                mine.0 as u64 & ADDR_MASK | u64::from(ordinal) << ADDR_BITS,
-                mine.1 as u64 & ADDR_MASK,
-            ),
+            (false, _) => {
+                let plain = |addr: usize, len: usize| {
+                    reducer.is_some_and(|r| {
+                        r.peer_mappable(MemRef {
+                            space: mem.space,
+                            addr,
+                            len,
+                        })
+                    })
+                };
+                let not_plain = able && !(plain(mine.0, in_used) && plain(mine.1, out_used));
+                (
+                    mine.0 as u64 & ADDR_MASK
+                        | u64::from(ordinal) << ADDR_BITS
+                        | u64::from(not_plain) << 63,
+                    mine.1 as u64 & ADDR_MASK,
+                )
+            }
         };
         words[at + 1] |= u64::from(mem.in_place) << 63;
         words[at + 2..at + 4].copy_from_slice(&ready);
@@ -541,10 +559,14 @@ impl Engine {
                     .map(|k| MemSpace::Cuda((word(k, 0) >> ADDR_BITS) as u32 & MAX_ORDINAL))
                     .collect();
                 // Buffers apart, and every rank's device reaching every other's (a property
-                // of this process's devices, so the same answer on every rank).
+                // of this process's devices, so the same answer on every rank), with buffers
+                // that peer access covers where the devices differ.
+                let one_device = spaces.iter().all(|&s| s == spaces[0]);
+                let plain = (0..n).all(|k| word(k, 0) & NOT_PLAIN == 0);
                 let ok = one_key
                     && apart(&bufs, &lens, &in_place, &[0; PEER_MAX_RANKS][..n])
-                    && reducer.is_some_and(|r| reach_all(r, &spaces));
+                    && reducer.is_some_and(|r| reach_all(r, &spaces))
+                    && (one_device || plain);
                 (bufs, spaces, ok)
             }
             // Every rank resolves the same words against the same windows. A mapping made at
@@ -594,7 +616,13 @@ impl Engine {
         let mut status = vec![0u64; 1 + 2 * n];
         match &queued {
             Ok(done) => status[1 + 2 * me..3 + 2 * me].copy_from_slice(done),
-            Err(_) => status[0] = me as u64 + 1,
+            Err(_) => {
+                // Part of the share may be queued (an all_to_all's first copies) and write
+                // other ranks' outputs, which they will not wait for: it is done before this
+                // rank says it failed (the stream waits only for marks recorded already).
+                let _ = reducer.synchronize(on);
+                status[0] = me as u64 + 1;
+            }
         }
         if let Err(e) = self.max_words(&mut status, ctx) {
             // The exchange failed (a peer gone, the deadline): this rank's share may be
@@ -605,15 +633,15 @@ impl Engine {
         // No rank's stream goes past the call before every share that reads its input or
         // writes its output is done (the shares that were queued: a rank that failed to queue
         // its own still waits for the others'); a blocking call waits for that here.
-        let settled = (|| {
-            for k in (0..n).filter(|&k| k != me) {
-                reducer.wait_mark(on, [status[1 + 2 * k], status[2 + 2 * k]])?;
-            }
-            if on.is_none() {
-                reducer.synchronize(None)?;
-            }
-            Ok(())
-        })();
+        // Every wait is queued even where one fails (the first error is returned).
+        let mut settled: Result<()> = Ok(());
+        for k in (0..n).filter(|&k| k != me) {
+            let waited = reducer.wait_mark(on, [status[1 + 2 * k], status[2 + 2 * k]]);
+            settled = settled.and(waited);
+        }
+        if on.is_none() {
+            settled = settled.and(reducer.synchronize(None));
+        }
         queued.map_err(|e| e.context(ctx.label()))?;
         settled.map_err(|e: Error| e.context(ctx.label()))?;
         if status[0] != 0 {

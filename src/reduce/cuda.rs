@@ -75,7 +75,8 @@ fn peer_reach(a: u32, b: u32) -> bool {
 pub(crate) struct CudaReducer {
     ordinal: u32,
     kernels: OnceLock<std::result::Result<DeviceKernels, CudaError>>,
-    /// Its two marks' events ([`MarkUse`]), made at the first mark (0: not yet).
+    /// Its two marks' events ([`MarkUse`]), made at the first mark (0: not yet) and never
+    /// destroyed (see below the impl).
     events: Mutex<[usize; 2]>,
 }
 
@@ -239,21 +240,11 @@ impl CudaReducer {
     }
 }
 
-impl Drop for CudaReducer {
-    fn drop(&mut self) {
-        let ev = *self.events.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(Ok(k)) = self.kernels.get() {
-            for e in ev.into_iter().filter(|&e| e != 0) {
-                // SAFETY: made by `event` in this device's context, destroyed once here; a
-                // stream still waiting for it keeps what it waits for (the driver defers the
-                // release until the recorded work is done).
-                let _ = k
-                    .bind()
-                    .and_then(|()| unsafe { k.driver().destroy_event(e as Handle) });
-            }
-        }
-    }
-}
+// The marks' events are not destroyed with the reducer: another rank's thread may queue a
+// wait for this rank's done mark after this rank has left the call (and dropped its
+// communicator), and nothing tells this rank when every such wait is queued; a wait queued on
+// a destroyed event fails, or waits for whatever event took its handle. So the (at most two)
+// events of a reducer live as long as the process.
 
 /// Lets a stream-ordered call's holds go (`cuLaunchHostFunc`'s function): `data` is the
 /// `Box<Box<dyn Any + Send>>` that [`Reducer::release_after`] leaked.
@@ -342,6 +333,19 @@ impl Reducer for CudaReducer {
             (MemSpace::Cuda(a), MemSpace::Cuda(b)) => peer_reach(a, b),
             _ => from == to,
         }
+    }
+
+    fn peer_mappable(&self, m: MemRef) -> bool {
+        m.len == 0
+            || self
+                .kernels()
+                .ok()
+                .and_then(|k| {
+                    k.bind()
+                        .ok()
+                        .and_then(|()| k.driver().is_plain_allocation(m.addr as u64))
+                })
+                .unwrap_or(false)
     }
 
     fn queue_many(

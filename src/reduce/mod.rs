@@ -105,6 +105,14 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         from == to
     }
 
+    /// Whether device memory `m` of this reducer's device is reachable from another device
+    /// wherever [`Reducer::reaches`] says that device reaches this one: CUDA peer access covers
+    /// memory of `cuMemAlloc`, not memory of a pool or mapped with `cuMemMap` (PyTorch's
+    /// expandable segments), which a kernel of another device cannot read.
+    fn peer_mappable(&self, _m: MemRef) -> bool {
+        true
+    }
+
     /// Queues `dst[i] = src_0[i] op src_1[i] op ...` for every `dst` in `dsts`, in one pass,
     /// every source first multiplied by `premul` where given, on stream `on` (a caller's
     /// stream of this reducer's device; `None`: the reducer's own), and returns once it is

@@ -48,6 +48,9 @@ pub const POINTER_RANGE_SIZE: c_int = 12;
 /// `CU_POINTER_ATTRIBUTE_MAPPED` (answers a boolean, 32 bits): whether the address is mapped to
 /// memory.
 pub const POINTER_MAPPED: c_int = 13;
+/// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: memory of `cuMemAlloc` (which peer access
+/// and CUDA IPC cover), not of a pool or mapped with `cuMemMap`.
+pub const POINTER_LEGACY_IPC: c_int = 10;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
 /// `CU_MEMORYTYPE_HOST`: page-locked host memory the driver knows (`cuMemAllocHost`,
@@ -675,6 +678,19 @@ impl Driver {
             (self.pointer_attribute)((&mut mapped as *mut c_uint).cast(), POINTER_MAPPED, ptr)
         };
         (s == 0).then_some(mapped != 0)
+    }
+
+    /// Whether device pointer `ptr` is memory of `cuMemAlloc` (`None`: the driver did not
+    /// answer). Peer access (`cuCtxEnablePeerAccess`) makes only such memory of another device
+    /// reachable; memory of a pool or mapped with `cuMemMap` needs access granted of its own.
+    pub fn is_plain_allocation(&self, ptr: DevicePtr) -> Option<bool> {
+        let mut plain: c_uint = 0;
+        // SAFETY: a valid out-pointer of the attribute's type (a 32-bit boolean); the driver
+        // only looks the address up.
+        let s = unsafe {
+            (self.pointer_attribute)((&mut plain as *mut c_uint).cast(), POINTER_LEGACY_IPC, ptr)
+        };
+        (s == 0).then_some(plain != 0)
     }
 
     /// Copies host bytes to device memory; returns once they are in device memory.

@@ -423,7 +423,8 @@ impl Reducer for CudaReducer {
         // caller's stream of this device.
         let r = unsafe { k.driver().launch_host_func(stream, release, data.cast()) };
         if let Err(e) = r {
-            // Not queued: the stream is waited for here instead, then the holds go.
+            // Not queued: the holds go now and the error returns; the caller (`end_call`)
+            // waits for the stream instead.
             // SAFETY: `data` was not handed to the driver, so it is still ours, once.
             drop(unsafe { Box::from_raw(data) });
             return Err(convert(&e));

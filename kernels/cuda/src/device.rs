@@ -5,7 +5,7 @@
 //! Built, not yet run on a GPU: the CPU suite checks only that every entry returns the
 //! no-driver error here, and `scripts/gpu-check.sh` runs the rest on a machine with a GPU.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CString};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -87,6 +87,23 @@ pub fn compile_ptx_into_cache(nvrtc: &Nvrtc, dir: &Path, arch: u32) -> Result<Ve
     Ok(p)
 }
 
+/// Whether `c` is a whole 64-bit ELF file as far as its headers say: `cuModuleLoadData` takes
+/// no length, so a cached cubin cut short (a full disk, a killed writer) must not reach it.
+pub fn is_whole_cubin(c: &[u8]) -> bool {
+    let at = |o: usize, n: usize| -> Option<u64> {
+        let b = c.get(o..o + n)?;
+        Some(b.iter().rev().fold(0u64, |v, &x| v << 8 | u64::from(x)))
+    };
+    let table_fits = |off: usize, size: usize, count: usize| -> Option<bool> {
+        let (off, size, count) = (at(off, 8)?, at(size, 2)?, at(count, 2)?);
+        Some(off.checked_add(size.checked_mul(count)?)? <= c.len() as u64)
+    };
+    c.len() >= 64
+        && c.starts_with(b"\x7fELF\x02\x01")
+        && table_fits(0x20, 0x36, 0x38) == Some(true)
+        && table_fits(0x28, 0x3a, 0x3c) == Some(true)
+}
+
 /// The image of the reduction kernels for a GPU of compute capability `arch`, for
 /// `cuModuleLoadData`: from this process's cache; a cached cubin for sm_`arch`; NVRTC (then
 /// cached in both; a disk cache that cannot be written only costs a compile); or, without an
@@ -103,7 +120,7 @@ pub fn reduce_image(arch: u32) -> Result<Arc<Vec<u8>>> {
     let cubin = dir
         .as_ref()
         .and_then(|d| read(cache_file(d, arch)))
-        .filter(|c| c.starts_with(b"\x7fELF"));
+        .filter(|c| is_whole_cubin(c));
     let image = match cubin {
         Some(c) => c,
         None => match Nvrtc::load_default() {
@@ -122,7 +139,7 @@ pub fn reduce_image(arch: u32) -> Result<Arc<Vec<u8>>> {
                     [90u32, 89, 86, 80, 75, 70]
                         .into_iter()
                         .filter(|&a| a <= arch)
-                        .find_map(|a| read(ptx_cache_file(d, a)))
+                        .find_map(|a| read(ptx_cache_file(d, a)).filter(|p| p.last() == Some(&0)))
                 });
                 match (ptx, found) {
                     (Some(p), _) => p,
@@ -153,7 +170,64 @@ pub fn reduce_image(arch: u32) -> Result<Arc<Vec<u8>>> {
     Ok(c)
 }
 
-/// The reduction kernels loaded on one device, with a stream to launch them on.
+/// The kernels' module loaded on one device (in its primary context), once per process: every
+/// [`DeviceKernels`] of the device shares it. Loading a module may wait for the device, so it
+/// is done once, at a device's first use, not at every communicator's.
+#[derive(Debug)]
+struct Loaded {
+    functions: HashMap<(DataType, ElemOp), Handle>,
+}
+
+// SAFETY: function handles of a module that stays loaded for the process; the driver lets
+// any thread launch them with the context current.
+unsafe impl Send for Loaded {}
+// SAFETY: as above; nothing in it changes after loading.
+unsafe impl Sync for Loaded {}
+
+/// The module of device `ordinal`'s primary context (current on this thread), loaded at the
+/// first call for the device and kept for the process.
+fn loaded(driver: &'static Driver, ordinal: u32, arch: u32) -> Result<Arc<Loaded>> {
+    static LOADED: Mutex<BTreeMap<u32, Arc<Loaded>>> = Mutex::new(BTreeMap::new());
+    let mut map = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(l) = map.get(&ordinal) {
+        return Ok(l.clone());
+    }
+    let image = reduce_image(arch)?;
+    let mut module = std::ptr::null_mut();
+    // SAFETY: the context is current; `image` is a complete cubin, or PTX text ending in NUL,
+    // that outlives the call.
+    driver.check("cuModuleLoadData", unsafe {
+        (driver.module_load_data)(&mut module, image.as_ptr().cast())
+    })?;
+    let mut functions = HashMap::new();
+    for dtype in DataType::ALL {
+        for op in ElemOp::ALL {
+            let name = CString::new(kernel_name(dtype, op)).expect("kernel names hold no NUL");
+            let mut f = std::ptr::null_mut();
+            // SAFETY: `module` is loaded; `name` is NUL-terminated; `f` is an out-pointer.
+            driver.check("cuModuleGetFunction", unsafe {
+                (driver.module_get_function)(&mut f, module, name.as_ptr())
+            })?;
+            functions.insert((dtype, op), f);
+        }
+    }
+    let l = Arc::new(Loaded { functions });
+    map.insert(ordinal, l.clone());
+    Ok(l)
+}
+
+impl Drop for DeviceKernels {
+    fn drop(&mut self) {
+        // SAFETY: the stream was made in `new` and is destroyed once here; work still queued
+        // on it runs to the end first (the driver releases it then), and events recorded on
+        // it stay valid.
+        let _ = self
+            .bind()
+            .and_then(|()| unsafe { self.driver.destroy_stream(self.stream) });
+    }
+}
+
+/// The reduction kernels loaded on one device, with a stream of its own to launch them on.
 #[derive(Debug)]
 pub struct DeviceKernels {
     driver: &'static Driver,
@@ -161,7 +235,7 @@ pub struct DeviceKernels {
     arch: u32,
     ctx: Handle,
     stream: Handle,
-    functions: HashMap<(DataType, ElemOp), Handle>,
+    loaded: Arc<Loaded>,
     grid_max: u32,
 }
 
@@ -179,25 +253,7 @@ impl DeviceKernels {
         let device: Device = driver.device(ordinal)?;
         let arch = driver.arch(device)?;
         let ctx = driver.bind_primary_context(device)?;
-        let image = reduce_image(arch)?;
-        let mut module = std::ptr::null_mut();
-        // SAFETY: the context is current; `image` is a complete cubin, or PTX text ending in NUL,
-        // that outlives the call.
-        driver.check("cuModuleLoadData", unsafe {
-            (driver.module_load_data)(&mut module, image.as_ptr().cast())
-        })?;
-        let mut functions = HashMap::new();
-        for dtype in DataType::ALL {
-            for op in ElemOp::ALL {
-                let name = CString::new(kernel_name(dtype, op)).expect("kernel names hold no NUL");
-                let mut f = std::ptr::null_mut();
-                // SAFETY: `module` is loaded; `name` is NUL-terminated; `f` is an out-pointer.
-                driver.check("cuModuleGetFunction", unsafe {
-                    (driver.module_get_function)(&mut f, module, name.as_ptr())
-                })?;
-                functions.insert((dtype, op), f);
-            }
-        }
+        let loaded = loaded(driver, ordinal, arch)?;
         let mut stream = std::ptr::null_mut();
         // SAFETY: the context is current; flag 1 is CU_STREAM_NON_BLOCKING.
         driver.check("cuStreamCreate", unsafe {
@@ -210,7 +266,7 @@ impl DeviceKernels {
             arch,
             ctx,
             stream,
-            functions,
+            loaded,
             grid_max: sms * 4,
         })
     }
@@ -282,7 +338,7 @@ impl DeviceKernels {
             return Ok(());
         }
         self.bind()?;
-        let f = self.functions[&(dtype, op)];
+        let f = self.loaded.functions[&(dtype, op)];
         let vectors = args.count.div_ceil((16 / dtype.size()) as u64);
         let blocks = vectors
             .div_ceil(u64::from(BLOCK_THREADS))
@@ -421,5 +477,47 @@ impl Drop for Mark {
                 let _ = self.driver.destroy_event(self.event);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_whole_cubin as whole_elf;
+
+    /// A 64-bit little-endian ELF header whose program and section header tables end at
+    /// `ph_end` and `sh_end`.
+    fn header(len: usize, ph: (u64, u16, u16), sh: (u64, u16, u16)) -> Vec<u8> {
+        let mut c = vec![0u8; len];
+        c[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        c[0x20..0x28].copy_from_slice(&ph.0.to_le_bytes());
+        c[0x36..0x38].copy_from_slice(&ph.1.to_le_bytes());
+        c[0x38..0x3a].copy_from_slice(&ph.2.to_le_bytes());
+        c[0x28..0x30].copy_from_slice(&sh.0.to_le_bytes());
+        c[0x3a..0x3c].copy_from_slice(&sh.1.to_le_bytes());
+        c[0x3c..0x3e].copy_from_slice(&sh.2.to_le_bytes());
+        c
+    }
+
+    #[test]
+    fn a_cubin_cut_short_is_not_loaded() {
+        // Program headers 64..176, section headers 1000..1640.
+        let ok = header(1640, (64, 56, 2), (1000, 64, 10));
+        assert!(whole_elf(&ok));
+        assert!(
+            !whole_elf(&ok[..1639]),
+            "the section table runs past the end"
+        );
+        assert!(
+            !whole_elf(&header(150, (64, 56, 2), (0, 64, 0))),
+            "program table past the end"
+        );
+        assert!(!whole_elf(&ok[..40]), "shorter than the header");
+        let mut elf32 = ok.clone();
+        elf32[4] = 1;
+        assert!(!whole_elf(&elf32), "a 32-bit ELF is no cubin");
+        assert!(
+            !whole_elf(&header(64, (u64::MAX, 56, 2), (0, 0, 0))),
+            "an offset that overflows"
+        );
     }
 }

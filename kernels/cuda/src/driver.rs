@@ -51,6 +51,8 @@ pub const POINTER_MAPPED: c_int = 13;
 /// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: memory of `cuMemAlloc` (which peer access
 /// and CUDA IPC cover), not of a pool or mapped with `cuMemMap`.
 pub const POINTER_LEGACY_IPC: c_int = 10;
+/// `CUDA_ERROR_TOO_MANY_PEERS`: a device has as many peers enabled as it can.
+const TOO_MANY_PEERS: c_int = 711;
 /// `CU_MEMORYTYPE_DEVICE`.
 pub const MEMORYTYPE_DEVICE: c_uint = 2;
 /// `CU_MEMORYTYPE_HOST`: page-locked host memory the driver knows (`cuMemAllocHost`,
@@ -774,14 +776,29 @@ impl Driver {
     /// A context is current on this thread, and `peer` is a context the driver handed out and
     /// still holds (a retained primary context of another device).
     pub unsafe fn enable_peer_access(&self, peer: Handle) -> Result<()> {
+        // SAFETY: per the caller.
+        match unsafe { self.try_enable_peer_access(peer) }? {
+            true => Ok(()),
+            false => self.check("cuCtxEnablePeerAccess", TOO_MANY_PEERS),
+        }
+    }
+
+    /// [`Driver::enable_peer_access`], answering `false` where the device has as many peers
+    /// enabled as it can (`CUDA_ERROR_TOO_MANY_PEERS`): copies to the peer's memory still
+    /// work, staged by the driver; kernels cannot reach it.
+    ///
+    /// # Safety
+    /// As for [`Driver::enable_peer_access`].
+    pub unsafe fn try_enable_peer_access(&self, peer: Handle) -> Result<bool> {
         /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
         const ALREADY_ENABLED: c_int = 704;
         // SAFETY: per the caller; the call reads no memory of ours.
         let status = unsafe { (self.ctx_enable_peer_access)(peer, 0) };
-        if status == ALREADY_ENABLED {
-            return Ok(());
+        match status {
+            ALREADY_ENABLED => Ok(true),
+            TOO_MANY_PEERS => Ok(false),
+            s => self.check("cuCtxEnablePeerAccess", s).map(|()| true),
         }
-        self.check("cuCtxEnablePeerAccess", status)
     }
 
     /// Lets kernels in `device`'s primary context reach memory of `peer`'s

@@ -230,12 +230,21 @@ impl DevPeer {
             if a.dev.ordinal != dev.ordinal {
                 // Ranks as threads on two GPUs: without peer access enabled in this context,
                 // the driver stages every copy into the peer's slots through host memory
-                // (processes get it from cuIpcOpenMemHandle).
+                // (processes get it from cuIpcOpenMemHandle), which still works where the
+                // device has all the peers it can have (the copies are only slower).
                 dev.bind()?;
                 // SAFETY: this device's context is current (bound above); the peer's is the
                 // primary context its `CudaDev` retained and never releases.
-                unsafe { dev.drv.enable_peer_access(a.dev.ctx) }
+                let enabled = unsafe { dev.drv.try_enable_peer_access(a.dev.ctx) }
                     .map_err(|e| cuda_err("enabling peer access to the peer's GPU", e))?;
+                if !enabled {
+                    ferroccl_transport::log_line!(
+                        "ferroccl INFO P2P: cuda device {} has all the peers it can enable; \
+                         copies to device {}'s slots are staged by the driver",
+                        dev.ordinal,
+                        a.dev.ordinal
+                    );
+                }
             }
             return Ok(DevPeer::Local(a));
         }

@@ -149,6 +149,44 @@ fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffe
     }
 }
 
+/// `tests/c/streams.c NRANKS windows`: ranks that are processes on stand-in devices of their
+/// own, their send and receive buffers registered as windows (`ncclCommWindowRegister`), over
+/// the p2p transport: the 6 allreduces (whole buffers and ranges inside them) and the
+/// broadcast go straight between the processes' buffers (every rank's trace labels all 7
+/// `peer`), with every element checked by the program. Blocking calls
+/// (`FERRO_STREAM_WAITS=0`): on the stand-in a stream-ordered call would stage through its
+/// stream's arena, where with CUDA p2p connections it blocks and takes the path.
+#[test]
+fn c_program_windows_of_processes_go_between_their_buffers() {
+    let exe = gcc("streams.c", "streams", &[&our_include()], true);
+    for n in [2usize, 3] {
+        let dir = out_dir().join(format!("window-trace-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("trace-%r.json");
+        run_c(
+            &exe,
+            &[&n.to_string(), "windows"],
+            &[
+                ("FERRO_DEVICE_PROVIDER", "host"),
+                ("FERRO_TRANSPORTS", "p2p"),
+                ("FERRO_P2P_PROVIDER", "host"),
+                ("FERRO_STREAM_WAITS", "0"),
+                ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
+            ],
+        );
+        for r in 0..n {
+            let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
+            let peer = t.matches("\"algorithm\":\"peer\"").count();
+            assert_eq!(
+                peer, 7,
+                "{n} ranks, rank {r}: {peer} calls between the buffers:\n{t}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// `tests/c/vmm.c` (memory mapped piece by piece, run by `gpu-check.sh` on a GPU) builds, and
 /// without a driver says it skipped with exit status 77, which a check must not count as passed.
 #[test]

@@ -11,6 +11,9 @@
  *   streams NDEV all         one process, ncclCommInitAll, one thread driving every
  *                            communicator through groups (host stand-in only)
  *   streams NRANKS mixed     as above, even ranks stream-ordered, odd ranks blocking
+ *   streams NRANKS windows   ranks are processes; send and receive buffers registered as
+ *                            windows (ncclCommWindowRegister), allreduces of whole buffers and
+ *                            of ranges inside them, a broadcast, then deregistered and freed
  *   streams 1 nodriver       no stand-in and no driver: a non-NULL stream and ncclMemAlloc fail
  *                            with ncclSystemError and the driver's message, no crash
  *
@@ -445,7 +448,46 @@ static void long_sendrecv(ncclComm_t comm) {
   free(h);
 }
 
-static int run_rank(int rank, int n, ncclUniqueId id) {
+/* Collectives on buffers in windows: with ranks that are processes of one host over the p2p
+ * transport they go straight between the ranks' buffers (the test counts them in the traces). */
+static void windows(ncclComm_t comm, int rank, int n) {
+  enum { W = 100003 };
+  const size_t bytes = sizeof(float) * W;
+  float *h = malloc(bytes);
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+  ncclWindow_t ws = NULL, wr = NULL;
+  CHECK(ncclCommWindowRegister(comm, send, bytes, &ws, NCCL_WIN_COLL_SYMMETRIC));
+  CHECK(ncclCommWindowRegister(comm, recv, bytes, &wr, NCCL_WIN_COLL_SYMMETRIC));
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < W; i++) h[i] = (float)(rank * W + i + round);
+    to_dev(send, h, bytes);
+    CHECK(ncclAllReduce(send, recv, W, ncclFloat, ncclSum, comm, g_stream));
+    from_dev(h, recv, bytes);
+    for (int i = 0; i < W; i++) {
+      float want = (float)(W * n * (n - 1) / 2 + n * (i + round));
+      EXPECT(h[i] == want, "round %d: allreduce [%d] = %g, want %g", round, i, h[i], want);
+    }
+    /* A range inside each window, at different offsets. */
+    CHECK(ncclAllReduce((float *)send + 7, (float *)recv + 11, W - 20, ncclFloat, ncclSum, comm,
+                        g_stream));
+    from_dev(h, recv, bytes);
+    for (int i = 0; i < W - 20; i++) {
+      float want = (float)(W * n * (n - 1) / 2 + n * (i + 7 + round));
+      EXPECT(h[11 + i] == want, "round %d: allreduce of a range [%d] = %g", round, i, h[11 + i]);
+    }
+  }
+  CHECK(ncclBroadcast(recv, recv, W, ncclFloat, n - 1, comm, g_stream));
+  from_dev(h, recv, bytes);
+  /* Element 5 of the last round's whole allreduce (the ranges start at 11). */
+  EXPECT(h[5] == (float)(W * n * (n - 1) / 2 + n * (5 + 2)), "broadcast [5] = %g", h[5]);
+  CHECK(ncclCommWindowDeregister(comm, ws));
+  CHECK(ncclCommWindowDeregister(comm, wr));
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+  free(h);
+}
+
+static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   g_rank = rank;
   if (g_standin) {
     /* Each rank's current device: the communicator binds to it at init. */
@@ -458,6 +500,11 @@ static int run_rank(int rank, int n, ncclUniqueId id) {
   int dev = -1;
   CHECK(ncclCommCuDevice(comm, &dev));
   if (g_standin) EXPECT(dev == rank % 4, "bound to device %d, want %d", dev, rank % 4);
+  if (strcmp(mode, "windows") == 0) {
+    windows(comm, rank, n);
+    CHECK(ncclCommDestroy(comm));
+    return 0;
+  }
   collectives(comm);
   long_sendrecv(comm);
   CHECK(ncclCommDestroy(comm));
@@ -554,7 +601,7 @@ int main(int argc, char **argv) {
      * same messages (read once per process, before the first call). */
     if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
     fflush(stdout);
-    _exit(run_rank(r, n, id));
+    _exit(run_rank(r, n, id, mode));
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {

@@ -40,7 +40,7 @@ pub use group::Group;
 pub(crate) use stream_rounds::{P2pRounds, PieceOp, RoundContext};
 #[cfg(feature = "capi")]
 pub(crate) use stream_slices::{SliceJob, Sliced};
-pub use windows::Window;
+pub use windows::{DeviceWindow, Window};
 pub use work::Work;
 
 use call::{header_kind, Call};

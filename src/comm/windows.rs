@@ -5,8 +5,12 @@
 use ferroccl_kernels::DataType;
 use ferroccl_transport::MemSpace;
 
+use std::ops::{Deref, DerefMut};
+
+use ferroccl_kernels::Element;
+
 use crate::device::ipc::{self, Mapping};
-use crate::device::Provider;
+use crate::device::{DeviceBuffer, Provider};
 use crate::exec::{Mapper, Offered, OpContext};
 use crate::wire::{kind, op};
 use crate::Result;
@@ -38,6 +42,49 @@ impl Window {
     /// Whether it is empty (never: a window holds a byte at least).
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+}
+
+/// A device buffer registered as a window ([`Communicator::register_device_window`]): it is
+/// the buffer (`Deref`), and gives it back at [`Communicator::deregister_device_window`].
+/// Dropped while still registered, it keeps the memory (leaked, with a warning) rather than
+/// free what other processes may still map.
+#[derive(Debug)]
+pub struct DeviceWindow<T: Element> {
+    buf: Option<DeviceBuffer<T>>,
+    window: Option<Window>,
+}
+
+impl<T: Element> Deref for DeviceWindow<T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        self.buf
+            .as_ref()
+            .expect("a device window holds its buffer until it is taken apart")
+    }
+}
+
+impl<T: Element> DerefMut for DeviceWindow<T> {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
+        self.buf
+            .as_mut()
+            .expect("a device window holds its buffer until it is taken apart")
+    }
+}
+
+impl<T: Element> Drop for DeviceWindow<T> {
+    fn drop(&mut self) {
+        if let (Some(b), Some(w)) = (self.buf.take(), self.window.take()) {
+            if w.place.is_some() {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN DEVICE: a device window of {} bytes was dropped while still \
+                     registered; its memory is kept (other processes may map it): deregister \
+                     it with Communicator::deregister_device_window",
+                    w.len
+                );
+                std::mem::forget(b);
+            }
+        }
     }
 }
 
@@ -121,6 +168,47 @@ impl Communicator {
         inner.execute_next(true, |e, seq| {
             e.deregister_window(place, &window_ctx("deregister_window", seq, inner.rank))
         })
+    }
+
+    /// Registers device buffer `buf` as a window of this communicator, as
+    /// [`Communicator::register_window`] does (collective), keeping the buffer until
+    /// [`Communicator::deregister_device_window`] gives it back. Where the registration fails
+    /// after other ranks may have mapped the buffer, it is kept (leaked) rather than freed.
+    pub fn register_device_window<T: Element>(
+        &self,
+        buf: DeviceBuffer<T>,
+    ) -> Result<DeviceWindow<T>> {
+        // SAFETY: the window owns the buffer from here on: it is freed only once deregistered
+        // (`deregister_device_window`), never while registered (leaked instead).
+        match unsafe { self.register_window(buf.addr(), buf.bytes().max(1)) } {
+            Ok(w) => Ok(DeviceWindow {
+                buf: Some(buf),
+                window: Some(w),
+            }),
+            Err(e) => {
+                std::mem::forget(buf);
+                Err(e)
+            }
+        }
+    }
+
+    /// Deregisters a window of [`Communicator::register_device_window`] (collective) and gives
+    /// its buffer back. On error the buffer is kept (leaked): another process may map it still.
+    pub fn deregister_device_window<T: Element>(
+        &self,
+        mut w: DeviceWindow<T>,
+    ) -> Result<DeviceBuffer<T>> {
+        let (buf, window) = (w.buf.take(), w.window.take());
+        let (Some(buf), Some(window)) = (buf, window) else {
+            return Err(crate::Error::internal("a device window without its buffer"));
+        };
+        match self.deregister_window(window) {
+            Ok(()) => Ok(buf),
+            Err(e) => {
+                std::mem::forget(buf);
+                Err(e)
+            }
+        }
     }
 
     /// Whether this communicator exchanges windows at registration (its ranks are processes

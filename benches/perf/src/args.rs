@@ -100,7 +100,9 @@ pub struct Args {
     pub stream_ordered: bool,
     /// `-R 1` / `-R 2` (nccl-tests' buffer registration): host buffers in shared memory
     /// ([`ferroccl::SharedBuf`]), which the shared-memory transport lets peers on the host
-    /// read without copying them through its rings. With `-B 1` it has no effect. Default 0.
+    /// read without copying them through its rings; with `-B`, the device buffers registered
+    /// as windows of the communicator (`Communicator::register_window`: ranks that are
+    /// processes of one host then take collectives straight between their buffers). Default 0.
     pub local_register: u32,
     /// Minimum average bus bandwidth in GB/s (nccl-tests' `NCCL_TESTS_MIN_BW`): below 90 %
     /// of it the run fails. Not a flag: see [`min_bw_from_env`].
@@ -262,7 +264,7 @@ pub fn usage(program: &str) -> String {
 [-S,--report_timestamps <0/1>] (ignored) \n\t\
 [-J,--output_file <file> write results as JSON to this file] \n\t\
 [-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>] \n\t\
-[-R,--local_register <0/1/2> 1 or 2: host buffers in shared memory, read by peers without a copy] \n\t\
+[-R,--local_register <0/1/2> 1 or 2: host buffers in shared memory, read by peers without a copy; with -B, device buffers registered as windows] \n\t\
 [-x,--cta_policy <0/1/2>] (ignored: GPU only) \n\t\
 [-D,--device_implementation <n>] (ignored: GPU only) \n\t\
 [-V,--device_cta_count <n>] (ignored: GPU only) \n\t\

@@ -12,32 +12,86 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use ferroccl::coll::CollKind;
+use ferroccl::comm::DeviceWindow;
 use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider, RawDeviceP2p};
 use ferroccl::{bootstrap, Communicator, Config, DataType, Error, ReduceOp, Result};
 
 use crate::{report, run::hostname, run_perf, Args, Coll, PerfComm, PerfOp};
 
+/// A device buffer of `-B`, registered as a window with `-R 1|2`.
+#[derive(Debug)]
+enum Buf {
+    Plain(DeviceBuffer<u8>),
+    Window(DeviceWindow<u8>),
+}
+
+impl std::ops::Deref for Buf {
+    type Target = DeviceBuffer<u8>;
+    fn deref(&self) -> &DeviceBuffer<u8> {
+        match self {
+            Buf::Plain(b) => b,
+            Buf::Window(w) => w,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut DeviceBuffer<u8> {
+        match self {
+            Buf::Plain(b) => b,
+            Buf::Window(w) => w,
+        }
+    }
+}
+
+impl Buf {
+    /// Gives the buffer back (a window deregistered: collective).
+    fn release(self, comm: &Communicator) -> Result<()> {
+        match self {
+            Buf::Plain(_) => Ok(()),
+            Buf::Window(w) => comm.deregister_device_window(w).map(drop),
+        }
+    }
+}
+
 /// The device buffers of a rank run with `-B 1`, grown to the largest call seen.
 #[derive(Debug)]
 struct DeviceBufs {
     device: Device,
-    send: DeviceBuffer<u8>,
-    recv: DeviceBuffer<u8>,
+    send: Buf,
+    recv: Buf,
     /// `-B 2`: the stream the collectives are ordered on.
     stream: Option<DeviceStream>,
+    /// `-R 1` or `-R 2` with `-B`: both buffers are windows of the communicator
+    /// (`Communicator::register_device_window`, as nccl-tests registers its buffers),
+    /// registered again whenever they grow.
+    register: bool,
 }
 
 impl DeviceBufs {
     /// Makes both buffers hold at least `send` and `recv` bytes (a grown buffer is new: its
-    /// contents are gone).
-    fn reserve(&mut self, send: usize, recv: usize) -> Result<()> {
+    /// contents are gone). With windows, growing is collective: every rank grows at the same
+    /// calls (the same sizes), deregistering the old buffers first.
+    fn reserve(&mut self, comm: &Communicator, send: usize, recv: usize) -> Result<()> {
         if self.send.len() < send {
-            self.send = DeviceBuffer::new(self.device, send)?;
+            self.send = self.fresh(comm, send, true)?;
         }
         if self.recv.len() < recv {
-            self.recv = DeviceBuffer::new(self.device, recv)?;
+            self.recv = self.fresh(comm, recv, false)?;
         }
         Ok(())
+    }
+
+    /// A new buffer of `len` bytes in place of the send (`send`) or receive buffer, whose
+    /// window is deregistered first.
+    fn fresh(&mut self, comm: &Communicator, len: usize, send: bool) -> Result<Buf> {
+        let slot = if send { &mut self.send } else { &mut self.recv };
+        std::mem::replace(slot, Buf::Plain(DeviceBuffer::new(self.device, 0)?)).release(comm)?;
+        let b = DeviceBuffer::new(self.device, len)?;
+        Ok(match self.register {
+            true => Buf::Window(comm.register_device_window(b)?),
+            false => Buf::Plain(b),
+        })
     }
 }
 
@@ -73,6 +127,7 @@ impl FerroComm {
         comm: Communicator,
         unalign: usize,
         stream_ordered: bool,
+        register: bool,
     ) -> Result<Self> {
         let provider = Provider::from_env()?;
         let count = provider.device_count()?.max(1);
@@ -80,13 +135,14 @@ impl FerroComm {
         comm.set_device(device)?;
         let bufs = DeviceBufs {
             device,
-            send: DeviceBuffer::new(device, 0)?,
-            recv: DeviceBuffer::new(device, 0)?,
+            send: Buf::Plain(DeviceBuffer::new(device, 0)?),
+            recv: Buf::Plain(DeviceBuffer::new(device, 0)?),
             stream: if stream_ordered {
                 Some(DeviceStream::new(device)?)
             } else {
                 None
             },
+            register,
         };
         Ok(FerroComm {
             comm,
@@ -94,6 +150,20 @@ impl FerroComm {
             unalign,
             peer_seen: Default::default(),
         })
+    }
+
+    /// Deregisters the buffers' windows (`-R` with `-B`): collective, at the end of the run on
+    /// every rank, so that no process frees a buffer another still maps.
+    pub fn release_windows(&self) -> Result<()> {
+        let Some(mut bufs) = self.device_bufs() else {
+            return Ok(());
+        };
+        let b = &mut *bufs;
+        for slot in [&mut b.send, &mut b.recv] {
+            std::mem::replace(slot, Buf::Plain(DeviceBuffer::new(b.device, 0)?))
+                .release(&self.comm)?;
+        }
+        Ok(())
     }
 
     fn device_bufs(&self) -> Option<MutexGuard<'_, DeviceBufs>> {
@@ -120,15 +190,15 @@ impl FerroComm {
         let Some(kind) = scheduled_kind(coll, root) else {
             return self.p2p_device(bufs, coll, send, recv, bytes, root);
         };
-        bufs.reserve(off + send.unwrap_or(0), off + recv)?;
+        bufs.reserve(&self.comm, off + send.unwrap_or(0), off + recv)?;
         let DeviceBufs {
             send: ds,
             recv: dr,
             stream,
             ..
         } = bufs;
-        let send = send.map(|len| (&*ds, off..off + len));
-        let recv = (dr, off..off + recv);
+        let send = send.map(|len| (&**ds, off..off + len));
+        let recv = (&mut **dr, off..off + recv);
         match stream {
             Some(s) => self
                 .comm
@@ -156,11 +226,11 @@ impl FerroComm {
         if coll == Coll::SendRecv && send.is_none() {
             // In place: the bytes to send are the receive buffer's, copied aside first, device
             // to device, so that the time of the call holds no copy through the host.
-            bufs.reserve(off + recv, off + recv)?;
+            bufs.reserve(&self.comm, off + recv, off + recv)?;
             let DeviceBufs { send, recv: r, .. } = &mut *bufs;
             send.copy_from_device(off, r, off..off + recv)?;
         }
-        bufs.reserve(off + send.unwrap_or(recv), off + recv)?;
+        bufs.reserve(&self.comm, off + send.unwrap_or(recv), off + recv)?;
         let DeviceBufs {
             send: ds, recv: dr, ..
         } = bufs;
@@ -357,7 +427,7 @@ impl PerfComm for FerroComm {
         let Some(mut bufs) = self.device_bufs() else {
             return Ok(());
         };
-        bufs.reserve(send.len(), recv.len())?;
+        bufs.reserve(&self.comm, send.len(), recv.len())?;
         bufs.send.write_at(0, send)?;
         bufs.recv.write_at(0, recv)
     }
@@ -573,7 +643,12 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
             .map(|c| {
                 s.spawn(move || {
                     let fc = if args.device_buffers {
-                        FerroComm::with_device_buffers(c, args.unalign, args.stream_ordered)?
+                        FerroComm::with_device_buffers(
+                            c,
+                            args.unalign,
+                            args.stream_ordered,
+                            args.local_register > 0,
+                        )?
                     } else {
                         FerroComm::new(c)
                     };
@@ -591,6 +666,7 @@ fn run_tool(coll: Coll, args: &Args) -> Result<i32> {
                     } else {
                         run_perf(&fc, coll, args, &mut std::io::sink())?
                     };
+                    fc.release_windows()?;
                     Ok(summary.exit_code())
                 })
             })

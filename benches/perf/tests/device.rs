@@ -318,3 +318,90 @@ fn device_buffers_without_a_driver_are_a_clear_error() {
     );
     assert!(!t.contains("panicked"), "{t}");
 }
+
+/// `all_reduce_perf -B 1 -R 2` under `ferrorun`, 2 and 3 processes over stand-in p2p: the
+/// device buffers are registered as windows (again each time they grow), every row goes
+/// straight between the processes' buffers (labelled `peer`, counted on the calls line) with
+/// no wrong element; with `-R 0` none does. Part 8l of `gpu-check.sh` then reads both
+/// through `gpu-targets.sh`.
+#[test]
+fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_printed() {
+    let run = |n: &str, register: &str| {
+        let out = command(ferrorun())
+            .args(["-n", n, "--"])
+            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
+            .args(["-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1"])
+            .args(["-B", "1", "-R", register])
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .env("FERRO_P2P_PROVIDER", "host")
+            .env("FERRO_TRANSPORTS", "p2p")
+            .output()
+            .expect("running ferrorun");
+        let t: String = text(&out)
+            .lines()
+            .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(
+            out.status.success(),
+            "{n} ranks -R {register}: {}\n{t}",
+            out.status
+        );
+        assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+        t
+    };
+    for n in ["2", "3"] {
+        let t = run(n, "2");
+        let rows: Vec<&str> = t
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        // 8 B .. 256 KiB by x8: 6 sizes.
+        assert_eq!(rows.len(), 6, "{t}");
+        assert!(
+            rows.iter().all(|r| r.ends_with("peer")),
+            "{n} ranks: every row between the buffers\n{t}"
+        );
+        assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+        let plain = run(n, "0");
+        assert!(
+            !plain.contains("# Calls between the ranks' buffers"),
+            "{plain}"
+        );
+    }
+    let (ring, windows) = (run("2", "0"), run("2", "2"));
+    let log = format!(
+        "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy 100.0 GB/s (read + written)\n\
+         == 8. straight on the device\n-- 8l: -R 0, processes, windows\n{ring}\
+         -- ferrorun: 1 s\n-- 8l: -R 2, processes, windows\n{windows}-- ferrorun: 1 s\n"
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-targets.sh");
+    let mut child = Command::new("bash")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("running gpu-targets.sh");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(log.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{got}");
+    for want in [
+        "-- 8l, 2 processes, ring (-R 0), 256 KiB: ",
+        "-- 8l, 2 processes, between the buffers through windows (-R 2), 256 KiB: ",
+        "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, windows): ",
+        "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, -R 0): ",
+    ] {
+        assert!(got.contains(want), "no {want:?} in\n{got}");
+    }
+    assert!(
+        got.contains("(-R 2), 256 KiB: ") && got.contains("4 x S of traffic"),
+        "{got}"
+    );
+}

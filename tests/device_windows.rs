@@ -177,7 +177,25 @@ fn child_windows() {
         taken += round(&comm, dev, count, true, host_rank);
         unwindowed += round(&comm, dev, count, false, host_rank);
     }
-    println!("WINDOWS rank={r} taken={taken} unwindowed={unwindowed}");
+    // The safe form owns its buffer: an allreduce in place on it, the buffer given back.
+    let n = comm.nranks();
+    let before = comm.device_peer_calls();
+    let buf = DeviceBuffer::from_host(dev, &input(r, 4099, n)).unwrap();
+    let mut w = comm.register_device_window(buf).unwrap();
+    comm.all_reduce_device_in_place(&mut w, ReduceOp::Sum)
+        .unwrap();
+    let back = comm.deregister_device_window(w).unwrap();
+    let got = back.to_vec().unwrap();
+    let sum = |i: usize| (0..n).map(|k| value(k, i, n)).sum::<f32>();
+    assert!(
+        (0..4099).all(|i| got[i] == sum(i)),
+        "rank {r}: the device window's allreduce"
+    );
+    let owned = comm.device_peer_calls() - before;
+    // Dropped while registered: kept (with a warning), never freed under another process.
+    let kept = comm.register_device_window(back).unwrap();
+    drop(kept);
+    println!("WINDOWS rank={r} taken={taken} unwindowed={unwindowed} owned={owned}");
 }
 
 fn job(n: usize, case: &str, extra: &[(&str, &str)]) -> Vec<(u64, u64)> {
@@ -205,6 +223,18 @@ fn job(n: usize, case: &str, extra: &[(&str, &str)]) -> Vec<(u64, u64)> {
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("WINDOWS ");
     assert_eq!(lines.len(), n, "{}", out.dump());
+    let usable = extra.is_empty();
+    for l in &lines {
+        assert_eq!(field::<u64>(l, "owned"), u64::from(usable), "{l}");
+    }
+    assert_eq!(
+        out.dump()
+            .matches("was dropped while still registered")
+            .count(),
+        n,
+        "{}",
+        out.dump()
+    );
     lines
         .iter()
         .map(|l| (field(l, "taken"), field(l, "unwindowed")))

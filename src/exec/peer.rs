@@ -148,30 +148,25 @@ pub(super) fn process_token() -> u64 {
 /// known. The count is in it because a whole call is offered under its first slice's header,
 /// which two calls of different counts may share.
 fn key_of(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
-    let code: u64 = match space {
-        MemSpace::Host => 0,
-        MemSpace::Cuda(_) => 1,
-    };
-    let factor = premul.map_or(u64::MAX, f64::to_bits);
-    ferroccl_transport::hash64(&[
-        &process_token().to_le_bytes(),
-        &code.to_le_bytes(),
-        &(count as u64).to_le_bytes(),
-        &factor.to_le_bytes(),
-    ]) >> 1
+    key_in(&process_token().to_le_bytes(), space, count, premul)
 }
 
 /// The key of a call through windows ([`Engine::set_peer_windows`]): as [`key_of`], with no
 /// process in it (the ranks are processes of their own) and never equal to a key of
 /// [`key_of`]'s.
 fn key_of_windows(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
+    key_in(b"windows", space, count, premul)
+}
+
+/// A key of `scope` (a process, or windows), memory `space`, `count` and `premul`.
+fn key_in(scope: &[u8], space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
     let code: u64 = match space {
         MemSpace::Host => 0,
         MemSpace::Cuda(_) => 1,
     };
     let factor = premul.map_or(u64::MAX, f64::to_bits);
     ferroccl_transport::hash64(&[
-        b"windows",
+        scope,
         &code.to_le_bytes(),
         &(count as u64).to_le_bytes(),
         &factor.to_le_bytes(),
@@ -852,6 +847,12 @@ mod tests {
         assert_ne!(key(0, Some(0.5)), key(0, Some(0.25)));
         assert_ne!(key(0, Some(1.0)), key(0, None));
         assert_eq!(key(0, Some(0.5)), key(0, Some(0.5)));
+        // Through windows: no process in the key, and never a process's key.
+        let win = |f: Option<f64>| key_of_windows(MemSpace::Cuda(0), 64, f);
+        assert_ne!(win(None), key(0, None));
+        assert_eq!(win(None), key_of_windows(MemSpace::Cuda(2), 64, None));
+        assert_ne!(win(None), key_of_windows(MemSpace::Cuda(0), 65, None));
+        assert_ne!(win(Some(0.5)), win(None));
         // The offer's words of a rank that cannot take part match no key.
         assert_ne!(key(0, None), u64::MAX);
         assert_ne!(!key(0, None), 0);

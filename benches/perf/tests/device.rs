@@ -68,6 +68,15 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// What a `ferrorun` job printed, without the `[rank] ` that ferrorun puts before every line.
+fn unprefixed(o: &Output) -> String {
+    text(o)
+        .lines()
+        .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 #[test]
 fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
     let sweep = ["-b", "8", "-e", "1M", "-f", "2", "-n", "2", "-w", "1"];
@@ -87,12 +96,7 @@ fn all_reduce_perf_on_stand_in_device_buffers_under_ferrorun() {
             .env("FERRO_TRANSPORTS", transports)
             .output()
             .expect("running ferrorun");
-        // ferrorun prefixes every line with `[rank] `.
-        let t: String = text(&out)
-            .lines()
-            .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let t = unprefixed(&out);
         assert!(out.status.success(), "{n} ranks: exit {}\n{t}", out.status);
         assert!(
             t.lines().any(|l| l == "# Out of bounds values : 0 OK"),
@@ -337,11 +341,7 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
             .env("FERRO_TRANSPORTS", "p2p")
             .output()
             .expect("running ferrorun");
-        let t: String = text(&out)
-            .lines()
-            .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest))
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let t = unprefixed(&out);
         assert!(
             out.status.success(),
             "{n} ranks -R {register}: {}\n{t}",

@@ -58,7 +58,7 @@ pub mod topo;
 pub mod trace;
 mod wire;
 
-pub use comm::{BufMut, BufRef, Communicator, Config, Group, ReduceOp, Work};
+pub use comm::{BufMut, BufRef, Communicator, Config, DeviceWindow, Group, ReduceOp, Window, Work};
 pub use shared_buf::SharedBuf;
 
 // The README's Rust examples compile as doctests (`cargo test --doc`).

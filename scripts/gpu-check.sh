@@ -377,7 +377,7 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     done
     if [ -x "$bundle/bin/streams" ]; then
         echo "-- 8l: the C ABI's windows (tests/c/streams.c 2 windows)"
-        FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
+        CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
             part=8l step "$bundle/bin/streams" 2 windows || rc=1
     fi
     # 8j: the same across two GPUs (rank r on GPU r), where every GPU reaches the other (peer

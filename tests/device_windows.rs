@@ -163,6 +163,27 @@ fn child_windows() {
         comm.exchanges_windows(),
         "processes of one host with p2p exchange windows"
     );
+    // A call queued on a stream just before a registration takes its turn first on every rank
+    // (the stand-in runs it as a stream job, which takes its turn when its worker runs it).
+    {
+        let n = comm.nranks();
+        let stream = ferroccl::device::DeviceStream::new(dev).unwrap();
+        let a = DeviceBuffer::from_host(dev, &input(r, 4099, n)).unwrap();
+        let mut b = DeviceBuffer::<f32>::new(dev, 4099).unwrap();
+        comm.all_reduce_device_on(&a, &mut b, ReduceOp::Sum, &stream)
+            .unwrap();
+        let w = comm
+            .register_device_window(DeviceBuffer::<f32>::new(dev, 64).unwrap())
+            .unwrap();
+        comm.deregister_device_window(w).unwrap();
+        stream.synchronize().unwrap();
+        let got = b.to_vec().unwrap();
+        let sum = |i: usize| (0..n).map(|k| value(k, i, n)).sum::<f32>();
+        assert!(
+            (0..4099).all(|i| got[i] == sum(i)),
+            "rank {r}: the queued allreduce"
+        );
+    }
     let host_rank = (case == "host").then_some(0);
     let mut taken = 0;
     let mut unwindowed = 0;
@@ -296,4 +317,33 @@ fn without_the_path_windows_are_not_exchanged() {
         "the child asserts that windows are exchanged"
     );
     assert!(out.dump().contains("exchange windows"), "{}", out.dump());
+}
+
+/// Where windows are not exchanged (ranks that are threads of one process), registering is
+/// local: a rank that registers alone takes no turn, so the next collective still matches;
+/// and a window given to another communicator is refused.
+#[test]
+fn windows_that_are_not_exchanged_take_no_turn_and_belong_to_their_communicator() {
+    let cfg = ferroccl::Config::default();
+    let a = Communicator::local_group(2, cfg.clone()).unwrap();
+    let b = Communicator::local_group(2, cfg).unwrap();
+    assert!(!a[0].exchanges_windows());
+    let buf = vec![0u8; 256];
+    // SAFETY: `buf` outlives the window, deregistered below.
+    let w = unsafe { a[0].register_window(buf.as_ptr() as u64, buf.len()) }.unwrap();
+    std::thread::scope(|s| {
+        for c in &a {
+            s.spawn(move || {
+                let x = [c.rank() as u32 + 1; 7];
+                let mut y = [0u32; 7];
+                c.all_reduce(&x, &mut y, ReduceOp::Sum).unwrap();
+                assert_eq!(y, [3; 7]);
+            });
+        }
+    });
+    let e = b[0].deregister_window(w).unwrap_err();
+    assert!(e.to_string().contains("another communicator"), "{e}");
+    // SAFETY: as above.
+    let w = unsafe { a[0].register_window(buf.as_ptr() as u64, buf.len()) }.unwrap();
+    a[0].deregister_window(w).unwrap();
 }

@@ -104,27 +104,7 @@ pub(crate) fn null_stream_device(cu_device: c_int) -> Option<Device> {
 
 /// Whether the CUDA driver library is loaded in this process (never loads it).
 fn cuda_in_process() -> bool {
-    let named = std::env::var("FERROCCL_CUDA_DRIVER").ok();
-    let names = named
-        .iter()
-        .map(String::as_str)
-        .chain(std::iter::once("libcuda.so.1"));
-    names.into_iter().any(|n| {
-        let Ok(c) = std::ffi::CString::new(n) else {
-            return false;
-        };
-        // SAFETY: `c` is a NUL-terminated name; RTLD_NOLOAD only looks a loaded library up,
-        // and the reference it takes is dropped at once.
-        unsafe {
-            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
-            if h.is_null() {
-                false
-            } else {
-                libc::dlclose(h);
-                true
-            }
-        }
-    })
+    crate::device::driver_in_process()
 }
 
 /// The `stream` argument of a call on `shared` whose buffers are `bufs`: `None` for NULL with

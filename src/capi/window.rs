@@ -42,6 +42,21 @@ pub(crate) fn forget_comm(comm: ncclComm_t) {
     lock(&WINDOWS).retain(|_, w| w.comm != comm as usize);
 }
 
+/// Refuses a window's registration or deregistration inside `ncclGroupStart`/`ncclGroupEnd`
+/// where it is an exchange between the ranks (processes of one host with p2p): it runs at
+/// once, so one thread driving several ranks' communicators in a group would wait in the
+/// first for ranks it has yet to reach.
+fn exchange_allowed(api: &str, c: &crate::Communicator) -> Result<()> {
+    if super::group::in_group() && c.exchanges_windows() {
+        return Err(Error::invalid_usage(format!(
+            "{api} inside ncclGroupStart/ncclGroupEnd: on this communicator (ranks that are \
+             processes of one host, with the p2p transport) a window is exchanged between the \
+             ranks at once; call it outside the group"
+        )));
+    }
+    Ok(())
+}
+
 fn window_of(api: &str, comm: ncclComm_t, win: ncclWindow_t) -> Result<usize> {
     let windows = lock(&WINDOWS);
     match windows.get(&(win as usize)) {
@@ -80,8 +95,14 @@ nccl_api! {
                 )));
             }
             let c = shared.wait_ready().map_err(|e| e.context(API))?;
+            exchange_allowed(API, &c)?;
+            // Work issued before (background work of a non-blocking communicator, stream
+            // jobs) takes its turns first, on every rank alike.
+            shared.wait_idle();
+            // Device memory, asked without loading the CUDA driver into a host-only program.
             let device = crate::device::Provider::from_env()
                 .ok()
+                .filter(|&p| p != crate::device::Provider::Cuda || crate::device::driver_in_process())
                 .and_then(|p| p.locate(buff as u64, size))
                 .is_some();
             // SAFETY: NCCL's contract: the buffer stays allocated until the window is
@@ -114,9 +135,11 @@ nccl_api! {
         guard(API, || {
             let shared = lookup(API, comm)?;
             window_of(API, comm, win)?;
+            let c = shared.wait_ready().map_err(|e| e.context(API))?;
+            exchange_allowed(API, &c)?;
+            shared.wait_idle();
             let w = lock(&WINDOWS).remove(&(win as usize));
             if let Some(w) = w {
-                let c = shared.wait_ready().map_err(|e| e.context(API))?;
                 c.deregister_window(w.registered).map_err(|e| e.context(API))?;
             }
             Ok(ncclSuccess)

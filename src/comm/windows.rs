@@ -6,6 +6,7 @@ use ferroccl_kernels::DataType;
 use ferroccl_transport::MemSpace;
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use ferroccl_kernels::Element;
 
@@ -20,10 +21,13 @@ use super::Communicator;
 /// A registered window of a communicator ([`Communicator::register_window`]); give it back
 /// with [`Communicator::deregister_window`].
 #[derive(Debug, PartialEq, Eq)]
+#[must_use = "a window is given back with Communicator::deregister_window"]
 pub struct Window {
     /// Its place in the communicator's list (the same on every rank); `None` where the
     /// communicator exchanges no windows.
     place: Option<usize>,
+    /// The communicator it belongs to (its shared state's address).
+    comm: usize,
     addr: u64,
     len: usize,
 }
@@ -46,35 +50,36 @@ impl Window {
 }
 
 /// A device buffer registered as a window ([`Communicator::register_device_window`]): it is
-/// the buffer (`Deref`), and gives it back at [`Communicator::deregister_device_window`].
-/// Dropped while still registered, it keeps the memory (leaked, with a warning) rather than
-/// free what other processes may still map.
+/// used as the buffer (`Deref` to a view of it: replacing or swapping the view frees nothing,
+/// and a buffer put in its place lies in no window), and gives the buffer back at
+/// [`Communicator::deregister_device_window`]. Dropped while still registered, it keeps the
+/// memory (leaked, with a warning) rather than free what other processes may still map.
 #[derive(Debug)]
+#[must_use = "a device window is given back with Communicator::deregister_device_window"]
 pub struct DeviceWindow<T: Element> {
-    buf: Option<DeviceBuffer<T>>,
+    /// The registered buffer, owned here until deregistration gives it back.
+    owned: Option<DeviceBuffer<T>>,
+    /// What the program uses: a view of `owned` (frees nothing).
+    view: DeviceBuffer<T>,
     window: Option<Window>,
 }
 
 impl<T: Element> Deref for DeviceWindow<T> {
     type Target = DeviceBuffer<T>;
     fn deref(&self) -> &DeviceBuffer<T> {
-        self.buf
-            .as_ref()
-            .expect("a device window holds its buffer until it is taken apart")
+        &self.view
     }
 }
 
 impl<T: Element> DerefMut for DeviceWindow<T> {
     fn deref_mut(&mut self) -> &mut DeviceBuffer<T> {
-        self.buf
-            .as_mut()
-            .expect("a device window holds its buffer until it is taken apart")
+        &mut self.view
     }
 }
 
 impl<T: Element> Drop for DeviceWindow<T> {
     fn drop(&mut self) {
-        if let (Some(b), Some(w)) = (self.buf.take(), self.window.take()) {
+        if let (Some(b), Some(w)) = (self.owned.take(), self.window.take()) {
             if w.place.is_some() {
                 ferroccl_transport::log_line!(
                     "ferroccl WARN DEVICE: a device window of {} bytes was dropped while still \
@@ -103,6 +108,16 @@ impl Mapper for ByProvider {
         let dev = crate::device::Device::new(self.provider, self.ordinal).ok()?;
         dev.find(addr, len).map(MemSpace::Cuda)
     }
+
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
+        match (from, to) {
+            (MemSpace::Cuda(a), MemSpace::Cuda(b)) if a != b => match self.provider {
+                Provider::Cuda => crate::reduce::peer_reach(a, b),
+                Provider::Host => crate::device::direct::standin_reach(),
+            },
+            _ => from == to,
+        }
+    }
 }
 
 impl Communicator {
@@ -118,16 +133,29 @@ impl Communicator {
     ///
     /// # Safety
     /// The memory stays allocated until [`Communicator::deregister_window`] has returned on
-    /// this rank (which it does only once every rank has unmapped it).
+    /// this rank (which it does only once every rank has unmapped it); a window never
+    /// deregistered, until every rank's communicator is gone (each process unmaps the others'
+    /// buffers when its communicator drops).
     pub unsafe fn register_window(&self, addr: u64, len: usize) -> Result<Window> {
         let inner = &self.inner;
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
-        let provider = Provider::from_env().ok();
-        let ordinal = provider.and_then(|p| p.locate(addr, len));
-        let export = match (provider, ordinal) {
-            (Some(p), Some(o)) if inner.peer_windows => ipc::export(p, o, addr, len)
+        let comm = Arc::as_ptr(inner) as usize;
+        if !inner.peer_windows {
+            // Nothing is exchanged: a local name for the buffer, no turn taken.
+            return Ok(Window {
+                place: None,
+                comm,
+                addr,
+                len,
+            });
+        }
+        // Operations queued before on a stream take their turns first, on every rank.
+        self.streams.drain_if_used();
+        let found = self.device_of(addr, len);
+        let export = match found {
+            Some((p, o)) => ipc::export(p, o, addr, len)
                 .map_err(|e| {
                     ferroccl_transport::log_line!(
                         "ferroccl INFO P2P: rank {}: window 0x{addr:x}..+{len} not exported: {e}",
@@ -139,8 +167,8 @@ impl Communicator {
         };
         let mine = Offered { addr, len, export };
         let mapper = ByProvider {
-            provider: provider.unwrap_or(Provider::Host),
-            ordinal: ordinal.unwrap_or(0),
+            provider: found.map_or(Provider::Host, |f| f.0),
+            ordinal: found.map_or(0, |f| f.1),
         };
         let mut place = None;
         inner.execute_next(true, |e, seq| {
@@ -151,7 +179,29 @@ impl Communicator {
             )?;
             Ok(())
         })?;
-        Ok(Window { place, addr, len })
+        Ok(Window {
+            place,
+            comm,
+            addr,
+            len,
+        })
+    }
+
+    /// The provider and device whose memory holds `[addr, addr + len)`: asked of the bound
+    /// device's provider, or of `FERRO_DEVICE_PROVIDER`'s where none is bound, but never by
+    /// loading the CUDA driver into a process that has not (host memory needs no driver).
+    fn device_of(&self, addr: u64, len: usize) -> Option<(Provider, u32)> {
+        let (provider, hint) = match self.device() {
+            Some(d) => (d.provider(), d.ordinal()),
+            None => (Provider::from_env().ok()?, 0),
+        };
+        if provider == Provider::Cuda && !crate::device::driver_in_process() {
+            return None;
+        }
+        crate::device::Device::new(provider, hint)
+            .ok()?
+            .find(addr, len)
+            .map(|o| (provider, o))
     }
 
     /// Deregisters a window of [`Communicator::register_window`]: a collective call, in the
@@ -159,12 +209,20 @@ impl Communicator {
     /// may be freed after.
     pub fn deregister_window(&self, w: Window) -> Result<()> {
         let inner = &self.inner;
+        if w.comm != Arc::as_ptr(inner) as usize {
+            return Err(crate::Error::invalid_argument(format!(
+                "deregister_window on rank {}: the window (0x{:x}, {} bytes) was registered \
+                 with another communicator",
+                inner.rank, w.addr, w.len
+            )));
+        }
         let Some(place) = w.place else {
             return Ok(());
         };
         if let Some(e) = inner.failed_error() {
             return Err(e);
         }
+        self.streams.drain_if_used();
         inner.execute_next(true, |e, seq| {
             e.deregister_window(place, &window_ctx("deregister_window", seq, inner.rank))
         })
@@ -182,7 +240,8 @@ impl Communicator {
         // (`deregister_device_window`), never while registered (leaked instead).
         match unsafe { self.register_window(buf.addr(), buf.bytes().max(1)) } {
             Ok(w) => Ok(DeviceWindow {
-                buf: Some(buf),
+                view: buf.alias(),
+                owned: Some(buf),
                 window: Some(w),
             }),
             Err(e) => {
@@ -198,7 +257,7 @@ impl Communicator {
         &self,
         mut w: DeviceWindow<T>,
     ) -> Result<DeviceBuffer<T>> {
-        let (buf, window) = (w.buf.take(), w.window.take());
+        let (buf, window) = (w.owned.take(), w.window.take());
         let (Some(buf), Some(window)) = (buf, window) else {
             return Err(crate::Error::internal("a device window without its buffer"));
         };

@@ -89,6 +89,7 @@ unsafe fn raw_free(p: *mut u8, len: usize) {
 
 /// Bytes mapped for an allocation of `len` bytes: whole pages, at least one.
 fn mapped_len(len: usize) -> usize {
+    // Below isize::MAX (`layout` refuses more first), so this cannot overflow.
     len.max(1).div_ceil(4096) * 4096
 }
 
@@ -142,6 +143,7 @@ fn raise_file_limit() {
 
 /// Allocates `len` bytes of "device memory" on device `ordinal` (zeroed) and registers it.
 pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
+    layout(len)?;
     raise_file_limit();
     // SAFETY: a NUL-terminated name; the flags are memfd_create's.
     let fd = unsafe { libc::memfd_create(c"ferroccl-standin".as_ptr(), libc::MFD_CLOEXEC) };
@@ -165,6 +167,17 @@ pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
             Err(e)
         }
     }
+}
+
+/// The inode of memory file `fd`, which names it in an export.
+fn file_id(fd: i32) -> Result<u64> {
+    // SAFETY: `st` is a valid stat buffer to write into; `fd` is an open memory file.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(os_error("reading a memory file's identity", 0));
+    }
+    Ok(st.st_ino)
 }
 
 /// Unmaps an allocation's memory and closes its file.
@@ -215,7 +228,11 @@ pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
     let found = reg
         .range(..=addr as usize)
         .next_back()
-        .filter(|(&start, a)| addr as usize + len <= start + a.len);
+        .filter(|(&start, a)| {
+            (addr as usize)
+                .checked_add(len)
+                .is_some_and(|e| e <= start + a.len)
+        });
     let Some((&start, a)) = found else {
         return Err(Error::invalid_argument(format!(
             "host stand-in device: 0x{addr:x}..+{len} is not in one live allocation"
@@ -233,6 +250,7 @@ pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
         a.fd as u64,
         a.len as u64,
         u64::from(a.ordinal),
+        file_id(a.fd)?,
     ];
     let mut h = [0u8; 64];
     for (i, w) in words.iter().enumerate() {
@@ -270,6 +288,20 @@ pub(crate) fn import(ordinal: u32, handle: &[u8; 64], reach: bool) -> Result<u64
                 format!("host stand-in device: opening {path} (another process's memory): {e}"),
             )
         })?;
+    layout(len)?;
+    // The file must be the one exported (a descriptor number the owner reused since, or one of
+    // another pid namespace, is another file) and hold the whole length.
+    let meta = file.metadata().map_err(|e| {
+        Error::new(
+            crate::ErrorKind::System,
+            format!("host stand-in device: {path}: {e}"),
+        )
+    })?;
+    if std::os::unix::fs::MetadataExt::ino(&meta) != w(5) || meta.len() < mapped_len(len) as u64 {
+        return Err(Error::invalid_argument(format!(
+            "host stand-in device: {path} is not the memory the handle exported (freed since?)"
+        )));
+    }
     let p = map_file(std::os::fd::AsRawFd::as_raw_fd(&file), len)?;
     registry().insert(
         p as usize,

@@ -32,7 +32,10 @@ pub(crate) fn export(provider: Provider, ordinal: u32, addr: u64, len: usize) ->
                     "0x{addr:x} is not device memory the CUDA driver knows"
                 )));
             };
-            if addr + len as u64 > base + size as u64 {
+            if addr
+                .checked_add(len as u64)
+                .is_none_or(|e| e > base + size as u64)
+            {
                 return Err(Error::invalid_argument(format!(
                     "0x{addr:x}..+{len} runs past its allocation (0x{base:x}..+{size})"
                 )));
@@ -168,6 +171,18 @@ mod tests {
         );
         // SAFETY: nothing queued on it.
         unsafe { host::free(a) }.unwrap();
+        // A handle of memory freed since names no memory, even where its descriptor number
+        // was given to a new allocation (or to another file: tests run on several threads).
+        let b = host::alloc(1, 10_000).unwrap();
+        let stale = import(Provider::Host, 1, &e.handle)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            stale.contains("not the memory") || stale.contains("opening /proc/"),
+            "{stale}"
+        );
+        // SAFETY: nothing queued on it.
+        unsafe { host::free(b) }.unwrap();
     }
 
     #[test]

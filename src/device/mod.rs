@@ -168,6 +168,31 @@ impl fmt::Display for Provider {
     }
 }
 
+/// Whether the CUDA driver library is loaded in this process (never loads it).
+pub(crate) fn driver_in_process() -> bool {
+    let named = std::env::var("FERROCCL_CUDA_DRIVER").ok();
+    let names = named
+        .iter()
+        .map(String::as_str)
+        .chain(std::iter::once("libcuda.so.1"));
+    names.into_iter().any(|n| {
+        let Ok(c) = std::ffi::CString::new(n) else {
+            return false;
+        };
+        // SAFETY: `c` is a NUL-terminated name; RTLD_NOLOAD only looks a loaded library up,
+        // and the reference it takes is dropped at once.
+        unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY);
+            if h.is_null() {
+                false
+            } else {
+                libc::dlclose(h);
+                true
+            }
+        }
+    })
+}
+
 /// One device of a [`Provider`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Device {
@@ -391,6 +416,19 @@ impl<T: Element> DeviceBuffer<T> {
         let mut v = vec![T::from_f64(0.0); self.len];
         self.copy_to_host(&mut v)?;
         Ok(v)
+    }
+
+    /// A second handle to the same memory that frees nothing (a view) and shares the queued
+    /// jobs' count, so host access and `Drop` of either wait for jobs queued on the other.
+    pub(crate) fn alias(&self) -> DeviceBuffer<T> {
+        DeviceBuffer {
+            device: self.device,
+            addr: self.addr,
+            len: self.len,
+            pending: self.pending.clone(),
+            owned: false,
+            _elems: PhantomData,
+        }
     }
 
     /// Counts a queued job using the buffer until the returned hold drops.

@@ -131,15 +131,15 @@ const IN_PLACE: u64 = 1 << 63;
 const NOT_PLAIN: u64 = 1 << 63;
 
 /// This process's part of the key: random per process, so that ranks of two processes (which
-/// `set_peer_direct` should have kept apart already) never agree on one.
+/// `set_peer_direct` should have kept apart already) never agree on one. The process id is
+/// hashed in at every call, so the children of a `fork` (which inherit the random part) differ.
 pub(super) fn process_token() -> u64 {
     use std::hash::{BuildHasher, Hasher};
-    static TOKEN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TOKEN.get_or_init(|| {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.finish()
-    })
+    static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut h = SEED.get_or_init(Default::default).build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 /// The key of memory `space` in this process, for a call of `count` elements pre-multiplied by
@@ -353,8 +353,12 @@ impl Engine {
     /// Adds a window registered on every rank; its place (the same on every rank). `None`
     /// where windows are not exchanged, or too many are held.
     pub(crate) fn add_window(&mut self, w: Window) -> Option<usize> {
-        let ws = self.peer.windows.as_mut()?;
-        (ws.len() < super::windows::MAX_WINDOWS).then(|| ws.add(w))
+        Some(self.peer.windows.as_mut()?.add(w))
+    }
+
+    /// Windows held ([`Engine::add_window`]).
+    pub(crate) fn window_count(&self) -> usize {
+        self.peer.windows.as_ref().map_or(0, Windows::len)
     }
 
     /// Takes the window at `place` out, to be dropped once every rank is past it.

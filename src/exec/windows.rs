@@ -59,20 +59,34 @@ const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
 pub(crate) const MAX_WINDOWS: usize = (1 << (63 - OFFSET_BITS)) - 2;
 
 impl Windows {
-    /// Adds a window at the next place; returns the place.
+    /// Adds a window at the lowest free place (every rank frees and fills the same places in
+    /// the same order, so the place is the same on every rank); returns the place.
     pub fn add(&mut self, w: Window) -> usize {
-        self.list.push(Some(w));
-        self.list.len() - 1
+        match self.list.iter().position(Option::is_none) {
+            Some(p) => {
+                self.list[p] = Some(w);
+                p
+            }
+            None => {
+                self.list.push(Some(w));
+                self.list.len() - 1
+            }
+        }
     }
 
-    /// Takes the window at `place` out (`None`: never registered, or taken before).
+    /// Takes the window at `place` out (`None`: never registered, or taken before); empty
+    /// places at the end are let go.
     pub fn take(&mut self, place: usize) -> Option<Window> {
-        self.list.get_mut(place).and_then(Option::take)
+        let w = self.list.get_mut(place).and_then(Option::take);
+        while self.list.last().is_some_and(Option::is_none) {
+            self.list.pop();
+        }
+        w
     }
 
-    /// Places in use.
+    /// Windows held.
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.list.iter().flatten().count()
     }
 
     /// Whether some window can carry a collective: where none can, calls are not offered.
@@ -128,6 +142,10 @@ pub(crate) trait Mapper {
     fn map(&self, handle: &[u8; 64]) -> Result<Mapping>;
     /// The memory holding `[addr, addr + len)` here (`None`: no device memory).
     fn space(&self, addr: u64, len: usize) -> Option<MemSpace>;
+    /// Whether a kernel on memory `from`'s device reaches memory `to` (the reducers'
+    /// `reaches`: one device, or peer access), for ranks of this process, whose buffers are
+    /// not mapped (a mapping of another process's memory reaches it by being made).
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool;
 }
 
 impl Engine {
@@ -144,6 +162,15 @@ impl Engine {
         ctx: &OpContext,
     ) -> Result<Option<usize>> {
         if !self.peer_windows() {
+            return Ok(None);
+        }
+        if self.window_count() >= MAX_WINDOWS {
+            // The same count on every rank: every rank keeps this one local.
+            ferroccl_transport::log_line!(
+                "ferroccl WARN P2P: {}: this communicator holds {MAX_WINDOWS} windows, the most \
+                 it exchanges; this one carries no collective",
+                ctx.label()
+            );
             return Ok(None);
         }
         let (n, me) = (self.nranks, self.rank);
@@ -188,10 +215,21 @@ impl Engine {
                 }
             }
             let space = mapper.space(here, len);
-            if everyone && failed.is_none() && space.is_none() {
-                failed = Some(format!(
-                    "rank {k}'s buffer at 0x{here:x} is not device memory here"
-                ));
+            let mine_here = mapper.space(rec(me)[2], rec(me)[3] as usize);
+            if everyone && failed.is_none() {
+                match (space, mine_here) {
+                    (None, _) => {
+                        failed = Some(format!(
+                            "rank {k}'s buffer at 0x{here:x} is not device memory here"
+                        ))
+                    }
+                    (Some(s), Some(m)) if process == rec(me)[1] && !mapper.reaches(m, s) => {
+                        failed = Some(format!(
+                            "rank {k}'s device does not reach this rank's (no peer access)"
+                        ))
+                    }
+                    _ => {}
+                }
             }
             ranks.push(WinRank {
                 process,
@@ -219,12 +257,7 @@ impl Engine {
             ranks,
             _mappings: mappings,
         };
-        self.add_window(w).map(Some).ok_or_else(|| {
-            Error::invalid_usage(format!(
-                "{}: this communicator holds {MAX_WINDOWS} windows, the most it can",
-                ctx.label()
-            ))
-        })
+        Ok(self.add_window(w))
     }
 
     /// Deregisters the window at `place` on every rank: each rank unmaps its mappings of it,
@@ -313,15 +346,29 @@ mod tests {
         assert!(ws.take(0).is_none());
         assert_eq!(ws.word_of(0, 0x1100, 1), None);
         assert_eq!(ws.resolve(0, w2, 8).map(|r| r.0), Some(0x8000));
-        assert_eq!(ws.len(), 2);
-        // An unusable window carries nothing.
-        ws.add(window(
+        assert_eq!(ws.len(), 1);
+        // An unusable window carries nothing; it takes the free place 0.
+        let c = ws.add(window(
             false,
             &[(1, 0x30000, 64, 0x30000), (2, 0, 64, 0x70000)],
         ));
+        assert_eq!(c, 0);
         assert_eq!(ws.word_of(0, 0x30000, 8), None);
         assert!(ws.any_usable());
         ws.take(1);
         assert!(!ws.any_usable());
+        assert_eq!(ws.len(), 1);
+        ws.take(0);
+        assert_eq!(
+            (ws.len(), ws.list.len()),
+            (0, 0),
+            "empty places at the end are let go"
+        );
+        // Places fill from the lowest free one.
+        for k in 0..3 {
+            assert_eq!(ws.add(window(true, &[(1, 0, 8, 0), (2, 0, 8, 0)])), k);
+        }
+        ws.take(1);
+        assert_eq!(ws.add(window(true, &[(1, 0, 8, 0), (2, 0, 8, 0)])), 1);
     }
 }

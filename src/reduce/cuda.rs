@@ -37,7 +37,7 @@ fn convert(e: &CudaError) -> Error {
 /// peer access) and peer access from `a`'s primary context to `b`'s is enabled here. Settled
 /// once per pair and process (whichever thread asks first enables it), the same answer every
 /// time after; no driver, or an error: no (logged where enabling failed).
-fn peer_reach(a: u32, b: u32) -> bool {
+pub(crate) fn peer_reach(a: u32, b: u32) -> bool {
     if a == b {
         return true;
     }

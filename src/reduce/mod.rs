@@ -23,7 +23,7 @@ use std::fmt;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Fence, MemRef, MemSpace, Payload, PayloadMut, Result};
 
-pub(crate) use cuda::CudaReducer;
+pub(crate) use cuda::{peer_reach, CudaReducer};
 pub(crate) use host::HostReducer;
 
 /// Element-wise steps on typed memory. Every method checks that its operands lie in a space it

@@ -456,6 +456,11 @@ static void windows(ncclComm_t comm, int rank, int n) {
   float *h = malloc(bytes);
   void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
   ncclWindow_t ws = NULL, wr = NULL;
+  /* Inside a group the exchange would wait for ranks the thread has yet to reach: refused. */
+  CHECK(ncclGroupStart());
+  EXPECT_ERR(ncclCommWindowRegister(comm, send, bytes, &ws, 0), ncclInvalidUsage,
+             "outside the group");
+  CHECK(ncclGroupEnd());
   CHECK(ncclCommWindowRegister(comm, send, bytes, &ws, NCCL_WIN_COLL_SYMMETRIC));
   CHECK(ncclCommWindowRegister(comm, recv, bytes, &wr, NCCL_WIN_COLL_SYMMETRIC));
   for (int round = 0; round < 3; round++) {

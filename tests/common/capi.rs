@@ -104,9 +104,14 @@ pub fn out_dir() -> PathBuf {
 }
 
 /// Compiles `tests/c/<src>` (or `<src>` from the repository root when it has a `/`) into
-/// `<name>` with `flags`; links against libnccl when `link`.
+/// `<name>` with `flags`; links against libnccl when `link`. The program is written under a
+/// name of its own and then renamed into place: tests that build the same program run at
+/// once, and one must not run it while another rewrites it ("Permission denied").
 pub fn gcc(src: &str, name: &str, flags: &[&str], link: bool) -> PathBuf {
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let exe = out_dir().join(name);
+    let k = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = out_dir().join(format!(".{name}.{}.{k}", std::process::id()));
     let mut cmd = Command::new("gcc");
     cmd.args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1"])
         .args(flags)
@@ -116,7 +121,7 @@ pub fn gcc(src: &str, name: &str, flags: &[&str], link: bool) -> PathBuf {
             Path::new(ROOT).join("tests/c").join(src)
         })
         .arg("-o")
-        .arg(&exe);
+        .arg(&tmp);
     if link {
         cmd.arg("-L").arg(lib_dir()).arg("-lnccl");
     }
@@ -128,6 +133,7 @@ pub fn gcc(src: &str, name: &str, flags: &[&str], link: bool) -> PathBuf {
         "gcc {src} ({flags:?}) failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    std::fs::rename(&tmp, &exe).expect("moving the built program into place");
     exe
 }
 

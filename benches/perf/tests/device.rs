@@ -328,6 +328,51 @@ fn device_buffers_without_a_driver_are_a_clear_error() {
 /// straight between the processes' buffers (labelled `peer`, counted on the calls line) with
 /// no wrong element; with `-R 0` none does. Part 8l of `gpu-check.sh` then reads both
 /// through `gpu-targets.sh`.
+/// Two processes of two threads each (`ferrorun -n 2 all_reduce_perf -t 2 -B 1 -R 2`): ranks
+/// of one process are joined by address, of two through the windows' mappings; every row goes
+/// between the buffers. On two stand-in devices that do not reach each other
+/// (`FERRO_STANDIN_PEER_ACCESS=0`) the windows are kept unusable, the ranks of one process
+/// saying their devices do not reach each other, and every row runs the schedule, right.
+#[test]
+fn windows_of_processes_of_several_threads() {
+    let run = |extra: &[(&str, &str)]| {
+        let out = command(ferrorun())
+            .args(["-n", "2", "--"])
+            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
+            .args(["-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1"])
+            .args(["-t", "2", "-B", "1", "-R", "2"])
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .env("FERRO_P2P_PROVIDER", "host")
+            .env("FERRO_TRANSPORTS", "p2p")
+            .envs(extra.iter().copied())
+            .output()
+            .expect("running ferrorun");
+        let t = unprefixed(&out);
+        assert!(out.status.success(), "{}\n{t}", out.status);
+        assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
+        t
+    };
+    let t = run(&[]);
+    assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+    let rows: Vec<&str> = t
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert!(
+        rows.len() == 6 && rows.iter().all(|r| r.ends_with("peer")),
+        "{t}"
+    );
+    let t = run(&[
+        ("FERRO_STANDIN_DEVICES", "2"),
+        ("FERRO_STANDIN_PEER_ACCESS", "0"),
+    ]);
+    assert!(!t.contains("# Calls between the ranks' buffers"), "{t}");
+    assert!(
+        t.contains("device does not reach this rank's (no peer access)"),
+        "{t}"
+    );
+}
+
 #[test]
 fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_printed() {
     let run = |n: &str, register: &str| {

@@ -119,33 +119,15 @@ fn c_program_runs_collectives_on_streams_and_device_buffers() {
 /// right (the program checks them).
 #[test]
 fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffers() {
-    let exe = gcc("streams.c", "streams", &[&our_include()], true);
     for waits in ["0", "1"] {
-        let dir = out_dir().join(format!("peer-trace-{}-{waits}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let trace = dir.join("trace-%r.json");
-        run_c(
-            &exe,
-            &["3", "all"],
-            &[
-                ("FERRO_DEVICE_PROVIDER", "host"),
-                ("FERRO_TRANSPORTS", "p2p"),
-                ("FERRO_P2P_PROVIDER", "host"),
-                ("FERRO_STREAM_WAITS", waits),
-                ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
-            ],
-        );
-        for r in 0..3 {
-            let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
-            let peer = t.matches("\"algorithm\":\"peer\"").count();
+        let peer = peer_calls_in_traces(&["3", "all"], 3, waits);
+        for (r, (calls, t)) in peer.iter().enumerate() {
             assert_eq!(
-                peer, 2,
-                "FERRO_STREAM_WAITS={waits}, rank {r}: {peer} calls between the buffers in its \
+                *calls, 2,
+                "FERRO_STREAM_WAITS={waits}, rank {r}: {calls} calls between the buffers in its \
                  trace:\n{t}"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -158,33 +140,49 @@ fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffe
 /// stream's arena, where with CUDA p2p connections it blocks and takes the path.
 #[test]
 fn c_program_windows_of_processes_go_between_their_buffers() {
-    let exe = gcc("streams.c", "streams", &[&our_include()], true);
     for n in [2usize, 3] {
-        let dir = out_dir().join(format!("window-trace-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let trace = dir.join("trace-%r.json");
-        run_c(
-            &exe,
-            &[&n.to_string(), "windows"],
-            &[
-                ("FERRO_DEVICE_PROVIDER", "host"),
-                ("FERRO_TRANSPORTS", "p2p"),
-                ("FERRO_P2P_PROVIDER", "host"),
-                ("FERRO_STREAM_WAITS", "0"),
-                ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
-            ],
-        );
-        for r in 0..n {
-            let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
-            let peer = t.matches("\"algorithm\":\"peer\"").count();
+        let peer = peer_calls_in_traces(&[&n.to_string(), "windows"], n, "0");
+        for (r, (calls, t)) in peer.iter().enumerate() {
             assert_eq!(
-                peer, 7,
-                "{n} ranks, rank {r}: {peer} calls between the buffers:\n{t}"
+                *calls, 7,
+                "{n} ranks, rank {r}: {calls} calls between the buffers:\n{t}"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Runs `tests/c/streams.c` with `args` over stand-in p2p (`FERRO_STREAM_WAITS=waits`), each of
+/// its `ranks` ranks writing a trace; returns each rank's count of calls labelled `peer` (made
+/// between the ranks' buffers) and its trace.
+fn peer_calls_in_traces(args: &[&str], ranks: usize, waits: &str) -> Vec<(usize, String)> {
+    let exe = gcc("streams.c", "streams", &[&our_include()], true);
+    let dir = out_dir().join(format!(
+        "peer-trace-{}-{}-{waits}",
+        std::process::id(),
+        args.join("-")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace-%r.json");
+    run_c(
+        &exe,
+        args,
+        &[
+            ("FERRO_DEVICE_PROVIDER", "host"),
+            ("FERRO_TRANSPORTS", "p2p"),
+            ("FERRO_P2P_PROVIDER", "host"),
+            ("FERRO_STREAM_WAITS", waits),
+            ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
+        ],
+    );
+    let counts = (0..ranks)
+        .map(|r| {
+            let t = std::fs::read_to_string(dir.join(format!("trace-{r}.json"))).unwrap();
+            (t.matches("\"algorithm\":\"peer\"").count(), t)
+        })
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    counts
 }
 
 /// `tests/c/vmm.c` (memory mapped piece by piece, run by `gpu-check.sh` on a GPU) builds, and

@@ -96,15 +96,10 @@ pub(crate) fn chosen_device() -> Option<u32> {
 /// current context, in the communicator's device's context).
 pub(crate) fn null_stream_device(cu_device: c_int) -> Option<Device> {
     let provider = Provider::from_env().ok()?;
-    if provider == Provider::Cuda && !cuda_in_process() {
+    if provider == Provider::Cuda && !crate::device::driver_in_process() {
         return None;
     }
     Device::new(provider, u32::try_from(cu_device).unwrap_or(0)).ok()
-}
-
-/// Whether the CUDA driver library is loaded in this process (never loads it).
-fn cuda_in_process() -> bool {
-    crate::device::driver_in_process()
 }
 
 /// The `stream` argument of a call on `shared` whose buffers are `bufs`: `None` for NULL with
@@ -278,7 +273,7 @@ pub(crate) unsafe fn read_scalar_on(p: *const u8, dtype: DataType, on: OnStream)
 pub(crate) unsafe fn read_scalar_host_call(p: *const u8, dtype: DataType) -> Result<f64> {
     let device = Provider::from_env()
         .ok()
-        .filter(|&pr| pr != Provider::Cuda || cuda_in_process())
+        .filter(|&pr| pr != Provider::Cuda || crate::device::driver_in_process())
         .and_then(|pr| {
             let o = pr.locate(p as u64, dtype.size())?;
             Device::new(pr, o).ok()

@@ -100,11 +100,7 @@ nccl_api! {
             // jobs) takes its turns first, on every rank alike.
             shared.wait_idle();
             // Device memory, asked without loading the CUDA driver into a host-only program.
-            let device = crate::device::Provider::from_env()
-                .ok()
-                .filter(|&p| p != crate::device::Provider::Cuda || crate::device::driver_in_process())
-                .and_then(|p| p.locate(buff as u64, size))
-                .is_some();
+            let device = c.device_of(buff as u64, size).is_some();
             // SAFETY: NCCL's contract: the buffer stays allocated until the window is
             // deregistered, which returns once every rank has unmapped it.
             let registered = unsafe { c.register_window(buff as u64, size) }.map_err(|e| e.context(API))?;

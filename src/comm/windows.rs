@@ -190,7 +190,7 @@ impl Communicator {
     /// The provider and device whose memory holds `[addr, addr + len)`: asked of the bound
     /// device's provider, or of `FERRO_DEVICE_PROVIDER`'s where none is bound, but never by
     /// loading the CUDA driver into a process that has not (host memory needs no driver).
-    fn device_of(&self, addr: u64, len: usize) -> Option<(Provider, u32)> {
+    pub(crate) fn device_of(&self, addr: u64, len: usize) -> Option<(Provider, u32)> {
         let (provider, hint) = match self.device() {
             Some(d) => (d.provider(), d.ordinal()),
             None => (Provider::from_env().ok()?, 0),

@@ -579,19 +579,19 @@ impl Engine {
                 None => (Vec::new(), Vec::new(), false),
             },
         };
+        // The verdict holds one key (so every rank is able, and holds a reducer).
         let todo = verdict
             .then(|| share(kind, args.count, n, me, es, &bufs, any_in_place))
             .flatten();
-        // One key (so every rank is able, and holds a reducer), and the verdict above.
-        let agreed = one_key && verdict;
-        let (Some(todo), Some(reducer)) = (todo.filter(|_| agreed), reducer) else {
+        let (Some(todo), Some(reducer)) = (todo, reducer) else {
             return Ok(false);
         };
         // Queued on the call's stream (a blocking call: the reducer's own): after the other
         // ranks' ready marks, this rank's share, then its done mark.
         crate::profile::phase(crate::profile::Phase::Reduce);
         let queued = (|| {
-            for k in (0..n).filter(|&k| k != me && !across) {
+            // Through windows every ready mark is NO_MARK (blocking calls), which waits for nothing.
+            for k in (0..n).filter(|&k| k != me) {
                 reducer.wait_mark(on, [word(k, 2), word(k, 3)])?;
             }
             for t in todo.iter().filter(|t| t.bytes > 0) {
@@ -638,7 +638,8 @@ impl Engine {
             let waited = reducer.wait_mark(on, [status[1 + 2 * k], status[2 + 2 * k]]);
             settled = settled.and(waited);
         }
-        if on.is_none() {
+        // (Through windows the share was waited for before the status exchange already.)
+        if on.is_none() && !across {
             settled = settled.and(reducer.synchronize(None));
         }
         queued.map_err(|e| e.context(ctx.label()))?;

@@ -197,6 +197,7 @@ impl Engine {
         let mut mappings = Vec::new();
         let mut ranks = Vec::with_capacity(n);
         let mut failed = None;
+        let mine_here = mapper.space(rec(me)[2], rec(me)[3] as usize);
         for k in 0..n {
             let r = rec(k);
             let (process, addr, len) = (r[1], r[2], r[3] as usize);
@@ -215,7 +216,6 @@ impl Engine {
                 }
             }
             let space = mapper.space(here, len);
-            let mine_here = mapper.space(rec(me)[2], rec(me)[3] as usize);
             if everyone && failed.is_none() {
                 match (space, mine_here) {
                     (None, _) => {

@@ -467,15 +467,34 @@ impl Communicator {
 
     /// Whether a call on the caller's stream `handle` of `dev` goes straight between the
     /// ranks' buffers in stream order: every rank a thread of this process (the path between
-    /// the buffers is on), the stream one that a call may queue work on (not the NULL stream,
+    /// the buffers is on), or a process whose windows came with shared marks, the stream one that a call may queue work on (not the NULL stream,
     /// nor on CUDA the legacy and per-thread handles), and `FERRO_STREAM_WAITS` not `0`.
     /// Such calls do not use stream jobs: where the ranks do not agree to the path, the call
     /// waits for the stream and runs as a blocking call.
     pub(crate) fn orders_between_buffers(&self, dev: Device, handle: usize) -> bool {
+        let in_order = self.inner.peer_direct
+            || self
+                .inner
+                .windows_in_order
+                .load(std::sync::atomic::Ordering::Acquire);
         !blocks_always(dev, handle)
             && crate::device::stream_queue::stream_waits() != Some(false)
-            && self.inner.peer_direct
+            && in_order
             && self.device_direct()
+    }
+
+    /// The reducer of the bound device's arena (made now where there is none), where device
+    /// collectives run on the buffers themselves: the one whose marks windows share.
+    pub(crate) fn direct_reducer(&self) -> Option<std::sync::Arc<dyn crate::reduce::Reducer>> {
+        let mut st = lock(&self.device);
+        let dev = st.device?;
+        if !self.direct_for(&mut st) {
+            return None;
+        }
+        if st.arena.as_ref().map(DirectArena::device) != Some(dev) {
+            st.arena = Some(DirectArena::new(dev).ok()?);
+        }
+        st.arena.as_ref().map(crate::exec::DeviceArena::reducer)
     }
 
     // ----- typed entries on device buffers -----

@@ -259,6 +259,7 @@ impl Communicator {
                 device_transport,
                 peer_direct,
                 peer_windows,
+                windows_in_order: Default::default(),
             }),
             worker: Mutex::new(None),
             device: Arc::default(),

@@ -146,6 +146,9 @@ struct Inner {
     /// Whether windows are exchanged at registration (ranks of several processes of one host:
     /// the engine's setting, known without its lock).
     peer_windows: bool,
+    /// Whether the ranks exchanged shared marks with their windows, so that calls through
+    /// windows on a stream are queued on it (set once by the registration that did).
+    windows_in_order: std::sync::atomic::AtomicBool,
 }
 
 /// A group of `nranks` ranks that run collectives together; this process's handle is one rank.

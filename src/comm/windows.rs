@@ -6,6 +6,7 @@ use ferroccl_kernels::DataType;
 use ferroccl_transport::MemSpace;
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ferroccl_kernels::Element;
@@ -170,13 +171,19 @@ impl Communicator {
             provider: found.map_or(Provider::Host, |f| f.0),
             ordinal: found.map_or(0, |f| f.1),
         };
+        // The reducer whose marks the ranks share, where calls run on the buffers.
+        let reducer = found.and_then(|_| self.direct_reducer());
         let mut place = None;
         inner.execute_next(true, |e, seq| {
             place = e.register_window(
                 mine,
                 &mapper,
+                reducer,
                 &window_ctx("register_window", seq, inner.rank),
             )?;
+            if e.peer_marks().is_some() {
+                inner.windows_in_order.store(true, Ordering::Release);
+            }
             Ok(())
         })?;
         Ok(Window {

@@ -12,9 +12,12 @@ use std::sync::Arc;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Fence, MemRef, MemSpace, Payload, PayloadMut};
 
+use super::shared_marks::{self, OwnMarks};
 use super::{host, host_stream, Device, DeviceBuffer, Provider};
 use crate::exec::{ArenaUse, DeviceArena};
-use crate::reduce::{CudaReducer, HostReducer, Mark, MarkUse, Reducer, NO_MARK};
+use crate::reduce::{
+    CudaReducer, HostReducer, Mark, MarkUse, PeerMarks, Reducer, SharedMarkWords, NO_MARK,
+};
 use crate::{Error, Result};
 
 /// Smallest arena buffer (a larger request takes at least twice the buffer it replaces).
@@ -173,6 +176,8 @@ pub(crate) struct StandInReducer {
     ordinal: u32,
     /// Its own stand-in stream (the model of the CUDA reducer's), made at first use.
     own: std::sync::OnceLock<usize>,
+    /// Its marks as another process sees them, made when first shared.
+    shared: std::sync::Mutex<Option<Arc<OwnMarks>>>,
 }
 
 impl Drop for StandInReducer {
@@ -188,6 +193,7 @@ impl StandInReducer {
         StandInReducer {
             ordinal,
             own: std::sync::OnceLock::new(),
+            shared: std::sync::Mutex::new(None),
         }
     }
 
@@ -492,6 +498,41 @@ impl Reducer for StandInReducer {
             host_stream::wait_for(self.stream(on), mark[0] as usize, mark[1]);
         }
         Ok(())
+    }
+
+    fn share_marks(&self) -> Result<SharedMarkWords> {
+        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if sh.is_none() {
+            *sh = Some(OwnMarks::new(self.ordinal)?);
+        }
+        Ok(sh.as_ref().map_or([0; 16], |m| m.words()))
+    }
+
+    fn open_marks(&self, words: &SharedMarkWords) -> Result<PeerMarks> {
+        shared_marks::open(self.ordinal, words)
+    }
+
+    fn mark_shared(&self, on: Option<usize>, which: MarkUse) -> Result<u64> {
+        let sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        match sh.as_ref() {
+            Some(m) => Ok(m.record(self.stream(on), which)),
+            None => Err(Error::internal(
+                "host stand-in reducer: a shared mark recorded before it was shared",
+            )),
+        }
+    }
+
+    fn wait_shared(&self, on: Option<usize>, p: &PeerMarks, which: MarkUse, w: u64) -> Result<()> {
+        shared_marks::wait(self.stream(on), p, which, w)
+    }
+
+    fn settle_shared(&self) -> Result<()> {
+        let sh = self
+            .shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        sh.map_or(Ok(()), |m| m.settle())
     }
 
     fn synchronize(&self, on: Option<usize>) -> Result<()> {

@@ -340,7 +340,11 @@ impl Device {
             )));
         }
         match &flag.mem {
-            FlagMem::Host(a) => host_stream::wait_flag(stream as usize, Arc::clone(a), value),
+            FlagMem::Host(a) => host_stream::wait_flag(
+                stream as usize,
+                Arc::clone(a) as Arc<dyn host_stream::Flag>,
+                value,
+            ),
             FlagMem::Cuda { dev, .. } => {
                 let d = cuda::bound(self.ordinal)?;
                 // SAFETY: the stream per the caller; `dev` maps the flag's pinned word, which

@@ -40,12 +40,30 @@ pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
 /// How deep waits of streams on other streams may nest before a wait is taken for a cycle.
 const MAX_CHAIN: usize = 64;
 
+/// A word a stand-in stream can wait for ([`wait_flag`]): a host thread's flag, or a word
+/// another process writes (`shared_marks`).
+pub(crate) trait Flag: Send + Sync {
+    /// Its value now.
+    fn value(&self) -> u32;
+    /// Says that a stream waits for it to reach `target` (where whoever writes it runs only
+    /// when asked, as a lazy stand-in stream of another process does).
+    fn ask(&self, target: u32) {
+        let _ = target;
+    }
+}
+
+impl Flag for AtomicU32 {
+    fn value(&self) -> u32 {
+        self.load(Ordering::Acquire)
+    }
+}
+
 /// One entry of a stand-in stream.
 enum Entry {
     /// `len` bytes from `src` to `dst`.
     Copy { dst: usize, src: usize, len: usize },
     /// Wait until `flag` reaches `value` (wrapping comparison, as `CU_STREAM_WAIT_VALUE_GEQ`).
-    WaitFlag { flag: Arc<AtomicU32>, value: u32 },
+    WaitFlag { flag: Arc<dyn Flag>, value: u32 },
     /// Run a job.
     Run(Job),
     /// Wait until stream `handle` (whose count of entries run is `progress`) has run the
@@ -132,7 +150,13 @@ fn run_ready(f: &mut Fifo, upto: u64) -> bool {
                 unsafe { std::ptr::copy_nonoverlapping(*src as *const u8, *dst as *mut u8, *len) };
                 true
             }
-            Some(Entry::WaitFlag { flag, value }) => reached(flag.load(Ordering::Acquire), *value),
+            Some(Entry::WaitFlag { flag, value }) => {
+                let got = reached(flag.value(), *value);
+                if !got {
+                    flag.ask(*value);
+                }
+                got
+            }
             Some(Entry::Run(_)) => true,
             Some(Entry::After { progress, upto, .. }) => progress.load(Ordering::Acquire) >= *upto,
         };
@@ -177,7 +201,7 @@ fn kick(s: &Mutex<Fifo>) {
 }
 
 /// Queues a wait until `flag` reaches `value` on stand-in stream `handle`.
-pub(crate) fn wait_flag(handle: usize, flag: Arc<AtomicU32>, value: u32) {
+pub(crate) fn wait_flag(handle: usize, flag: Arc<dyn Flag>, value: u32) {
     let s = stream(handle);
     lock(&s).entries.push_back(Entry::WaitFlag { flag, value });
     kick(&s);
@@ -340,6 +364,11 @@ pub(crate) fn remove(handle: usize) {
     streams.remove(&handle);
 }
 
+/// Whether stand-in stream `handle` was forgotten ([`remove`]).
+pub(crate) fn gone(handle: usize) -> bool {
+    lock(&GONE).contains(&handle)
+}
+
 /// Whether stand-in stream `handle` is being captured into a graph.
 pub(crate) fn capturing(handle: usize) -> bool {
     let fifo = lock(&STREAMS).get(&handle).map(Arc::clone);
@@ -369,7 +398,7 @@ mod tests {
         let src = [7u8; 4];
         let mut dst = [0u8; 4];
         let before = record(h);
-        wait_flag(h, Arc::clone(&flag), 2);
+        wait_flag(h, Arc::clone(&flag) as Arc<dyn Flag>, 2);
         // SAFETY: both arrays outlive the synchronize below.
         unsafe { copy(h, dst.as_mut_ptr(), src.as_ptr(), 4) };
         let after = record(h);
@@ -409,7 +438,7 @@ mod tests {
         let d = dst.lock().unwrap().as_mut_ptr();
         // SAFETY: both boxes outlive the stream's run of the copy (waited for below).
         unsafe { copy(h, d, src.as_ptr(), 4) };
-        wait_flag(h, Arc::clone(&flag), 1);
+        wait_flag(h, Arc::clone(&flag) as Arc<dyn Flag>, 1);
         // SAFETY: as above.
         unsafe { copy(h, d.wrapping_add(4), src.as_ptr(), 4) };
         assert_eq!(

@@ -45,6 +45,7 @@ pub(crate) mod host_stream;
 pub(crate) mod ipc;
 mod pending;
 pub(crate) mod raw;
+mod shared_marks;
 pub(crate) mod staging;
 mod stream;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]

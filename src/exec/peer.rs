@@ -54,10 +54,12 @@ use std::ops::Range;
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, MemRef, MemSpace, Result};
 
-use super::windows::{Window, Windows};
+use super::windows::{SharedMarks, Window, Windows};
 use super::{DeviceArena, Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
-use crate::reduce::{MarkUse, Reducer, NO_MARK};
+use std::sync::Arc;
+
+use crate::reduce::{Mark, MarkUse, Reducer, NO_MARK};
 
 /// Most ranks: one source and one destination per rank in one reduce-copy.
 pub(crate) const PEER_MAX_RANKS: usize = ferroccl_cuda::MAX_SRCS;
@@ -111,6 +113,9 @@ impl Whole {
         }
     }
 }
+
+/// The first word of a shared mark in an offer (the second names the record).
+const SHARED: u64 = 1;
 
 /// Words of the offer: key, !key, then [`PER_RANK`] of each rank.
 const HEAD: usize = 2;
@@ -356,6 +361,19 @@ impl Engine {
         Some(self.peer.windows.as_mut()?.add(w))
     }
 
+    /// The ranks' shared marks, where windows are exchanged and the marks were
+    /// (`windows.rs`).
+    pub(crate) fn peer_marks(&self) -> Option<Arc<SharedMarks>> {
+        self.peer.windows.as_ref()?.marks.clone()
+    }
+
+    /// Keeps the shared marks every rank opened (registration agreed on them).
+    pub(super) fn set_peer_marks(&mut self, marks: Option<Arc<SharedMarks>>) {
+        if let Some(ws) = self.peer.windows.as_mut() {
+            ws.marks = marks;
+        }
+    }
+
     /// Windows held ([`Engine::add_window`]).
     pub(crate) fn window_count(&self) -> usize {
         self.peer.windows.as_ref().map_or(0, Windows::len)
@@ -470,26 +488,41 @@ impl Engine {
             MemSpace::Cuda(o) if o <= MAX_ORDINAL => o,
             _ => 0,
         };
+        // Through windows (ranks of several processes): the buffers are offered by window
+        // place and offset, and the marks are the shared ones (`windows.rs`), of the reducer
+        // that shared them: a rank whose call has another does not take part.
+        let across = self.peer.windows.is_some();
+        let shared = self.peer_marks();
+        let shared = shared.as_deref();
+        let same_reducer = match (shared, reducer) {
+            (Some(m), Some(r)) => {
+                std::ptr::addr_eq(Arc::as_ptr(&m.reducer), r as *const dyn Reducer)
+            }
+            _ => false,
+        };
         let mut able = mem.space == MemSpace::Cuda(ordinal)
             && (mine.0 | mine.1) as u64 & !ADDR_MASK == 0
             && reducer.is_some_and(|r| r.reduces_many() && r.serves(mem.space))
             && room(in_off, in_used, base_len)
-            && room(out_off, out_used, mem.output_len);
+            && room(out_off, out_used, mem.output_len)
+            && (shared.is_none() || same_reducer);
         // A call ordered on a stream offers where the work queued before it ends, so that the
         // other ranks' shares wait for it (a blocking call's buffers are ready now). A rank
-        // that cannot mark its stream does not take part.
+        // that cannot mark its stream does not take part; through windows, nor one without
+        // shared marks (a stream of another process cannot wait for this one's own events).
         let ready = match (able, on, reducer) {
-            (true, Some(_), Some(r)) => r.mark(on, MarkUse::Ready).unwrap_or_else(|_| {
-                able = false;
-                NO_MARK
-            }),
-            _ => NO_MARK,
-        };
-        // Through windows (ranks of several processes): where the buffers lie in windows, by
-        // place and offset; blocking calls only (a stream of another process cannot wait for
-        // this one's events), each rank's share waited for before the status exchange.
+            (true, Some(_), Some(r)) if across => match shared {
+                Some(_) => r.mark_shared(on, MarkUse::Ready).map(|w| [SHARED, w]),
+                None => Err(Error::internal("no shared marks")),
+            },
+            (true, Some(_), Some(r)) => r.mark(on, MarkUse::Ready),
+            _ => Ok(NO_MARK),
+        }
+        .unwrap_or_else(|_| {
+            able = false;
+            NO_MARK
+        });
         let windows = self.peer.windows.as_ref();
-        let across = windows.is_some();
         let in_window = |addr: usize, len: usize| match (len, windows) {
             (0, _) => Some(0),
             (_, Some(ws)) => ws.word_of(me, addr as u64, len),
@@ -497,7 +530,7 @@ impl Engine {
         };
         let win_words = (in_window(mine.0, in_used), in_window(mine.1, out_used));
         if across {
-            able &= on.is_none() && win_words.0.is_some() && win_words.1.is_some();
+            able &= win_words.0.is_some() && win_words.1.is_some();
         }
         let key = match across {
             true => key_of_windows(mem.space, args.count, premul),
@@ -589,10 +622,21 @@ impl Engine {
         // Queued on the call's stream (a blocking call: the reducer's own): after the other
         // ranks' ready marks, this rank's share, then its done mark.
         crate::profile::phase(crate::profile::Phase::Reduce);
+        // Waits for rank `k`'s mark `which` (a blocking rank's NO_MARK: nothing); through
+        // windows, its shared mark (every rank that takes part there holds them).
+        let wait_for = |k: usize, which: MarkUse, mark: Mark| match (mark, shared) {
+            (NO_MARK, _) => Ok(false),
+            (_, None) => reducer.wait_mark(on, mark).map(|()| true),
+            (_, Some(m)) => match m.peers.get(k).and_then(Option::as_ref) {
+                Some(p) => reducer.wait_shared(on, p, which, mark[1]).map(|()| true),
+                None => Err(Error::internal(format!(
+                    "rank {k}'s shared marks are not open"
+                ))),
+            },
+        };
         let queued = (|| {
-            // Through windows every ready mark is NO_MARK (blocking calls), which waits for nothing.
             for k in (0..n).filter(|&k| k != me) {
-                reducer.wait_mark(on, [word(k, 2), word(k, 3)])?;
+                wait_for(k, MarkUse::Ready, [word(k, 2), word(k, 3)])?;
             }
             for t in todo.iter().filter(|t| t.bytes > 0) {
                 let at = |&(rank, addr): &(usize, usize)| MemRef {
@@ -604,12 +648,13 @@ impl Engine {
                 let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
                 reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
             }
-            if across {
-                // No mark crosses processes: the share is done before the status exchange.
-                reducer.synchronize(None)?;
-                return Ok(NO_MARK);
+            match (across, on) {
+                // A blocking rank's share through windows is done before the status exchange
+                // (it offers no mark, and so needs none waited for where every rank blocks).
+                (true, None) => reducer.synchronize(None).map(|()| NO_MARK),
+                (true, Some(_)) => reducer.mark_shared(on, MarkUse::Done).map(|w| [SHARED, w]),
+                (false, _) => reducer.mark(on, MarkUse::Done),
             }
-            reducer.mark(on, MarkUse::Done)
         })();
         crate::profile::phase(crate::profile::Phase::Drive);
         let mut status = vec![0u64; 1 + 2 * n];
@@ -634,12 +679,17 @@ impl Engine {
         // its own still waits for the others'); a blocking call waits for that here.
         // Every wait is queued even where one fails (the first error is returned).
         let mut settled: Result<()> = Ok(());
+        let mut waits = false;
         for k in (0..n).filter(|&k| k != me) {
-            let waited = reducer.wait_mark(on, [status[1 + 2 * k], status[2 + 2 * k]]);
-            settled = settled.and(waited);
+            let mark = [status[1 + 2 * k], status[2 + 2 * k]];
+            match wait_for(k, MarkUse::Done, mark) {
+                Ok(w) => waits |= w,
+                Err(e) => settled = settled.and(Err(e)),
+            }
         }
-        // (Through windows the share was waited for before the status exchange already.)
-        if on.is_none() && !across {
+        // (Through windows a blocking rank's own share was waited for before the status
+        // exchange already: it waits again only for the shares of ranks on a stream.)
+        if on.is_none() && (!across || waits) {
             settled = settled.and(reducer.synchronize(None));
         }
         queued.map_err(|e| e.context(ctx.label()))?;

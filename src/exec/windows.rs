@@ -9,6 +9,16 @@
 //! Deregistration is collective too: every rank unmaps its mappings of the window before any
 //! rank returns, so no rank frees memory that another still maps (CUDA leaves a free of
 //! exported memory undefined while another process holds it open).
+//!
+//! **Shared marks.** At the first registration where every rank is a process of its own and
+//! holds a reducer that can, the ranks also exchange their reducers' marks as interprocess
+//! events ([`Reducer::share_marks`]) and each opens every other's: calls ordered on a stream
+//! can then go between the buffers too, each stream waiting for the others' marks as between
+//! threads. Whether they were exchanged is agreed like the window, the same on every rank.
+//! Before a window's mappings go (deregistration, or the communicator's end) the rank waits
+//! for its last share ([`Reducer::settle_shared`]), which may still read them.
+
+use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, MemSpace, Result};
@@ -16,6 +26,7 @@ use ferroccl_transport::{Error, MemSpace, Result};
 use super::{Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
 use crate::device::ipc::{Exported, Mapping};
+use crate::reduce::{PeerMarks, Reducer, SHARED_MARK_WORDS};
 
 /// One rank's buffer of a window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +60,31 @@ pub(crate) struct Window {
 #[derive(Debug, Default)]
 pub(crate) struct Windows {
     list: Vec<Option<Window>>,
+    /// The ranks' shared marks, where they were exchanged (see the module).
+    pub marks: Option<Arc<SharedMarks>>,
+}
+
+/// Every other rank's shared marks, opened by this rank's reducer.
+#[derive(Debug)]
+pub(crate) struct SharedMarks {
+    /// The reducer that shared this rank's marks and opened the others': calls through
+    /// windows on a stream use it and no other.
+    pub reducer: Arc<dyn Reducer>,
+    /// By rank (`None`: this rank).
+    pub peers: Vec<Option<PeerMarks>>,
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        // Shares queued on a stream may still read the mappings dropped after this.
+        if let Some(m) = &self.marks {
+            if let Err(e) = m.reducer.settle_shared() {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN P2P: waiting for the last share through windows before                      unmapping them: {e}"
+                );
+            }
+        }
+    }
 }
 
 /// Bits of an offer word that hold the offset in a window; the window's place plus one lies
@@ -122,9 +158,12 @@ impl Windows {
     }
 }
 
-/// Words of a rank's record in the exchange at registration: whether it exported its buffer,
-/// its process, the buffer's start and length, the allocation's start, and the handle (8).
-const RECORD: usize = 13;
+/// Words of a rank's record in the exchange at registration: whether it exported its buffer
+/// (bit 0) and its shared marks (bit 1), its process, the buffer's start and length, the
+/// allocation's start, the handle (8), and the shared marks' words.
+const RECORD: usize = 13 + SHARED_MARK_WORDS;
+/// Where the shared marks' words start in a record.
+const MARKS_AT: usize = 13;
 
 /// What a rank brings to a window's registration: its buffer, and, where it could export it,
 /// the export.
@@ -159,6 +198,7 @@ impl Engine {
         &mut self,
         mine: Offered,
         mapper: &dyn Mapper,
+        reducer: Option<Arc<dyn Reducer>>,
         ctx: &OpContext,
     ) -> Result<Option<usize>> {
         if !self.peer_windows() {
@@ -185,6 +225,20 @@ impl Engine {
                 rec[5 + i] = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
             }
         }
+        // The shared marks, until they were exchanged once.
+        let wants_marks = self.peer_marks().is_none();
+        if let Some(r) = reducer.as_ref().filter(|_| wants_marks) {
+            match r.share_marks() {
+                Ok(m) => {
+                    rec[0] |= 2;
+                    rec[MARKS_AT..].copy_from_slice(&m);
+                }
+                Err(e) => ferroccl_transport::log_line!(
+                    "ferroccl INFO P2P: {}: no marks for other processes: {e}",
+                    ctx.label()
+                ),
+            }
+        }
         let args = CollArgs {
             kind: CollKind::AllGather,
             count: RECORD,
@@ -193,7 +247,7 @@ impl Engine {
         let mem = Memory::host(None, ferroccl_kernels::as_bytes_mut(&mut words));
         self.unoffered(|e| e.run_collective(&args, DataType::Uint64, ElemOp::Sum, None, mem, ctx))?;
         let rec = |k: usize| &words[RECORD * k..RECORD * (k + 1)];
-        let everyone = (0..n).all(|k| rec(k)[0] == 1);
+        let everyone = (0..n).all(|k| rec(k)[0] & 1 == 1);
         let mut mappings = Vec::new();
         let mut ranks = Vec::with_capacity(n);
         let mut failed = None;
@@ -204,7 +258,7 @@ impl Engine {
             let mut here = addr;
             if everyone && k != me && process != rec(me)[1] {
                 let mut handle = [0u8; 64];
-                for (i, w) in r[5..].iter().enumerate() {
+                for (i, w) in r[5..MARKS_AT].iter().enumerate() {
                     handle[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
                 }
                 match mapper.map(&handle) {
@@ -246,9 +300,43 @@ impl Engine {
                 ctx.label()
             );
         }
-        let mut status = [u64::from(failed.is_some())];
+        // Every rank shared its marks and is a process of its own: each opens the others'.
+        let processes: Vec<u64> = (0..n).map(|k| rec(k)[1]).collect();
+        let own_processes = (0..n).all(|k| !processes[..k].contains(&processes[k]));
+        let mut marks = None;
+        let mut marks_failed = false;
+        if let (true, true, true, Some(r)) = (
+            wants_marks,
+            own_processes,
+            (0..n).all(|k| rec(k)[0] & 2 != 0),
+            reducer,
+        ) {
+            let mut peers = Vec::with_capacity(n);
+            for k in 0..n {
+                let words = rec(k)[MARKS_AT..]
+                    .try_into()
+                    .unwrap_or([0; SHARED_MARK_WORDS]);
+                match (k != me).then(|| r.open_marks(&words)).transpose() {
+                    Ok(p) => peers.push(p),
+                    Err(e) => {
+                        ferroccl_transport::log_line!(
+                            "ferroccl WARN P2P: {}: rank {k}'s marks not opened ({e}): calls                              through windows on a stream wait for their streams",
+                            ctx.label()
+                        );
+                        marks_failed = true;
+                        break;
+                    }
+                }
+            }
+            marks = Some(Arc::new(SharedMarks { reducer: r, peers }));
+        }
+        let mut status =
+            [u64::from(failed.is_some()) | u64::from(marks.is_none() || marks_failed) << 1];
         self.max_words(&mut status, ctx)?;
-        let usable = everyone && status[0] == 0;
+        let usable = everyone && status[0] & 1 == 0;
+        if status[0] & 2 == 0 {
+            self.set_peer_marks(marks);
+        }
         if !usable {
             mappings.clear();
         }
@@ -267,9 +355,15 @@ impl Engine {
     pub(crate) fn deregister_window(&mut self, place: usize, ctx: &OpContext) -> Result<()> {
         let w = self.take_window(place);
         let held = w.is_some();
+        // This rank's shares on a stream may still read the mappings.
+        let settled = match (held, self.peer_marks()) {
+            (true, Some(m)) => m.reducer.settle_shared(),
+            _ => Ok(()),
+        };
         drop(w);
         let mut words = [0u64];
         self.max_words(&mut words, ctx)?;
+        settled.map_err(|e| e.context(ctx.label()))?;
         if held {
             Ok(())
         } else {

@@ -17,7 +17,9 @@ use ferroccl_cuda::{CudaError, CudaErrorKind, RcArgs};
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, ErrorKind, Fence, MemRef, MemSpace, Payload, PayloadMut, Result};
 
-use super::{Mark, MarkUse, Reducer, NO_MARK};
+use super::{Mark, MarkUse, PeerMarks, Reducer, SharedMarkWords, NO_MARK};
+
+mod marks;
 
 const NAME: &str = "cuda reducer";
 
@@ -78,6 +80,8 @@ pub(crate) struct CudaReducer {
     /// Its two marks' events ([`MarkUse`]), made at the first mark (0: not yet) and never
     /// destroyed (see below the impl).
     events: Mutex<[usize; 2]>,
+    /// The marks as interprocess events, made when first shared (`marks.rs`).
+    shared: Mutex<marks::SharedEvents>,
 }
 
 impl CudaReducer {
@@ -95,6 +99,7 @@ impl CudaReducer {
             ordinal,
             kernels: OnceLock::new(),
             events: Mutex::new([0; 2]),
+            shared: Mutex::default(),
         }
     }
 
@@ -418,6 +423,26 @@ impl Reducer for CudaReducer {
         // long as its communicator, which takes part in the call that waits for it; the
         // driver lets a stream wait for an event of another context or device.
         unsafe { k.driver().stream_wait(stream, mark[0] as Handle) }.map_err(|e| convert(&e))
+    }
+
+    fn share_marks(&self) -> Result<SharedMarkWords> {
+        self.share_marks_now()
+    }
+
+    fn open_marks(&self, words: &SharedMarkWords) -> Result<PeerMarks> {
+        self.open_marks_now(words)
+    }
+
+    fn mark_shared(&self, on: Option<usize>, which: MarkUse) -> Result<u64> {
+        self.mark_shared_now(on, which)
+    }
+
+    fn wait_shared(&self, on: Option<usize>, p: &PeerMarks, which: MarkUse, _w: u64) -> Result<()> {
+        self.wait_shared_now(on, p, which)
+    }
+
+    fn settle_shared(&self) -> Result<()> {
+        self.settle_shared_now()
     }
 
     fn synchronize(&self, on: Option<usize>) -> Result<()> {

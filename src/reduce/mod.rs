@@ -159,6 +159,47 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         Err(no_streams(self.name()))
     }
 
+    /// Makes this reducer's two marks waitable from other processes too (interprocess events,
+    /// made at the first call and never destroyed, as the marks are not), and returns the
+    /// words another process's reducer opens them from ([`Reducer::open_marks`]).
+    fn share_marks(&self) -> Result<SharedMarkWords> {
+        Err(no_shared(self.name()))
+    }
+
+    /// Opens the shared marks of a reducer of another process from its words.
+    fn open_marks(&self, words: &SharedMarkWords) -> Result<PeerMarks> {
+        let _ = words;
+        Err(no_shared(self.name()))
+    }
+
+    /// Records shared mark `which` ([`Reducer::share_marks`]) at the current end of stream
+    /// `on` (`None`: its own), replacing where it was recorded before; returns the word that
+    /// names this record to a waiter of another process (never 0).
+    fn mark_shared(&self, on: Option<usize>, which: MarkUse) -> Result<u64> {
+        let _ = (on, which);
+        Err(no_shared(self.name()))
+    }
+
+    /// Makes work queued on stream `on` (`None`: the reducer's own) after this call wait for
+    /// the record `word` of another process's shared mark `which` (opened as `peer`), which
+    /// was made before this call. Does not block the host.
+    fn wait_shared(
+        &self,
+        on: Option<usize>,
+        peer: &PeerMarks,
+        which: MarkUse,
+        word: u64,
+    ) -> Result<()> {
+        let _ = (on, peer, which, word);
+        Err(no_shared(self.name()))
+    }
+
+    /// Waits on the host until the stream of this reducer's last record of its shared mark
+    /// `Done` has got there (every share queued before it is done), if it made one.
+    fn settle_shared(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Waits until stream `on` (`None`: the reducer's own) has run everything queued on it.
     fn synchronize(&self, on: Option<usize>) -> Result<()> {
         let _ = on;
@@ -200,6 +241,29 @@ pub(crate) enum MarkUse {
     Ready,
     /// The end of a rank's share of a call.
     Done,
+}
+
+/// Words of a reducer's shared marks ([`Reducer::share_marks`]): two 64-byte handles.
+pub(crate) const SHARED_MARK_WORDS: usize = 16;
+
+/// What another process opens a reducer's shared marks from.
+pub(crate) type SharedMarkWords = [u64; SHARED_MARK_WORDS];
+
+/// Another process's shared marks, opened here ([`Reducer::open_marks`]): what they are is
+/// the opening reducer's.
+pub(crate) struct PeerMarks(pub Box<dyn std::any::Any + Send + Sync>);
+
+impl std::fmt::Debug for PeerMarks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerMarks")
+    }
+}
+
+fn no_shared(name: &str) -> ferroccl_transport::Error {
+    ferroccl_transport::Error::new(
+        ferroccl_transport::ErrorKind::Unsupported,
+        format!("the {name} reducer has no marks another process can wait for"),
+    )
 }
 
 fn no_streams(name: &str) -> ferroccl_transport::Error {

@@ -131,6 +131,8 @@ driver_api! {
     ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut IpcMemHandle, DevicePtr);
     ipc_open_mem_handle = "cuIpcOpenMemHandle_v2": fn(*mut DevicePtr, IpcMemHandle, c_uint);
     ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(DevicePtr);
+    ipc_get_event_handle = "cuIpcGetEventHandle": fn(*mut IpcEventHandle, Handle);
+    ipc_open_event_handle = "cuIpcOpenEventHandle": fn(*mut Handle, IpcEventHandle);
     memcpy_async = "cuMemcpyAsync": fn(DevicePtr, DevicePtr, usize, Handle);
     event_query = "cuEventQuery": fn(Handle);
     // A caller's stream being captured into a CUDA graph (checked before anything is queued).
@@ -735,6 +737,14 @@ impl Driver {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IpcMemHandle(pub [u8; 64]);
 
+/// `CUipcEventHandle`: 64 opaque bytes naming an interprocess event to another process.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcEventHandle(pub [u8; 64]);
+
+/// `CU_EVENT_INTERPROCESS` (with [`EVENT_DISABLE_TIMING`], as the driver requires).
+pub const EVENT_INTERPROCESS: c_uint = 4;
+
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
 pub const IPC_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 /// `CU_STREAM_NON_BLOCKING`.
@@ -883,6 +893,34 @@ impl Driver {
         self.check("cuIpcCloseMemHandle", unsafe {
             (self.ipc_close_mem_handle)(p)
         })
+    }
+
+    /// Creates an event another process can wait for (`CU_EVENT_INTERPROCESS`, without timing)
+    /// in the current context, with the handle that process opens it from
+    /// ([`Driver::ipc_open_event`]).
+    pub fn create_ipc_event(&self) -> Result<(Handle, IpcEventHandle)> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer; interprocess events must not time.
+        self.check("cuEventCreate", unsafe {
+            (self.event_create)(&mut e, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS)
+        })?;
+        let mut h = IpcEventHandle([0; 64]);
+        // SAFETY: `h` is a valid out-pointer of the handle's size; `e` the event made above.
+        self.check("cuIpcGetEventHandle", unsafe {
+            (self.ipc_get_event_handle)(&mut h, e)
+        })?;
+        Ok((e, h))
+    }
+
+    /// Opens another process's interprocess event ([`Driver::create_ipc_event`]) in the
+    /// current context: a stream here can then wait for its records there.
+    pub fn ipc_open_event(&self, h: &IpcEventHandle) -> Result<Handle> {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: `e` is a valid out-pointer; the handle is passed by value as cuda.h declares.
+        self.check("cuIpcOpenEventHandle", unsafe {
+            (self.ipc_open_event_handle)(&mut e, *h)
+        })?;
+        Ok(e)
     }
 
     /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`: active, or

@@ -16,7 +16,8 @@
 # all_reduce_perf prints "# Calls between the ranks' buffers"), 4 x S: each rank reads
 # its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures,
 # part 8k that path with calls ordered on a stream (-B 2) beside blocking ones, part 8l ranks
-# that are processes with their buffers in windows (-R 2, 4 x S) beside the ring (-R 0).
+# that are processes with their buffers in windows (-R 2, 4 x S; blocking, and on a stream
+# with -B 2) beside the ring (-R 0).
 # A target whose step gave no figure (not run, or stopped early) is reported as not measured.
 # Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
 #
@@ -41,8 +42,9 @@ function bytes(n) {
     else if ($0 ~ /^-- 8i: FERRO_DEVICE_PEER=1/) part = "8i-peer"
     else if ($0 ~ /^-- 8k: -B 1,/) part = "8k-blocking"
     else if ($0 ~ /^-- 8k: -B 2,/) part = "8k-stream"
-    else if ($0 ~ /^-- 8l: -R 0,/) part = "8l-ring"
-    else if ($0 ~ /^-- 8l: -R 2,/) part = "8l-windows"
+    else if ($0 ~ /^-- 8l: -R 0[ ,]/) part = "8l-ring"
+    else if ($0 ~ /^-- 8l: -R 2 -B 2,/) part = "8l-windows-stream"
+    else if ($0 ~ /^-- 8l: -R 2[ ,]/) part = "8l-windows"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=0/) part = "8j-ring"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=1/) part = "8j-peer"
     else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
@@ -117,6 +119,7 @@ END {
     # Part 8l: 2 processes, buffers in windows against the ring.
     both("8l-ring", "8l, 2 processes, ring (-R 0)", 9, 0)
     both("8l-windows", "8l, 2 processes, between the buffers through windows (-R 2)", 4, 1)
+    both("8l-windows-stream", "8l, 2 processes, through windows, calls on a stream (-R 2 -B 2)", 4, 1)
 
     # Part 8j, two GPUs (no target: the targets are for one GPU): both paths at the largest size.
     for (p = 0; p <= 1; p++) {
@@ -127,13 +130,14 @@ END {
         printf "-- 8j, two GPUs, %s, %s: %.1f / %.1f us out of / in place, busbw %.1f / %.1f GB/s (no target)\n", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], oop_bw[key], ip_bw[key]
     }
 
-    split("8b-direct 8b-staged 5 8i-peer 8i-ring 8k-blocking 8k-stream 8l-windows 8l-ring", eight, " ")
+    split("8b-direct 8b-staged 5 8i-peer 8i-ring 8k-blocking 8k-stream 8l-windows 8l-windows-stream 8l-ring", eight, " ")
     names["8b-direct"] = "8b, p2p, direct"; names["8b-staged"] = "8b, p2p, staged"; names["5"] = "5, shm, staged"
     names["8i-peer"] = "8i, between the buffers of the ranks"; names["8i-ring"] = "8i, lanes, FERRO_DEVICE_PEER=0"
     names["8k-blocking"] = "8k, between the buffers, blocking calls"; names["8k-stream"] = "8k, between the buffers, calls on a stream"
     names["8l-windows"] = "8l, 2 processes, windows"; names["8l-ring"] = "8l, 2 processes, -R 0"
+    names["8l-windows-stream"] = "8l, 2 processes, windows, calls on a stream"
     seen8 = 0
-    for (i = 1; i <= 9; i++) {
+    for (i = 1; i <= 10; i++) {
         key = eight[i] SUBSEP 8
         if (!(key in oop_t)) continue
         seen8 = 1

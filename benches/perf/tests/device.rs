@@ -323,11 +323,6 @@ fn device_buffers_without_a_driver_are_a_clear_error() {
     assert!(!t.contains("panicked"), "{t}");
 }
 
-/// `all_reduce_perf -B 1 -R 2` under `ferrorun`, 2 and 3 processes over stand-in p2p: the
-/// device buffers are registered as windows (again each time they grow), every row goes
-/// straight between the processes' buffers (labelled `peer`, counted on the calls line) with
-/// no wrong element; with `-R 0` none does. Part 8l of `gpu-check.sh` then reads both
-/// through `gpu-targets.sh`.
 /// Two processes of two threads each (`ferrorun -n 2 all_reduce_perf -t 2 -B 1 -R 2`): ranks
 /// of one process are joined by address, of two through the windows' mappings; every row goes
 /// between the buffers. On two stand-in devices that do not reach each other
@@ -373,14 +368,19 @@ fn windows_of_processes_of_several_threads() {
     );
 }
 
+/// `all_reduce_perf -B 1 -R 2` under `ferrorun`, 2 and 3 processes over stand-in p2p: the
+/// device buffers are registered as windows (again each time they grow), every row goes
+/// straight between the processes' buffers (labelled `peer`, counted on the calls line) with
+/// no wrong element, with blocking calls (`-B 1`) and calls on a stream (`-B 2`); with `-R 0`
+/// none does. Part 8l of `gpu-check.sh` then reads all three through `gpu-targets.sh`.
 #[test]
 fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_printed() {
-    let run = |n: &str, register: &str| {
+    let run_on = |n: &str, register: &str, b: &str| {
         let out = command(ferrorun())
             .args(["-n", n, "--"])
             .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
             .args(["-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1"])
-            .args(["-B", "1", "-R", register])
+            .args(["-B", b, "-R", register])
             .env("FERRO_DEVICE_PROVIDER", "host")
             .env("FERRO_P2P_PROVIDER", "host")
             .env("FERRO_TRANSPORTS", "p2p")
@@ -389,36 +389,40 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
         let t = unprefixed(&out);
         assert!(
             out.status.success(),
-            "{n} ranks -R {register}: {}\n{t}",
+            "{n} ranks -R {register} -B {b}: {}\n{t}",
             out.status
         );
         assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
         t
     };
+    let run = |n: &str, register: &str| run_on(n, register, "1");
     for n in ["2", "3"] {
-        let t = run(n, "2");
-        let rows: Vec<&str> = t
-            .lines()
-            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
-            .collect();
-        // 8 B .. 256 KiB by x8: 6 sizes.
-        assert_eq!(rows.len(), 6, "{t}");
-        assert!(
-            rows.iter().all(|r| r.ends_with("peer")),
-            "{n} ranks: every row between the buffers\n{t}"
-        );
-        assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+        // Blocking calls, and calls ordered on a stream (queued through the shared marks).
+        for t in [run(n, "2"), run_on(n, "2", "2")] {
+            let rows: Vec<&str> = t
+                .lines()
+                .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+                .collect();
+            // 8 B .. 256 KiB by x8: 6 sizes.
+            assert_eq!(rows.len(), 6, "{t}");
+            assert!(
+                rows.iter().all(|r| r.ends_with("peer")),
+                "{n} ranks: every row between the buffers\n{t}"
+            );
+            assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+        }
         let plain = run(n, "0");
         assert!(
             !plain.contains("# Calls between the ranks' buffers"),
             "{plain}"
         );
     }
-    let (ring, windows) = (run("2", "0"), run("2", "2"));
+    let (ring, windows, ordered) = (run("2", "0"), run("2", "2"), run_on("2", "2", "2"));
     let log = format!(
         "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy 100.0 GB/s (read + written)\n\
-         == 8. straight on the device\n-- 8l: -R 0, processes, windows\n{ring}\
-         -- ferrorun: 1 s\n-- 8l: -R 2, processes, windows\n{windows}-- ferrorun: 1 s\n"
+         == 8. straight on the device\n-- 8l: -R 0 -B 1, processes, windows\n{ring}\
+         -- ferrorun: 1 s\n-- 8l: -R 2 -B 1, processes, windows\n{windows}-- ferrorun: 1 s\n\
+         -- 8l: -R 2 -B 2, processes, windows\n{ordered}-- ferrorun: 1 s\n"
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-targets.sh");
     let mut child = Command::new("bash")
@@ -440,7 +444,9 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
     for want in [
         "-- 8l, 2 processes, ring (-R 0), 256 KiB: ",
         "-- 8l, 2 processes, between the buffers through windows (-R 2), 256 KiB: ",
+        "-- 8l, 2 processes, through windows, calls on a stream (-R 2 -B 2), 256 KiB: ",
         "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, windows): ",
+        "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, windows, calls on a stream): ",
         "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, -R 0): ",
     ] {
         assert!(got.contains(want), "no {want:?} in\n{got}");

@@ -16,22 +16,9 @@
 mod common;
 
 use common::child::{self, standin_p2p_child};
-use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider};
-use ferroccl::{Communicator, Config, ReduceOp};
-
-/// Element `i` of rank `r`'s data: distinct per element and rank, small enough that sums of
-/// a few stay exact in f32.
-fn value(r: usize, i: usize) -> f32 {
-    ((i * 31 + r * 977) % 65_521) as f32
-}
-
-/// The calls of one round between the buffers.
-const CALLS: u64 = 8;
-
-/// The sum over the `n` ranks of their data's element `i`.
-fn total_of_values(n: usize, i: usize) -> f32 {
-    (0..n).map(|k| value(k, i)).sum()
-}
+use common::stream_round::{value, Bufs, CALLS};
+use ferroccl::device::{Device, DeviceStream, Provider};
+use ferroccl::{Communicator, Config};
 
 /// Element `i` of rank `r`'s first input: the sum of ranks 0 and 1's data on those two, the
 /// rank's own data on the others.
@@ -45,7 +32,6 @@ fn first(r: usize, i: usize) -> f32 {
 
 /// One rank's round of `count` elements: each call stream-ordered, or blocking (`blocking`);
 /// `local` writes the first input (the pair of ranks 0 and 1, or a one-rank communicator).
-#[allow(clippy::too_many_arguments)]
 fn round(
     c: &Communicator,
     local: &Communicator,
@@ -56,100 +42,25 @@ fn round(
     sync_first: bool,
 ) -> Result<(), String> {
     let (r, n) = (c.rank(), c.nranks());
-    fn e(what: &'static str, r: usize) -> impl Fn(ferroccl::Error) -> String {
-        move |err| format!("{what} on rank {r}: {err}")
-    }
-    let src: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
-    let src_d = DeviceBuffer::from_host(dev, &src).map_err(e("upload", r))?;
-    let mut x = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
-    let mut out = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
-    let mut gathered = DeviceBuffer::<f32>::new(dev, count * n).map_err(e("alloc", r))?;
-    let mut scattered = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
-    let mut reduced = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
-    let mut exchanged = DeviceBuffer::<f32>::new(dev, count * n).map_err(e("alloc", r))?;
-    let mut averaged = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc", r))?;
-    let sum = ReduceOp::Sum;
-    if blocking {
-        local
-            .all_reduce_device(&src_d, &mut x, sum)
-            .map_err(e("copy", r))?;
-        c.all_reduce_device(&x, &mut out, sum)
-            .map_err(e("all_reduce", r))?;
-        c.all_reduce_device_in_place(&mut out, sum)
-            .map_err(e("in place", r))?;
-        c.broadcast_device(&mut x, 1).map_err(e("broadcast", r))?;
-        c.all_gather_device(&src_d, &mut gathered)
-            .map_err(e("all_gather", r))?;
-        c.reduce_scatter_device(&gathered, &mut scattered, sum)
-            .map_err(e("reduce_scatter", r))?;
-        c.reduce_device(&x, &mut reduced, sum, 0)
-            .map_err(e("reduce", r))?;
-        c.all_to_all_device(&gathered, &mut exchanged)
-            .map_err(e("all_to_all", r))?;
-        c.all_reduce_device(&scattered, &mut averaged, ReduceOp::Avg)
-            .map_err(e("avg", r))?;
-    } else {
-        // The input of the first call, written on the stream: not there until the stream
-        // gets to it.
-        local
-            .all_reduce_device_on(&src_d, &mut x, sum, stream)
-            .map_err(e("copy", r))?;
-        c.all_reduce_device_on(&x, &mut out, sum, stream)
-            .map_err(e("all_reduce", r))?;
-        c.all_reduce_device_in_place_on(&mut out, sum, stream)
-            .map_err(e("in place", r))?;
-        c.broadcast_device_on(&mut x, 1, stream)
-            .map_err(e("broadcast", r))?;
-        c.all_gather_device_on(&src_d, &mut gathered, stream)
-            .map_err(e("all_gather", r))?;
-        c.reduce_scatter_device_on(&gathered, &mut scattered, sum, stream)
-            .map_err(e("reduce_scatter", r))?;
-        c.reduce_device_on(&x, &mut reduced, sum, 0, stream)
-            .map_err(e("reduce", r))?;
-        c.all_to_all_device_on(&gathered, &mut exchanged, stream)
-            .map_err(e("all_to_all", r))?;
-        c.all_reduce_device_on(&scattered, &mut averaged, ReduceOp::Avg, stream)
-            .map_err(e("avg", r))?;
+    let mut b = Bufs::new(dev, r, n, count)?;
+    let on = (!blocking).then_some(stream);
+    b.write_first(local, on)?;
+    b.calls(c, on)?;
+    if !blocking {
         // A rank that took no part in the pair's allreduce runs its stream first: its shares
         // must wait for the pair's streams to get to their ready marks.
-        if r >= 2 {
-            stream.synchronize().map_err(e("synchronize", r))?;
+        let synced = if r >= 2 {
+            stream.synchronize()
         } else {
             std::thread::sleep(std::time::Duration::from_millis(20));
-            if sync_first {
-                stream.synchronize().map_err(e("synchronize", r))?;
+            match sync_first {
+                true => stream.synchronize(),
+                false => Ok(()),
             }
-        }
+        };
+        synced.map_err(|err| format!("synchronize on rank {r}: {err}"))?;
     }
-    let total = |i: usize| (0..n).map(|k| first(k, i)).sum::<f32>();
-    let check = |what: &str, got: Vec<f32>, want: &dyn Fn(usize) -> f32| match (0..got.len())
-        .find(|&i| got[i] != want(i))
-    {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "{what} on rank {r}, {count} elements: element {i} is {}, want {}",
-            got[i],
-            want(i)
-        )),
-    };
-    let read = |b: &DeviceBuffer<f32>| b.to_vec().map_err(e("read back", r));
-    check("all_reduce then in place", read(&out)?, &|i| {
-        n as f32 * total(i)
-    })?;
-    check("broadcast from 1", read(&x)?, &|i| first(1, i))?;
-    check("all_gather", read(&gathered)?, &|i| {
-        value(i / count, i % count)
-    })?;
-    check("reduce_scatter", read(&scattered)?, &|i| {
-        n as f32 * value(r, i)
-    })?;
-    if r == 0 {
-        check("reduce to 0", read(&reduced)?, &|i| n as f32 * first(1, i))?;
-    }
-    check("all_to_all", read(&exchanged)?, &|i| value(r, i % count))?;
-    // The average of every rank's n x data: each rank's sum, divided by n, exactly.
-    check("avg", read(&averaged)?, &|i| total_of_values(n, i))?;
-    Ok(())
+    b.check(&first)
 }
 
 /// A child: `FERRO_TEST_RANKS` thread ranks, rank `r` on stand-in device `r % 2` (its p2p

@@ -18,17 +18,9 @@ mod common;
 use std::time::Duration;
 
 use common::child::{self, ferrorun_self, field};
-use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider, PROVIDER_ENV};
-use ferroccl::{Communicator, Config, ReduceOp};
-
-/// Element `i` of rank `r`'s data: distinct per element and rank, small enough that sums of
-/// a few stay exact in f32.
-fn value(r: usize, i: usize) -> f32 {
-    ((i * 31 + r * 977) % 65_521) as f32
-}
-
-/// The calls of one round between the buffers.
-const CALLS: u64 = 8;
+use common::stream_round::{value, Bufs, CALLS};
+use ferroccl::device::{Device, DeviceStream, Provider, PROVIDER_ENV};
+use ferroccl::{Communicator, Config};
 
 /// The counts of the rounds.
 const COUNTS: [usize; 4] = [1, 7, 1031, 65_537];
@@ -47,60 +39,20 @@ fn round(
 ) -> Result<(), String> {
     let (r, n) = (c.rank(), c.nranks());
     let e = |what: &'static str| move |err: ferroccl::Error| format!("{what} on rank {r}: {err}");
-    let src: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
-    let src_d = DeviceBuffer::from_host(dev, &src).map_err(e("upload"))?;
-    let alloc = |len: usize| DeviceBuffer::<f32>::new(dev, len).map_err(e("alloc"));
-    let (mut x, mut out, mut gathered) = (alloc(count)?, alloc(count)?, alloc(count * n)?);
-    let (mut scattered, mut reduced) = (alloc(count)?, alloc(count)?);
-    let (mut exchanged, mut averaged) = (alloc(count * n)?, alloc(count)?);
+    let mut b = Bufs::new(dev, r, n, count)?;
     let mut windows = Vec::new();
-    for b in [
-        &src_d, &x, &out, &gathered, &scattered, &reduced, &exchanged, &averaged,
-    ] {
+    for buf in b.all() {
         // SAFETY: every window is deregistered below, before its buffer is dropped.
-        let w = unsafe { c.register_window(b.addr(), b.bytes()) }.map_err(e("register"))?;
+        let w = unsafe { c.register_window(buf.addr(), buf.bytes()) }.map_err(e("register"))?;
         windows.push(w);
     }
-    let sum = ReduceOp::Sum;
-    // The input of the first call, written on the stream: not there until the stream gets
-    // to it.
-    local
-        .all_reduce_device_on(&src_d, &mut x, sum, stream)
-        .map_err(e("copy"))?;
+    // The first input, written on the stream: not there until the stream gets to it.
+    b.write_first(local, Some(stream))?;
     if blocking {
         stream.synchronize().map_err(e("synchronize"))?;
-        c.all_reduce_device(&x, &mut out, sum)
-            .map_err(e("all_reduce"))?;
-        c.all_reduce_device_in_place(&mut out, sum)
-            .map_err(e("in place"))?;
-        c.broadcast_device(&mut x, 1).map_err(e("broadcast"))?;
-        c.all_gather_device(&src_d, &mut gathered)
-            .map_err(e("all_gather"))?;
-        c.reduce_scatter_device(&gathered, &mut scattered, sum)
-            .map_err(e("reduce_scatter"))?;
-        c.reduce_device(&x, &mut reduced, sum, 0)
-            .map_err(e("reduce"))?;
-        c.all_to_all_device(&gathered, &mut exchanged)
-            .map_err(e("all_to_all"))?;
-        c.all_reduce_device(&scattered, &mut averaged, ReduceOp::Avg)
-            .map_err(e("avg"))?;
+        b.calls(c, None)?;
     } else {
-        c.all_reduce_device_on(&x, &mut out, sum, stream)
-            .map_err(e("all_reduce"))?;
-        c.all_reduce_device_in_place_on(&mut out, sum, stream)
-            .map_err(e("in place"))?;
-        c.broadcast_device_on(&mut x, 1, stream)
-            .map_err(e("broadcast"))?;
-        c.all_gather_device_on(&src_d, &mut gathered, stream)
-            .map_err(e("all_gather"))?;
-        c.reduce_scatter_device_on(&gathered, &mut scattered, sum, stream)
-            .map_err(e("reduce_scatter"))?;
-        c.reduce_device_on(&x, &mut reduced, sum, 0, stream)
-            .map_err(e("reduce"))?;
-        c.all_to_all_device_on(&gathered, &mut exchanged, stream)
-            .map_err(e("all_to_all"))?;
-        c.all_reduce_device_on(&scattered, &mut averaged, ReduceOp::Avg, stream)
-            .map_err(e("avg"))?;
+        b.calls(c, Some(stream))?;
         // Deregistration waits for this rank's shares, which read the others' buffers
         // through the mappings it drops.
         if early {
@@ -116,34 +68,7 @@ fn round(
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let total = |i: usize| (0..n).map(|k| value(k, i)).sum::<f32>();
-    let check = |what: &str, got: Vec<f32>, want: &dyn Fn(usize) -> f32| match (0..got.len())
-        .find(|&i| got[i] != want(i))
-    {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "{what} on rank {r}, {count} elements: element {i} is {}, want {}",
-            got[i],
-            want(i)
-        )),
-    };
-    // Host access waits until the stream has let the buffers go.
-    let read = |b: &DeviceBuffer<f32>| b.to_vec().map_err(e("read back"));
-    check("all_reduce then in place", read(&out)?, &|i| {
-        n as f32 * total(i)
-    })?;
-    check("broadcast from 1", read(&x)?, &|i| value(1, i))?;
-    check("all_gather", read(&gathered)?, &|i| {
-        value(i / count, i % count)
-    })?;
-    check("reduce_scatter", read(&scattered)?, &|i| {
-        n as f32 * value(r, i)
-    })?;
-    if r == 0 {
-        check("reduce to 0", read(&reduced)?, &|i| n as f32 * value(1, i))?;
-    }
-    check("all_to_all", read(&exchanged)?, &|i| value(r, i % count))?;
-    check("avg", read(&averaged)?, &total)?;
+    b.check(&value)?;
     for w in windows {
         c.deregister_window(w).map_err(e("deregister"))?;
     }

@@ -6,4 +6,5 @@ pub mod capi;
 pub mod child;
 pub mod conformance;
 pub mod netns;
+pub mod stream_round;
 pub mod threads;

@@ -19,20 +19,23 @@ use std::time::Duration;
 
 use common::child::{self, ferrorun_self, field};
 use common::stream_round::{value, Bufs, CALLS};
-use ferroccl::device::{Device, DeviceStream, Provider, PROVIDER_ENV};
+use ferroccl::device::{Device, DeviceBuffer, DeviceStream, Provider, PROVIDER_ENV};
 use ferroccl::{Communicator, Config};
 
 /// The counts of the rounds.
 const COUNTS: [usize; 4] = [1, 7, 1031, 65_537];
 
 /// One rank's round of `count` elements, every buffer in a window: each call stream-ordered,
-/// or blocking (`blocking`); `local` writes the first input. With `early`, the windows are
-/// deregistered straight after the calls, before anything waits for the stream.
+/// or blocking (`blocking`); `local` writes the first input. First an allreduce of other
+/// buffers on a second stream (`other`), which nothing orders with the round's stream. With
+/// `early`, the windows are deregistered straight after the calls, before anything waits for
+/// either stream (deregistration waits for this rank's shares on both).
+#[allow(clippy::too_many_arguments)]
 fn round(
     c: &Communicator,
     local: &Communicator,
     dev: Device,
-    stream: &DeviceStream,
+    (stream, other): (&DeviceStream, &DeviceStream),
     blocking: bool,
     count: usize,
     early: bool,
@@ -40,12 +43,20 @@ fn round(
     let (r, n) = (c.rank(), c.nranks());
     let e = |what: &'static str| move |err: ferroccl::Error| format!("{what} on rank {r}: {err}");
     let mut b = Bufs::new(dev, r, n, count)?;
+    let side = DeviceBuffer::from_host(dev, &vec![(r + 1) as f32; count]).map_err(e("upload"))?;
+    let mut side_out = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc"))?;
     let mut windows = Vec::new();
-    for buf in b.all() {
+    for buf in b.all().into_iter().chain([&side, &side_out]) {
         // SAFETY: every window is deregistered below, before its buffer is dropped.
         let w = unsafe { c.register_window(buf.addr(), buf.bytes()) }.map_err(e("register"))?;
         windows.push(w);
     }
+    let sum = ferroccl::ReduceOp::Sum;
+    match blocking {
+        true => c.all_reduce_device(&side, &mut side_out, sum),
+        false => c.all_reduce_device_on(&side, &mut side_out, sum, other),
+    }
+    .map_err(e("all_reduce on the second stream"))?;
     // The first input, written on the stream: not there until the stream gets to it.
     b.write_first(local, Some(stream))?;
     if blocking {
@@ -69,6 +80,15 @@ fn round(
         }
     }
     b.check(&value)?;
+    let got = side_out.to_vec().map_err(e("read back"))?;
+    let want = (n * (n + 1) / 2) as f32;
+    if let Some(i) = (0..count).find(|&i| got[i] != want) {
+        return Err(format!(
+            "the second stream's allreduce on rank {r}, {count} elements: element {i} is {}, \
+             want {want}",
+            got[i]
+        ));
+    }
     for w in windows {
         c.deregister_window(w).map_err(e("deregister"))?;
     }
@@ -91,15 +111,18 @@ fn child_window_streams() {
         .remove(0);
     local.set_device(dev).unwrap();
     let stream = DeviceStream::new(dev).unwrap();
+    let other = DeviceStream::new(dev).unwrap();
     let blocking = mixed && r == 0;
     let before = c.device_peer_calls();
     for (k, count) in COUNTS.into_iter().enumerate() {
-        if let Err(msg) = round(&c, &local, dev, &stream, blocking, count, k % 2 == 1) {
+        let streams = (&stream, &other);
+        if let Err(msg) = round(&c, &local, dev, streams, blocking, count, k % 2 == 1) {
             println!("WRONG rank={r} {msg}");
             return;
         }
     }
     stream.synchronize().unwrap();
+    other.synchronize().unwrap();
     let calls = c.device_peer_calls() - before;
     println!("STREAMS rank={r} blocking={blocking} calls={calls}");
 }
@@ -131,7 +154,12 @@ fn run(n: usize, case: &str, eager: bool) {
     for l in &lines {
         // Every call of every round went between the buffers, once each.
         let calls: u64 = field(l, "calls");
-        assert_eq!(calls, COUNTS.len() as u64 * CALLS, "{l}\n{}", out.dump());
+        assert_eq!(
+            calls,
+            COUNTS.len() as u64 * (CALLS + 1),
+            "{l}\n{}",
+            out.dump()
+        );
     }
 }
 

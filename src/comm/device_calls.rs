@@ -467,8 +467,9 @@ impl Communicator {
 
     /// Whether a call on the caller's stream `handle` of `dev` goes straight between the
     /// ranks' buffers in stream order: every rank a thread of this process (the path between
-    /// the buffers is on), or a process whose windows came with shared marks, the stream one that a call may queue work on (not the NULL stream,
-    /// nor on CUDA the legacy and per-thread handles), and `FERRO_STREAM_WAITS` not `0`.
+    /// the buffers is on), or a process holding usable windows whose ranks shared their marks,
+    /// the stream one that a call may queue work on (not the NULL stream, nor on CUDA the
+    /// legacy and per-thread handles), and `FERRO_STREAM_WAITS` not `0`.
     /// Such calls do not use stream jobs: where the ranks do not agree to the path, the call
     /// waits for the stream and runs as a blocking call.
     pub(crate) fn orders_between_buffers(&self, dev: Device, handle: usize) -> bool {

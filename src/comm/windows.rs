@@ -181,9 +181,9 @@ impl Communicator {
                 reducer,
                 &window_ctx("register_window", seq, inner.rank),
             )?;
-            if e.peer_marks().is_some() {
-                inner.windows_in_order.store(true, Ordering::Release);
-            }
+            inner
+                .windows_in_order
+                .store(e.windows_in_order(), Ordering::Release);
             Ok(())
         })?;
         Ok(Window {
@@ -231,7 +231,11 @@ impl Communicator {
         }
         self.streams.drain_if_used();
         inner.execute_next(true, |e, seq| {
-            e.deregister_window(place, &window_ctx("deregister_window", seq, inner.rank))
+            let r = e.deregister_window(place, &window_ctx("deregister_window", seq, inner.rank));
+            inner
+                .windows_in_order
+                .store(e.windows_in_order(), Ordering::Release);
+            r
         })
     }
 

@@ -526,7 +526,7 @@ impl Reducer for StandInReducer {
         shared_marks::wait(self.stream(on), p, which, w)
     }
 
-    fn settle_shared(&self) -> Result<()> {
+    fn settle_shared(&self, _limit: std::time::Duration) -> Result<()> {
         let sh = self
             .shared
             .lock()

@@ -229,9 +229,20 @@ pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usiz
 /// waits for the stream runs it, or with eager streams as early as it can); an error it
 /// returns is the stream's, returned by every later wait for the stream.
 pub(crate) fn launch(handle: usize, job: Job) {
+    launch_at(handle, job);
+}
+
+/// [`launch`], returning the job's position in the stream (it has run once the stream has run
+/// the entries before position + 1).
+pub(crate) fn launch_at(handle: usize, job: Job) -> u64 {
     let s = stream(handle);
-    lock(&s).entries.push_back(Entry::Run(job));
+    let at = {
+        let mut f = lock(&s);
+        f.entries.push_back(Entry::Run(job));
+        f.run() + f.entries.len() as u64 - 1
+    };
     kick(&s);
+    at
 }
 
 /// Queues on stand-in stream `handle` a wait until stream `other` has run the entries before
@@ -348,6 +359,38 @@ fn run_chain(handle: usize, upto: u64, depth: usize) -> Result<()> {
         }
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// Runs what stand-in stream `handle` can run now before position `upto`, never waiting (a
+/// wait for another stream of the process first runs that one as far as it can go now);
+/// whether the stream got there. What other processes ask of this one's streams is served so,
+/// by one thread that must not block on one stream while another could go on.
+pub(crate) fn advance(handle: usize, upto: u64) -> bool {
+    advance_chain(handle, upto, 0)
+}
+
+fn advance_chain(handle: usize, upto: u64, depth: usize) -> bool {
+    if depth > MAX_CHAIN {
+        return false;
+    }
+    let s = stream(handle);
+    loop {
+        let other = {
+            let mut f = lock(&s);
+            run_ready(&mut f, upto);
+            if f.run() >= upto || f.entries.is_empty() {
+                return true;
+            }
+            match f.entries.front() {
+                Some(Entry::After { handle, upto, .. }) => Some((*handle, *upto)),
+                _ => None,
+            }
+        };
+        match other {
+            Some((o, at)) if advance_chain(o, at, depth + 1) => continue,
+            _ => return false,
+        }
     }
 }
 

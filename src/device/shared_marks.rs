@@ -2,19 +2,23 @@
 //! (`CU_EVENT_INTERPROCESS`), which a stream of another process waits for.
 //!
 //! A reducer's shared marks are one small stand-in allocation (a memory file, exported and
-//! mapped as the stand-in's device memory is) holding, per mark, the sequence number of the
-//! last record its stream has reached, and the highest one a waiter of any process asked for.
-//! Recording queues a job that stores the record's number when the stream gets there; a wait
-//! is a stream entry that waits until the number reaches the record's.
+//! mapped as the stand-in's device memory is) holding, per mark, the number of its last record
+//! and two rings of slots, one slot per record number modulo [`RING`]: which records their
+//! streams have reached, and which records a waiter of some process asked for. Recording
+//! queues a job that writes the record's number in its slot when the stream gets there; a wait
+//! is a stream entry that holds until the slot says so. (Records of one mark on several
+//! streams are reached in any order; each slot tells its own record, as a CUDA wait is for
+//! one record.)
 //!
 //! Stand-in streams run only when waited for ([`super::host_stream`]): in one process the
 //! waiter runs the other stream itself, which a stream of another process cannot. So a waiter
-//! that cannot go on asks (the "asked" word), and each process that shared marks runs a
-//! thread that runs its streams up to the records asked for: another process's wait gets a
-//! stream exactly as far as a wait of this process would, and no further. (With eager
+//! that cannot go on asks (the record's slot in the second ring), and each process that
+//! shared marks runs a thread that runs its streams up to the records asked for: another
+//! process's wait gets a stream exactly as far as a wait of this process would, and no
+//! further. (With eager
 //! streams the records are stored as early as the stream gets there anyway.)
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -25,13 +29,23 @@ use super::{host, Provider};
 use crate::reduce::{MarkUse, PeerMarks, SharedMarkWords, SHARED_MARK_WORDS};
 use crate::{Error, Result};
 
-/// Bytes of the allocation: per mark, the number reached and the number asked for.
-const BYTES: usize = 64;
+/// Records of one mark a ring tells apart.
+const RING: u64 = 256;
 
-/// Where the words of mark `which` lie from the allocation's start: reached, asked.
-fn offsets(which: MarkUse) -> (usize, usize) {
-    let i = which as usize;
-    (4 * i, 8 + 4 * i)
+/// Bytes of the allocation: per mark, the number of the last record (in the first 64 bytes),
+/// then the rings of slots: records reached, records asked for.
+const BYTES: usize = 64 + 4 * 4 * RING as usize;
+
+/// Where the number of mark `which`'s last record lies from the allocation's start.
+fn recorded_at(which: MarkUse) -> u64 {
+    4 * which as u64
+}
+
+/// Where the slot of record `seq` of mark `which` lies from the allocation's start: in the
+/// ring of records reached, or of records asked for (`asked`).
+fn slot_at(which: MarkUse, seq: u32, asked: bool) -> u64 {
+    let ring = 2 * u64::from(asked) + which as u64;
+    64 + 4 * RING * ring + 4 * (u64::from(seq) % RING)
 }
 
 /// The word at `addr`, which lies in a live stand-in allocation or mapping, aligned.
@@ -57,8 +71,8 @@ pub(crate) struct OwnMarks {
 struct State {
     next: [u32; 2],
     pending: [VecDeque<Pending>; 2],
-    /// The stream and position just past the last `Done` store.
-    last_done: Option<(usize, u64)>,
+    /// Per stream, the position just past its last `Done` store.
+    last_done: HashMap<usize, u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,52 +112,69 @@ impl OwnMarks {
         let i = which as usize;
         st.next[i] = st.next[i].wrapping_add(1).max(1);
         let seq = st.next[i];
-        let at = host_stream::record(h);
-        let reached = self.addr + offsets(which).0 as u64;
-        host_stream::launch(
+        let slot = self.addr + slot_at(which, seq, false);
+        // As CUDA's record, the record is the event's latest from the call on.
+        word(self.addr + recorded_at(which)).store(seq, Ordering::Release);
+        let at = host_stream::launch_at(
             h,
             Box::new(move || {
-                word(reached).store(seq, Ordering::Release);
+                word(slot).store(seq, Ordering::Release);
                 Ok(())
             }),
         );
         st.pending[i].push_back((seq, h, at));
         if which == MarkUse::Done {
-            st.last_done = Some((h, at + 1));
+            st.last_done.insert(h, at + 1);
         }
         u64::from(seq)
     }
 
-    /// Runs the stream of the last `Done` record up to it.
+    /// Runs every stream with a `Done` record up to its last one, and forgets them.
     pub(crate) fn settle(&self) -> Result<()> {
-        let last = lock(&self.state).last_done;
-        match last {
-            Some((h, upto)) if !host_stream::gone(h) => host_stream::run_to(h, upto),
-            _ => Ok(()),
+        let last = std::mem::take(&mut lock(&self.state).last_done);
+        let mut settled = Ok(());
+        for (h, upto) in last {
+            if !host_stream::gone(h) {
+                settled = settled.and(host_stream::run_to(h, upto));
+            }
         }
+        settled
     }
 
-    /// Runs the streams up to the records asked for; whether any was.
+    /// Runs the streams towards the records asked for, as far as each can go now (one stream
+    /// held by a wait must not keep the others from going on: the thread serves every
+    /// process's asks); whether any record was reached.
     fn serve_asked(&self) -> bool {
         let mut served = false;
         for which in [MarkUse::Ready, MarkUse::Done] {
-            let (reached, asked) = offsets(which);
-            let asked = word(self.addr + asked as u64).load(Ordering::Acquire);
-            loop {
-                let next = {
-                    let mut st = lock(&self.state);
-                    let q = &mut st.pending[which as usize];
-                    match q.front() {
-                        Some(&(seq, ..)) if host_stream::reached(asked, seq) => q.pop_front(),
-                        _ => None,
-                    }
-                };
-                let Some((seq, h, at)) = next else { break };
-                served = true;
-                // A stream forgotten meanwhile: a GPU finishes its work by itself.
-                if host_stream::gone(h) || host_stream::run_to(h, at + 1).is_err() {
-                    word(self.addr + reached as u64).fetch_max(seq, Ordering::AcqRel);
+            // Exactly the records asked for (a GPU runs each stream by itself; a lazy stand-in
+            // stream runs as far as a wait needs, and no further).
+            let asked = |seq: u32| {
+                let slot = word(self.addr + slot_at(which, seq, true)).load(Ordering::Acquire);
+                host_stream::reached(slot, seq)
+            };
+            let todo: Vec<Pending> = {
+                let st = lock(&self.state);
+                st.pending[which as usize]
+                    .iter()
+                    .copied()
+                    .filter(|&(seq, ..)| asked(seq))
+                    .collect()
+            };
+            let mut done = Vec::new();
+            for (seq, h, at) in todo {
+                // A stream forgotten meanwhile: a GPU finishes its work by itself. (A stream
+                // whose job failed goes on past it, as the stand-in's streams do.)
+                if host_stream::gone(h) {
+                    word(self.addr + slot_at(which, seq, false)).store(seq, Ordering::Release);
+                    done.push(seq);
+                } else if host_stream::advance(h, at + 1) {
+                    done.push(seq);
                 }
+            }
+            if !done.is_empty() {
+                served = true;
+                lock(&self.state).pending[which as usize].retain(|p| !done.contains(&p.0));
             }
         }
         served
@@ -181,22 +212,20 @@ struct Opened {
 struct Awaited {
     peer: Arc<Opened>,
     which: MarkUse,
+    seq: u32,
 }
 
 impl Flag for Awaited {
+    /// The record's slot: its number once reached (a later one, [`RING`] records on, once
+    /// that is).
     fn value(&self) -> u32 {
-        word(self.peer.mapping.addr() + offsets(self.which).0 as u64).load(Ordering::Acquire)
+        let at = slot_at(self.which, self.seq, false);
+        word(self.peer.mapping.addr() + at).load(Ordering::Acquire)
     }
 
     fn ask(&self, target: u32) {
-        let asked = word(self.peer.mapping.addr() + offsets(self.which).1 as u64);
-        let mut cur = asked.load(Ordering::Acquire);
-        while !host_stream::reached(cur, target) {
-            match asked.compare_exchange_weak(cur, target, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(now) => cur = now,
-            }
-        }
+        let at = slot_at(self.which, target, true);
+        word(self.peer.mapping.addr() + at).store(target, Ordering::Release);
     }
 }
 
@@ -211,16 +240,26 @@ pub(crate) fn open(ordinal: u32, words: &SharedMarkWords) -> Result<PeerMarks> {
     Ok(PeerMarks(Box::new(Arc::new(Opened { mapping }))))
 }
 
-/// Queues on stand-in stream `h` a wait for record `seq` of mark `which` of `peer`.
+/// Queues on stand-in stream `h` a wait for record `seq` of mark `which` of `peer`, which must
+/// be its latest record: CUDA's wait is for the latest, so a record made since (an ordering
+/// the callers' exchanges rule out) would make a GPU wait for another point.
 pub(crate) fn wait(h: usize, peer: &PeerMarks, which: MarkUse, seq: u64) -> Result<()> {
     let Some(opened) = peer.0.downcast_ref::<Arc<Opened>>() else {
         return Err(Error::internal(
             "host stand-in reducer: another reducer's opened marks",
         ));
     };
+    let latest = word(opened.mapping.addr() + recorded_at(which)).load(Ordering::Acquire);
+    if u64::from(latest) != seq {
+        return Err(Error::internal(format!(
+            "host stand-in reducer: a wait for record {seq} of another process's {which:?} \
+             mark, recorded again since (its latest is {latest})"
+        )));
+    }
     let flag = Arc::new(Awaited {
         peer: Arc::clone(opened),
         which,
+        seq: seq as u32,
     });
     host_stream::wait_flag(h, flag, seq as u32);
     Ok(())

@@ -346,8 +346,13 @@ impl Engine {
     /// `windows.rs`. Not where every rank is a thread of this process (that offers by
     /// address: [`Engine::set_peer_direct`]), nor beyond [`PEER_MAX_RANKS`] ranks.
     pub(crate) fn set_peer_windows(&mut self, on: bool) {
+        let limit = self.wait.timeout;
         self.peer.windows = (on && !self.peer.on && (2..=PEER_MAX_RANKS).contains(&self.nranks))
-            .then(Windows::default);
+            .then(|| {
+                let mut ws = Windows::default();
+                ws.limit = limit;
+                ws
+            });
     }
 
     /// Whether windows are exchanged at registration ([`Engine::set_peer_windows`]).
@@ -365,6 +370,12 @@ impl Engine {
     /// (`windows.rs`).
     pub(crate) fn peer_marks(&self) -> Option<Arc<SharedMarks>> {
         self.peer.windows.as_ref()?.marks.clone()
+    }
+
+    /// Whether calls through windows on a stream are offered: the ranks shared their marks and
+    /// some window can carry a call (the same on every rank).
+    pub(crate) fn windows_in_order(&self) -> bool {
+        self.peer_marks().is_some() && self.offered()
     }
 
     /// Keeps the shared marks every rank opened (registration agreed on them).
@@ -470,6 +481,9 @@ impl Engine {
             ..*args
         };
         let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
+        // A wait on the host for a stream that may wait for another process's mark ends in an
+        // error at the engine's deadline.
+        let limit = self.wait.timeout;
         // Where this rank's input and output start (in place, blocks of the one buffer).
         let (in_off, out_off) = if mem.in_place {
             kind.in_place_offsets(args.count, me)
@@ -651,7 +665,7 @@ impl Engine {
             match (across, on) {
                 // A blocking rank's share through windows is done before the status exchange
                 // (it offers no mark, and so needs none waited for where every rank blocks).
-                (true, None) => reducer.synchronize(None).map(|()| NO_MARK),
+                (true, None) => reducer.synchronize_within(None, limit).map(|()| NO_MARK),
                 (true, Some(_)) => reducer.mark_shared(on, MarkUse::Done).map(|w| [SHARED, w]),
                 (false, _) => reducer.mark(on, MarkUse::Done),
             }
@@ -690,7 +704,7 @@ impl Engine {
         // (Through windows a blocking rank's own share was waited for before the status
         // exchange already: it waits again only for the shares of ranks on a stream.)
         if on.is_none() && (!across || waits) {
-            settled = settled.and(reducer.synchronize(None));
+            settled = settled.and(reducer.synchronize_within(None, limit));
         }
         queued.map_err(|e| e.context(ctx.label()))?;
         settled.map_err(|e: Error| e.context(ctx.label()))?;

@@ -62,6 +62,8 @@ pub(crate) struct Windows {
     list: Vec<Option<Window>>,
     /// The ranks' shared marks, where they were exchanged (see the module).
     pub marks: Option<Arc<SharedMarks>>,
+    /// How long the last shares are waited for when the windows go (the engine's deadline).
+    pub limit: std::time::Duration,
 }
 
 /// Every other rank's shared marks, opened by this rank's reducer.
@@ -78,9 +80,10 @@ impl Drop for Windows {
     fn drop(&mut self) {
         // Shares queued on a stream may still read the mappings dropped after this.
         if let Some(m) = &self.marks {
-            if let Err(e) = m.reducer.settle_shared() {
+            if let Err(e) = m.reducer.settle_shared(self.limit) {
                 ferroccl_transport::log_line!(
-                    "ferroccl WARN P2P: waiting for the last share through windows before                      unmapping them: {e}"
+                    "ferroccl WARN P2P: waiting for this rank's last shares through windows \
+                     before unmapping them: {e}"
                 );
             }
         }
@@ -320,7 +323,8 @@ impl Engine {
                     Ok(p) => peers.push(p),
                     Err(e) => {
                         ferroccl_transport::log_line!(
-                            "ferroccl WARN P2P: {}: rank {k}'s marks not opened ({e}): calls                              through windows on a stream wait for their streams",
+                            "ferroccl WARN P2P: {}: rank {k}'s marks not opened ({e}): calls \
+                             through windows on a stream wait for their streams",
                             ctx.label()
                         );
                         marks_failed = true;
@@ -357,7 +361,7 @@ impl Engine {
         let held = w.is_some();
         // This rank's shares on a stream may still read the mappings.
         let settled = match (held, self.peer_marks()) {
-            (true, Some(m)) => m.reducer.settle_shared(),
+            (true, Some(m)) => m.reducer.settle_shared(self.wait.timeout),
             _ => Ok(()),
         };
         drop(w);

@@ -441,8 +441,12 @@ impl Reducer for CudaReducer {
         self.wait_shared_now(on, p, which)
     }
 
-    fn settle_shared(&self) -> Result<()> {
-        self.settle_shared_now()
+    fn settle_shared(&self, limit: std::time::Duration) -> Result<()> {
+        self.settle_shared_now(limit)
+    }
+
+    fn synchronize_within(&self, on: Option<usize>, limit: std::time::Duration) -> Result<()> {
+        self.synchronize_within_now(on, limit)
     }
 
     fn synchronize(&self, on: Option<usize>) -> Result<()> {

@@ -194,10 +194,19 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         Err(no_shared(self.name()))
     }
 
-    /// Waits on the host until the stream of this reducer's last record of its shared mark
-    /// `Done` has got there (every share queued before it is done), if it made one.
-    fn settle_shared(&self) -> Result<()> {
+    /// Waits on the host until every stream with a record of this reducer's shared mark `Done`
+    /// has got to its last (every share queued before is done); an error after `limit` (a
+    /// stream held by another process's mark that never comes).
+    fn settle_shared(&self, limit: std::time::Duration) -> Result<()> {
+        let _ = limit;
         Ok(())
+    }
+
+    /// [`Reducer::synchronize`], an error after `limit` instead of waiting on (a stream that
+    /// waits for another process's mark).
+    fn synchronize_within(&self, on: Option<usize>, limit: std::time::Duration) -> Result<()> {
+        let _ = limit;
+        self.synchronize(on)
     }
 
     /// Waits until stream `on` (`None`: the reducer's own) has run everything queued on it.

@@ -7,7 +7,13 @@
 //! Neither the events made here nor the ones opened are destroyed: a rank of another process
 //! may queue a wait on this process's event after this rank left the call, and a wait queued
 //! on an opened event must not outlive the owner's event (CUDA leaves that undefined).
+//!
+//! Host waits here poll with a deadline instead of blocking in the driver: a stream that waits
+//! for another process's mark waits forever where that process failed or left mid-call.
 
+use std::time::{Duration, Instant};
+
+use ferroccl_cuda::device::DeviceKernels;
 use ferroccl_cuda::driver::{Handle, IpcEventHandle};
 use ferroccl_transport::{Error, Result};
 
@@ -19,12 +25,41 @@ use crate::reduce::{MarkUse, PeerMarks, SharedMarkWords, SHARED_MARK_WORDS};
 pub(super) struct SharedEvents {
     events: [usize; 2],
     handles: SharedMarkWords,
-    /// Whether `Done` was recorded (its plain event then follows each record).
-    done_recorded: bool,
+    /// Per stream with a `Done` record: the stream, a plain event recorded after that record
+    /// (kept for the next record on the stream; never destroyed, as the marks), and whether
+    /// it was recorded since the last settle.
+    done: Vec<(usize, usize, bool)>,
+    /// A plain event for host waits with a deadline ([`CudaReducer::synchronize_within_now`]).
+    sync: usize,
 }
 
 /// Another process's events, opened here.
 struct Opened([usize; 2]);
+
+/// Waits on the host until `ev`'s last record is reached, polling; an error after `limit`.
+fn wait_within(k: &DeviceKernels, ev: Handle, limit: Duration, what: &str) -> Result<()> {
+    let t0 = Instant::now();
+    let mut nap = Duration::from_micros(1);
+    loop {
+        // SAFETY: `ev` is a live plain event of this reducer.
+        if unsafe { k.driver().event_done(ev) }.map_err(|e| convert(&e))? {
+            return Ok(());
+        }
+        if t0.elapsed() > limit {
+            return Err(Error::timeout(format!(
+                "{NAME}: {what} did not finish within {} s (a stream waits for a mark of \
+                 another process that never came: that process failed, or left mid-call)",
+                limit.as_secs_f64()
+            )));
+        }
+        if nap < Duration::from_micros(50) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap);
+        }
+        nap = (nap * 2).min(Duration::from_millis(1));
+    }
+}
 
 impl CudaReducer {
     pub(super) fn share_marks_now(&self) -> Result<SharedMarkWords> {
@@ -33,13 +68,20 @@ impl CudaReducer {
         if sh.events[0] == 0 || sh.events[1] == 0 {
             let mut handles = [0u64; SHARED_MARK_WORDS];
             for (i, ev) in sh.events.iter_mut().enumerate() {
+                if *ev != 0 {
+                    continue;
+                }
                 let (e, h) = k.driver().create_ipc_event().map_err(|e| convert(&e))?;
                 *ev = e as usize;
                 for (j, w) in h.0.chunks_exact(8).enumerate() {
                     handles[8 * i + j] = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
                 }
             }
-            sh.handles = handles;
+            for (i, w) in handles.iter().enumerate() {
+                if *w != 0 {
+                    sh.handles[i] = *w;
+                }
+            }
         }
         Ok(sh.handles)
     }
@@ -71,11 +113,19 @@ impl CudaReducer {
         // the bound context (the kernels' own, or the caller's of this device).
         unsafe { k.driver().record_event(ev as Handle, stream) }.map_err(|e| convert(&e))?;
         if which == MarkUse::Done {
-            // The plain event after it, which this process can wait for on the host.
-            let plain = self.event(k, MarkUse::Done)?;
-            // SAFETY: as above, for the reducer's plain event.
+            // A plain event of the stream after it, which this process waits for on the host.
+            let at = match sh.done.iter().position(|d| d.0 == stream as usize) {
+                Some(i) => i,
+                None => {
+                    let plain = k.driver().create_event().map_err(|e| convert(&e))?;
+                    sh.done.push((stream as usize, plain as usize, false));
+                    sh.done.len() - 1
+                }
+            };
+            let plain = sh.done[at].1 as Handle;
+            // SAFETY: as above, for a live plain event of this reducer.
             unsafe { k.driver().record_event(plain, stream) }.map_err(|e| convert(&e))?;
-            sh.done_recorded = true;
+            sh.done[at].2 = true;
         }
         Ok(1)
     }
@@ -101,18 +151,38 @@ impl CudaReducer {
         .map_err(|e| convert(&e))
     }
 
-    pub(super) fn settle_shared_now(&self) -> Result<()> {
-        if !self
-            .shared
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .done_recorded
-        {
+    pub(super) fn settle_shared_now(&self, limit: Duration) -> Result<()> {
+        let recorded: Vec<Handle> = {
+            let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            sh.done
+                .iter_mut()
+                .filter_map(|d| std::mem::take(&mut d.2).then_some(d.1 as Handle))
+                .collect()
+        };
+        if recorded.is_empty() {
             return Ok(());
         }
         let (k, _) = self.on(None)?;
-        let plain = self.event(k, MarkUse::Done)?;
-        // SAFETY: the reducer's live plain event, recorded after its last shared `Done`.
-        unsafe { k.driver().sync_event(plain) }.map_err(|e| convert(&e))
+        let mut settled = Ok(());
+        for ev in recorded {
+            settled = settled.and(wait_within(k, ev, limit, "a share through windows"));
+        }
+        settled
+    }
+
+    pub(super) fn synchronize_within_now(&self, on: Option<usize>, limit: Duration) -> Result<()> {
+        let (k, stream) = self.on(on)?;
+        let ev = {
+            let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            if sh.sync == 0 {
+                sh.sync = k.driver().create_event().map_err(|e| convert(&e))? as usize;
+            }
+            sh.sync as Handle
+        };
+        // SAFETY: a live plain event of this reducer; `stream` a live stream of the bound
+        // context. Calls of a communicator are ordered, so no other thread records it between
+        // this record and the wait below.
+        unsafe { k.driver().record_event(ev, stream) }.map_err(|e| convert(&e))?;
+        wait_within(k, ev, limit, "a stream through windows")
     }
 }

@@ -36,10 +36,14 @@ pub(super) struct SharedEvents {
 /// Another process's events, opened here.
 struct Opened([usize; 2]);
 
+/// How long a host wait yields between polls (as the driver's own synchronize spins and
+/// yields) before it sleeps between them: a blocking call's wait for its share is on its hot
+/// path, where a sleep would overshoot the kernel's end.
+const YIELDING: Duration = Duration::from_millis(100);
+
 /// Waits on the host until `ev`'s last record is reached, polling; an error after `limit`.
 fn wait_within(k: &DeviceKernels, ev: Handle, limit: Duration, what: &str) -> Result<()> {
     let t0 = Instant::now();
-    let mut nap = Duration::from_micros(1);
     loop {
         // SAFETY: `ev` is a live plain event of this reducer.
         if unsafe { k.driver().event_done(ev) }.map_err(|e| convert(&e))? {
@@ -52,12 +56,11 @@ fn wait_within(k: &DeviceKernels, ev: Handle, limit: Duration, what: &str) -> Re
                 limit.as_secs_f64()
             )));
         }
-        if nap < Duration::from_micros(50) {
+        if t0.elapsed() < YIELDING {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(nap);
+            std::thread::sleep(Duration::from_micros(200));
         }
-        nap = (nap * 2).min(Duration::from_millis(1));
     }
 }
 

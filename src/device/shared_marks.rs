@@ -264,3 +264,69 @@ pub(crate) fn wait(h: usize, peer: &PeerMarks, which: MarkUse, seq: u64) -> Resu
     host_stream::wait_flag(h, flag, seq as u32);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::stream::next_host_handle;
+
+    /// A wait for another "process's" record (this process's marks opened again, as another
+    /// process opens them) holds its stream until the recording stream gets there, which the
+    /// lazy stand-in runs only when asked: the serving thread runs it exactly that far.
+    #[test]
+    fn a_wait_holds_until_the_recording_stream_gets_there_which_runs_when_asked() {
+        let own = OwnMarks::new(0).unwrap();
+        let peer = open(0, &own.words()).unwrap();
+        let (a, b) = (next_host_handle(), next_host_handle());
+        let ran = Arc::new(AtomicU32::new(0));
+        let job = |v: u32| {
+            let ran = Arc::clone(&ran);
+            Box::new(move || {
+                ran.store(v, Ordering::Release);
+                Ok(())
+            })
+        };
+        host_stream::launch(a, job(1));
+        let seq = own.record(a, MarkUse::Ready);
+        host_stream::launch(a, job(2));
+        wait(b, &peer, MarkUse::Ready, seq).unwrap();
+        host_stream::synchronize(b).unwrap();
+        // Stream `a` ran to the record, not past it (eager streams ran it all at once).
+        if !host_stream::eager() {
+            assert_eq!(ran.load(Ordering::Acquire), 1);
+            assert_eq!(host_stream::pending(a), 1);
+        }
+        host_stream::synchronize(a).unwrap();
+        assert_eq!(ran.load(Ordering::Acquire), 2);
+    }
+
+    /// Records of one mark on two streams are reached in any order, each wait for its own;
+    /// a wait for a record that is no longer the mark's latest is refused (CUDA would wait for
+    /// the later one).
+    #[test]
+    fn records_on_two_streams_each_tell_their_own_and_a_stale_wait_is_refused() {
+        let own = OwnMarks::new(0).unwrap();
+        let peer = open(0, &own.words()).unwrap();
+        let (a, b, c) = (next_host_handle(), next_host_handle(), next_host_handle());
+        let first = own.record(a, MarkUse::Done);
+        let e = wait(c, &peer, MarkUse::Done, first + 1).unwrap_err();
+        assert!(e.message().contains("recorded again since"), "{e}");
+        wait(c, &peer, MarkUse::Done, first).unwrap();
+        let second = own.record(b, MarkUse::Done);
+        let e = wait(c, &peer, MarkUse::Done, first).unwrap_err();
+        assert!(e.message().contains("its latest is"), "{e}");
+        // Stream `b` reaches the second record; the first (on `a`) is still not reached.
+        host_stream::synchronize(b).unwrap();
+        let at = |seq: u64| own.addr + slot_at(MarkUse::Done, seq as u32, false);
+        assert_eq!(word(at(second)).load(Ordering::Acquire), second as u32);
+        if !host_stream::eager() {
+            assert_ne!(word(at(first)).load(Ordering::Acquire), first as u32);
+        }
+        // `c` waits for the first record: asking runs `a` there.
+        host_stream::synchronize(c).unwrap();
+        assert_eq!(word(at(first)).load(Ordering::Acquire), first as u32);
+        // Settling runs every stream with a `Done` record to its last.
+        own.settle().unwrap();
+        assert_eq!(host_stream::pending(a) + host_stream::pending(b), 0);
+    }
+}

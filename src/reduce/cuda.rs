@@ -554,6 +554,10 @@ mod tests {
             r.mark(None, MarkUse::Ready).map(|_| ()),
             r.wait_mark(None, [1, 0]),
             r.synchronize(None),
+            r.share_marks().map(|_| ()),
+            r.open_marks(&[0; 16]).map(|_| ()),
+            r.mark_shared(None, MarkUse::Done).map(|_| ()),
+            r.synchronize_within(None, std::time::Duration::from_secs(1)),
         ];
         for e in results {
             let e = e.unwrap_err();

@@ -266,6 +266,9 @@ impl Engine {
     /// this rank) and carries its reason, so that peers report the first cause rather than
     /// this rank closing. Call [`Engine::shutdown_all`] after it.
     pub(crate) fn notify_failure(&mut self, e: &ferroccl_transport::Error, seq: u64) {
+        // A failed communicator's end waits only briefly for shares through windows, which
+        // may wait for a rank that is gone (`windows.rs`).
+        self.windows_failed();
         let (origin, why) = match (e.origin(), e.peer()) {
             (Some((o, why)), _) => (o, why.to_string()),
             (None, Some(p)) if e.kind() == ferroccl_transport::ErrorKind::Remote => {

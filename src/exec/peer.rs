@@ -378,6 +378,15 @@ impl Engine {
         self.peer_marks().is_some() && self.offered()
     }
 
+    /// Shortens the wait for this rank's last shares through windows when they go
+    /// ([`FAILED_SETTLE`]): the communicator failed, and a share may wait for a rank that is
+    /// gone.
+    pub(super) fn windows_failed(&mut self) {
+        if let Some(ws) = self.peer.windows.as_mut() {
+            ws.limit = ws.limit.min(super::windows::FAILED_SETTLE);
+        }
+    }
+
     /// Keeps the shared marks every rank opened (registration agreed on them).
     pub(super) fn set_peer_marks(&mut self, marks: Option<Arc<SharedMarks>>) {
         if let Some(ws) = self.peer.windows.as_mut() {

@@ -66,6 +66,10 @@ pub(crate) struct Windows {
     pub limit: std::time::Duration,
 }
 
+/// How long a failed communicator's windows wait for this rank's last shares before unmapping
+/// (a share waiting for a rank that is gone never runs, and so never reads them).
+pub(crate) const FAILED_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Every other rank's shared marks, opened by this rank's reducer.
 #[derive(Debug)]
 pub(crate) struct SharedMarks {

@@ -38,6 +38,13 @@
 //! done mark only after the next offer (likewise). A call on a stream returns once this is
 //! queued; a kernel that fails afterwards shows on the stream, as CUDA's asynchronous errors do.
 //!
+//! Ranks that are processes of one host take the same steps for buffers in windows
+//! (`windows.rs`): the offer names window places and offsets instead of addresses, and the
+//! marks are the reducers' shared marks (interprocess events, exchanged at registration; the
+//! ranks of a call on a stream offer `[SHARED, record]`). A blocking rank there waits for its
+//! own share before the status exchange and offers no done mark. Host waits that may hang on
+//! another process's mark poll with the engine's deadline.
+//!
 //! A call cut into device slices offers the whole call at its first slice
 //! ([`Engine::offer_whole`]); where every rank agrees, the whole call runs here and its other
 //! slices are done. The offer's allreduce carries the call's header, so ranks whose calls do
@@ -50,6 +57,7 @@
 //! and waits a call.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{Error, MemRef, MemSpace, Result};
@@ -57,8 +65,6 @@ use ferroccl_transport::{Error, MemRef, MemSpace, Result};
 use super::windows::{SharedMarks, Window, Windows};
 use super::{DeviceArena, Engine, Memory, OpContext};
 use crate::coll::{CollArgs, CollKind};
-use std::sync::Arc;
-
 use crate::reduce::{Mark, MarkUse, Reducer, NO_MARK};
 
 /// Most ranks: one source and one destination per rank in one reduce-copy.
@@ -687,14 +693,14 @@ impl Engine {
                 // Part of the share may be queued (an all_to_all's first copies) and write
                 // other ranks' outputs, which they will not wait for: it is done before this
                 // rank says it failed (the stream waits only for marks recorded already).
-                let _ = reducer.synchronize(on);
+                let _ = reducer.synchronize_within(on, limit);
                 status[0] = me as u64 + 1;
             }
         }
         if let Err(e) = self.max_words(&mut status, ctx) {
             // The exchange failed (a peer gone, the deadline): this rank's share may be
             // queued and reach other ranks' buffers; it is done before the error returns.
-            let _ = reducer.synchronize(on);
+            let _ = reducer.synchronize_within(on, limit);
             return Err(e);
         }
         // No rank's stream goes past the call before every share that reads its input or

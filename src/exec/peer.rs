@@ -385,7 +385,7 @@ impl Engine {
     }
 
     /// Shortens the wait for this rank's last shares through windows when they go
-    /// ([`FAILED_SETTLE`]): the communicator failed, and a share may wait for a rank that is
+    /// ([`super::windows::FAILED_SETTLE`]): the communicator failed, and a share may wait for a rank that is
     /// gone.
     pub(super) fn windows_failed(&mut self) {
         if let Some(ws) = self.peer.windows.as_mut() {

@@ -241,7 +241,8 @@ impl Engine {
                     rec[MARKS_AT..].copy_from_slice(&m);
                 }
                 Err(e) => ferroccl_transport::log_line!(
-                    "ferroccl INFO P2P: {}: no marks for other processes: {e}",
+                    "ferroccl WARN P2P: {}: this rank's marks cannot be shared with other \
+                     processes ({e}): calls through windows on a stream wait for their streams",
                     ctx.label()
                 ),
             }

@@ -39,6 +39,16 @@ pub(super) struct DeviceState {
     binding: Option<Binding>,
 }
 
+impl DeviceState {
+    /// The arena of `dev`, made now where there is none (or one of another device).
+    fn arena_of(&mut self, dev: Device) -> Result<&mut DirectArena> {
+        if self.arena.as_ref().map(DirectArena::device) != Some(dev) {
+            self.arena = Some(DirectArena::new(dev)?);
+        }
+        Ok(self.arena.as_mut().expect("set above"))
+    }
+}
+
 /// How many communicators of this process are bound to each device.
 static BOUND: Mutex<Vec<(Device, usize)>> = Mutex::new(Vec::new());
 
@@ -446,10 +456,7 @@ impl Communicator {
         }
         let mut st = lock(&self.device);
         if self.direct_for(&mut st) {
-            if st.arena.as_ref().map(DirectArena::device) != Some(dev) {
-                st.arena = Some(DirectArena::new(dev)?);
-            }
-            let arena = st.arena.as_mut().expect("set above");
+            let arena = st.arena_of(dev)?;
             if let Some(call) = on {
                 arena.begin_call(call);
             }
@@ -492,10 +499,8 @@ impl Communicator {
         if !self.direct_for(&mut st) {
             return None;
         }
-        if st.arena.as_ref().map(DirectArena::device) != Some(dev) {
-            st.arena = Some(DirectArena::new(dev).ok()?);
-        }
-        st.arena.as_ref().map(crate::exec::DeviceArena::reducer)
+        let arena = st.arena_of(dev).ok()?;
+        Some(crate::exec::DeviceArena::reducer(arena))
     }
 
     // ----- typed entries on device buffers -----

@@ -149,16 +149,18 @@ impl OwnMarks {
         for which in [MarkUse::Ready, MarkUse::Done] {
             // Exactly the records asked for (a GPU runs each stream by itself; a lazy stand-in
             // stream runs as far as a wait needs, and no further).
-            let asked = |seq: u32| {
-                let slot = word(self.addr + slot_at(which, seq, true)).load(Ordering::Acquire);
-                host_stream::reached(slot, seq)
+            let slot = |seq: u32, asked: bool| {
+                let v = word(self.addr + slot_at(which, seq, asked)).load(Ordering::Acquire);
+                host_stream::reached(v, seq)
             };
             let todo: Vec<Pending> = {
-                let st = lock(&self.state);
+                let mut st = lock(&self.state);
+                // Records their streams reached anyway (nobody had to ask) are let go.
+                st.pending[which as usize].retain(|&(seq, ..)| !slot(seq, false));
                 st.pending[which as usize]
                     .iter()
                     .copied()
-                    .filter(|&(seq, ..)| asked(seq))
+                    .filter(|&(seq, ..)| slot(seq, true))
                     .collect()
             };
             let mut done = Vec::new();

@@ -664,8 +664,11 @@ impl Engine {
             },
         };
         let queued = (|| {
+            // Whether the share waits for another rank's ready mark (through windows: another
+            // process's, which may never come).
+            let mut waits_ready = false;
             for k in (0..n).filter(|&k| k != me) {
-                wait_for(k, MarkUse::Ready, [word(k, 2), word(k, 3)])?;
+                waits_ready |= wait_for(k, MarkUse::Ready, [word(k, 2), word(k, 3)])?;
             }
             for t in todo.iter().filter(|t| t.bytes > 0) {
                 let at = |&(rank, addr): &(usize, usize)| MemRef {
@@ -679,8 +682,13 @@ impl Engine {
             }
             match (across, on) {
                 // A blocking rank's share through windows is done before the status exchange
-                // (it offers no mark, and so needs none waited for where every rank blocks).
-                (true, None) => reducer.synchronize_within(None, limit).map(|()| NO_MARK),
+                // (it offers no mark, and so needs none waited for where every rank blocks);
+                // the wait has a deadline only where the share waits for another process.
+                (true, None) => match waits_ready {
+                    true => reducer.synchronize_within(None, limit),
+                    false => reducer.synchronize(None),
+                }
+                .map(|()| NO_MARK),
                 (true, Some(_)) => reducer.mark_shared(on, MarkUse::Done).map(|w| [SHARED, w]),
                 (false, _) => reducer.mark(on, MarkUse::Done),
             }
@@ -718,8 +726,13 @@ impl Engine {
         }
         // (Through windows a blocking rank's own share was waited for before the status
         // exchange already: it waits again only for the shares of ranks on a stream.)
-        if on.is_none() && (!across || waits) {
-            settled = settled.and(reducer.synchronize_within(None, limit));
+        if on.is_none() {
+            let synced = match (across, waits) {
+                (false, _) => reducer.synchronize(None),
+                (true, true) => reducer.synchronize_within(None, limit),
+                (true, false) => Ok(()),
+            };
+            settled = settled.and(synced);
         }
         queued.map_err(|e| e.context(ctx.label()))?;
         settled.map_err(|e: Error| e.context(ctx.label()))?;

@@ -11,7 +11,8 @@
 //! rank's ready mark, which asks this process to run its stream that far. Calls follow each
 //! other without a wait (each reads what the one before wrote); the last rank synchronizes
 //! first, the others after a pause. In the mixed case rank 0 makes blocking calls beside the
-//! others' stream-ordered ones. Every case runs with lazy and with eager stand-in streams.
+//! others' stream-ordered ones; in the threads' case each process holds two ranks. Every case
+//! runs with lazy and with eager stand-in streams.
 
 mod common;
 
@@ -95,14 +96,31 @@ fn round(
     Ok(())
 }
 
-/// A child rank: rank `r` on stand-in device `r % 2`; `FERRO_TEST_CASE=mixed`: rank 0 blocks.
+/// A child process: one rank, or with `FERRO_TEST_CASE=threads` two ranks as threads.
 #[test]
 fn child_window_streams() {
     if !child::is_role("window-streams") {
         return;
     }
-    let mixed = child::env_var::<String>("FERRO_TEST_CASE") == "mixed";
-    let c = Communicator::from_env().expect("from_env");
+    let case = child::env_var::<String>("FERRO_TEST_CASE");
+    if case != "threads" {
+        rank_window_streams(Communicator::from_env().expect("from_env"), case == "mixed");
+        return;
+    }
+    let env = ferroccl::bootstrap::env::detect()
+        .expect("launch environment")
+        .expect("under ferrorun");
+    let config = Config::from_env().expect("config");
+    let comms = Communicator::from_launch_env_threads(&env, config, 2).expect("two ranks");
+    std::thread::scope(|s| {
+        for c in comms {
+            s.spawn(move || rank_window_streams(c, false));
+        }
+    });
+}
+
+/// Rank `r` on stand-in device `r % 2`; with `mixed`, rank 0 blocks.
+fn rank_window_streams(c: Communicator, mixed: bool) {
     let r = c.rank();
     let dev = Device::new(Provider::Host, r as u32 % 2).unwrap();
     c.set_device(dev).unwrap();
@@ -127,7 +145,9 @@ fn child_window_streams() {
     println!("STREAMS rank={r} blocking={blocking} calls={calls}");
 }
 
+/// `n` processes of case `case` (`threads`: two ranks each), every rank's calls checked.
 fn run(n: usize, case: &str, eager: bool) {
+    let ranks = if case == "threads" { 2 * n } else { n };
     let _serial = child::serial();
     let env = [
         (PROVIDER_ENV, "host".to_string()),
@@ -150,7 +170,7 @@ fn run(n: usize, case: &str, eager: bool) {
     );
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("STREAMS ");
-    assert_eq!(lines.len(), n, "{}", out.dump());
+    assert_eq!(lines.len(), ranks, "{}", out.dump());
     for l in &lines {
         // Every call of every round went between the buffers, once each.
         let calls: u64 = field(l, "calls");
@@ -176,5 +196,15 @@ fn a_blocking_process_and_stream_ordered_ones_go_through_windows_together() {
     for eager in [false, true] {
         run(2, "mixed", eager);
         run(3, "mixed", eager);
+    }
+}
+
+/// Ranks that are threads of one process beside another process's (two of each): their
+/// calls on a stream go between the buffers too, each rank waiting for the marks of the rank
+/// beside it in its process as for another process's.
+#[test]
+fn stream_ordered_calls_of_threads_of_two_processes_go_through_windows() {
+    for eager in [false, true] {
+        run(2, "threads", eager);
     }
 }

@@ -163,7 +163,7 @@ fn key_of(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
 }
 
 /// The key of a call through windows ([`Engine::set_peer_windows`]): as [`key_of`], with no
-/// process in it (the ranks are processes of their own) and never equal to a key of
+/// process in it (the ranks are of several processes) and never equal to a key of
 /// [`key_of`]'s.
 fn key_of_windows(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
     key_in(b"windows", space, count, premul)

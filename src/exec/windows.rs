@@ -10,9 +10,11 @@
 //! rank returns, so no rank frees memory that another still maps (CUDA leaves a free of
 //! exported memory undefined while another process holds it open).
 //!
-//! **Shared marks.** At the first registration where every rank is a process of its own and
-//! holds a reducer that can, the ranks also exchange their reducers' marks as interprocess
-//! events ([`Reducer::share_marks`]) and each opens every other's: calls ordered on a stream
+//! **Shared marks.** At the first registration where every rank holds a reducer that can,
+//! the ranks also exchange their reducers' marks as interprocess events
+//! ([`Reducer::share_marks`]) and each opens every other's (ranks that are threads of one
+//! process among others' too: the reducer opens its own process's as they are, which CUDA
+//! does not open as another process's): calls ordered on a stream
 //! can then go between the buffers too, each stream waiting for the others' marks as between
 //! threads. Whether they were exchanged is agreed like the window, the same on every rank.
 //! Before a window's mappings go (deregistration, or the communicator's end) the rank waits
@@ -308,17 +310,11 @@ impl Engine {
                 ctx.label()
             );
         }
-        // Every rank shared its marks and is a process of its own: each opens the others'.
-        let processes: Vec<u64> = (0..n).map(|k| rec(k)[1]).collect();
-        let own_processes = (0..n).all(|k| !processes[..k].contains(&processes[k]));
+        // Every rank shared its marks: each opens the others' (a rank of this process lends
+        // its own, which the reducer tells by their words).
         let mut marks = None;
         let mut marks_failed = false;
-        if let (true, true, true, Some(r)) = (
-            wants_marks,
-            own_processes,
-            (0..n).all(|k| rec(k)[0] & 2 != 0),
-            reducer,
-        ) {
+        if let (true, true, Some(r)) = (wants_marks, (0..n).all(|k| rec(k)[0] & 2 != 0), reducer) {
             let mut peers = Vec::with_capacity(n);
             for k in 0..n {
                 let words = rec(k)[MARKS_AT..]

@@ -166,7 +166,8 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         Err(no_shared(self.name()))
     }
 
-    /// Opens the shared marks of a reducer of another process from its words.
+    /// Opens the shared marks of a reducer of another process from its words, or of another
+    /// reducer of this process (a rank of this process among others' ranks).
     fn open_marks(&self, words: &SharedMarkWords) -> Result<PeerMarks> {
         let _ = words;
         Err(no_shared(self.name()))

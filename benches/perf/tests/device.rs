@@ -325,17 +325,19 @@ fn device_buffers_without_a_driver_are_a_clear_error() {
 
 /// Two processes of two threads each (`ferrorun -n 2 all_reduce_perf -t 2 -B 1 -R 2`): ranks
 /// of one process are joined by address, of two through the windows' mappings; every row goes
-/// between the buffers. On two stand-in devices that do not reach each other
+/// between the buffers, with blocking calls and with calls on a stream (`-B 2`: the ranks of
+/// one process wait for each other's shared marks as for another process's). On two stand-in
+/// devices that do not reach each other
 /// (`FERRO_STANDIN_PEER_ACCESS=0`) the windows are kept unusable, the ranks of one process
 /// saying their devices do not reach each other, and every row runs the schedule, right.
 #[test]
 fn windows_of_processes_of_several_threads() {
-    let run = |extra: &[(&str, &str)]| {
+    let run_on = |b: &str, extra: &[(&str, &str)]| {
         let out = command(ferrorun())
             .args(["-n", "2", "--"])
             .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
             .args(["-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1"])
-            .args(["-t", "2", "-B", "1", "-R", "2"])
+            .args(["-t", "2", "-B", b, "-R", "2"])
             .env("FERRO_DEVICE_PROVIDER", "host")
             .env("FERRO_P2P_PROVIDER", "host")
             .env("FERRO_TRANSPORTS", "p2p")
@@ -347,16 +349,19 @@ fn windows_of_processes_of_several_threads() {
         assert!(t.contains("# Out of bounds values : 0 OK"), "{t}");
         t
     };
-    let t = run(&[]);
-    assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
-    let rows: Vec<&str> = t
-        .lines()
-        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
-        .collect();
-    assert!(
-        rows.len() == 6 && rows.iter().all(|r| r.ends_with("peer")),
-        "{t}"
-    );
+    let run = |extra: &[(&str, &str)]| run_on("1", extra);
+    for b in ["1", "2"] {
+        let t = run_on(b, &[]);
+        assert!(t.contains("# Calls between the ranks' buffers : "), "{t}");
+        let rows: Vec<&str> = t
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert!(
+            rows.len() == 6 && rows.iter().all(|r| r.ends_with("peer")),
+            "-B {b}\n{t}"
+        );
+    }
     let t = run(&[
         ("FERRO_STANDIN_DEVICES", "2"),
         ("FERRO_STANDIN_PEER_ACCESS", "0"),

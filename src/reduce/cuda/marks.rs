@@ -8,6 +8,12 @@
 //! may queue a wait on this process's event after this rank left the call, and a wait queued
 //! on an opened event must not outlive the owner's event (CUDA leaves that undefined).
 //!
+//! Ranks of one process (threads, beside ranks of other processes) take each other's events
+//! as they are: CUDA does not open an interprocess event in the process that made it, so
+//! every event made here is kept in a list of this process's own, by handle, and opening one
+//! of those hands the event itself (a stream waits for an event of another context of this
+//! process as for one of its own).
+//!
 //! Host waits here poll with a deadline instead of blocking in the driver: a stream that waits
 //! for another process's mark waits forever where that process failed or left mid-call.
 
@@ -33,8 +39,18 @@ pub(super) struct SharedEvents {
     sync: usize,
 }
 
-/// Another process's events, opened here.
+/// Another rank's events: opened here, or this process's own.
 struct Opened([usize; 2]);
+
+/// The interprocess events made in this process, by their handles' words (never destroyed, so
+/// never stale).
+static OWN: std::sync::Mutex<Vec<([u64; 8], usize)>> = std::sync::Mutex::new(Vec::new());
+
+/// The event of this process whose handle's words are `words`, if it made one.
+fn own_event(words: &[u64]) -> Option<usize> {
+    let own = OWN.lock().unwrap_or_else(|p| p.into_inner());
+    own.iter().find(|(h, _)| h[..] == *words).map(|&(_, e)| e)
+}
 
 /// How long a host wait yields between polls (as the driver's own synchronize spins and
 /// yields) before it sleeps between them: a blocking call's wait for its share is on its hot
@@ -76,9 +92,14 @@ impl CudaReducer {
                 }
                 let (e, h) = k.driver().create_ipc_event().map_err(|e| convert(&e))?;
                 *ev = e as usize;
+                let mut words = [0u64; 8];
                 for (j, w) in h.0.chunks_exact(8).enumerate() {
-                    handles[8 * i + j] = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+                    words[j] = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
                 }
+                handles[8 * i..8 * i + 8].copy_from_slice(&words);
+                OWN.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((words, e as usize));
             }
             for (i, w) in handles.iter().enumerate() {
                 if *w != 0 {
@@ -93,6 +114,10 @@ impl CudaReducer {
         let (k, _) = self.on(None)?;
         let mut opened = [0usize; 2];
         for (i, ev) in opened.iter_mut().enumerate() {
+            if let Some(own) = own_event(&words[8 * i..8 * i + 8]) {
+                *ev = own;
+                continue;
+            }
             let mut h = IpcEventHandle([0; 64]);
             for (j, w) in words[8 * i..8 * i + 8].iter().enumerate() {
                 h.0[8 * j..8 * j + 8].copy_from_slice(&w.to_le_bytes());
@@ -187,5 +212,23 @@ impl CudaReducer {
         // this record and the wait below.
         unsafe { k.driver().record_event(ev, stream) }.map_err(|e| convert(&e))?;
         wait_within(k, ev, limit, "a stream through windows")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_events_are_told_by_their_handles_words() {
+        let words = [0x5eed_0000_0000_0001u64, 2, 3, 4, 5, 6, 7, 8];
+        assert_eq!(own_event(&words), None);
+        OWN.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((words, 0xe0e0));
+        assert_eq!(own_event(&words), Some(0xe0e0));
+        let mut other = words;
+        other[7] = 9;
+        assert_eq!(own_event(&other), None, "another process's handle");
     }
 }

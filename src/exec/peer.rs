@@ -400,6 +400,11 @@ impl Engine {
         }
     }
 
+    /// The windows, where they are exchanged.
+    pub(super) fn windows_mut(&mut self) -> Option<&mut Windows> {
+        self.peer.windows.as_mut()
+    }
+
     /// Windows held ([`Engine::add_window`]).
     pub(crate) fn window_count(&self) -> usize {
         self.peer.windows.as_ref().map_or(0, Windows::len)

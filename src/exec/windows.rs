@@ -66,6 +66,18 @@ pub(crate) struct Windows {
     pub marks: Option<Arc<SharedMarks>>,
     /// How long the last shares are waited for when the windows go (the engine's deadline).
     pub limit: std::time::Duration,
+    /// The warnings of registration already logged ([`Said`]): each once per communicator
+    /// (a program that registers every buffer would log one line per buffer).
+    said: u8,
+}
+
+/// A warning of registration, logged once per communicator.
+#[derive(Debug, Clone, Copy)]
+enum Said {
+    /// A window carries no collective.
+    Unusable = 1,
+    /// This rank's marks cannot be shared.
+    NoMarks = 2,
 }
 
 /// How long a failed communicator's windows wait for this rank's last shares before unmapping
@@ -127,6 +139,13 @@ impl Windows {
             self.list.pop();
         }
         w
+    }
+
+    /// Whether warning `what` was not logged before (and now counts as logged).
+    fn first_time(&mut self, what: Said) -> bool {
+        let first = self.said & what as u8 == 0;
+        self.said |= what as u8;
+        first
     }
 
     /// Windows held.
@@ -242,11 +261,13 @@ impl Engine {
                     rec[0] |= 2;
                     rec[MARKS_AT..].copy_from_slice(&m);
                 }
-                Err(e) => ferroccl_transport::log_line!(
+                Err(e) if self.said_first(Said::NoMarks) => ferroccl_transport::log_line!(
                     "ferroccl WARN P2P: {}: this rank's marks cannot be shared with other \
-                     processes ({e}): calls through windows on a stream wait for their streams",
+                     processes ({e}): calls through windows on a stream wait for their \
+                     streams (said once per communicator)",
                     ctx.label()
                 ),
+                Err(_) => {}
             }
         }
         let args = CollArgs {
@@ -303,10 +324,11 @@ impl Engine {
                 space: space.unwrap_or(MemSpace::Host),
             });
         }
-        if let Some(why) = &failed {
+        if let Some(why) = failed.as_ref().filter(|_| self.said_first(Said::Unusable)) {
             ferroccl_transport::log_line!(
                 "ferroccl WARN P2P: {}: the window is registered, but collectives on it take the \
-                 schedule: {why}",
+                 schedule: {why} (said once per communicator: later windows that carry no \
+                 collective are not logged)",
                 ctx.label()
             );
         }
@@ -351,6 +373,12 @@ impl Engine {
             _mappings: mappings,
         };
         Ok(self.add_window(w))
+    }
+
+    /// Whether registration's warning `what` is logged now: the first time on this
+    /// communicator ([`Windows::first_time`]).
+    fn said_first(&mut self, what: Said) -> bool {
+        self.windows_mut().is_some_and(|w| w.first_time(what))
     }
 
     /// Deregisters the window at `place` on every rank: each rank unmaps its mappings of it,
@@ -399,6 +427,15 @@ mod tests {
                 .collect(),
             _mappings: Vec::new(),
         }
+    }
+
+    #[test]
+    fn each_warning_of_registration_is_said_once() {
+        let mut ws = Windows::default();
+        assert!(ws.first_time(Said::Unusable));
+        assert!(!ws.first_time(Said::Unusable));
+        assert!(ws.first_time(Said::NoMarks), "another warning");
+        assert!(!ws.first_time(Said::NoMarks));
     }
 
     #[test]

@@ -371,6 +371,9 @@ fn windows_of_processes_of_several_threads() {
         t.contains("device does not reach this rank's (no peer access)"),
         "{t}"
     );
+    // Said once per communicator, not at each of the tool's registrations (one a size).
+    let said = t.matches("collectives on it take the schedule").count();
+    assert!((1..=4).contains(&said), "{said} warnings\n{t}");
 }
 
 /// `all_reduce_perf -B 1 -R 2` under `ferrorun`, 2 and 3 processes over stand-in p2p: the

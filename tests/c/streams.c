@@ -455,6 +455,7 @@ static void windows(ncclComm_t comm, int rank, int n) {
   const size_t bytes = sizeof(float) * W;
   float *h = malloc(bytes);
   void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+  open_driver();
   ncclWindow_t ws = NULL, wr = NULL;
   /* Inside a group the exchange would wait for ranks the thread has yet to reach: refused. */
   CHECK(ncclGroupStart());

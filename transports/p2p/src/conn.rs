@@ -306,9 +306,13 @@ impl P2pConnection {
         let mut moved = self.rx_progress(&mut rx, len, p).map_err(ctx)?;
         if !moved && !self.recv.complete() {
             if let Err(e) = self.check_peer() {
-                // As for the header: slots published just before the close still count.
+                // As for the header: slots published just before the close still count, and
+                // so do copies out of them still in flight (they finish whatever the sender
+                // does; the next call hands their slots back). Asked before the retry: a copy
+                // that ends between the two is handed back by the retry.
+                let busy = self.p.rx_copier.in_flight() || self.lent.iter().any(Option::is_some);
                 moved = self.rx_progress(&mut rx, len, p).map_err(ctx)?;
-                if !moved {
+                if !moved && !busy {
                     return Err(e);
                 }
             }

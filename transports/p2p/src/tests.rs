@@ -208,6 +208,9 @@ fn conformance_cuda_provider_on_a_gpu() {
     }
     let opts = Options {
         threads: true,
+        // More than the default ring (8 slots of 4 MiB), so that the sender cannot finish
+        // before the receiver hands slots back, however fast the copies run.
+        partial_bytes: 40 << 20,
         ..Options::new("p2p(cuda)")
     };
     conformance::run(&opts, || {

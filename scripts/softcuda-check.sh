@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The CUDA code paths over softcuda (kernels/cuda/soft/softcuda.c), a software model of the
+# CUDA driver API built as a shared library and loaded in place of libcuda.so.1: the CUDA
+# provider and reducer, stream-ordered calls, the p2p transport's cuda provider, CUDA IPC of
+# buffers and of events, windows, and the C ABI on streams, on a machine without a GPU. The
+# parts mirror scripts/gpu-check.sh (small sizes; the kernels' element logic is checked on the
+# host by the CPU suite). This is a model: nothing here says how a GPU behaves or how fast it
+# is, and what passes here still has to pass there.
+#
+#   scripts/softcuda-check.sh            build what is missing, run every part
+#   SOFTCUDA_PARTS="2 8a 8l" scripts/softcuda-check.sh
+#
+# Exit status 0 when every part passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+eval "$(scripts/nvrtc-env.sh)"
+target=${CARGO_TARGET_DIR:-target}
+bin=$target/debug
+soft=$target/softcuda
+mkdir -p "$soft"
+gcc -std=gnu11 -O2 -fPIC -shared -pthread -Wall -Wextra -Werror -ffp-contract=off \
+    -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c ||
+    { echo "softcuda: FAIL (the model did not build)"; exit 1; }
+cargo build -q -p ferroccl --bin ferroccl-device-check --bin ferrorun || exit 1
+cargo build -q -p ferroccl-perf --bin all_reduce_perf || exit 1
+lib=$(scripts/build-capi.sh) || exit 1
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
+    -o "$soft/streams" || exit 1
+
+# Every process loads the model: ferroccl by path, the C program by name.
+export FERROCCL_CUDA_DRIVER=$PWD/$soft/libcuda.so.1
+export LD_LIBRARY_PATH=$PWD/$soft:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 SOFTCUDA_DEVICES=1
+unset FERRO_P2P_PROVIDER FERRO_STANDIN_DEVICES
+
+failed=0
+want() { [ -z "${SOFTCUDA_PARTS:-}" ] || [[ " $SOFTCUDA_PARTS " == *" $1 "* ]]; }
+# step PART CHECK CMD...: runs CMD (at most 300 s); CHECK is a command its output must pass.
+step() {
+    local part=$1 check=$2
+    shift 2
+    want "$part" || return 0
+    local out t0=$SECONDS
+    out=$(timeout 300 "$@" 2>&1)
+    local rc=$?
+    if [ "$rc" -eq 0 ] && $check "$out"; then
+        echo "-- $part: PASS ($((SECONDS - t0)) s): $*"
+    else
+        echo "-- $part: FAIL (exit $rc, $((SECONDS - t0)) s): $*"
+        printf '%s\n' "$out" | tail -40
+        failed=1
+    fi
+}
+any() { true; }
+# Every row of all_reduce_perf checked, none wrong; `peer`: every row between the buffers.
+rows_ok() { grep -q "# Out of bounds values : 0 OK" <<<"$1"; }
+rows_peer() {
+    rows_ok "$1" || return 1
+    local rows
+    rows=$(grep -E '^(\[0\] )? +[0-9]+ +[0-9]+ ' <<<"$1")
+    [ -n "$rows" ] && ! grep -qvE 'peer$' <<<"$rows"
+}
+between() { grep -qE "[1-9][0-9]* calls between the ranks' buffers" <<<"$1"; }
+c_ok() { grep -q "^OK " <<<"$1"; }
+
+echo "== 2. device buffers, 1 and 2 ranks as threads, staged through pinned memory, against host buffers"
+step 2 any "$bin/ferroccl-device-check" --ranks 1,2
+echo "== 3. the p2p transport's cuda provider: conformance (two ranks as threads), two processes over CUDA IPC"
+if want 3; then
+    FERRO_P2P_GPU_CHECK=1 step 3 any cargo test -q -p ferroccl-transport-p2p -- --test-threads 1 \
+        conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
+fi
+echo "== 4. the C ABI on streams (tests/c/streams.c, 2 processes): blocking, stream-ordered, slices, mixed"
+FERRO_STREAM_WAITS=0 step 4a c_ok "$soft/streams" 2
+step 4c c_ok "$soft/streams" 2
+FERRO_DEVICE_SLICE_BYTES=256 FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 step 4d c_ok "$soft/streams" 2
+FERRO_DEVICE_SLICE_BYTES=256 FERROCCL_TEST_SYNC_FIRST=1 step 4f c_ok "$soft/streams" 2 mixed
+echo "== 8. over p2p: device-check between the threads' buffers, all_reduce_perf between them (blocking, on a stream), processes through the slots and through windows"
+FERRO_TRANSPORTS=p2p step 8a between "$bin/ferroccl-device-check" --ranks 2,3
+for b in 1 2; do
+    FERRO_TRANSPORTS=p2p step 8k rows_peer "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -t 2 -n 3 -w 1 -B "$b"
+done
+FERRO_TRANSPORTS=p2p SOFTCUDA_DEVICES=2 step 8j rows_peer "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -t 2 -n 3 -w 1 -B 2
+FERRO_TRANSPORTS=p2p step 8c rows_ok "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B 1
+for b in 1 2; do
+    FERRO_TRANSPORTS=p2p step 8l rows_peer "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B "$b" -R 2
+done
+FERRO_TRANSPORTS=p2p step 8l rows_peer "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -t 2 -n 3 -w 1 -B 2 -R 2
+for w in 0 1; do
+    FERRO_TRANSPORTS=p2p FERRO_STREAM_WAITS=$w step 8l c_ok "$soft/streams" 3 windows
+done
+FERRO_TRANSPORTS=p2p step 8e c_ok "$soft/streams" 2
+
+if [ "$failed" -eq 0 ]; then echo "== softcuda: PASS"; else echo "== softcuda: FAIL"; fi
+exit "$failed"

@@ -33,5 +33,7 @@ FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
 FERRO_STANDIN_EAGER=1 FERROCCL_NVIDIA_INCLUDES="$(scripts/nvidia-headers.sh)" \
 FERROCCL_CAPI_LIB_DIR="$(dirname "$(scripts/build-capi.sh)")" \
   cargo test -p ferroccl --features capi --lib --test capi_programs --no-fail-fast -- capi:: stream
+echo "== the CUDA code paths over softcuda, a software model of the driver (no GPU; docs/CUDA.md)"
+scripts/softcuda-check.sh
 echo "== Python package (python/): maturin wheel, operation sweep, errors, DDP/FSDP2, PyTorch's suite"
 python/tests/run.sh

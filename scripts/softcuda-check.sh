@@ -40,13 +40,18 @@ step() {
     local part=$1 check=$2
     shift 2
     want "$part" || return 0
-    local out t0=$SECONDS
+    local out t0=$SECONDS env="" v
+    for v in FERRO_TRANSPORTS FERRO_STREAM_WAITS FERRO_DEVICE_SLICE_BYTES FERRO_DEVICE_DIRECT \
+        FERRO_DEVICE_PEER FERRO_P2P_QUEUED_REDUCE FERROCCL_TEST_SYNC_FIRST SOFTCUDA_DELAY_US; do
+        [ -n "${!v:-}" ] && env+="$v=${!v} "
+    done
+    [ "$SOFTCUDA_DEVICES" = 1 ] || env+="SOFTCUDA_DEVICES=$SOFTCUDA_DEVICES "
     out=$(timeout 300 "$@" 2>&1)
     local rc=$?
     if [ "$rc" -eq 0 ] && $check "$out"; then
-        echo "-- $part: PASS ($((SECONDS - t0)) s): $*"
+        echo "-- $part: PASS ($((SECONDS - t0)) s): $env$*"
     else
-        echo "-- $part: FAIL (exit $rc, $((SECONDS - t0)) s): $*"
+        echo "-- $part: FAIL (exit $rc, $((SECONDS - t0)) s): $env$*"
         printf '%s\n' "$out" | tail -40
         failed=1
     fi
@@ -73,6 +78,8 @@ fi
 echo "== 4. the C ABI on streams (tests/c/streams.c, 2 processes): blocking, stream-ordered, slices, mixed"
 FERRO_STREAM_WAITS=0 step 4a c_ok "$soft/streams" 2
 step 4c c_ok "$soft/streams" 2
+# Slow streams, each by its own random amount: a missing wait shows as a wrong element.
+SOFTCUDA_DELAY_US=300 step 4c c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 step 4d c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERROCCL_TEST_SYNC_FIRST=1 step 4f c_ok "$soft/streams" 2 mixed
 echo "== 5, 6, 7. all_reduce_perf staged (2 threads; 2 processes over shm, blocking and on a stream), sendrecv_perf over p2p and shm"
@@ -103,6 +110,11 @@ done
 FERRO_TRANSPORTS=p2p step 8l rows_peer "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -t 2 -n 3 -w 1 -B 2 -R 2
 for w in 0 1; do
     FERRO_TRANSPORTS=p2p FERRO_STREAM_WAITS=$w step 8l c_ok "$soft/streams" 3 windows
+done
+# On a stream through windows with slow streams (the other processes' shares wait for each
+# rank's upload through its shared ready mark; without that wait, wrong elements).
+for n in 2 3; do
+    FERRO_TRANSPORTS=p2p FERRO_STREAM_WAITS=1 SOFTCUDA_DELAY_US=300 step 8l c_ok "$soft/streams" "$n" windows
 done
 FERRO_TRANSPORTS=p2p step 8e c_ok "$soft/streams" 2
 

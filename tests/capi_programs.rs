@@ -135,18 +135,22 @@ fn c_program_communicators_of_one_thread_on_three_devices_go_between_their_buffe
 /// own, their send and receive buffers registered as windows (`ncclCommWindowRegister`), over
 /// the p2p transport: the 6 allreduces (whole buffers and ranges inside them) and the
 /// broadcast go straight between the processes' buffers (every rank's trace labels all 7
-/// `peer`), with every element checked by the program. Blocking calls
-/// (`FERRO_STREAM_WAITS=0`): on the stand-in a stream-ordered call would stage through its
-/// stream's arena, where with CUDA p2p connections it blocks and takes the path.
+/// `peer`), with every element checked by the program: blocking calls
+/// (`FERRO_STREAM_WAITS=0`), and calls on the stream, queued in stream order through the
+/// ranks' shared marks (`FERRO_STREAM_WAITS=1`; the registration binds the communicator's
+/// device first, which no call has bound yet, so that the marks are shared).
 #[test]
 fn c_program_windows_of_processes_go_between_their_buffers() {
-    for n in [2usize, 3] {
-        let peer = peer_calls_in_traces(&[&n.to_string(), "windows"], n, "0");
-        for (r, (calls, t)) in peer.iter().enumerate() {
-            assert_eq!(
-                *calls, 7,
-                "{n} ranks, rank {r}: {calls} calls between the buffers:\n{t}"
-            );
+    for waits in ["0", "1"] {
+        for n in [2usize, 3] {
+            let peer = peer_calls_in_traces(&[&n.to_string(), "windows"], n, waits);
+            for (r, (calls, t)) in peer.iter().enumerate() {
+                assert_eq!(
+                    *calls, 7,
+                    "{n} ranks, FERRO_STREAM_WAITS={waits}, rank {r}: {calls} calls between \
+                     the buffers:\n{t}"
+                );
+            }
         }
     }
 }

@@ -100,7 +100,17 @@ nccl_api! {
             // jobs) takes its turns first, on every rank alike.
             shared.wait_idle();
             // Device memory, asked without loading the CUDA driver into a host-only program.
-            let device = c.device_of(buff as u64, size).is_some();
+            let found = c.device_of(buff as u64, size);
+            let device = found.is_some();
+            // The communicator's device (NCCL binds it at init; here a call binds it at its
+            // first use), bound before the exchange: the ranks share the marks of its
+            // reducer at registration, without which calls on a stream through windows block.
+            if let (Some((provider, ordinal)), None) = (found, c.device()) {
+                if c_int::try_from(ordinal).ok() == Some(shared.cu_device) {
+                    let dev = crate::device::Device::new(provider, ordinal).map_err(|e| e.context(API))?;
+                    c.set_device(dev).map_err(|e| e.context(API))?;
+                }
+            }
             // SAFETY: NCCL's contract: the buffer stays allocated until the window is
             // deregistered, which returns once every rank has unmapped it.
             let registered = unsafe { c.register_window(buff as u64, size) }.map_err(|e| e.context(API))?;

@@ -173,6 +173,18 @@ impl Communicator {
         };
         // The reducer whose marks the ranks share, where calls run on the buffers.
         let reducer = found.and_then(|_| self.direct_reducer());
+        if found.is_some() && self.device().is_none() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN P2P: rank {}: a window of device memory registered before a \
+                     device was bound to the communicator (Communicator::set_device): its marks \
+                     are not shared, so calls on a stream through windows wait for their \
+                     streams until a later registration with the device bound (said once)",
+                    inner.rank
+                )
+            });
+        }
         let mut place = None;
         inner.execute_next(true, |e, seq| {
             place = e.register_window(

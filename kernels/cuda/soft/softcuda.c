@@ -17,6 +17,9 @@
  *   waits, host functions, 32-bit waits and writes); the legacy stream orders itself against
  *   the blocking streams of its context as CUDA's does; a host function that calls back into
  *   the driver gets CUDA_ERROR_NOT_PERMITTED;
+ * - SOFTCUDA_DELAY_US: each stream waits up to that long (at random) before each piece of
+ *   work, so that work runs well after the host went on, streams overtake each other, and a
+ *   missing wait shows as a wrong result;
  * - events: the number of their last record, and of the last record reached; a wait or query
  *   is for the record that was the last one when it was made; interprocess events keep that
  *   state in a memory file the other process maps;
@@ -152,7 +155,8 @@ static struct {
     struct alloc* allocs;
     struct stream* streams;
     uint64_t next_id;
-} g = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, {{0}}, NULL, NULL, 1};
+    unsigned delay_us;
+} g = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, {{0}}, NULL, NULL, 1, 0};
 
 static __thread struct ctx* current;
 static __thread int in_host_fn;
@@ -344,6 +348,7 @@ static void run_op(struct stream* s, struct op* o) {
 
 static void* stream_main(void* arg) {
     struct stream* s = arg;
+    uint64_t seed = (uint64_t)(uintptr_t)s ^ now_ns();
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->head && !s->destroyed) pthread_cond_wait(&s->cv, &s->mu);
@@ -353,6 +358,14 @@ static void* stream_main(void* arg) {
             return NULL; /* destroyed and drained: the stream's memory is kept (handles) */
         }
         pthread_mutex_unlock(&s->mu);
+        if (g.delay_us) {
+            /* Slow streams, each by its own random amount: work queued runs well after the
+               host went on, and streams overtake each other, so a missing wait shows as a wrong
+               result rather than hiding behind a fast copy. */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            struct timespec t = {0, (long)((seed >> 33) % (g.delay_us + 1u)) * 1000L};
+            nanosleep(&t, NULL);
+        }
         run_op(s, o);
         pthread_mutex_lock(&s->mu);
         s->head = o->next;
@@ -480,6 +493,9 @@ CUresult cuInit(unsigned flags) {
         if (g.ndev > MAX_DEVICES) g.ndev = MAX_DEVICES;
         const char* p = getenv("SOFTCUDA_PEER_ACCESS");
         g.peer_access = !(p && !strcmp(p, "0"));
+        const char* dl = getenv("SOFTCUDA_DELAY_US");
+        g.delay_us = dl ? (unsigned)atoi(dl) : 0;
+        if (g.delay_us > 999999) g.delay_us = 999999;
         for (int d = 0; d < MAX_DEVICES; d++) g.ctxs[d].device = d;
         g.inited = 1;
     }

@@ -16,20 +16,20 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/nvrtc-env.sh)"
 target=${CARGO_TARGET_DIR:-target}
 bin=$target/debug
-soft=$target/softcuda
-mkdir -p "$soft"
+mkdir -p "$target/softcuda"
+soft=$(cd "$target/softcuda" && pwd)
 gcc -std=gnu11 -O2 -fPIC -shared -pthread -Wall -Wextra -Werror -ffp-contract=off \
     -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c ||
     { echo "softcuda: FAIL (the model did not build)"; exit 1; }
 cargo build -q -p ferroccl --bin ferroccl-device-check --bin ferrorun || exit 1
 cargo build -q -p ferroccl-perf --bins || exit 1
-lib=$(scripts/build-capi.sh) || exit 1
+lib=$(realpath "$(scripts/build-capi.sh)") || exit 1
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
     -o "$soft/streams" || exit 1
 
 # Every process loads the model: ferroccl by path, the C program by name.
-export FERROCCL_CUDA_DRIVER=$PWD/$soft/libcuda.so.1
-export LD_LIBRARY_PATH=$PWD/$soft:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export FERROCCL_CUDA_DRIVER=$soft/libcuda.so.1
+export LD_LIBRARY_PATH=$soft:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 SOFTCUDA_DEVICES=1
 unset FERRO_P2P_PROVIDER FERRO_STANDIN_DEVICES
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA code paths over softcuda (kernels/cuda/soft/softcuda.c), a software model of the
+# The CUDA code paths over softcuda (kernels/cuda/soft/), a software model of the
 # CUDA driver API built as a shared library and loaded in place of libcuda.so.1: the CUDA
 # provider and reducer, stream-ordered calls, the p2p transport's cuda provider, CUDA IPC of
 # buffers and of events, windows, and the C ABI on streams, on a machine without a GPU. The
@@ -19,7 +19,8 @@ bin=$target/debug
 mkdir -p "$target/softcuda"
 soft=$(cd "$target/softcuda" && pwd)
 gcc -std=gnu11 -O2 -fPIC -shared -pthread -Wall -Wextra -Werror -ffp-contract=off \
-    -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c ||
+    -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c \
+    kernels/cuda/soft/memory.c ||
     { echo "softcuda: FAIL (the model did not build)"; exit 1; }
 cargo build -q -p ferroccl --bin ferroccl-device-check --bin ferrorun || exit 1
 cargo build -q -p ferroccl-perf --bins || exit 1

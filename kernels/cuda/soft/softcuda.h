@@ -1,0 +1,177 @@
+/*
+ * softcuda's shared state (see softcuda.c): the devices' contexts, allocations, streams and
+ * their queues, the checks every entry point makes, and the helpers both files use.
+ */
+#ifndef SOFTCUDA_H
+#define SOFTCUDA_H
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../ferro_reduce.h"
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef uint64_t CUdeviceptr;
+
+enum {
+    OK = 0,
+    E_INVALID_VALUE = 1,
+    E_OUT_OF_MEMORY = 2,
+    E_NOT_INITIALIZED = 3,
+    E_INVALID_DEVICE = 101,
+    E_INVALID_CONTEXT = 201,
+    E_INVALID_HANDLE = 400,
+    E_NOT_FOUND = 500,
+    E_NOT_READY = 600,
+    E_ILLEGAL_ADDRESS = 700,
+    E_PEER_ACCESS_ALREADY_ENABLED = 704,
+    E_PEER_ACCESS_UNSUPPORTED = 217,
+    E_NOT_PERMITTED = 800,
+    E_NOT_SUPPORTED = 801,
+};
+
+#define MAX_DEVICES 8
+#define IPC_MAGIC 0x4144554354464f53ull /* "SOFTCUDA" */
+#define EVENT_INTERPROCESS 4u
+#define EVENT_DISABLE_TIMING 2u
+#define STREAM_NON_BLOCKING 1u
+
+#define HIDDEN __attribute__((visibility("hidden")))
+/* ---- state ---------------------------------------------------------------------------- */
+
+struct ctx {
+    int device;
+    int peer[MAX_DEVICES];     /* peer access enabled to device d */
+    atomic_int sticky;         /* a fault: every later call fails with it */
+    struct stream* legacy;     /* made at first use */
+};
+
+struct op;
+
+struct stream {
+    struct ctx* ctx;
+    unsigned flags;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct op* head;
+    struct op* tail;
+    uint64_t queued;           /* ops ever queued */
+    atomic_uint_fast64_t done; /* ops run */
+    int destroyed;
+    struct stream* next;       /* in the list of all streams */
+};
+
+struct event_state {
+    atomic_uint_fast64_t recorded; /* number of the last record */
+    atomic_uint_fast64_t reached;  /* number of the last record its stream reached */
+    atomic_uint_fast64_t when_ns;  /* when it was reached */
+};
+
+struct event {
+    struct ctx* ctx;
+    unsigned flags;
+    struct event_state* st; /* own, or mapped from another process */
+    int fd;                 /* interprocess: the memory file holding `st` */
+};
+
+struct alloc {
+    uint64_t base, size;
+    int kind; /* 1 host (page-locked), 2 device */
+    int device;
+    int fd;
+    uint64_t id;
+    int opened; /* mapped from another process (IPC): reference count */
+    pid_t from_pid;
+    uint64_t from_id;
+    struct alloc* next;
+};
+
+enum op_kind { OP_KERNEL, OP_COPY, OP_RECORD, OP_WAIT_EVENT, OP_HOST_FN, OP_WAIT_VALUE,
+               OP_WRITE_VALUE, OP_WAIT_STREAM };
+
+typedef void (*kernel_fn)(struct ferro_rc_args, uint64_t, uint64_t);
+
+struct op {
+    enum op_kind kind;
+    struct op* next;
+    kernel_fn fn;
+    struct ferro_rc_args args;
+    void* dst;
+    const void* src;
+    size_t len;
+    struct event_state* ev;
+    uint64_t seq;
+    void (*host)(void*);
+    void* data;
+    volatile uint32_t* word;
+    uint32_t value;
+    unsigned wflags;
+    struct stream* other;
+    void* staged; /* freed with the op */
+};
+
+/* Every entry point: not from a host function on a stream, not before cuInit. */
+#define CALL_CHECK()                                \
+    do {                                            \
+        if (in_host_fn) return E_NOT_PERMITTED;     \
+        if (!g.inited) return E_NOT_INITIALIZED;    \
+    } while (0)
+
+/* ... and a current context without a fault. */
+#define CTX_CHECK()                                                         \
+    do {                                                                    \
+        CALL_CHECK();                                                       \
+        if (!current) return E_INVALID_CONTEXT;                             \
+        if (atomic_load(&current->sticky)) return atomic_load(&current->sticky); \
+    } while (0)
+
+/* A call on stream `h`: the legacy stream needs a current context, another stream carries its
+   own. Fails with the context's fault, if any. */
+#define STREAM_CHECK(s, h)                                         \
+    CALL_CHECK();                                                  \
+    struct stream* s = stream_of(h);                               \
+    if (!s) return E_INVALID_CONTEXT;                              \
+    if (atomic_load(&s->ctx->sticky)) return atomic_load(&s->ctx->sticky)
+
+/* The model's state, one per process. */
+struct softcuda {
+    pthread_mutex_t mu;
+    int inited;
+    int ndev;
+    int peer_access;
+    struct ctx ctxs[MAX_DEVICES];
+    struct alloc* allocs;
+    struct stream* streams;
+    uint64_t next_id;
+    unsigned delay_us;
+};
+extern HIDDEN struct softcuda g;
+extern HIDDEN __thread struct ctx* current;
+extern HIDDEN __thread int in_host_fn;
+
+HIDDEN uint64_t now_ns(void);
+HIDDEN void pause_for(unsigned* tries);
+HIDDEN struct alloc* find_alloc_locked(uint64_t p);
+HIDDEN struct alloc* find_alloc(uint64_t p);
+HIDDEN CUresult new_alloc(uint64_t* out, size_t size, int kind, int device);
+HIDDEN CUresult free_alloc(uint64_t p, int kind);
+HIDDEN struct stream* new_stream(struct ctx* c, unsigned flags);
+HIDDEN void enqueue(struct stream* s, struct op* o);
+HIDDEN struct stream* stream_of(void* h);
+HIDDEN void wait_stream(struct stream* s, uint64_t upto);
+HIDDEN CUresult sync_stream(struct stream* s);
+
+#endif /* SOFTCUDA_H */

@@ -74,6 +74,10 @@ c_ok() { grep -q "^OK " <<<"$1"; }
 
 echo "== 2. device buffers, 1 and 2 ranks as threads, staged through pinned memory, against host buffers"
 step 2 any "$bin/ferroccl-device-check" --ranks 1,2
+# Slow streams: the stream-ordered calls' gates and flags (cuStreamWaitValue32 and
+# cuStreamWriteValue32) must hold the work that follows them (one rank: ranks of one process
+# on one GPU block instead). With the model's waits on flags left out, wrong elements.
+SOFTCUDA_DELAY_US=100 step 2 any "$bin/ferroccl-device-check" --ranks 1
 echo "== 3. the p2p transport's cuda provider: conformance (two ranks as threads), two processes over CUDA IPC"
 if want 3; then
     FERRO_P2P_GPU_CHECK=1 step 3 any cargo test -q -p ferroccl-transport-p2p -- --test-threads 1 \
@@ -91,6 +95,7 @@ step 5 rows_ok "$bin/all_reduce_perf" -b 8 -e 4M -f 8 -t 2 -n 3 -w 1 -B 1
 for b in 1 2; do
     step 6 rows_ok "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 4M -f 8 -n 3 -w 1 -B "$b"
 done
+SOFTCUDA_DELAY_US=100 step 6 rows_ok "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 4M -f 8 -n 3 -w 1 -B 2
 for t in p2p shm; do
     FERRO_TRANSPORTS=$t step 7 rows_ok "$bin/ferrorun" -n 2 -- "$bin/sendrecv_perf" -b 8 -e 4M -f 8 -n 3 -w 1 -B 1
 done

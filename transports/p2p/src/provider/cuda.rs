@@ -308,6 +308,9 @@ pub(crate) struct DevCopier {
     stream: Handle,
     events: Vec<Handle>,
     busy: Vec<bool>,
+    /// Per slot: [`DevCopier::in_flight`] has reported its finished copy once (reset when a
+    /// copy is queued on it or its end is taken by [`DevCopier::done`]).
+    told_done: Vec<std::cell::Cell<bool>>,
 }
 
 // SAFETY: the stream and events belong to this copier alone and are used by one thread at a
@@ -328,6 +331,7 @@ impl DevCopier {
             stream,
             events: Vec::with_capacity(nslots),
             busy: vec![false; nslots],
+            told_done: (0..nslots).map(|_| std::cell::Cell::new(false)).collect(),
         };
         for _ in 0..nslots {
             let e = c
@@ -367,6 +371,7 @@ impl DevCopier {
         unsafe { self.dev.drv.record_event(self.events[slot], self.stream) }
             .map_err(|e| cuda_err("recording an event", e))?;
         self.busy[slot] = true;
+        self.told_done[slot].set(false);
         Ok(())
     }
 
@@ -408,18 +413,34 @@ impl DevCopier {
         }))
     }
 
-    /// Whether a queued copy is still running. The events are asked, not only the flags: a
-    /// message abandoned mid-way (an error, an abort) leaves its slots' flags set, and its
-    /// copies, once done, must not keep a waiter polling until its deadline. An event the
-    /// driver cannot answer for counts as done here; `done` reports the error.
+    /// Whether a queued copy is still running, or ended since the connection last took the
+    /// ends of its copies: a copy that ends between a progress call and the waiter's choice to
+    /// sleep rings no doorbell, and the rank would sleep up to its limit (100 ms) with bytes to
+    /// publish. A finished copy counts once, so that the waiter polls once more; the events are
+    /// asked, not only the flags: a message abandoned mid-way (an error, an abort) leaves its
+    /// slots' flags set, and its copies, once done, must not keep a waiter polling until its
+    /// deadline. An event the driver cannot answer for counts as done here; `done` reports the
+    /// error.
     pub fn in_flight(&self) -> bool {
         if !self.busy.contains(&true) || self.dev.bind().is_err() {
             return false;
         }
-        self.busy.iter().zip(&self.events).any(|(&busy, &e)| {
+        let mut any = false;
+        for ((&busy, &e), told) in self.busy.iter().zip(&self.events).zip(&self.told_done) {
+            if !busy {
+                continue;
+            }
             // SAFETY: the event was created in `new` and lives until `Drop`.
-            busy && matches!(unsafe { self.dev.drv.event_done(e) }, Ok(false))
-        })
+            match unsafe { self.dev.drv.event_done(e) } {
+                Ok(false) => any = true,
+                _ if !told.get() => {
+                    told.set(true);
+                    any = true;
+                }
+                _ => {}
+            }
+        }
+        any
     }
 
     /// Whether the copy last queued for `slot` is done.
@@ -433,6 +454,7 @@ impl DevCopier {
             .map_err(|e| cuda_err("polling a copy", e))?;
         if d {
             self.busy[slot] = false;
+            self.told_done[slot].set(false);
         }
         Ok(d)
     }

@@ -125,13 +125,7 @@ static CUresult copy_on(void* h, void* dst, const void* src, size_t len, int syn
     }
     if (len && !find_alloc((uint64_t)(uintptr_t)dst)) sync = 1;
     enqueue(s, o);
-    if (sync) {
-        pthread_mutex_lock(&s->mu);
-        uint64_t q = s->queued;
-        pthread_mutex_unlock(&s->mu);
-        wait_stream(s, q);
-    }
-    return atomic_load(&s->ctx->sticky);
+    return sync ? sync_stream(s) : atomic_load(&s->ctx->sticky);
 }
 
 #define DPTR(p) ((void*)(uintptr_t)(p))
@@ -440,11 +434,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcHandle handle, unsigned flag
     a->opened = 1;
     a->from_pid = (pid_t)h.pid;
     a->from_id = h.id;
-    pthread_mutex_lock(&g.mu);
-    a->id = g.next_id++;
-    a->next = g.allocs;
-    g.allocs = a;
-    pthread_mutex_unlock(&g.mu);
+    add_alloc(a);
     *p = a->base;
     return OK;
 }

@@ -68,6 +68,15 @@ struct alloc* find_alloc(uint64_t p) {
     return a;
 }
 
+/* Adds `a` to the allocations the driver knows, under a number of its own. */
+void add_alloc(struct alloc* a) {
+    pthread_mutex_lock(&g.mu);
+    a->id = g.next_id++;
+    a->next = g.allocs;
+    g.allocs = a;
+    pthread_mutex_unlock(&g.mu);
+}
+
 CUresult new_alloc(uint64_t* out, size_t size, int kind, int device) {
     if (size == 0) return E_INVALID_VALUE;
     int fd = memfd_create("softcuda", MFD_CLOEXEC);
@@ -87,11 +96,7 @@ CUresult new_alloc(uint64_t* out, size_t size, int kind, int device) {
     a->kind = kind;
     a->device = device;
     a->fd = fd;
-    pthread_mutex_lock(&g.mu);
-    a->id = g.next_id++;
-    a->next = g.allocs;
-    g.allocs = a;
-    pthread_mutex_unlock(&g.mu);
+    add_alloc(a);
     *out = a->base;
     return OK;
 }
@@ -254,6 +259,25 @@ static uint64_t push(struct stream* s, struct op* o) {
     return n;
 }
 
+/* Ops queued on `s` so far. */
+static uint64_t queued(struct stream* s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t q = s->queued;
+    pthread_mutex_unlock(&s->mu);
+    return q;
+}
+
+/* Queues on `s` a wait for what is queued on `other` now, unless `other` has run it. */
+static void after(struct stream* s, struct stream* other) {
+    uint64_t q = queued(other);
+    if (atomic_load(&other->done) >= q) return;
+    struct op* w = calloc(1, sizeof *w);
+    w->kind = OP_WAIT_STREAM;
+    w->other = other;
+    w->seq = q;
+    push(s, w);
+}
+
 /* Queues `o` on `s`, ordered as the legacy stream orders blocking streams: an op on the legacy
    stream after everything queued on the context's blocking streams, an op on a blocking stream
    after everything queued on the legacy stream. */
@@ -261,32 +285,12 @@ void enqueue(struct stream* s, struct op* o) {
     struct stream* legacy = s->ctx->legacy;
     if (s == legacy) {
         pthread_mutex_lock(&g.mu);
-        for (struct stream* t = g.streams; t; t = t->next) {
-            if (t == s || t->ctx != s->ctx || (t->flags & STREAM_NON_BLOCKING) || t->destroyed)
-                continue;
-            pthread_mutex_lock(&t->mu);
-            uint64_t q = t->queued;
-            pthread_mutex_unlock(&t->mu);
-            if (atomic_load(&t->done) < q) {
-                struct op* w = calloc(1, sizeof *w);
-                w->kind = OP_WAIT_STREAM;
-                w->other = t;
-                w->seq = q;
-                push(s, w);
-            }
-        }
+        for (struct stream* t = g.streams; t; t = t->next)
+            if (t != s && t->ctx == s->ctx && !(t->flags & STREAM_NON_BLOCKING) && !t->destroyed)
+                after(s, t);
         pthread_mutex_unlock(&g.mu);
     } else if (legacy && !(s->flags & STREAM_NON_BLOCKING)) {
-        pthread_mutex_lock(&legacy->mu);
-        uint64_t q = legacy->queued;
-        pthread_mutex_unlock(&legacy->mu);
-        if (atomic_load(&legacy->done) < q) {
-            struct op* w = calloc(1, sizeof *w);
-            w->kind = OP_WAIT_STREAM;
-            w->other = legacy;
-            w->seq = q;
-            push(s, w);
-        }
+        after(s, legacy);
     }
     push(s, o);
 }
@@ -318,10 +322,7 @@ void wait_stream(struct stream* s, uint64_t upto) {
 }
 
 CUresult sync_stream(struct stream* s) {
-    pthread_mutex_lock(&s->mu);
-    uint64_t q = s->queued;
-    pthread_mutex_unlock(&s->mu);
-    wait_stream(s, q);
+    wait_stream(s, queued(s));
     return atomic_load(&s->ctx->sticky);
 }
 
@@ -459,13 +460,11 @@ CUresult cuCtxSynchronize(void) {
         struct stream* pending = NULL;
         uint64_t upto = 0;
         for (struct stream* s = g.streams; s && !pending; s = s->next) {
-            if (s->ctx != current) continue;
-            pthread_mutex_lock(&s->mu);
-            if (atomic_load(&s->done) < s->queued) {
+            uint64_t q = s->ctx == current ? queued(s) : 0;
+            if (atomic_load(&s->done) < q) {
                 pending = s;
-                upto = s->queued;
+                upto = q;
             }
-            pthread_mutex_unlock(&s->mu);
         }
         pthread_mutex_unlock(&g.mu);
         if (!pending) break;

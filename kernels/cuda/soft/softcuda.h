@@ -166,6 +166,7 @@ HIDDEN uint64_t now_ns(void);
 HIDDEN void pause_for(unsigned* tries);
 HIDDEN struct alloc* find_alloc_locked(uint64_t p);
 HIDDEN struct alloc* find_alloc(uint64_t p);
+HIDDEN void add_alloc(struct alloc* a);
 HIDDEN CUresult new_alloc(uint64_t* out, size_t size, int kind, int device);
 HIDDEN CUresult free_alloc(uint64_t p, int kind);
 HIDDEN struct stream* new_stream(struct ctx* c, unsigned flags);

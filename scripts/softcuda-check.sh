@@ -71,6 +71,7 @@ rows_peer() {
 rows_peer_quiet() { rows_peer "$1" && ! grep -q "WARN" <<<"$1"; }
 between() { grep -qE "[1-9][0-9]* calls between the ranks' buffers" <<<"$1"; }
 c_ok() { grep -q "^OK " <<<"$1"; }
+counted() { grep "driver calls per rank" <<<"$1"; }
 
 echo "== 2. device buffers, 1 and 2 ranks as threads, staged through pinned memory, against host buffers"
 step 2 any "$bin/ferroccl-device-check" --ranks 1,2
@@ -126,6 +127,18 @@ for n in 2 3; do
     FERRO_TRANSPORTS=p2p FERRO_STREAM_WAITS=1 SOFTCUDA_DELAY_US=300 step 8l c_ok "$soft/streams" "$n" windows
 done
 FERRO_TRANSPORTS=p2p step 8e c_ok "$soft/streams" 2
+echo "== 8m. driver calls of an 8-byte allreduce per rank and call: between the threads' buffers, through windows, staged; blocking and on a stream"
+for b in 1 2; do
+    bound=$([ "$b" = 1 ] && echo 5 || echo 7)
+    FERRO_TRANSPORTS=p2p step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/all_reduce_perf" -b 8 -e 8 -t 2 \
+        -n NITER -w 1 -c 1 -B "$b"
+    bound=$([ "$b" = 1 ] && echo 3 || echo 8)
+    FERRO_TRANSPORTS=p2p step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- \
+        "$bin/all_reduce_perf" -b 8 -e 8 -n NITER -w 1 -c 1 -B "$b" -R 2
+    bound=$([ "$b" = 1 ] && echo 8.5 || echo 14.5)
+    step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 8 \
+        -n NITER -w 1 -c 1 -B "$b"
+done
 
 if [ "$failed" -eq 0 ]; then echo "== softcuda: PASS"; else echo "== softcuda: FAIL"; fi
 exit "$failed"

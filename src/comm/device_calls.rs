@@ -401,7 +401,12 @@ impl Communicator {
     ) -> Result<Device> {
         let name = kind.name();
         let dev = self.device_for(name, "receive", recv)?;
-        if let Some(s) = send {
+        // In place the send buffer is the receive buffer (or its start), checked just now: a
+        // driver query less on every call.
+        let within = |s: &DeviceBuffer<T>| {
+            s.device() == recv.device() && s.addr() == recv.addr() && s.bytes() <= recv.bytes()
+        };
+        if let Some(s) = send.filter(|s| !within(s)) {
             self.device_for(name, "send", s)?;
         }
         Call::check(
@@ -442,8 +447,25 @@ impl Communicator {
         op: ReduceOp,
         on: Option<StreamCall>,
     ) -> Result<()> {
-        let _call = crate::profile::call();
         let dev = self.check_device(kind, send, recv, count, op)?;
+        self.run_device_at(dev, kind, send, recv, count, op, on)
+    }
+
+    /// [`Communicator::run_device_in`] after [`Communicator::check_device`] passed, on the
+    /// device it returned (a call on a stream checks before it chooses its path, and asks the
+    /// driver about its buffers once).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_device_at<T: Element>(
+        &self,
+        dev: Device,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &mut DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        on: Option<StreamCall>,
+    ) -> Result<()> {
+        let _call = crate::profile::call();
         // Stream jobs queued earlier run first (on every rank alike), and none still uses
         // the buffers. (A call ordered on a stream comes after earlier work on it by the
         // stream's order, whatever holds that work keeps.)

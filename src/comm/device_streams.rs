@@ -82,7 +82,7 @@ impl Communicator {
                 stream: handle,
                 holds,
             };
-            return self.run_device_in(kind, send, recv, count, op, Some(call));
+            return self.run_device_at(dev, kind, send, recv, count, op, Some(call));
         }
         if !self.stream_jobs_supported(dev, &[handle]) {
             stream.synchronize()?;

@@ -82,10 +82,11 @@ fn querying(hint: u32) -> Option<&'static Driver> {
 /// What the driver tells of a device address: a trait so that [`holder`] runs over a model
 /// of the driver in the tests.
 trait Pointers {
-    /// The device of the memory at `p` (`cuPointerGetAttribute`, memory type and ordinal).
-    fn device(&self, p: u64) -> Option<u32>;
-    /// The mapped piece holding `p` (`cuMemGetAddressRange`): the allocation of `cuMemAlloc`
-    /// memory, one piece of memory mapped with `cuMemMap`.
+    /// The device of the memory at `p` and, for memory of `cuMemAlloc`, its allocation (one
+    /// query: `cuPointerGetAttributes`).
+    fn facts(&self, p: u64) -> Option<(u32, Option<(u64, usize)>)>;
+    /// The mapped piece holding `p` (`cuMemGetAddressRange`): one piece of memory mapped with
+    /// `cuMemMap` (or of a pool).
     fn mapping(&self, p: u64) -> Option<(u64, usize)>;
     /// The range holding `p` (the range attributes): the allocation, or the reserved range of
     /// memory mapped with `cuMemMap`, mapped or not.
@@ -95,8 +96,9 @@ trait Pointers {
 }
 
 impl Pointers for Driver {
-    fn device(&self, p: u64) -> Option<u32> {
-        self.device_of_pointer(p as DevicePtr)
+    fn facts(&self, p: u64) -> Option<(u32, Option<(u64, usize)>)> {
+        self.pointer_facts(p as DevicePtr)
+            .map(|f| (f.device, f.allocation))
     }
     fn mapping(&self, p: u64) -> Option<(u64, usize)> {
         self.mapping_of_pointer(p as DevicePtr)
@@ -109,22 +111,26 @@ impl Pointers for Driver {
     }
 }
 
-/// The device whose memory holds all of `[addr, addr + len)`: inside the mapped piece of its
-/// first byte (for `cuMemAlloc` memory, its allocation: one query past the first), or, for
-/// memory mapped piece by piece into a reserved range (`cuMemAddressReserve` + `cuMemMap`, as
-/// PyTorch's expandable segments make it), inside that one reserved range with its last
-/// byte mapped on the same device. Two allocations that happen to touch are two ranges, so a
-/// buffer running from one into the next is refused: the driver refuses a copy across them.
-/// An unmapped hole between the first and the last byte of a reservation is not looked for
-/// (a piece at a time would cost a query per piece); a copy over one fails in the driver.
+/// The device whose memory holds all of `[addr, addr + len)`: for `cuMemAlloc` memory, inside
+/// the allocation of its first byte (one query, which tells both); otherwise inside the mapped
+/// piece of its first byte, or, for memory mapped piece by piece into a reserved range
+/// (`cuMemAddressReserve` + `cuMemMap`, as PyTorch's expandable segments make it), inside that
+/// one reserved range with its last byte mapped on the same device. Two allocations that
+/// happen to touch are two ranges, so a buffer running from one into the next is refused: the
+/// driver refuses a copy across them. An unmapped hole between the first and the last byte of
+/// a reservation is not looked for (a piece at a time would cost a query per piece); a copy
+/// over one fails in the driver.
 fn holder(q: &impl Pointers, addr: u64, len: usize) -> Option<u32> {
-    let first = q.device(addr)?;
+    let (first, allocation) = q.facts(addr)?;
     if len <= 1 {
         return Some(first);
     }
     let end = addr.checked_add(len as u64)?;
     let within =
         |(start, size): (u64, usize)| start.checked_add(size as u64).is_some_and(|e| end <= e);
+    if let Some(a) = allocation {
+        return within(a).then_some(first);
+    }
     if q.mapping(addr).is_some_and(within) {
         return Some(first);
     }
@@ -133,7 +139,7 @@ fn holder(q: &impl Pointers, addr: u64, len: usize) -> Option<u32> {
     let ok = within(range)
         && q.range(last) == Some(range)
         && q.mapped(last) == Some(true)
-        && q.device(last) == Some(first);
+        && q.facts(last).map(|f| f.0) == Some(first);
     ok.then_some(first)
 }
 
@@ -372,8 +378,9 @@ mod tests {
         queries: Cell<usize>,
     }
 
-    /// An allocation or a reserved range: start, size, device, mapped pieces (start, size).
-    struct Range(u64, usize, u32, Vec<(u64, usize)>);
+    /// An allocation or a reserved range: start, size, device, mapped pieces (start, size),
+    /// whether it is an allocation of `cuMemAlloc`.
+    struct Range(u64, usize, u32, Vec<(u64, usize)>, bool);
 
     impl Model {
         fn new() -> Model {
@@ -385,12 +392,13 @@ mod tests {
         /// A `cuMemAlloc` allocation.
         fn alloc(mut self, start: u64, size: usize, dev: u32) -> Model {
             self.ranges
-                .push(Range(start, size, dev, vec![(start, size)]));
+                .push(Range(start, size, dev, vec![(start, size)], true));
             self
         }
         /// A reserved range with these pieces mapped.
         fn reserve(mut self, start: u64, size: usize, dev: u32, pieces: &[(u64, usize)]) -> Model {
-            self.ranges.push(Range(start, size, dev, pieces.to_vec()));
+            self.ranges
+                .push(Range(start, size, dev, pieces.to_vec(), false));
             self
         }
         fn find(&self, p: u64) -> Option<&Range> {
@@ -410,8 +418,8 @@ mod tests {
     impl Pointers for Model {
         // An unmapped address of a reservation still answers its device: the check must not
         // lean on the driver refusing it.
-        fn device(&self, p: u64) -> Option<u32> {
-            self.find(p).map(|r| r.2)
+        fn facts(&self, p: u64) -> Option<(u32, Option<(u64, usize)>)> {
+            self.find(p).map(|r| (r.2, r.4.then_some((r.0, r.1))))
         }
         fn mapping(&self, p: u64) -> Option<(u64, usize)> {
             self.piece(p)
@@ -426,13 +434,13 @@ mod tests {
     }
 
     #[test]
-    fn a_buffer_inside_one_allocation_costs_two_queries() {
+    fn a_buffer_inside_one_allocation_costs_one_query() {
         let m = Model::new().alloc(0x1000, 0x1000, 0);
         assert_eq!(holder(&m, 0x1000, 0x1000), Some(0));
         assert_eq!(
             m.queries.get(),
-            2,
-            "the device and the mapped piece, nothing more"
+            1,
+            "the device and the allocation in one, nothing more"
         );
         assert_eq!(holder(&m, 0x1800, 0x800), Some(0));
         assert_eq!(

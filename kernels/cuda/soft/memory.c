@@ -7,17 +7,19 @@
 /* ---- memory ----------------------------------------------------------------------------- */
 
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
+    COUNT();
     CTX_CHECK();
     if (!p) return E_INVALID_VALUE;
     return new_alloc(p, size, 2, current->device);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
+    COUNT();
     CALL_CHECK();
     return free_alloc(p, 2);
 }
 
-CUresult cuMemAllocHost_v2(void** p, size_t size) {
+static CUresult host_alloc(void** p, size_t size) {
     CTX_CHECK();
     if (!p) return E_INVALID_VALUE;
     uint64_t a = 0;
@@ -26,17 +28,25 @@ CUresult cuMemAllocHost_v2(void** p, size_t size) {
     return r;
 }
 
+CUresult cuMemAllocHost_v2(void** p, size_t size) {
+    COUNT();
+    return host_alloc(p, size);
+}
+
 CUresult cuMemHostAlloc(void** p, size_t size, unsigned flags) {
+    COUNT();
     (void)flags;
-    return cuMemAllocHost_v2(p, size);
+    return host_alloc(p, size);
 }
 
 CUresult cuMemFreeHost(void* p) {
+    COUNT();
     CALL_CHECK();
     return free_alloc((uint64_t)(uintptr_t)p, 1);
 }
 
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p, unsigned flags) {
+    COUNT();
     CTX_CHECK();
     if (!d || flags != 0) return E_INVALID_VALUE;
     struct alloc* a = find_alloc((uint64_t)(uintptr_t)p);
@@ -45,11 +55,8 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p, unsigned flags) {
     return OK;
 }
 
-CUresult cuPointerGetAttribute(void* out, int attr, CUdeviceptr p) {
-    CALL_CHECK();
-    if (!out) return E_INVALID_VALUE;
-    struct alloc* a = find_alloc(p);
-    if (!a) return E_INVALID_VALUE; /* pageable host memory: unknown to the driver */
+/* Attribute `attr` of allocation `a` into `out`. */
+static CUresult attribute_of(struct alloc* a, void* out, int attr) {
     switch (attr) {
     case 2: *(unsigned*)out = (unsigned)a->kind; break;           /* memory type */
     case 9: *(int*)out = a->device; break;                        /* device ordinal */
@@ -62,7 +69,40 @@ CUresult cuPointerGetAttribute(void* out, int attr, CUdeviceptr p) {
     return OK;
 }
 
+CUresult cuPointerGetAttribute(void* out, int attr, CUdeviceptr p) {
+    COUNT();
+    CALL_CHECK();
+    if (!out) return E_INVALID_VALUE;
+    struct alloc* a = find_alloc(p);
+    if (!a) return E_INVALID_VALUE; /* pageable host memory: unknown to the driver */
+    return attribute_of(a, out, attr);
+}
+
+/* Several attributes at once. An address the driver does not know is no error here, as in the
+   driver: every attribute reads as zero (memory type 0: none). */
+CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdeviceptr p) {
+    COUNT();
+    CALL_CHECK();
+    if (!attrs || !data) return E_INVALID_VALUE;
+    struct alloc* a = find_alloc(p);
+    for (unsigned i = 0; i < n; i++) {
+        if (!data[i]) return E_INVALID_VALUE;
+        if (a) {
+            CUresult r = attribute_of(a, data[i], attrs[i]);
+            if (r != OK) return r;
+        } else if (attrs[i] == 11 || attrs[i] == 12) {
+            *(uint64_t*)data[i] = 0;
+        } else if (attrs[i] == 2 || attrs[i] == 9 || attrs[i] == 10 || attrs[i] == 13) {
+            *(unsigned*)data[i] = 0;
+        } else {
+            return E_INVALID_VALUE;
+        }
+    }
+    return OK;
+}
+
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p) {
+    COUNT();
     CTX_CHECK();
     struct alloc* a = find_alloc(p);
     if (!a || a->kind != 2) return E_NOT_FOUND;
@@ -74,6 +114,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p)
 /* ---- streams, copies, kernels ----------------------------------------------------------- */
 
 CUresult cuStreamCreate(void** s, unsigned flags) {
+    COUNT();
     CTX_CHECK();
     if (!s || (flags & ~STREAM_NON_BLOCKING)) return E_INVALID_VALUE;
     *s = new_stream(current, flags);
@@ -81,6 +122,7 @@ CUresult cuStreamCreate(void** s, unsigned flags) {
 }
 
 CUresult cuStreamDestroy_v2(void* h) {
+    COUNT();
     CALL_CHECK();
     if ((uintptr_t)h <= 2) return E_INVALID_HANDLE;
     struct stream* s = h;
@@ -92,6 +134,7 @@ CUresult cuStreamDestroy_v2(void* h) {
 }
 
 CUresult cuStreamSynchronize(void* h) {
+    COUNT();
     CALL_CHECK();
     struct stream* s = stream_of(h);
     if (!s) return E_INVALID_CONTEXT;
@@ -99,6 +142,7 @@ CUresult cuStreamSynchronize(void* h) {
 }
 
 CUresult cuStreamIsCapturing(void* h, int* status) {
+    COUNT();
     CALL_CHECK();
     if ((uintptr_t)h <= 2 && !current) return E_INVALID_CONTEXT;
     if (!status) return E_INVALID_VALUE;
@@ -130,12 +174,36 @@ static CUresult copy_on(void* h, void* dst, const void* src, size_t len, int syn
 
 #define DPTR(p) ((void*)(uintptr_t)(p))
 
-CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) { return copy_on(NULL, DPTR(d), h, n, 1); }
-CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) { return copy_on(NULL, h, DPTR(d), n, 1); }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) { return copy_on(s, DPTR(d), h, n, 0); }
-CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) { return copy_on(s, h, DPTR(d), n, 0); }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) { return copy_on(s, DPTR(d), DPTR(src), n, 0); }
-CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) { return copy_on(s, DPTR(d), DPTR(src), n, 0); }
+CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
+    COUNT();
+    COUNT();
+    return copy_on(NULL, DPTR(d), h, n, 1);
+}
+CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
+    COUNT();
+    COUNT();
+    return copy_on(NULL, h, DPTR(d), n, 1);
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) {
+    COUNT();
+    COUNT();
+    return copy_on(s, DPTR(d), h, n, 0);
+}
+CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) {
+    COUNT();
+    COUNT();
+    return copy_on(s, h, DPTR(d), n, 0);
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) {
+    COUNT();
+    COUNT();
+    return copy_on(s, DPTR(d), DPTR(src), n, 0);
+}
+CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) {
+    COUNT();
+    COUNT();
+    return copy_on(s, DPTR(d), DPTR(src), n, 0);
+}
 
 static uint64_t elem_size(const char* name) {
     const char* dt = strrchr(name, '_');
@@ -173,6 +241,7 @@ static struct kernel kernels[] = {FERRO_FOR_EACH_KERNEL(SOFT_ENTRY){NULL, NULL, 
 #undef SOFT_ENTRY
 
 CUresult cuModuleLoadData(void** m, const void* image) {
+    COUNT();
     CTX_CHECK();
     if (!m || !image) return E_INVALID_VALUE;
     struct module* mod = calloc(1, sizeof *mod);
@@ -182,6 +251,7 @@ CUresult cuModuleLoadData(void** m, const void* image) {
 }
 
 CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
+    COUNT();
     CALL_CHECK();
     if (!f || !m || !name) return E_INVALID_VALUE;
     for (struct kernel* k = kernels; k->name; k++) {
@@ -198,6 +268,7 @@ CUresult cuModuleGetFunction(void** f, void* m, const char* name) {
 
 CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                         unsigned bz, unsigned shmem, void* h, void** params, void** extra) {
+    COUNT();
     CTX_CHECK();
     (void)shmem;
     struct function* fn = f;
@@ -240,10 +311,26 @@ static CUresult value_op(void* h, CUdeviceptr addr, uint32_t value, unsigned fla
     return OK;
 }
 
-CUresult cuStreamWaitValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) { return value_op(h, a, v, f, 1); }
-CUresult cuStreamWaitValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) { return value_op(h, a, v, f, 1); }
-CUresult cuStreamWriteValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) { return value_op(h, a, v, f, 0); }
-CUresult cuStreamWriteValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) { return value_op(h, a, v, f, 0); }
+CUresult cuStreamWaitValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
+    COUNT();
+    COUNT();
+    return value_op(h, a, v, f, 1);
+}
+CUresult cuStreamWaitValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
+    COUNT();
+    COUNT();
+    return value_op(h, a, v, f, 1);
+}
+CUresult cuStreamWriteValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
+    COUNT();
+    COUNT();
+    return value_op(h, a, v, f, 0);
+}
+CUresult cuStreamWriteValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
+    COUNT();
+    COUNT();
+    return value_op(h, a, v, f, 0);
+}
 
 /* ---- events ----------------------------------------------------------------------------- */
 
@@ -264,6 +351,7 @@ static struct event_state* shared_state(int* fd_out) {
 }
 
 CUresult cuEventCreate(void** e, unsigned flags) {
+    COUNT();
     CTX_CHECK();
     if (!e || (flags & ~7u)) return E_INVALID_VALUE;
     if ((flags & EVENT_INTERPROCESS) && !(flags & EVENT_DISABLE_TIMING)) return E_INVALID_VALUE;
@@ -285,6 +373,7 @@ CUresult cuEventCreate(void** e, unsigned flags) {
 }
 
 CUresult cuEventDestroy_v2(void* e) {
+    COUNT();
     CALL_CHECK();
     if (!e) return E_INVALID_HANDLE;
     /* Records and waits still queued may use its state: it is kept. */
@@ -292,6 +381,7 @@ CUresult cuEventDestroy_v2(void* e) {
 }
 
 CUresult cuEventRecord(void* e, void* h) {
+    COUNT();
     STREAM_CHECK(s, h);
     struct event* ev = e;
     if (!ev) return E_INVALID_HANDLE;
@@ -306,6 +396,7 @@ CUresult cuEventRecord(void* e, void* h) {
 }
 
 CUresult cuStreamWaitEvent(void* h, void* e, unsigned flags) {
+    COUNT();
     STREAM_CHECK(s, h);
     struct event* ev = e;
     if (!ev || flags != 0) return E_INVALID_VALUE;
@@ -320,6 +411,7 @@ CUresult cuStreamWaitEvent(void* h, void* e, unsigned flags) {
 }
 
 CUresult cuEventQuery(void* e) {
+    COUNT();
     CALL_CHECK();
     struct event* ev = e;
     if (!ev) return E_INVALID_HANDLE;
@@ -328,6 +420,7 @@ CUresult cuEventQuery(void* e) {
 }
 
 CUresult cuEventSynchronize(void* e) {
+    COUNT();
     CALL_CHECK();
     struct event* ev = e;
     if (!ev) return E_INVALID_HANDLE;
@@ -338,6 +431,7 @@ CUresult cuEventSynchronize(void* e) {
 }
 
 CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+    COUNT();
     CALL_CHECK();
     struct event *x = a, *y = b;
     if (!ms || !x || !y) return E_INVALID_VALUE;
@@ -381,6 +475,7 @@ static int open_from(const struct ipc_handle* h, size_t size, void** out) {
 }
 
 CUresult cuIpcGetMemHandle(CUipcHandle* out, CUdeviceptr p) {
+    COUNT();
     CTX_CHECK();
     if (!out) return E_INVALID_VALUE;
     pthread_mutex_lock(&g.mu);
@@ -398,7 +493,7 @@ CUresult cuIpcGetMemHandle(CUipcHandle* out, CUdeviceptr p) {
     return OK;
 }
 
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcHandle handle, unsigned flags) {
+static CUresult ipc_open_mem(CUdeviceptr* p, CUipcHandle handle, unsigned flags) {
     CTX_CHECK();
     struct ipc_handle h;
     memcpy(&h, handle.bytes, sizeof h);
@@ -439,11 +534,18 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcHandle handle, unsigned flag
     return OK;
 }
 
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* p, CUipcHandle handle, unsigned flags) {
+    COUNT();
+    return ipc_open_mem(p, handle, flags);
+}
+
 CUresult cuIpcOpenMemHandle(CUdeviceptr* p, CUipcHandle handle, unsigned flags) {
-    return cuIpcOpenMemHandle_v2(p, handle, flags);
+    COUNT();
+    return ipc_open_mem(p, handle, flags);
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    COUNT();
     CTX_CHECK();
     pthread_mutex_lock(&g.mu);
     struct alloc** link = &g.allocs;
@@ -465,6 +567,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 }
 
 CUresult cuIpcGetEventHandle(CUipcHandle* out, void* e) {
+    COUNT();
     CTX_CHECK();
     struct event* ev = e;
     if (!out || !ev || !(ev->flags & EVENT_INTERPROCESS)) return E_INVALID_VALUE;
@@ -476,6 +579,7 @@ CUresult cuIpcGetEventHandle(CUipcHandle* out, void* e) {
 }
 
 CUresult cuIpcOpenEventHandle(void** e, CUipcHandle handle) {
+    COUNT();
     CTX_CHECK();
     struct ipc_handle h;
     memcpy(&h, handle.bytes, sizeof h);

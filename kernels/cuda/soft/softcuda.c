@@ -27,12 +27,62 @@
  *   (the same loop the GPU runs, as one thread); the module image is not looked at. A kernel
  *   that touches memory of another device whose context has no peer access to it fails the
  *   context (CUDA_ERROR_ILLEGAL_ADDRESS, sticky), as a GPU faults.
+ *
+ * SOFTCUDA_COUNTS=FILE: at exit, each process appends to FILE a line per entry point it called,
+ * `pid name calls` (the host's work per collective, in driver calls: a count, not a time).
+ * SOFTCUDA_TRACE=1: every call of an entry point is written to stderr as it is made.
  */
 #include "softcuda.h"
 
 struct softcuda g = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, {{0}}, NULL, NULL, 1, 0};
 __thread struct ctx* current;
 __thread int in_host_fn;
+
+/* ---- counts of calls ------------------------------------------------------------------- */
+
+#define MAX_COUNTED 96
+static struct {
+    const char* name;
+    atomic_uint_fast64_t calls;
+} counted[MAX_COUNTED];
+static atomic_int ncounted;
+static pthread_mutex_t count_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* One more call of entry point `name`, whose place in the table `slot` keeps (-1: none yet). */
+void count_call(const char* name, atomic_int* slot) {
+    static int trace = -1;
+    if (trace < 0) {
+        const char* t = getenv("SOFTCUDA_TRACE");
+        trace = t && !strcmp(t, "1");
+    }
+    if (trace) fprintf(stderr, "softcuda %d.%ld %s\n", (int)getpid(), (long)syscall(SYS_gettid), name);
+    int k = atomic_load_explicit(slot, memory_order_acquire);
+    if (k < 0) {
+        pthread_mutex_lock(&count_mu);
+        k = atomic_load(slot);
+        if (k < 0 && atomic_load(&ncounted) < MAX_COUNTED) {
+            k = atomic_load(&ncounted);
+            counted[k].name = name;
+            atomic_store(&ncounted, k + 1);
+            atomic_store_explicit(slot, k, memory_order_release);
+        }
+        pthread_mutex_unlock(&count_mu);
+        if (k < 0) return;
+    }
+    atomic_fetch_add_explicit(&counted[k].calls, 1, memory_order_relaxed);
+}
+
+__attribute__((destructor)) static void write_counts(void) {
+    const char* path = getenv("SOFTCUDA_COUNTS");
+    if (!path || !*path) return;
+    FILE* f = fopen(path, "a");
+    if (!f) return;
+    int n = atomic_load(&ncounted);
+    for (int k = 0; k < n; k++)
+        fprintf(f, "%d %s %llu\n", (int)getpid(), counted[k].name,
+                (unsigned long long)atomic_load(&counted[k].calls));
+    fclose(f);
+}
 
 uint64_t now_ns(void) {
     struct timespec t;
@@ -329,6 +379,7 @@ CUresult sync_stream(struct stream* s) {
 /* ---- initialization, devices, contexts -------------------------------------------------- */
 
 CUresult cuInit(unsigned flags) {
+    COUNT();
     if (in_host_fn) return E_NOT_PERMITTED;
     if (flags != 0) return E_INVALID_VALUE;
     pthread_mutex_lock(&g.mu);
@@ -350,6 +401,7 @@ CUresult cuInit(unsigned flags) {
 }
 
 CUresult cuDriverGetVersion(int* v) {
+    COUNT();
     if (!v) return E_INVALID_VALUE;
     const char* e = getenv("SOFTCUDA_VERSION");
     *v = e ? atoi(e) : 12080;
@@ -357,6 +409,7 @@ CUresult cuDriverGetVersion(int* v) {
 }
 
 CUresult cuDeviceGetCount(int* n) {
+    COUNT();
     CALL_CHECK();
     if (!n) return E_INVALID_VALUE;
     *n = g.ndev;
@@ -364,6 +417,7 @@ CUresult cuDeviceGetCount(int* n) {
 }
 
 CUresult cuDeviceGet(CUdevice* d, int ordinal) {
+    COUNT();
     CALL_CHECK();
     if (!d) return E_INVALID_VALUE;
     if (ordinal < 0 || ordinal >= g.ndev) return E_INVALID_DEVICE;
@@ -372,6 +426,7 @@ CUresult cuDeviceGet(CUdevice* d, int ordinal) {
 }
 
 CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
+    COUNT();
     CALL_CHECK();
     if (!v) return E_INVALID_VALUE;
     if (d < 0 || d >= g.ndev) return E_INVALID_DEVICE;
@@ -388,6 +443,7 @@ CUresult cuDeviceGetAttribute(int* v, int attr, CUdevice d) {
 }
 
 CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
+    COUNT();
     CALL_CHECK();
     if (!name || len <= 0) return E_INVALID_VALUE;
     if (d < 0 || d >= g.ndev) return E_INVALID_DEVICE;
@@ -396,6 +452,7 @@ CUresult cuDeviceGetName(char* name, int len, CUdevice d) {
 }
 
 CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice d) {
+    COUNT();
     CALL_CHECK();
     if (!id || len <= 0) return E_INVALID_VALUE;
     if (d < 0 || d >= g.ndev) return E_INVALID_DEVICE;
@@ -404,6 +461,7 @@ CUresult cuDeviceGetPCIBusId(char* id, int len, CUdevice d) {
 }
 
 CUresult cuDeviceGetByPCIBusId(CUdevice* d, const char* id) {
+    COUNT();
     CALL_CHECK();
     if (!d || !id) return E_INVALID_VALUE;
     unsigned dom = 0, bus = 0, dev = 0, fn = 0;
@@ -415,6 +473,7 @@ CUresult cuDeviceGetByPCIBusId(CUdevice* d, const char* id) {
 }
 
 CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
+    COUNT();
     CALL_CHECK();
     if (!can) return E_INVALID_VALUE;
     if (d < 0 || d >= g.ndev || peer < 0 || peer >= g.ndev) return E_INVALID_DEVICE;
@@ -423,6 +482,7 @@ CUresult cuDeviceCanAccessPeer(int* can, CUdevice d, CUdevice peer) {
 }
 
 CUresult cuDevicePrimaryCtxRetain(void** ctx, CUdevice d) {
+    COUNT();
     CALL_CHECK();
     if (!ctx) return E_INVALID_VALUE;
     if (d < 0 || d >= g.ndev) return E_INVALID_DEVICE;
@@ -431,6 +491,7 @@ CUresult cuDevicePrimaryCtxRetain(void** ctx, CUdevice d) {
 }
 
 CUresult cuCtxSetCurrent(void* ctx) {
+    COUNT();
     CALL_CHECK();
     struct ctx* c = ctx;
     if (c && (c < &g.ctxs[0] || c >= &g.ctxs[g.ndev])) return E_INVALID_CONTEXT;
@@ -439,6 +500,7 @@ CUresult cuCtxSetCurrent(void* ctx) {
 }
 
 CUresult cuCtxGetCurrent(void** ctx) {
+    COUNT();
     CALL_CHECK();
     if (!ctx) return E_INVALID_VALUE;
     *ctx = current;
@@ -446,6 +508,7 @@ CUresult cuCtxGetCurrent(void** ctx) {
 }
 
 CUresult cuCtxGetDevice(CUdevice* d) {
+    COUNT();
     CTX_CHECK();
     if (!d) return E_INVALID_VALUE;
     *d = current->device;
@@ -453,6 +516,7 @@ CUresult cuCtxGetDevice(CUdevice* d) {
 }
 
 CUresult cuCtxSynchronize(void) {
+    COUNT();
     CTX_CHECK();
     for (;;) {
         /* Every stream of the context, as queued now. */
@@ -474,6 +538,7 @@ CUresult cuCtxSynchronize(void) {
 }
 
 CUresult cuCtxEnablePeerAccess(void* peer, unsigned flags) {
+    COUNT();
     CTX_CHECK();
     struct ctx* p = peer;
     if (flags != 0) return E_INVALID_VALUE;
@@ -487,6 +552,7 @@ CUresult cuCtxEnablePeerAccess(void* peer, unsigned flags) {
 }
 
 CUresult cuGetErrorString(CUresult e, const char** s) {
+    COUNT();
     if (!s) return E_INVALID_VALUE;
     switch (e) {
     case OK: *s = "no error"; break;

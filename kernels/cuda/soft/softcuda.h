@@ -123,6 +123,14 @@ struct op {
     void* staged; /* freed with the op */
 };
 
+/* Counts a call of the entry point it opens (SOFTCUDA_COUNTS, softcuda.c): each entry point's
+   first statement. */
+#define COUNT()                                \
+    do {                                       \
+        static atomic_int slot_ = -1;          \
+        count_call(__func__, &slot_);          \
+    } while (0)
+
 /* Every entry point: not from a host function on a stream, not before cuInit. */
 #define CALL_CHECK()                                \
     do {                                            \
@@ -162,6 +170,7 @@ extern HIDDEN struct softcuda g;
 extern HIDDEN __thread struct ctx* current;
 extern HIDDEN __thread int in_host_fn;
 
+HIDDEN void count_call(const char* name, atomic_int* slot);
 HIDDEN uint64_t now_ns(void);
 HIDDEN void pause_for(unsigned* tries);
 HIDDEN struct alloc* find_alloc_locked(uint64_t p);

@@ -124,6 +124,8 @@ driver_api! {
     stream_destroy = "cuStreamDestroy_v2": fn(Handle);
     stream_wait_event = "cuStreamWaitEvent": fn(Handle, Handle, c_uint);
     pointer_attribute = "cuPointerGetAttribute": fn(*mut c_void, c_int, DevicePtr);
+    pointer_attributes = "cuPointerGetAttributes": fn(c_uint, *mut c_int, *mut *mut c_void,
+        DevicePtr);
     mem_get_address_range = "cuMemGetAddressRange_v2": fn(*mut DevicePtr, *mut usize, DevicePtr);
     event_create = "cuEventCreate": fn(*mut Handle, c_uint);
     event_record = "cuEventRecord": fn(Handle, Handle);
@@ -148,6 +150,16 @@ driver_api! {
     ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
     // Stream-ordered calls: what the call holds is let go once its stream has run it.
     launch_host_func = "cuLaunchHostFunc": fn(Handle, HostFn, *mut c_void);
+}
+
+/// Device memory as the driver tells it ([`Driver::pointer_facts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointerFacts {
+    /// The device ordinal owning the memory.
+    pub device: u32,
+    /// Memory of `cuMemAlloc`: its allocation's start and size. `None` for other device
+    /// memory (mapped piece by piece with `cuMemMap`, or of a stream-ordered pool).
+    pub allocation: Option<(DevicePtr, usize)>,
 }
 
 /// A host function queued on a stream (`CUhostFn`): runs on a driver thread once the stream
@@ -302,21 +314,35 @@ impl Driver {
         Ok(n.max(0) as u32)
     }
 
-    /// The device of ordinal `ordinal`, checked against the count.
+    /// The device of ordinal `ordinal`, checked against the count. The devices are asked for
+    /// once per process (the count and the handles do not change after `cuInit`; every call
+    /// that binds a device asks this).
     pub fn device(&self, ordinal: u32) -> Result<Device> {
-        let n = self.device_count()?;
-        if ordinal >= n {
-            return Err(CudaError::new(
+        static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
+        let devices = match DEVICES.get() {
+            Some(d) => d,
+            None => {
+                let mut all = Vec::new();
+                for k in 0..self.device_count()? {
+                    let mut d = 0;
+                    // SAFETY: `d` is a valid out-pointer; the ordinal is below the count.
+                    self.check("cuDeviceGet", unsafe {
+                        (self.device_get)(&mut d, k as c_int)
+                    })?;
+                    all.push(d);
+                }
+                DEVICES.get_or_init(|| all)
+            }
+        };
+        devices.get(ordinal as usize).copied().ok_or_else(|| {
+            CudaError::new(
                 CudaErrorKind::Invalid,
-                format!("cuda device {ordinal} does not exist (this process sees {n})"),
-            ));
-        }
-        let mut d = 0;
-        // SAFETY: `d` is a valid out-pointer; the ordinal is in range.
-        self.check("cuDeviceGet", unsafe {
-            (self.device_get)(&mut d, ordinal as c_int)
-        })?;
-        Ok(d)
+                format!(
+                    "cuda device {ordinal} does not exist (this process sees {})",
+                    devices.len()
+                ),
+            )
+        })
     }
 
     /// An integer attribute of `device`.
@@ -603,24 +629,44 @@ impl Driver {
         self.check("cuEventDestroy", unsafe { (self.event_destroy)(event) })
     }
 
-    /// The device ordinal that owns `ptr` if it is device memory the driver knows (any
-    /// context); `None` for host memory and for addresses the driver never allocated. Tells a
-    /// host pointer passed where a device pointer is expected (and the reverse) before any copy.
-    pub fn device_of_pointer(&self, ptr: DevicePtr) -> Option<u32> {
-        if self.memory_type(ptr) != Some(MEMORYTYPE_DEVICE) {
-            return None;
-        }
-        let mut ordinal: c_int = -1;
-        // SAFETY: `ordinal` is a valid out-pointer of the attribute's type (int); the driver
-        // only looks the address up.
+    /// What the driver knows of `ptr` in one query (`cuPointerGetAttributes`): `None` for
+    /// host memory and for addresses the driver never allocated; for device memory, its
+    /// device and, where it is memory of `cuMemAlloc`, the whole allocation. Tells a host
+    /// pointer passed where a device pointer is expected (and the reverse) before any copy; a
+    /// buffer inside one allocation needs nothing more (a collective asks this of each of its
+    /// buffers on every call).
+    pub fn pointer_facts(&self, ptr: DevicePtr) -> Option<PointerFacts> {
+        let (mut kind, mut ordinal, mut plain): (c_uint, c_int, c_uint) = (0, -1, 0);
+        let (mut start, mut size): (DevicePtr, usize) = (0, 0);
+        let mut attrs = [
+            POINTER_MEMORY_TYPE,
+            POINTER_DEVICE_ORDINAL,
+            POINTER_LEGACY_IPC,
+            POINTER_RANGE_START,
+            POINTER_RANGE_SIZE,
+        ];
+        let mut data: [*mut c_void; 5] = [
+            (&mut kind as *mut c_uint).cast(),
+            (&mut ordinal as *mut c_int).cast(),
+            (&mut plain as *mut c_uint).cast(),
+            (&mut start as *mut DevicePtr).cast(),
+            (&mut size as *mut usize).cast(),
+        ];
+        // SAFETY: `data[i]` is a valid out-pointer of attribute `attrs[i]`'s type (CUmemorytype
+        // and the boolean: 32 bits; int; CUdeviceptr; size_t), both arrays hold as many entries
+        // as passed; the driver only looks the address up, it never dereferences it.
         let s = unsafe {
-            (self.pointer_attribute)(
-                (&mut ordinal as *mut c_int).cast(),
-                POINTER_DEVICE_ORDINAL,
+            (self.pointer_attributes)(
+                attrs.len() as c_uint,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
                 ptr,
             )
         };
-        (s == 0 && ordinal >= 0).then_some(ordinal as u32)
+        (s == 0 && kind == MEMORYTYPE_DEVICE && ordinal >= 0).then(|| PointerFacts {
+            device: ordinal as u32,
+            allocation: (plain != 0 && size > 0).then_some((start, size)),
+        })
     }
 
     /// The address range holding device pointer `ptr`, its start and size: the allocation

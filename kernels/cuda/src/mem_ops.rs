@@ -81,8 +81,20 @@ fn missing(call: &str) -> CudaError {
 
 impl MemOps {
     /// Whether `device` can wait on a host-mapped flag from a stream: the calls are there and
-    /// the device maps host memory (and, with only the first wait call, has opted in).
+    /// the device maps host memory (and, with only the first wait call, has opted in). Asked
+    /// of the driver once per device and process (every call on a stream asks this).
     pub fn supported(&self, d: &Driver, device: Device) -> bool {
+        static KNOWN: std::sync::Mutex<Vec<(Device, bool)>> = std::sync::Mutex::new(Vec::new());
+        let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(_, on)) = known.iter().find(|(k, _)| *k == device) {
+            return on;
+        }
+        let on = self.ask_supported(d, device);
+        known.push((device, on));
+        on
+    }
+
+    fn ask_supported(&self, d: &Driver, device: Device) -> bool {
         let (Some((_, name)), Some(_), Some(_), Some(_)) = (
             self.wait_value32,
             self.write_value32,

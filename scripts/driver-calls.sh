@@ -8,13 +8,15 @@
 #
 #   scripts/driver-calls.sh BOUND RANKS CMD...
 #
-# CMD is an nccl-tests-style tool run whose iteration count is the word NITER (as `-n NITER`);
-# it runs with 20 and with 120 iterations, and the difference is divided by 100 iterations of
-# 2 calls (out of place and in place) of RANKS ranks. Exit status 0 when the tool's rows are
-# right (`-c 1`) and the count is at most BOUND; the environment must load softcuda
+# CMD is an nccl-tests-style tool run whose iteration count is the word NITER (as `-n NITER`),
+# or another program that makes NITER calls per rank and says `OK` at the start of a line
+# (PER_ITERATION=1: tests/c/streams.c's mode repeat); it runs with 20 and with 120, and the
+# difference is divided by 100 iterations of PER_ITERATION calls (default 2: a tool's out of
+# place and in place) of RANKS ranks. Exit status 0 when the run checked its results right
+# (a tool: `-c 1`) and the count is at most BOUND; the environment must load softcuda
 # (scripts/softcuda-check.sh sets it).
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n 2,15p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,17p "$0"; exit 2; }
 bound=$1 ranks=$2
 shift 2
 dir=$(mktemp -d)
@@ -22,10 +24,10 @@ trap 'rm -rf "$dir"' EXIT
 for n in 20 120; do
     out=$(SOFTCUDA_COUNTS=$dir/counts.$n "${@//NITER/$n}" 2>&1) ||
         { printf '%s\n' "$out" | tail -20; exit 1; }
-    grep -q "# Out of bounds values : 0 OK" <<<"$out" ||
+    grep -qE "# Out of bounds values : 0 OK|^OK " <<<"$out" ||
         { printf '%s\n' "$out" | tail -20; exit 1; }
 done
-python3 - "$dir/counts.20" "$dir/counts.120" "$bound" "$ranks" <<'PY'
+python3 - "$dir/counts.20" "$dir/counts.120" "$bound" "$ranks" "${PER_ITERATION:-2}" <<'PY'
 import collections
 import sys
 
@@ -40,7 +42,7 @@ def load(path):
 
 a, b = load(sys.argv[1]), load(sys.argv[2])
 skip = {"cuCtxSetCurrent", "cuCtxGetCurrent", "cuEventQuery", "cuStreamQuery"}
-per = {k: (b[k] - a[k]) / (100 * 2 * int(sys.argv[4]))
+per = {k: (b[k] - a[k]) / (100 * int(sys.argv[5]) * int(sys.argv[4]))
        for k in b if k not in skip and b[k] != a[k]}
 total = sum(per.values())
 print(f"{total:.2f} driver calls per rank and call (at most {sys.argv[3]}): "

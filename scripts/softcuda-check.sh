@@ -139,6 +139,9 @@ for b in 1 2; do
     step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 8 \
         -n NITER -w 1 -c 1 -B "$b"
 done
+# The C ABI on a stream between buffers in windows (NCCL's programs' path).
+FERRO_TRANSPORTS=p2p PER_ITERATION=1 step 8m counted scripts/driver-calls.sh 9.5 2 "$soft/streams" 2 \
+    repeat NITER
 
 if [ "$failed" -eq 0 ]; then echo "== softcuda: PASS"; else echo "== softcuda: FAIL"; fi
 exit "$failed"

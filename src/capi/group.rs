@@ -228,6 +228,8 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
         join(shared, *device, streams)?;
     }
     for ((shared, ops), plan) in batches.into_iter().zip(plans) {
+        // Whether the operations were checked when issued (then not again when run).
+        let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, &shared));
         if shared.blocking {
             match plan {
                 Plan::Job(device, spans) => {
@@ -235,7 +237,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     stream_jobs.push((shared, job));
                 }
                 Plan::Pieces(p) => slices::queue_pieces(&shared, p)?,
-                Plan::Host | Plan::Block => blocking.push((shared, ops)),
+                Plan::Host | Plan::Block => blocking.push((shared, ops, checked)),
             }
             continue;
         }
@@ -245,7 +247,7 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
         }
         let s = Arc::clone(&shared);
         shared.submit(move || {
-            if let Err(e) = s.wait_ready().and_then(|c| execute(&c, ops)) {
+            if let Err(e) = s.wait_ready().and_then(|c| execute(&c, ops, checked)) {
                 s.record_async(e);
             }
         })?;
@@ -310,14 +312,14 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     })
 }
 
-fn run_blocking((shared, ops): (Arc<Shared>, Vec<Op>)) -> Result<()> {
+fn run_blocking((shared, ops, checked): (Arc<Shared>, Vec<Op>, bool)) -> Result<()> {
     let comm = shared.wait_ready()?;
     if ops.is_empty() {
         return Ok(());
     }
     // Stream jobs issued before this work come first.
     shared.streams.drain();
-    execute(&comm, ops)
+    execute(&comm, ops, checked)
 }
 
 /// The batches queued as stream jobs ([`Plan::Job`], [`Plan::Pieces`]) whose operations use
@@ -724,7 +726,8 @@ fn stream_job(
         let comm = s.wait_ready()?;
         let rank = comm.rank();
         let ops = slice_colls(&comm, ops, &colls);
-        execute(&comm, ops).map_err(|e| {
+        // Checked before the job was made (`plan_job`).
+        execute(&comm, ops, true).map_err(|e| {
             e.context(&names).append(format!(
                 "rank {rank}; the operation was queued on a stream and ran after the call \
                  returned"

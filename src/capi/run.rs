@@ -11,13 +11,15 @@ use crate::device::raw::{At, Span};
 use crate::{Communicator, Error, ReduceOp, Result};
 
 /// Runs the operations of one group on `comm`: collectives and splits in issue order, then
-/// every send and receive together (so that pairs never deadlock).
-pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>) -> Result<()> {
+/// every send and receive together (so that pairs never deadlock). `checked`: their device
+/// buffers were found live memory of the call's device when they were issued (`validate`),
+/// so a collective's are not asked of the driver again (a pointer query per buffer and call).
+pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>, checked: bool) -> Result<()> {
     let mut p2p = Vec::new();
     for op in ops {
         match op {
             Op::Send { .. } | Op::Recv { .. } => p2p.push(op),
-            other => run_one(comm, other)?,
+            other => run_one(comm, other, checked)?,
         }
     }
     if !p2p.is_empty() {
@@ -28,7 +30,7 @@ pub(crate) fn execute(comm: &Communicator, ops: Vec<Op>) -> Result<()> {
     Ok(())
 }
 
-fn run_one(comm: &Communicator, op: Op) -> Result<()> {
+fn run_one(comm: &Communicator, op: Op, checked: bool) -> Result<()> {
     let (rank, n) = (comm.rank(), comm.nranks());
     match op {
         Op::Coll {
@@ -43,10 +45,12 @@ fn run_one(comm: &Communicator, op: Op) -> Result<()> {
         } => {
             let layout = coll_layout(api, kind, send, recv, count, dtype, rank, n)?;
             if let Some(on) = on {
-                stream::check_layout(api, rank, &layout, on)?;
-                // SAFETY: the layout was just checked against `on`; NCCL's contract keeps the
-                // buffers (and a ncclScalarDevice scalar) live and the call's alone until it
-                // completes.
+                if !checked {
+                    stream::check_layout(api, rank, &layout, on)?;
+                }
+                // SAFETY: the layout was checked against `on` (now, or when the call was
+                // issued); NCCL's contract keeps the buffers (and a ncclScalarDevice scalar)
+                // live and the call's alone until it completes.
                 return unsafe { stream::run_coll(comm, api, kind, &layout, dtype, red, on) };
             }
             let op = match red {

@@ -160,7 +160,8 @@ fn queue(shared: &Arc<Shared>, lone: Lone) -> Result<()> {
         };
         Box::new(move || {
             let comm = s.wait_ready()?;
-            execute(&comm, vec![op]).map_err(|e| ran_later(e, api, rank, None))
+            // A host call (no stream): nothing to check against a device.
+            execute(&comm, vec![op], true).map_err(|e| ran_later(e, api, rank, None))
         })
     };
     // SAFETY: the call's ranges were checked as live memory of its device when it was made

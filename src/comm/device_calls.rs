@@ -359,6 +359,18 @@ impl Communicator {
         what: &str,
         buf: &DeviceBuffer<T>,
     ) -> Result<Device> {
+        self.device_for_live(name, what, buf, true)
+    }
+
+    /// [`Communicator::device_for`]; `live`: also ask the driver whether the buffer is live
+    /// memory of its device (`false` where the caller asked it just before).
+    fn device_for_live<T: Element>(
+        &self,
+        name: &str,
+        what: &str,
+        buf: &DeviceBuffer<T>,
+        live: bool,
+    ) -> Result<Device> {
         let rank = self.inner.rank;
         let Some(dev) = self.device() else {
             return Err(Error::invalid_usage(format!(
@@ -373,7 +385,9 @@ impl Communicator {
                 buf.device()
             )));
         }
-        buf.check_live(name, rank, what)?;
+        if live {
+            buf.check_live(name, rank, what)?;
+        }
         Ok(dev)
     }
 
@@ -399,15 +413,30 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
     ) -> Result<Device> {
+        self.check_device_live(kind, send, recv, count, op, true)
+    }
+
+    /// [`Communicator::check_device`]; `live: false` leaves out the driver's pointer queries,
+    /// for a caller that made them just before (the C ABI's check of the call's spans, which
+    /// names NCCL's arguments).
+    pub(crate) fn check_device_live<T: Element>(
+        &self,
+        kind: CollKind,
+        send: Option<&DeviceBuffer<T>>,
+        recv: &DeviceBuffer<T>,
+        count: usize,
+        op: ReduceOp,
+        live: bool,
+    ) -> Result<Device> {
         let name = kind.name();
-        let dev = self.device_for(name, "receive", recv)?;
+        let dev = self.device_for_live(name, "receive", recv, live)?;
         // In place the send buffer is the receive buffer (or its start), checked just now: a
         // driver query less on every call.
         let within = |s: &DeviceBuffer<T>| {
             s.device() == recv.device() && s.addr() == recv.addr() && s.bytes() <= recv.bytes()
         };
-        if let Some(s) = send.filter(|s| !within(s)) {
-            self.device_for(name, "send", s)?;
+        if let Some(s) = send {
+            self.device_for_live(name, "send", s, live && !within(s))?;
         }
         Call::check(
             &self.inner,

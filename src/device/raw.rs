@@ -581,7 +581,9 @@ impl Communicator {
     /// Each span is device memory of its device, live while the call runs (with a stream:
     /// until the stream has run it, NCCL's contract for a call on a stream); `recv` is used by
     /// nothing else meanwhile, `send` is not written by anything and does not overlap `recv`;
-    /// `stream` is a live stream of the spans' device.
+    /// `stream` is a live stream of the spans' device. With a stream, the caller has found the
+    /// spans live memory of their device (the C ABI's `check_layout`, when the call was
+    /// issued): they are not asked of the driver again.
     pub(crate) unsafe fn collective_at_on(
         &self,
         kind: CollKind,
@@ -632,7 +634,10 @@ impl Communicator {
             stream,
             holds: Vec::new(),
         };
-        self.run_device_in(kind, s.as_deref(), &mut r, count, op, Some(call))
+        // The caller asked the driver about the spans (this function's contract).
+        let s = s.as_deref();
+        let dev = self.check_device_live(kind, s, &r, count, op, false)?;
+        self.run_device_at(dev, kind, s, &mut r, count, op, Some(call))
     }
 }
 

@@ -14,6 +14,9 @@
  *   streams NRANKS windows   ranks are processes; send and receive buffers registered as
  *                            windows (ncclCommWindowRegister), allreduces of whole buffers and
  *                            of ranges inside them, a broadcast, then deregistered and freed
+ *   streams NRANKS repeat K  ranks are processes; K allreduces of 8 bytes between buffers
+ *                            registered as windows, back to back on the stream, then one check
+ *                            (the driver calls of a small call: scripts/driver-calls.sh)
  *   streams 1 nodriver       no stand-in and no driver: a non-NULL stream and ncclMemAlloc fail
  *                            with ncclSystemError and the driver's message, no crash
  *
@@ -493,6 +496,30 @@ static void windows(ncclComm_t comm, int rank, int n) {
   free(h);
 }
 
+/* Mode repeat: the number of allreduces. */
+static int g_repeat = 100;
+
+static void repeat(ncclComm_t comm, int rank, int n) {
+  enum { E = 2 };
+  float h[E];
+  void *send = dev_alloc(sizeof h), *recv = dev_alloc(sizeof h);
+  open_driver();
+  ncclWindow_t ws = NULL, wr = NULL;
+  CHECK(ncclCommWindowRegister(comm, send, sizeof h, &ws, NCCL_WIN_COLL_SYMMETRIC));
+  CHECK(ncclCommWindowRegister(comm, recv, sizeof h, &wr, NCCL_WIN_COLL_SYMMETRIC));
+  for (int i = 0; i < E; i++) h[i] = (float)(rank + 1 + i);
+  to_dev(send, h, sizeof h);
+  for (int k = 0; k < g_repeat; k++)
+    CHECK(ncclAllReduce(send, recv, E, ncclFloat, ncclSum, comm, g_stream));
+  from_dev(h, recv, sizeof h);
+  for (int i = 0; i < E; i++)
+    EXPECT(h[i] == (float)(n * (n + 1) / 2 + n * i), "allreduce [%d] = %g", i, h[i]);
+  CHECK(ncclCommWindowDeregister(comm, ws));
+  CHECK(ncclCommWindowDeregister(comm, wr));
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+}
+
 static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   g_rank = rank;
   if (g_standin) {
@@ -508,6 +535,11 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   if (g_standin) EXPECT(dev == rank % 4, "bound to device %d, want %d", dev, rank % 4);
   if (strcmp(mode, "windows") == 0) {
     windows(comm, rank, n);
+    CHECK(ncclCommDestroy(comm));
+    return 0;
+  }
+  if (strcmp(mode, "repeat") == 0) {
+    repeat(comm, rank, n);
     CHECK(ncclCommDestroy(comm));
     return 0;
   }
@@ -582,6 +614,7 @@ int main(int argc, char **argv) {
   const char *prov = getenv("FERRO_DEVICE_PROVIDER");
   g_standin = prov != NULL && strcmp(prov, "host") == 0;
   if (n < 1) return 1;
+  if (argc > 3) g_repeat = atoi(argv[3]);
   if (strcmp(mode, "nodriver") == 0) return run_nodriver();
   if (strcmp(mode, "all") == 0) {
     EXPECT(g_standin, "mode all needs FERRO_DEVICE_PROVIDER=host");
@@ -607,7 +640,10 @@ int main(int argc, char **argv) {
      * same messages (read once per process, before the first call). */
     if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
     fflush(stdout);
-    _exit(run_rank(r, n, id, mode));
+    int rc = run_rank(r, n, id, mode);
+    /* Mode repeat ends through exit, whose handlers write softcuda's counts. */
+    if (strcmp(mode, "repeat") == 0) exit(rc);
+    _exit(rc);
   }
   int failed = 0;
   for (int r = 0; r < n; r++) {

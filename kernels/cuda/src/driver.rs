@@ -308,32 +308,12 @@ impl Driver {
 
     /// How many CUDA devices this process sees.
     pub fn device_count(&self) -> Result<u32> {
-        let mut n = 0;
-        // SAFETY: `n` is a valid out-pointer.
-        self.check("cuDeviceGetCount", unsafe { (self.device_count)(&mut n) })?;
-        Ok(n.max(0) as u32)
+        Ok(self.devices()?.len() as u32)
     }
 
-    /// The device of ordinal `ordinal`, checked against the count. The devices are asked for
-    /// once per process (the count and the handles do not change after `cuInit`; every call
-    /// that binds a device asks this).
+    /// The device of ordinal `ordinal`, checked against the count.
     pub fn device(&self, ordinal: u32) -> Result<Device> {
-        static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
-        let devices = match DEVICES.get() {
-            Some(d) => d,
-            None => {
-                let mut all = Vec::new();
-                for k in 0..self.device_count()? {
-                    let mut d = 0;
-                    // SAFETY: `d` is a valid out-pointer; the ordinal is below the count.
-                    self.check("cuDeviceGet", unsafe {
-                        (self.device_get)(&mut d, k as c_int)
-                    })?;
-                    all.push(d);
-                }
-                DEVICES.get_or_init(|| all)
-            }
-        };
+        let devices = self.devices()?;
         devices.get(ordinal as usize).copied().ok_or_else(|| {
             CudaError::new(
                 CudaErrorKind::Invalid,
@@ -343,6 +323,27 @@ impl Driver {
                 ),
             )
         })
+    }
+
+    /// Every device this process sees, by ordinal: asked of the driver once per process (the
+    /// count and the handles do not change after `cuInit`, and every call that binds a device
+    /// asks for one).
+    fn devices(&self) -> Result<&'static [Device]> {
+        static DEVICES: OnceLock<Vec<Device>> = OnceLock::new();
+        if let Some(d) = DEVICES.get() {
+            return Ok(d);
+        }
+        let mut n = 0;
+        // SAFETY: `n` is a valid out-pointer.
+        self.check("cuDeviceGetCount", unsafe { (self.device_count)(&mut n) })?;
+        let mut all = Vec::new();
+        for k in 0..n.max(0) {
+            let mut d = 0;
+            // SAFETY: `d` is a valid out-pointer; the ordinal is below the count.
+            self.check("cuDeviceGet", unsafe { (self.device_get)(&mut d, k) })?;
+            all.push(d);
+        }
+        Ok(DEVICES.get_or_init(|| all))
     }
 
     /// An integer attribute of `device`.

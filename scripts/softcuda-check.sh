@@ -135,7 +135,7 @@ for b in 1 2; do
     bound=$([ "$b" = 1 ] && echo 3 || echo 8)
     FERRO_TRANSPORTS=p2p step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- \
         "$bin/all_reduce_perf" -b 8 -e 8 -n NITER -w 1 -c 1 -B "$b" -R 2
-    bound=$([ "$b" = 1 ] && echo 8.5 || echo 14.5)
+    bound=$([ "$b" = 1 ] && echo 6.5 || echo 8.5)
     step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 8 \
         -n NITER -w 1 -c 1 -B "$b"
 done

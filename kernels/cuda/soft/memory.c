@@ -176,31 +176,25 @@ static CUresult copy_on(void* h, void* dst, const void* src, size_t len, int syn
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void* h, size_t n) {
     COUNT();
-    COUNT();
     return copy_on(NULL, DPTR(d), h, n, 1);
 }
 CUresult cuMemcpyDtoH_v2(void* h, CUdeviceptr d, size_t n) {
-    COUNT();
     COUNT();
     return copy_on(NULL, h, DPTR(d), n, 1);
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void* h, size_t n, void* s) {
     COUNT();
-    COUNT();
     return copy_on(s, DPTR(d), h, n, 0);
 }
 CUresult cuMemcpyDtoHAsync_v2(void* h, CUdeviceptr d, size_t n, void* s) {
-    COUNT();
     COUNT();
     return copy_on(s, h, DPTR(d), n, 0);
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) {
     COUNT();
-    COUNT();
     return copy_on(s, DPTR(d), DPTR(src), n, 0);
 }
 CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr src, size_t n, void* s) {
-    COUNT();
     COUNT();
     return copy_on(s, DPTR(d), DPTR(src), n, 0);
 }
@@ -313,21 +307,17 @@ static CUresult value_op(void* h, CUdeviceptr addr, uint32_t value, unsigned fla
 
 CUresult cuStreamWaitValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
     COUNT();
-    COUNT();
     return value_op(h, a, v, f, 1);
 }
 CUresult cuStreamWaitValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
-    COUNT();
     COUNT();
     return value_op(h, a, v, f, 1);
 }
 CUresult cuStreamWriteValue32_v2(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
     COUNT();
-    COUNT();
     return value_op(h, a, v, f, 0);
 }
 CUresult cuStreamWriteValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
-    COUNT();
     COUNT();
     return value_op(h, a, v, f, 0);
 }

@@ -4,7 +4,7 @@
 # provider and reducer, stream-ordered calls, the p2p transport's cuda provider, CUDA IPC of
 # buffers and of events, windows, and the C ABI on streams, on a machine without a GPU. The
 # parts mirror scripts/gpu-check.sh (2 .. 8, small sizes; the kernels' element logic is checked
-# on the host by the CPU suite; not 4e, whose cuMemMap the model lacks, nor 9, PyTorch on CUDA). This is a model: nothing here says how a GPU behaves or how fast it
+# on the host by the CPU suite; not 9, PyTorch on CUDA). This is a model: nothing here says how a GPU behaves or how fast it
 # is, and what passes here still has to pass there.
 #
 #   scripts/softcuda-check.sh            build what is missing, run every part
@@ -20,13 +20,15 @@ mkdir -p "$target/softcuda"
 soft=$(cd "$target/softcuda" && pwd)
 gcc -std=gnu11 -O2 -fPIC -shared -pthread -Wall -Wextra -Werror -ffp-contract=off \
     -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c \
-    kernels/cuda/soft/memory.c ||
+    kernels/cuda/soft/memory.c kernels/cuda/soft/vmm.c ||
     { echo "softcuda: FAIL (the model did not build)"; exit 1; }
 cargo build -q -p ferroccl --bin ferroccl-device-check --bin ferrorun || exit 1
 cargo build -q -p ferroccl-perf --bins || exit 1
 lib=$(realpath "$(scripts/build-capi.sh)") || exit 1
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl \
     -o "$soft/streams" || exit 1
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/vmm.c "$lib" -ldl -o "$soft/vmm" ||
+    exit 1
 
 # Every process loads the model: ferroccl by path, the C program by name.
 export FERROCCL_CUDA_DRIVER=$soft/libcuda.so.1
@@ -91,6 +93,9 @@ step 4c c_ok "$soft/streams" 2
 SOFTCUDA_DELAY_US=300 step 4c c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 step 4d c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERROCCL_TEST_SYNC_FIRST=1 step 4f c_ok "$soft/streams" 2 mixed
+# Memory mapped piece by piece into one reserved range (cuMemMap, PyTorch's expandable
+# segments): buffers across pieces work, one running into an unmapped piece is refused.
+step 4e c_ok "$soft/vmm"
 echo "== 5, 6, 7. all_reduce_perf staged (2 threads; 2 processes over shm, blocking and on a stream), sendrecv_perf over p2p and shm"
 step 5 rows_ok "$bin/all_reduce_perf" -b 8 -e 4M -f 8 -t 2 -n 3 -w 1 -B 1
 for b in 1 2; do

@@ -55,15 +55,18 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p, unsigned flags) {
     return OK;
 }
 
-/* Attribute `attr` of allocation `a` into `out`. */
+/* Attribute `attr` of allocation `a` into `out`. An address of a reservation that no piece
+   maps answers its range and that it is not mapped, nothing else. */
 static CUresult attribute_of(struct alloc* a, void* out, int attr) {
+    int vmm = a->kind == KIND_RESERVED || a->kind == KIND_PIECE;
+    if (a->kind == KIND_RESERVED && attr != 11 && attr != 12 && attr != 13) return E_INVALID_VALUE;
     switch (attr) {
-    case 2: *(unsigned*)out = (unsigned)a->kind; break;           /* memory type */
-    case 9: *(int*)out = a->device; break;                        /* device ordinal */
-    case 10: *(unsigned*)out = a->kind == 2; break;               /* legacy IPC capable */
-    case 11: *(CUdeviceptr*)out = a->base; break;                 /* range start */
-    case 12: *(size_t*)out = a->size; break;                      /* range size */
-    case 13: *(unsigned*)out = 1; break;                          /* mapped */
+    case 2: *(unsigned*)out = a->kind == KIND_HOST ? 1u : 2u; break;      /* memory type */
+    case 9: *(int*)out = a->device; break;                                /* device ordinal */
+    case 10: *(unsigned*)out = a->kind == KIND_DEVICE; break;             /* legacy IPC capable */
+    case 11: *(CUdeviceptr*)out = vmm ? a->range_base : a->base; break;   /* range start */
+    case 12: *(size_t*)out = vmm ? a->range_size : a->size; break;        /* range size */
+    case 13: *(unsigned*)out = a->kind != KIND_RESERVED; break;           /* mapped */
     default: return E_INVALID_VALUE;
     }
     return OK;
@@ -87,7 +90,7 @@ CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdeviceptr
     struct alloc* a = find_alloc(p);
     for (unsigned i = 0; i < n; i++) {
         if (!data[i]) return E_INVALID_VALUE;
-        if (a) {
+        if (a && !(a->kind == KIND_RESERVED && attrs[i] != 11 && attrs[i] != 12 && attrs[i] != 13)) {
             CUresult r = attribute_of(a, data[i], attrs[i]);
             if (r != OK) return r;
         } else if (attrs[i] == 11 || attrs[i] == 12) {
@@ -105,7 +108,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, size_t* size, CUdeviceptr p)
     COUNT();
     CTX_CHECK();
     struct alloc* a = find_alloc(p);
-    if (!a || a->kind != 2) return E_NOT_FOUND;
+    if (!a || (a->kind != KIND_DEVICE && a->kind != KIND_PIECE)) return E_NOT_FOUND;
     if (base) *base = a->base;
     if (size) *size = a->size;
     return OK;
@@ -151,6 +154,19 @@ CUresult cuStreamIsCapturing(void* h, int* status) {
 }
 
 
+/* Whether [p, p + len) holds an address of a reservation that no piece maps (which the
+   driver refuses to copy, and the model cannot touch). */
+static int unmapped(uint64_t p, uint64_t len) {
+    struct alloc* a = find_alloc(p);
+    if (!a || (a->kind != KIND_PIECE && a->kind != KIND_RESERVED)) return 0;
+    for (uint64_t end = p + len; p < end;) {
+        if (!a || a->kind != KIND_PIECE) return 1;
+        p = a->base + a->size;
+        a = p < end ? find_alloc(p) : a;
+    }
+    return 0;
+}
+
 /* A copy on stream `h`, as the driver makes them: from pageable host memory (memory it does
    not know) the bytes are taken at the call (staged), so the caller may reuse them once it
    returns; to pageable host memory the call returns once the copy is done. */
@@ -162,6 +178,10 @@ static CUresult copy_on(void* h, void* dst, const void* src, size_t len, int syn
     o->dst = dst;
     o->src = src;
     o->len = len;
+    if (len && (unmapped((uint64_t)(uintptr_t)src, len) || unmapped((uint64_t)(uintptr_t)dst, len))) {
+        free(o);
+        return E_INVALID_VALUE;
+    }
     if (len && !find_alloc((uint64_t)(uintptr_t)src)) {
         o->staged = malloc(len);
         memcpy(o->staged, src, len);

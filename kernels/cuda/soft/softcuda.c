@@ -26,7 +26,9 @@
  * - kernels: the reduce-copy kernels of ferro_reduce.h, run on the host by the stream's thread
  *   (the same loop the GPU runs, as one thread); the module image is not looked at. A kernel
  *   that touches memory of another device whose context has no peer access to it fails the
- *   context (CUDA_ERROR_ILLEGAL_ADDRESS, sticky), as a GPU faults.
+ *   context (CUDA_ERROR_ILLEGAL_ADDRESS, sticky), as a GPU faults;
+ * - virtual memory management (vmm.c): reserved ranges, physical allocations mapped into them
+ *   piece by piece, access granted per device.
  *
  * SOFTCUDA_COUNTS=FILE: at exit, each process appends to FILE a line per entry point it called,
  * `pid name calls` (the host's work per collective, in driver calls: a count, not a time).
@@ -181,8 +183,21 @@ static void fault(struct ctx* c, CUresult e) {
 static int reaches(struct ctx* c, uint64_t p, uint64_t len) {
     if (len == 0) return 1;
     struct alloc* a = find_alloc(p);
-    if (!a || p + len > a->base + a->size) return 0;
-    if (a->kind == 1) return 1;
+    if (!a || a->kind == KIND_RESERVED) return 0;
+    if (a->kind == KIND_PIECE) {
+        /* Piece by piece, each granted to this device (access, not peer access). */
+        while (len > 0) {
+            if (!a || a->kind != KIND_PIECE || !((a->access >> c->device) & 1u)) return 0;
+            uint64_t take = a->base + a->size - p;
+            if (take > len) take = len;
+            p += take;
+            len -= take;
+            a = len ? find_alloc(p) : a;
+        }
+        return 1;
+    }
+    if (p + len > a->base + a->size) return 0;
+    if (a->kind == KIND_HOST) return 1;
     return a->device == c->device || c->peer[a->device];
 }
 

@@ -87,15 +87,26 @@ struct event {
     int fd;                 /* interprocess: the memory file holding `st` */
 };
 
+/* Kinds of `alloc`: page-locked host memory, device memory of cuMemAlloc, a reserved range
+   of addresses (vmm.c), a piece mapped into one. */
+enum { KIND_HOST = 1, KIND_DEVICE = 2, KIND_RESERVED = 3, KIND_PIECE = 4 };
+
+struct phys;
+
 struct alloc {
     uint64_t base, size;
-    int kind; /* 1 host (page-locked), 2 device */
+    int kind; /* KIND_* */
     int device;
     int fd;
     uint64_t id;
     int opened; /* mapped from another process (IPC): reference count */
     pid_t from_pid;
     uint64_t from_id;
+    /* A reservation or a piece: the reserved range (RANGE_START_ADDR, RANGE_SIZE); a piece:
+       its physical allocation and the devices granted access (bit d: device d). */
+    uint64_t range_base, range_size;
+    struct phys* phys;
+    unsigned access;
     struct alloc* next;
 };
 

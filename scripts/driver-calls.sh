@@ -14,9 +14,10 @@
 # difference is divided by 100 iterations of PER_ITERATION calls (default 2: a tool's out of
 # place and in place) of RANKS ranks. Exit status 0 when the run checked its results right
 # (a tool: `-c 1`) and the count is at most BOUND; the environment must load softcuda
-# (scripts/softcuda-check.sh sets it).
+# (scripts/softcuda-check.sh sets it). ONLY=NAME counts that entry point alone (context
+# switches and polls included).
 set -uo pipefail
-[ $# -ge 3 ] || { sed -n 2,17p "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n 2,19p "$0"; exit 2; }
 bound=$1 ranks=$2
 shift 2
 dir=$(mktemp -d)
@@ -27,7 +28,7 @@ for n in 20 120; do
     grep -qE "# Out of bounds values : 0 OK|^OK " <<<"$out" ||
         { printf '%s\n' "$out" | tail -20; exit 1; }
 done
-python3 - "$dir/counts.20" "$dir/counts.120" "$bound" "$ranks" "${PER_ITERATION:-2}" <<'PY'
+python3 - "$dir/counts.20" "$dir/counts.120" "$bound" "$ranks" "${PER_ITERATION:-2}" "${ONLY:-}" <<'PY'
 import collections
 import sys
 
@@ -42,10 +43,11 @@ def load(path):
 
 a, b = load(sys.argv[1]), load(sys.argv[2])
 skip = {"cuCtxSetCurrent", "cuCtxGetCurrent", "cuEventQuery", "cuStreamQuery"}
+only = sys.argv[6]
 per = {k: (b[k] - a[k]) / (100 * int(sys.argv[5]) * int(sys.argv[4]))
-       for k in b if k not in skip and b[k] != a[k]}
+       for k in b if (k == only if only else k not in skip) and b[k] != a[k]}
 total = sum(per.values())
-print(f"{total:.2f} driver calls per rank and call (at most {sys.argv[3]}): "
+print(f"{total:.2f} {only or 'driver'} calls per rank and call (at most {sys.argv[3]}): "
       + ", ".join(f"{k} {v:g}" for k, v in sorted(per.items(), key=lambda x: -x[1])))
 sys.exit(0 if total <= float(sys.argv[3]) + 1e-9 else 1)
 PY

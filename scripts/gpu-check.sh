@@ -388,6 +388,11 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
         echo "-- 8l: the C ABI's windows (tests/c/streams.c 2 windows)"
         CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
             part=8l step "$bundle/bin/streams" 2 windows || rc=1
+        # Communicators one after another whose last window goes while their call may still
+        # be queued: the interprocess events are destroyed only once no stream waits for them.
+        echo "-- 8l: communicators one after another (tests/c/streams.c 2 comms 20)"
+        CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
+            part=8l step "$bundle/bin/streams" 2 comms 20 || rc=1
     fi
     # 8j: the same across two GPUs (rank r on GPU r), where every GPU reaches the other (peer
     # access): one kernel a rank reads both inputs over the link. Needs two GPUs; with fewer it

@@ -579,6 +579,11 @@ impl Engine {
                 Err(e) => settled = settled.and(Err(e)),
             }
         }
+        // Through windows on a stream: the settle point after those waits, which the windows'
+        // last deregistration waits for before the marks go (`windows.rs`).
+        if let (true, Some(_), Ok(_)) = (across, on, &queued) {
+            settled = settled.and(reducer.mark_settled(on));
+        }
         // (Through windows a blocking rank's own share was waited for before the status
         // exchange already: it waits again only for the shares of ranks on a stream.)
         if on.is_none() {

@@ -18,7 +18,10 @@
 //! can then go between the buffers too, each stream waiting for the others' marks as between
 //! threads. Whether they were exchanged is agreed like the window, the same on every rank.
 //! Before a window's mappings go (deregistration, or the communicator's end) the rank waits
-//! for its last share ([`Reducer::settle_shared`]), which may still read them.
+//! for its last share ([`Reducer::settle_shared`]), which may still read them. With the last
+//! window's deregistration, where every rank settled, the marks go too
+//! ([`Reducer::release_shared`]: on CUDA the events are destroyed); a later registration
+//! exchanges new ones.
 
 use std::sync::Arc;
 
@@ -388,14 +391,29 @@ impl Engine {
     pub(crate) fn deregister_window(&mut self, place: usize, ctx: &OpContext) -> Result<()> {
         let w = self.take_window(place);
         let held = w.is_some();
-        // This rank's shares on a stream may still read the mappings.
-        let settled = match (held, self.peer_marks()) {
+        let marks = self.peer_marks();
+        // This rank's shares on a stream may still read the mappings (and its streams wait
+        // for the other ranks' marks until they are settled).
+        let settled = match (held, &marks) {
             (true, Some(m)) => m.reducer.settle_shared(self.wait.timeout),
             _ => Ok(()),
         };
         drop(w);
-        let mut words = [0u64];
+        // The shared marks go with the last window where every rank lets them go: each has
+        // settled, so once all are past this exchange no stream waits for any of them.
+        let release = held && marks.is_some() && self.window_count() == 0 && settled.is_ok();
+        let mut words = [u64::from(!release), u64::from(release)];
         self.max_words(&mut words, ctx)?;
+        if let (Some(m), [0, 1]) = (marks, words) {
+            self.set_peer_marks(None);
+            if let Err(e) = m.reducer.release_shared(&m.peers) {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN P2P: {}: letting go of the shared marks with the last \
+                     window: {e}",
+                    ctx.label()
+                );
+            }
+        }
         settled.map_err(|e| e.context(ctx.label()))?;
         if held {
             Ok(())

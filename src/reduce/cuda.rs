@@ -441,6 +441,14 @@ impl Reducer for CudaReducer {
         self.wait_shared_now(on, p, which)
     }
 
+    fn mark_settled(&self, on: Option<usize>) -> Result<()> {
+        self.mark_settled_now(on)
+    }
+
+    fn release_shared(&self, peers: &[Option<PeerMarks>]) -> Result<()> {
+        self.release_shared_now(peers)
+    }
+
     fn settle_shared(&self, limit: std::time::Duration) -> Result<()> {
         self.settle_shared_now(limit)
     }

@@ -195,9 +195,28 @@ pub(crate) trait Reducer: Send + Sync + fmt::Debug {
         Err(no_shared(self.name()))
     }
 
-    /// Waits on the host until every stream with a record of this reducer's shared mark `Done`
-    /// has got to its last (every share queued before is done); an error after `limit` (a
-    /// stream held by another process's mark that never comes).
+    /// Marks the current end of stream `on` (`None`: the reducer's own) as what
+    /// [`Reducer::settle_shared`] waits for: after a call's share, its `Done` record and its
+    /// waits for the other ranks' marks, so that a settled rank's streams hold no wait for
+    /// another rank's marks.
+    fn mark_settled(&self, on: Option<usize>) -> Result<()> {
+        let _ = on;
+        Ok(())
+    }
+
+    /// Lets go of the shared marks ([`Reducer::share_marks`]) and of the other ranks' it
+    /// opened (`peers`) once no stream of any rank can wait for them: every rank settled, and
+    /// the ranks agreed on that after (the last window's deregistration). A later share makes
+    /// new ones.
+    fn release_shared(&self, peers: &[Option<PeerMarks>]) -> Result<()> {
+        let _ = peers;
+        Ok(())
+    }
+
+    /// Waits on the host until every stream with a settle point of this reducer
+    /// ([`Reducer::mark_settled`]) has got to its last (every share queued before, and its
+    /// waits for the other ranks, are done); an error after `limit` (a stream held by another
+    /// process's mark that never comes).
     fn settle_shared(&self, limit: std::time::Duration) -> Result<()> {
         let _ = limit;
         Ok(())

@@ -17,6 +17,11 @@
  *   streams NRANKS repeat K  ranks are processes; K allreduces of 8 bytes between buffers
  *                            registered as windows, back to back on the stream, then one check
  *                            (the driver calls of a small call: scripts/driver-calls.sh)
+ *   streams NRANKS comms K   ranks are processes; K communicators split from the first one
+ *                            after another, each twice registering windows, one allreduce on
+ *                            the stream, deregistering before the result is read, checked
+ *                            (what a communicator leaves open in the driver:
+ *                            scripts/driver-calls.sh)
  *   streams 1 nodriver       no stand-in and no driver: a non-NULL stream and ncclMemAlloc fail
  *                            with ncclSystemError and the driver's message, no crash
  *
@@ -520,6 +525,39 @@ static void repeat(ncclComm_t comm, int rank, int n) {
   CHECK(ncclMemFree(recv));
 }
 
+/* Mode comms: g_repeat communicators split from `comm`, one after another. */
+static void comms(ncclComm_t comm, int rank, int n) {
+  enum { E = 2 };
+  float h[E];
+  void *send = dev_alloc(sizeof h), *recv = dev_alloc(sizeof h);
+  open_driver();
+  for (int k = 0; k < g_repeat; k++) {
+    ncclComm_t c = NULL;
+    CHECK(ncclCommSplit(comm, 0, rank, &c, NULL));
+    /* Twice on each: registering again after the last window went exchanges new marks. */
+    for (int round = 0; round < 2; round++) {
+      ncclWindow_t ws = NULL, wr = NULL;
+      CHECK(ncclCommWindowRegister(c, send, sizeof h, &ws, NCCL_WIN_COLL_SYMMETRIC));
+      CHECK(ncclCommWindowRegister(c, recv, sizeof h, &wr, NCCL_WIN_COLL_SYMMETRIC));
+      for (int i = 0; i < E; i++) h[i] = (float)(rank + 1 + i + k + round);
+      to_dev(send, h, sizeof h);
+      CHECK(ncclAllReduce(send, recv, E, ncclFloat, ncclSum, c, g_stream));
+      /* Deregistered while the call may still be queued on the stream (the last one lets go
+       * of the shared marks: no stream may be left waiting for another process's), read
+       * after. */
+      CHECK(ncclCommWindowDeregister(c, ws));
+      CHECK(ncclCommWindowDeregister(c, wr));
+      from_dev(h, recv, sizeof h);
+      for (int i = 0; i < E; i++)
+        EXPECT(h[i] == (float)(n * (n + 1) / 2 + n * (i + k + round)),
+               "communicator %d, round %d: [%d] = %g", k, round, i, h[i]);
+    }
+    CHECK(ncclCommDestroy(c));
+  }
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+}
+
 static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   g_rank = rank;
   if (g_standin) {
@@ -540,6 +578,11 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   }
   if (strcmp(mode, "repeat") == 0) {
     repeat(comm, rank, n);
+    CHECK(ncclCommDestroy(comm));
+    return 0;
+  }
+  if (strcmp(mode, "comms") == 0) {
+    comms(comm, rank, n);
     CHECK(ncclCommDestroy(comm));
     return 0;
   }
@@ -641,8 +684,8 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
     fflush(stdout);
     int rc = run_rank(r, n, id, mode);
-    /* Mode repeat ends through exit, whose handlers write softcuda's counts. */
-    if (strcmp(mode, "repeat") == 0) exit(rc);
+    /* Modes repeat and comms end through exit, whose handlers write softcuda's counts. */
+    if (strcmp(mode, "repeat") == 0 || strcmp(mode, "comms") == 0) exit(rc);
     _exit(rc);
   }
   int failed = 0;

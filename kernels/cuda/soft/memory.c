@@ -378,6 +378,7 @@ CUresult cuEventCreate(void** e, unsigned flags) {
     } else {
         ev->st = calloc(1, sizeof *ev->st);
     }
+    atomic_fetch_add(&live_events, 1);
     *e = ev;
     return OK;
 }
@@ -385,8 +386,13 @@ CUresult cuEventCreate(void** e, unsigned flags) {
 CUresult cuEventDestroy_v2(void* e) {
     COUNT();
     CALL_CHECK();
-    if (!e) return E_INVALID_HANDLE;
-    /* Records and waits still queued may use its state: it is kept. */
+    struct event* ev = e;
+    if (!ev || ev->destroyed) return E_INVALID_HANDLE;
+    /* Records and waits still queued may use its state: it is kept. An interprocess event's
+       other processes are told (a wait of theirs still pending on it is an error). */
+    ev->destroyed = 1;
+    if ((ev->flags & EVENT_INTERPROCESS) && !ev->opened) atomic_store(&ev->st->owner_gone, 1);
+    atomic_fetch_sub(&live_events, 1);
     return OK;
 }
 
@@ -394,7 +400,7 @@ CUresult cuEventRecord(void* e, void* h) {
     COUNT();
     STREAM_CHECK(s, h);
     struct event* ev = e;
-    if (!ev) return E_INVALID_HANDLE;
+    if (!ev || ev->destroyed) return E_INVALID_HANDLE;
     /* The event and the stream are of one context. */
     if (ev->ctx != s->ctx) return E_INVALID_HANDLE;
     struct op* o = calloc(1, sizeof *o);
@@ -410,12 +416,14 @@ CUresult cuStreamWaitEvent(void* h, void* e, unsigned flags) {
     STREAM_CHECK(s, h);
     struct event* ev = e;
     if (!ev || flags != 0) return E_INVALID_VALUE;
+    if (ev->destroyed || (ev->opened && atomic_load(&ev->st->owner_gone))) return E_INVALID_HANDLE;
     uint64_t target = atomic_load(&ev->st->recorded);
     if (atomic_load(&ev->st->reached) >= target) return OK;
     struct op* o = calloc(1, sizeof *o);
     o->kind = OP_WAIT_EVENT;
     o->ev = ev->st;
     o->seq = target;
+    o->opened = ev->opened;
     enqueue(s, o);
     return OK;
 }
@@ -424,7 +432,7 @@ CUresult cuEventQuery(void* e) {
     COUNT();
     CALL_CHECK();
     struct event* ev = e;
-    if (!ev) return E_INVALID_HANDLE;
+    if (!ev || ev->destroyed) return E_INVALID_HANDLE;
     if (atomic_load(&ev->ctx->sticky)) return atomic_load(&ev->ctx->sticky);
     return atomic_load(&ev->st->reached) >= atomic_load(&ev->st->recorded) ? OK : E_NOT_READY;
 }
@@ -433,7 +441,7 @@ CUresult cuEventSynchronize(void* e) {
     COUNT();
     CALL_CHECK();
     struct event* ev = e;
-    if (!ev) return E_INVALID_HANDLE;
+    if (!ev || ev->destroyed) return E_INVALID_HANDLE;
     uint64_t target = atomic_load(&ev->st->recorded);
     unsigned tries = 0;
     while (atomic_load(&ev->st->reached) < target) pause_for(&tries);
@@ -580,7 +588,7 @@ CUresult cuIpcGetEventHandle(CUipcHandle* out, void* e) {
     COUNT();
     CTX_CHECK();
     struct event* ev = e;
-    if (!out || !ev || !(ev->flags & EVENT_INTERPROCESS)) return E_INVALID_VALUE;
+    if (!out || !ev || ev->destroyed || !(ev->flags & EVENT_INTERPROCESS)) return E_INVALID_VALUE;
     struct ipc_handle h = {IPC_MAGIC, (uint64_t)getpid(), (uint64_t)ev->fd, 4096, 0,
                            (uint64_t)ev->ctx->device, 2, 0};
     memset(out, 0, sizeof *out);
@@ -602,6 +610,8 @@ CUresult cuIpcOpenEventHandle(void** e, CUipcHandle handle) {
     ev->flags = EVENT_INTERPROCESS | EVENT_DISABLE_TIMING;
     ev->st = m;
     ev->fd = -1;
+    ev->opened = 1;
+    atomic_fetch_add(&live_events, 1);
     *e = ev;
     return OK;
 }

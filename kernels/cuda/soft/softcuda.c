@@ -32,6 +32,7 @@
  *
  * SOFTCUDA_COUNTS=FILE: at exit, each process appends to FILE a line per entry point it called,
  * `pid name calls` (the host's work per collective, in driver calls: a count, not a time).
+ * With the counts, `pid events_live N`: the events made or opened and not destroyed.
  * SOFTCUDA_TRACE=1: every call of an entry point is written to stderr as it is made.
  */
 #include "softcuda.h"
@@ -39,6 +40,7 @@
 struct softcuda g = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 1, {{0}}, NULL, NULL, 1, 0};
 __thread struct ctx* current;
 __thread int in_host_fn;
+atomic_long live_events;
 
 /* ---- counts of calls ------------------------------------------------------------------- */
 
@@ -83,6 +85,7 @@ __attribute__((destructor)) static void write_counts(void) {
     for (int k = 0; k < n; k++)
         fprintf(f, "%d %s %llu\n", (int)getpid(), counted[k].name,
                 (unsigned long long)atomic_load(&counted[k].calls));
+    fprintf(f, "%d events_live %ld\n", (int)getpid(), atomic_load(&live_events));
     fclose(f);
 }
 
@@ -226,7 +229,15 @@ static void run_op(struct stream* s, struct op* o) {
     }
     case OP_WAIT_EVENT: {
         unsigned tries = 0;
-        while (atomic_load(&o->ev->reached) < o->seq) pause_for(&tries);
+        while (atomic_load(&o->ev->reached) < o->seq) {
+            /* Waiting on another process's event that its owner destroyed: undefined in CUDA;
+               here a fault of the waiting context, so that it shows. */
+            if (o->opened && atomic_load(&o->ev->owner_gone)) {
+                fault(s->ctx, E_ILLEGAL_ADDRESS);
+                break;
+            }
+            pause_for(&tries);
+        }
         break;
     }
     case OP_HOST_FN:

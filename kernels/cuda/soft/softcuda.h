@@ -78,6 +78,7 @@ struct event_state {
     atomic_uint_fast64_t recorded; /* number of the last record */
     atomic_uint_fast64_t reached;  /* number of the last record its stream reached */
     atomic_uint_fast64_t when_ns;  /* when it was reached */
+    atomic_int owner_gone;         /* interprocess: its owner destroyed it */
 };
 
 struct event {
@@ -85,6 +86,8 @@ struct event {
     unsigned flags;
     struct event_state* st; /* own, or mapped from another process */
     int fd;                 /* interprocess: the memory file holding `st` */
+    int opened;             /* opened from another process's handle */
+    int destroyed;          /* cuEventDestroy called: any later use is an error */
 };
 
 /* Kinds of `alloc`: page-locked host memory, device memory of cuMemAlloc, a reserved range
@@ -130,6 +133,7 @@ struct op {
     volatile uint32_t* word;
     uint32_t value;
     unsigned wflags;
+    int opened; /* a wait on an event opened from another process */
     struct stream* other;
     void* staged; /* freed with the op */
 };
@@ -180,6 +184,8 @@ struct softcuda {
 extern HIDDEN struct softcuda g;
 extern HIDDEN __thread struct ctx* current;
 extern HIDDEN __thread int in_host_fn;
+/* Events made or opened and not destroyed (written at exit with the counts). */
+extern HIDDEN atomic_long live_events;
 
 HIDDEN void count_call(const char* name, atomic_int* slot);
 HIDDEN uint64_t now_ns(void);

@@ -4,9 +4,15 @@
 //! its last record in the owner's process at the time of the wait, as with any event; the
 //! callers order records and waits by their exchanges (`exec::peer`).
 //!
-//! Neither the events made here nor the ones opened are destroyed: a rank of another process
-//! may queue a wait on this process's event after this rank left the call, and a wait queued
-//! on an opened event must not outlive the owner's event (CUDA leaves that undefined).
+//! The events live as long as the communicator holds windows: a rank of another process may
+//! queue a wait on this process's event after this rank left the call, and a wait queued on an
+//! opened event must not outlive the owner's event (CUDA leaves that undefined). A rank's
+//! settle point on a stream comes after its waits for the other ranks' done marks
+//! ([`CudaReducer::mark_settled_now`]), so once every rank has settled and they have
+//! exchanged (the last window's deregistration) no stream holds a wait for any of them, and
+//! each rank destroys its own and closes those it opened ([`CudaReducer::release_shared_now`]);
+//! a later registration makes new ones. A communicator that ends still holding windows keeps
+//! them (a rank may be gone, so nothing is agreed).
 //!
 //! Ranks of one process (threads, beside ranks of other processes) take each other's events
 //! as they are: CUDA does not open an interprocess event in the process that made it, so
@@ -31,19 +37,19 @@ use crate::reduce::{MarkUse, PeerMarks, SharedMarkWords, SHARED_MARK_WORDS};
 pub(super) struct SharedEvents {
     events: [usize; 2],
     handles: SharedMarkWords,
-    /// Per stream with a `Done` record: the stream, a plain event recorded after that record
-    /// (kept for the next record on the stream; never destroyed, as the marks), and whether
-    /// it was recorded since the last settle.
+    /// Per stream with a settle point: the stream, a plain event recorded after the call's
+    /// `Done` record and its waits for the other ranks' (kept for the next call on the stream;
+    /// destroyed with the marks), and whether it was recorded since the last settle.
     done: Vec<(usize, usize, bool)>,
     /// A plain event for host waits with a deadline ([`CudaReducer::synchronize_within_now`]).
     sync: usize,
 }
 
-/// Another rank's events: opened here, or this process's own.
-struct Opened([usize; 2]);
+/// Another rank's events: opened here, or this process's own (`true`: not opened here, so
+/// not closed here either).
+struct Opened([usize; 2], [bool; 2]);
 
-/// The interprocess events made in this process, by their handles' words (never destroyed, so
-/// never stale).
+/// The interprocess events made in this process and not destroyed, by their handles' words.
 static OWN: std::sync::Mutex<Vec<([u64; 8], usize)>> = std::sync::Mutex::new(Vec::new());
 
 /// The event of this process whose handle's words are `words`, if it made one.
@@ -113,9 +119,10 @@ impl CudaReducer {
     pub(super) fn open_marks_now(&self, words: &SharedMarkWords) -> Result<PeerMarks> {
         let (k, _) = self.on(None)?;
         let mut opened = [0usize; 2];
+        let mut own = [false; 2];
         for (i, ev) in opened.iter_mut().enumerate() {
-            if let Some(own) = own_event(&words[8 * i..8 * i + 8]) {
-                *ev = own;
+            if let Some(e) = own_event(&words[8 * i..8 * i + 8]) {
+                (*ev, own[i]) = (e, true);
                 continue;
             }
             let mut h = IpcEventHandle([0; 64]);
@@ -124,12 +131,12 @@ impl CudaReducer {
             }
             *ev = k.driver().ipc_open_event(&h).map_err(|e| convert(&e))? as usize;
         }
-        Ok(PeerMarks(Box::new(Opened(opened))))
+        Ok(PeerMarks(Box::new(Opened(opened, own))))
     }
 
     pub(super) fn mark_shared_now(&self, on: Option<usize>, which: MarkUse) -> Result<u64> {
         let (k, stream) = self.on(on)?;
-        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         let ev = sh.events[which as usize];
         if ev == 0 {
             return Err(Error::internal(format!(
@@ -140,22 +147,68 @@ impl CudaReducer {
         // SAFETY: `ev` is this reducer's live interprocess event; `stream` a live stream of
         // the bound context (the kernels' own, or the caller's of this device).
         unsafe { k.driver().record_event(ev as Handle, stream) }.map_err(|e| convert(&e))?;
-        if which == MarkUse::Done {
-            // A plain event of the stream after it, which this process waits for on the host.
-            let at = match sh.done.iter().position(|d| d.0 == stream as usize) {
-                Some(i) => i,
-                None => {
-                    let plain = k.driver().create_event().map_err(|e| convert(&e))?;
-                    sh.done.push((stream as usize, plain as usize, false));
-                    sh.done.len() - 1
-                }
-            };
-            let plain = sh.done[at].1 as Handle;
-            // SAFETY: as above, for a live plain event of this reducer.
-            unsafe { k.driver().record_event(plain, stream) }.map_err(|e| convert(&e))?;
-            sh.done[at].2 = true;
-        }
         Ok(1)
+    }
+
+    /// Records the settle point of stream `on`: a plain event after everything queued there
+    /// so far (a call's share, its `Done` record and its waits for the other ranks'), which
+    /// [`CudaReducer::settle_shared_now`] waits for on the host.
+    pub(super) fn mark_settled_now(&self, on: Option<usize>) -> Result<()> {
+        let (k, stream) = self.on(on)?;
+        let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let at = match sh.done.iter().position(|d| d.0 == stream as usize) {
+            Some(i) => i,
+            None => {
+                let plain = k.driver().create_event().map_err(|e| convert(&e))?;
+                sh.done.push((stream as usize, plain as usize, false));
+                sh.done.len() - 1
+            }
+        };
+        let plain = sh.done[at].1 as Handle;
+        // SAFETY: a live plain event of this reducer; `stream` a live stream of the bound
+        // context (the kernels' own, or the caller's of this device).
+        unsafe { k.driver().record_event(plain, stream) }.map_err(|e| convert(&e))?;
+        sh.done[at].2 = true;
+        Ok(())
+    }
+
+    /// Destroys this reducer's interprocess events and settle points and closes the other
+    /// ranks' events it opened (`peers`; those of this process's other ranks are theirs to
+    /// destroy): every rank settled, and they agreed after that (see the module). The next
+    /// share makes new events. Every event is let go even where one fails; the first error
+    /// is returned.
+    pub(super) fn release_shared_now(&self, peers: &[Option<PeerMarks>]) -> Result<()> {
+        let (k, _) = self.on(None)?;
+        let mut gone: Vec<usize> = Vec::new();
+        {
+            let mut sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let mine: Vec<usize> = sh.events.iter().copied().filter(|&e| e != 0).collect();
+            OWN.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(_, e)| !mine.contains(e));
+            gone.extend(mine);
+            gone.extend(sh.done.drain(..).map(|d| d.1));
+            sh.events = [0; 2];
+            sh.handles = [0; SHARED_MARK_WORDS];
+        }
+        for p in peers.iter().flatten() {
+            if let Some(Opened(events, own)) = p.0.downcast_ref::<Opened>() {
+                gone.extend(
+                    (0..2)
+                        .filter(|&i| !own[i] && events[i] != 0)
+                        .map(|i| events[i]),
+                );
+            }
+        }
+        let mut released = Ok(());
+        for ev in gone {
+            // SAFETY: an event of this reducer (or opened by it) that no stream waits for and
+            // nothing records any more (see the module); destroyed once: the lists it was in
+            // were emptied above.
+            let r = unsafe { k.driver().destroy_event(ev as Handle) };
+            released = released.and(r.map_err(|e| convert(&e)));
+        }
+        released
     }
 
     pub(super) fn wait_shared_now(
@@ -164,14 +217,15 @@ impl CudaReducer {
         peer: &PeerMarks,
         which: MarkUse,
     ) -> Result<()> {
-        let Some(Opened(events)) = peer.0.downcast_ref::<Opened>() else {
+        let Some(Opened(events, _)) = peer.0.downcast_ref::<Opened>() else {
             return Err(Error::internal(format!(
                 "{NAME}: another reducer's opened marks"
             )));
         };
         let (k, stream) = self.on(on)?;
-        // SAFETY: an event opened here from another process's interprocess event, never
-        // destroyed; the driver lets a stream wait for it.
+        // SAFETY: an event opened here from another process's interprocess event (or this
+        // process's own), destroyed only once no stream can wait for it (see the module); the
+        // driver lets a stream wait for it.
         unsafe {
             k.driver()
                 .stream_wait(stream, events[which as usize] as Handle)

@@ -261,9 +261,10 @@ impl Communicator {
         SAID.call_once(|| {
             ferroccl_transport::log_line!(
                 "ferroccl INFO COLL: calls with a stream block until done on communicators \
-                 with p2p connections (except the collectives that ranks of one process take \
-                 between their buffers): that transport makes CUDA driver calls, which the \
-                 stream-ordered form must not make on its own thread"
+                 with p2p connections (except the collectives their ranks take between their \
+                 buffers: ranks of one process, or buffers in windows): that transport makes \
+                 CUDA driver calls, which the stream-ordered form must not make on its own \
+                 thread"
             )
         });
         false

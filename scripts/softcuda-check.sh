@@ -45,7 +45,8 @@ step() {
     want "$part" || return 0
     local out t0=$SECONDS env="" v
     for v in FERRO_TRANSPORTS FERRO_STREAM_WAITS FERRO_DEVICE_SLICE_BYTES FERRO_DEVICE_DIRECT \
-        FERRO_DEVICE_PEER FERRO_P2P_QUEUED_REDUCE FERROCCL_TEST_SYNC_FIRST SOFTCUDA_DELAY_US; do
+        FERRO_DEVICE_PEER FERRO_P2P_QUEUED_REDUCE FERROCCL_TEST_SYNC_FIRST SOFTCUDA_DELAY_US \
+        SOFTCUDA_POINTER_ATTRIBUTES; do
         [ -n "${!v:-}" ] && env+="$v=${!v} "
     done
     [ "$SOFTCUDA_DEVICES" = 1 ] || env+="SOFTCUDA_DEVICES=$SOFTCUDA_DEVICES "
@@ -96,6 +97,8 @@ FERRO_DEVICE_SLICE_BYTES=256 FERROCCL_TEST_SYNC_FIRST=1 step 4f c_ok "$soft/stre
 # Memory mapped piece by piece into one reserved range (cuMemMap, PyTorch's expandable
 # segments): buffers across pieces work, one running into an unmapped piece is refused.
 step 4e c_ok "$soft/vmm"
+# A driver that refuses cuPointerGetAttributes: the pointer checks ask one attribute at a time.
+SOFTCUDA_POINTER_ATTRIBUTES=0 step 4e c_ok "$soft/vmm"
 echo "== 5, 6, 7. all_reduce_perf staged (2 threads; 2 processes over shm, blocking and on a stream), sendrecv_perf over p2p and shm"
 step 5 rows_ok "$bin/all_reduce_perf" -b 8 -e 4M -f 8 -t 2 -n 3 -w 1 -B 1
 for b in 1 2; do
@@ -138,6 +141,7 @@ done
 for n in 2 3; do
     FERRO_TRANSPORTS=p2p SOFTCUDA_DELAY_US=300 step 8l c_ok "$soft/streams" "$n" comms 10
 done
+FERRO_TRANSPORTS=p2p SOFTCUDA_POINTER_ATTRIBUTES=0 step 8l c_ok "$soft/streams" 3 windows
 FERRO_TRANSPORTS=p2p step 8e c_ok "$soft/streams" 2
 echo "== 8m. driver calls of an 8-byte allreduce per rank and call: between the threads' buffers, through windows, staged; blocking and on a stream"
 for b in 1 2; do

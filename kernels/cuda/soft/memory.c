@@ -87,6 +87,9 @@ CUresult cuPointerGetAttributes(unsigned n, int* attrs, void** data, CUdeviceptr
     COUNT();
     CALL_CHECK();
     if (!attrs || !data) return E_INVALID_VALUE;
+    /* SOFTCUDA_POINTER_ATTRIBUTES=0: a driver that refuses the call (its callers' fallback). */
+    const char* off = getenv("SOFTCUDA_POINTER_ATTRIBUTES");
+    if (off && !strcmp(off, "0")) return E_INVALID_VALUE;
     struct alloc* a = find_alloc(p);
     for (unsigned i = 0; i < n; i++) {
         if (!data[i]) return E_INVALID_VALUE;

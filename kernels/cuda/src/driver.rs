@@ -664,10 +664,37 @@ impl Driver {
                 ptr,
             )
         };
-        (s == 0 && kind == MEMORYTYPE_DEVICE && ordinal >= 0).then(|| PointerFacts {
+        if s != 0 {
+            // A driver that refuses one of the attributes: the memory type and the device one
+            // at a time, and no allocation (the caller then asks for the mapped piece).
+            return self.device_of_pointer(ptr).map(|device| PointerFacts {
+                device,
+                allocation: None,
+            });
+        }
+        (kind == MEMORYTYPE_DEVICE && ordinal >= 0).then(|| PointerFacts {
             device: ordinal as u32,
             allocation: (plain != 0 && size > 0).then_some((start, size)),
         })
+    }
+
+    /// The device ordinal that owns `ptr` if it is device memory the driver knows, asked one
+    /// attribute at a time (`None` for host memory and addresses the driver never allocated).
+    fn device_of_pointer(&self, ptr: DevicePtr) -> Option<u32> {
+        if self.memory_type(ptr) != Some(MEMORYTYPE_DEVICE) {
+            return None;
+        }
+        let mut ordinal: c_int = -1;
+        // SAFETY: `ordinal` is a valid out-pointer of the attribute's type (int); the driver
+        // only looks the address up.
+        let s = unsafe {
+            (self.pointer_attribute)(
+                (&mut ordinal as *mut c_int).cast(),
+                POINTER_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        (s == 0 && ordinal >= 0).then_some(ordinal as u32)
     }
 
     /// The address range holding device pointer `ptr`, its start and size: the allocation

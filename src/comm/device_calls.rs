@@ -405,22 +405,10 @@ impl Communicator {
 
     /// The checks every device call makes before anything is copied or sent: both buffers on
     /// the bound device and live, the call's arguments (the same as the host calls'). Returns
-    /// the device.
-    pub(super) fn check_device<T: Element>(
-        &self,
-        kind: CollKind,
-        send: Option<&DeviceBuffer<T>>,
-        recv: &DeviceBuffer<T>,
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<Device> {
-        self.check_device_live(kind, send, recv, count, op, true)
-    }
-
-    /// [`Communicator::check_device`]; `live: false` leaves out the driver's pointer queries,
-    /// for a caller that made them just before (the C ABI's check of the call's spans, which
-    /// names NCCL's arguments).
-    pub(crate) fn check_device_live<T: Element>(
+    /// the device. `live: false` leaves out the driver's pointer queries, for a caller that
+    /// made them already (the C ABI's check of the call's spans, which names NCCL's
+    /// arguments).
+    pub(crate) fn check_device<T: Element>(
         &self,
         kind: CollKind,
         send: Option<&DeviceBuffer<T>>,
@@ -477,7 +465,7 @@ impl Communicator {
         op: ReduceOp,
         on: Option<StreamCall>,
     ) -> Result<()> {
-        let dev = self.check_device(kind, send, recv, count, op)?;
+        let dev = self.check_device(kind, send, recv, count, op, true)?;
         self.run_device_at(dev, kind, send, recv, count, op, on)
     }
 

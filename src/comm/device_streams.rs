@@ -60,7 +60,7 @@ impl Communicator {
         stream: &DeviceStream,
     ) -> Result<()> {
         let (name, rank) = (kind.name(), self.inner.rank);
-        let dev = self.check_device(kind, send, recv, count, op)?;
+        let dev = self.check_device(kind, send, recv, count, op, true)?;
         if stream.device() != dev {
             return Err(Error::invalid_argument(format!(
                 "{name} on rank {rank}: the stream is on {}; this communicator uses {dev}",

@@ -636,7 +636,7 @@ impl Communicator {
         };
         // The caller asked the driver about the spans (this function's contract).
         let s = s.as_deref();
-        let dev = self.check_device_live(kind, s, &r, count, op, false)?;
+        let dev = self.check_device(kind, s, &r, count, op, false)?;
         self.run_device_at(dev, kind, s, &mut r, count, op, Some(call))
     }
 }

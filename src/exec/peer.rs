@@ -24,14 +24,17 @@
 //!    [`DeviceArena::settle`]): so do ranks whose pre-multiplied sums have factors of their
 //!    own (one kernel scales every source alike).
 //! 2. **Share.** Rank `r` queues, on the call's stream (a blocking call: the reducer's own),
-//!    waits for the other ranks' ready marks, its share, and its done mark. In place this is
+//!    waits for the other ranks' ready marks, its share, and its done mark; a blocking rank
+//!    instead waits for its share on the host and offers no done mark (none to record or to
+//!    wait for where every rank blocks: two driver calls less a call). In place this is
 //!    safe: a rank writes only its own chunk or block of each buffer, which no other rank
 //!    reads, and the kernel reads an element of every source before it writes that element.
 //! 3. **Done.** One more lane allreduce (max) of a status word and every rank's done mark;
 //!    each rank's stream then waits for the other ranks' done marks, so that no stream goes
 //!    past the call while another rank may still be writing its output or reading its input
-//!    (a blocking call waits for its stream here). A rank that failed to queue its share is
-//!    named by all of them (the outputs are then incomplete, and every rank says so).
+//!    (a blocking call waits for its stream here, where it waited for one). A rank that failed
+//!    to queue its share is named by all of them (the outputs are then incomplete, and every
+//!    rank says so).
 //!
 //! The exchanges order the marks' re-records: a rank records its ready mark again only after
 //! the status exchange of the call before (every rank has queued its waits for it by then), its
@@ -41,9 +44,8 @@
 //! Ranks that are processes of one host take the same steps for buffers in windows
 //! (`windows.rs`): the offer names window places and offsets instead of addresses, and the
 //! marks are the reducers' shared marks (interprocess events, exchanged at registration; the
-//! ranks of a call on a stream offer `[SHARED, record]`). A blocking rank there waits for its
-//! own share before the status exchange and offers no done mark. Host waits that may hang on
-//! another process's mark poll with the engine's deadline.
+//! ranks of a call on a stream offer `[SHARED, record]`). Host waits that may hang on another
+//! process's mark poll with the engine's deadline.
 //!
 //! A call cut into device slices offers the whole call at its first slice
 //! ([`Engine::offer_whole`]); where every rank agrees, the whole call runs here and its other
@@ -536,10 +538,10 @@ impl Engine {
                 reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
             }
             match (across, on) {
-                // A blocking rank's share through windows is done before the status exchange
-                // (it offers no mark, and so needs none waited for where every rank blocks);
+                // A blocking rank's share is done before the status exchange (it offers no
+                // mark, and so needs none recorded or waited for where every rank blocks);
                 // the wait has a deadline only where the share waits for another process.
-                (true, None) => match waits_ready {
+                (_, None) => match across && waits_ready {
                     true => reducer.synchronize_within(None, limit),
                     false => reducer.synchronize(None),
                 }
@@ -584,13 +586,13 @@ impl Engine {
         if let (true, Some(_), Ok(_)) = (across, on, &queued) {
             settled = settled.and(reducer.mark_settled(on));
         }
-        // (Through windows a blocking rank's own share was waited for before the status
-        // exchange already: it waits again only for the shares of ranks on a stream.)
+        // (A blocking rank's own share was waited for before the status exchange already: it
+        // waits again only for the shares of ranks on a stream.)
         if on.is_none() {
             let synced = match (across, waits) {
-                (false, _) => reducer.synchronize(None),
+                (_, false) => Ok(()),
+                (false, true) => reducer.synchronize(None),
                 (true, true) => reducer.synchronize_within(None, limit),
-                (true, false) => Ok(()),
             };
             settled = settled.and(synced);
         }

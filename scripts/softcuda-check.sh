@@ -167,8 +167,10 @@ FERRO_TRANSPORTS=p2p PER_ITERATION=1 step 8m counted scripts/driver-calls.sh 9.5
 # Communicators one after another, each with windows and a call on a stream through them: a
 # communicator leaves no event behind (the shared marks go with the last window; the model
 # also faults a wait left pending on another process's event that its owner destroyed).
-FERRO_TRANSPORTS=p2p PER_ITERATION=1 ONLY=events_live step 8m counted \
-    scripts/driver-calls.sh 0 2 "$soft/streams" 2 comms NITER
+for w in 0 1; do
+    FERRO_TRANSPORTS=p2p FERRO_STREAM_WAITS=$w PER_ITERATION=1 ONLY=events_live step 8m counted \
+        scripts/driver-calls.sh 0 2 "$soft/streams" 2 comms NITER
+done
 
 if [ "$failed" -eq 0 ]; then echo "== softcuda: PASS"; else echo "== softcuda: FAIL"; fi
 exit "$failed"

@@ -581,9 +581,10 @@ impl Engine {
                 Err(e) => settled = settled.and(Err(e)),
             }
         }
-        // Through windows on a stream: the settle point after those waits, which the windows'
-        // last deregistration waits for before the marks go (`windows.rs`).
-        if let (true, Some(_), Ok(_)) = (across, on, &queued) {
+        // Through windows on a stream: the settle point after those waits (queued even where
+        // the share failed), which the windows' last deregistration waits for before the marks
+        // go (`windows.rs`).
+        if let (true, Some(_)) = (across, on) {
             settled = settled.and(reducer.mark_settled(on));
         }
         // (A blocking rank's own share was waited for before the status exchange already: it

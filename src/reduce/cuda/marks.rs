@@ -172,7 +172,8 @@ impl CudaReducer {
         Ok(())
     }
 
-    /// Destroys this reducer's interprocess events and settle points and closes the other
+    /// Destroys this reducer's interprocess events, settle points and host-wait event (made
+    /// again when needed) and closes the other
     /// ranks' events it opened (`peers`; those of this process's other ranks are theirs to
     /// destroy): every rank settled, and they agreed after that (see the module). The next
     /// share makes new events. Every event is let go even where one fails; the first error
@@ -188,6 +189,11 @@ impl CudaReducer {
                 .retain(|(_, e)| !mine.contains(e));
             gone.extend(mine);
             gone.extend(sh.done.drain(..).map(|d| d.1));
+            gone.extend(
+                [std::mem::take(&mut sh.sync)]
+                    .into_iter()
+                    .filter(|&e| e != 0),
+            );
             sh.events = [0; 2];
             sh.handles = [0; SHARED_MARK_WORDS];
         }

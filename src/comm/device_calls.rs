@@ -441,6 +441,7 @@ impl Communicator {
         Ok(dev)
     }
 
+    /// A blocking device collective: checked, then run ([`Communicator::run_device_at`]).
     pub(super) fn run_device<T: Element>(
         &self,
         kind: CollKind,
@@ -449,29 +450,16 @@ impl Communicator {
         count: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        self.run_device_in(kind, send, recv, count, op, None)
-    }
-
-    /// [`Communicator::run_device`], or ordered on a caller's stream (`on`, from
-    /// [`Communicator::orders_between_buffers`]'s callers): then the call goes straight
-    /// between the ranks' buffers in stream order where every rank agrees, and returns once
-    /// that is queued; otherwise it waits for the stream and runs as a blocking call.
-    pub(crate) fn run_device_in<T: Element>(
-        &self,
-        kind: CollKind,
-        send: Option<&DeviceBuffer<T>>,
-        recv: &mut DeviceBuffer<T>,
-        count: usize,
-        op: ReduceOp,
-        on: Option<StreamCall>,
-    ) -> Result<()> {
         let dev = self.check_device(kind, send, recv, count, op, true)?;
-        self.run_device_at(dev, kind, send, recv, count, op, on)
+        self.run_device_at(dev, kind, send, recv, count, op, None)
     }
 
-    /// [`Communicator::run_device_in`] after [`Communicator::check_device`] passed, on the
-    /// device it returned (a call on a stream checks before it chooses its path, and asks the
-    /// driver about its buffers once).
+    /// A device collective after [`Communicator::check_device`] passed, on the device it
+    /// returned: blocking (`on: None`), or ordered on a caller's stream (`on`, from
+    /// [`Communicator::orders_between_buffers`]'s callers), where the call goes straight
+    /// between the ranks' buffers in stream order if every rank agrees, and returns once that
+    /// is queued; otherwise it waits for the stream and runs as a blocking call. (A call on a
+    /// stream checks before it chooses its path, and asks the driver about its buffers once.)
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_device_at<T: Element>(
         &self,

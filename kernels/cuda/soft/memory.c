@@ -348,12 +348,8 @@ CUresult cuStreamWriteValue32(void* h, CUdeviceptr a, uint32_t v, unsigned f) {
 /* ---- events ----------------------------------------------------------------------------- */
 
 static struct event_state* shared_state(int* fd_out) {
-    int fd = memfd_create("softcuda-event", MFD_CLOEXEC);
+    int fd = memory_file("softcuda-event", 4096);
     if (fd < 0) return NULL;
-    if (ftruncate(fd, 4096) != 0) {
-        close(fd);
-        return NULL;
-    }
     void* p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
@@ -582,8 +578,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     }
     *link = a->next;
     pthread_mutex_unlock(&g.mu);
-    munmap((void*)(uintptr_t)a->base, a->size);
-    free(a);
+    unmap_alloc(a);
     return OK;
 }
 

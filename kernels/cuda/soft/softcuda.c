@@ -132,14 +132,29 @@ void add_alloc(struct alloc* a) {
     pthread_mutex_unlock(&g.mu);
 }
 
+/* A memory file of `size` bytes (another process maps it through /proc): its descriptor, or
+   -1. */
+int memory_file(const char* name, size_t size) {
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Unmaps and frees allocation `a`, taken out of the list already (its memory file, if any,
+   closed). */
+void unmap_alloc(struct alloc* a) {
+    munmap((void*)(uintptr_t)a->base, a->size);
+    if (a->fd >= 0) close(a->fd);
+    free(a);
+}
+
 CUresult new_alloc(uint64_t* out, size_t size, int kind, int device) {
     if (size == 0) return E_INVALID_VALUE;
-    int fd = memfd_create("softcuda", MFD_CLOEXEC);
+    int fd = memory_file("softcuda", size);
     if (fd < 0) return E_OUT_OF_MEMORY;
-    if (ftruncate(fd, (off_t)size) != 0) {
-        close(fd);
-        return E_OUT_OF_MEMORY;
-    }
     void* p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
@@ -168,9 +183,7 @@ CUresult free_alloc(uint64_t p, int kind) {
     }
     *link = a->next;
     pthread_mutex_unlock(&g.mu);
-    munmap((void*)(uintptr_t)a->base, a->size);
-    close(a->fd);
-    free(a);
+    unmap_alloc(a);
     return OK;
 }
 

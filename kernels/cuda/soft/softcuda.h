@@ -190,6 +190,8 @@ extern HIDDEN atomic_long live_events;
 HIDDEN void count_call(const char* name, atomic_int* slot);
 HIDDEN uint64_t now_ns(void);
 HIDDEN void pause_for(unsigned* tries);
+HIDDEN int memory_file(const char* name, size_t size);
+HIDDEN void unmap_alloc(struct alloc* a);
 HIDDEN struct alloc* find_alloc_locked(uint64_t p);
 HIDDEN struct alloc* find_alloc(uint64_t p);
 HIDDEN void add_alloc(struct alloc* a);

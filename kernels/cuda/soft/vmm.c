@@ -114,8 +114,7 @@ CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
     }
     *link = a->next;
     pthread_mutex_unlock(&g.mu);
-    munmap((void*)(uintptr_t)a->base, a->size);
-    free(a);
+    unmap_alloc(a);
     return OK;
 }
 
@@ -127,12 +126,8 @@ CUresult cuMemCreate(unsigned long long* handle, size_t size, const void* prop,
     if (!handle || !pr || size == 0 || !aligned(size) || flags != 0) return E_INVALID_VALUE;
     if (pr->type != 1 || pr->location_type != 1) return E_INVALID_VALUE;
     if (pr->location_id < 0 || pr->location_id >= g.ndev) return E_INVALID_DEVICE;
-    int fd = memfd_create("softcuda-vmm", MFD_CLOEXEC);
+    int fd = memory_file("softcuda-vmm", size);
     if (fd < 0) return E_OUT_OF_MEMORY;
-    if (ftruncate(fd, (off_t)size) != 0) {
-        close(fd);
-        return E_OUT_OF_MEMORY;
-    }
     struct phys* ph = calloc(1, sizeof *ph);
     ph->fd = fd;
     ph->size = size;

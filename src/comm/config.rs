@@ -45,6 +45,16 @@ pub struct Config {
     /// one kernel a call (docs/CUDA.md, "Between the ranks' buffers"), where every rank's
     /// buffers allow it. Must be equal on every rank (checked at init).
     pub device_peer: bool,
+    /// `FERRO_DEVICE_SCRATCH_BYTES` (a size like `128M`; default `0`, off): where windows are
+    /// exchanged (ranks that are processes of one host, `p2p` in the transport list), device
+    /// collectives whose buffers lie in no window go between the ranks' GPUs through a
+    /// scratch window of this many bytes per rank, registered by the communicator itself at
+    /// its first device collective: each rank copies its input into its scratch and the others
+    /// read it there (docs/CUDA.md, "Unregistered buffers through scratch windows"). Half
+    /// holds the inputs, half the reduced chunks; a call needing more is cut into slices that
+    /// fit. Ranks must all set it or all leave it at 0 (checked at init); the sizes may
+    /// differ (the least counts).
+    pub device_scratch_bytes: usize,
     /// `FERRO_P2P_DEVICE`: the CUDA device of this rank's receive slots of the GPU
     /// peer-to-peer transport, the GPU whose device buffers its collectives reduce straight
     /// from those slots (buffers of another GPU go through host staging). The C ABI sets it,
@@ -139,6 +149,7 @@ impl Default for Config {
             device_slice_bytes: None,
             device_direct: true,
             device_peer: true,
+            device_scratch_bytes: 0,
             p2p_device: None,
             spin: Duration::from_micros(50),
             debug: DebugLevel::Warn,
@@ -218,6 +229,18 @@ impl Config {
         }
         if let Some(v) = var("FERRO_DEVICE_PEER") {
             c.device_peer = flag(&v, "FERRO_DEVICE_PEER")?;
+        }
+        if let Some(v) = var("FERRO_DEVICE_SCRATCH_BYTES") {
+            let n = parse_size(&v)
+                .ok_or_else(|| bad("FERRO_DEVICE_SCRATCH_BYTES", &v, "a size like 128M"))?;
+            if n != 0 && n < 4096 {
+                return Err(bad(
+                    "FERRO_DEVICE_SCRATCH_BYTES",
+                    &v,
+                    "0 (off) or at least 4096 bytes",
+                ));
+            }
+            c.device_scratch_bytes = n;
         }
         if let Some(v) = var("FERRO_P2P_DEVICE") {
             if !v.trim().is_empty() {
@@ -398,6 +421,11 @@ mod tests {
         assert!(with(&[]).unwrap().device_peer);
         assert!(!with(&[("FERRO_DEVICE_PEER", "0")]).unwrap().device_peer);
         assert!(with(&[("FERRO_DEVICE_PEER", "maybe")]).is_err());
+        assert_eq!(with(&[]).unwrap().device_scratch_bytes, 0);
+        let c = with(&[("FERRO_DEVICE_SCRATCH_BYTES", "128M")]).unwrap();
+        assert_eq!(c.device_scratch_bytes, 128 << 20);
+        assert!(with(&[("FERRO_DEVICE_SCRATCH_BYTES", "100")]).is_err());
+        assert!(with(&[("FERRO_DEVICE_SCRATCH_BYTES", "lots")]).is_err());
         assert!(with(&[("FERRO_DEVICE_DIRECT", "maybe")]).is_err());
         assert_eq!(with(&[]).unwrap().p2p_device, None);
         assert_eq!(

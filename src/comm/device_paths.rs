@@ -93,7 +93,12 @@ pub(super) fn direct<T: Element>(
         let mut ran_whole = false;
         inner.execute_next(true, |e, seq| {
             let check_root = inner.config.check_root;
-            ran_whole = call.run_first_in(e, seq, mem, check_root, Some(arena), first)?;
+            let r = call.run_first_in(e, seq, mem, check_root, Some(arena), first);
+            // A call may have registered the scratch window (and shared the marks).
+            inner
+                .windows_in_order
+                .store(e.windows_in_order(), std::sync::atomic::Ordering::Release);
+            ran_whole = r?;
             Ok(())
         })?;
         if ran_whole {

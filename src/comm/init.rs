@@ -58,6 +58,7 @@ pub(super) fn mesh_options(config: &Config) -> mesh::MeshOptions {
             config.tries_p2p(),
         ),
         device_peer: config.device_peer,
+        device_scratch: config.device_scratch_bytes > 0,
     }
 }
 
@@ -229,6 +230,7 @@ impl Communicator {
         engine.set_peer_direct(config.device_peer && one_process && config.tries_p2p());
         let one_host = descs.iter().all(|d| d.host == descs[rank].host);
         engine.set_peer_windows(config.device_peer && one_host && config.tries_p2p());
+        engine.set_peer_scratch(config.device_scratch_bytes);
         let device_transport = engine.carries_device_memory();
         let peer_direct = engine.peer_direct();
         let peer_windows = engine.peer_windows();

@@ -47,6 +47,9 @@ pub(crate) struct MeshOptions {
     /// (`FERRO_DEVICE_PEER`), which every rank must see the same: a rank that offers waits for
     /// an offer that a rank that does not would never make.
     pub device_peer: bool,
+    /// Whether unregistered device buffers go through scratch windows
+    /// (`FERRO_DEVICE_SCRATCH_BYTES` not 0): every rank alike, checked here.
+    pub device_scratch: bool,
 }
 
 /// The connections of one rank and the transport chosen for each peer.
@@ -317,7 +320,7 @@ fn agree_on_lanes(
     let (slice, p2p) = opts.device_cut;
     let mut card = mine.to_le_bytes().to_vec();
     card.extend_from_slice(&slice.to_le_bytes());
-    card.push(u8::from(p2p) | u8::from(opts.device_peer) << 1);
+    card.push(u8::from(p2p) | u8::from(opts.device_peer) << 1 | u8::from(opts.device_scratch) << 2);
     let all = ex.allgather("lanes", &card)?;
     // A little-endian number of `n` bytes at `at`, where the card holds them.
     let word = |b: &[u8], at: usize, n: usize| {
@@ -331,6 +334,16 @@ fn agree_on_lanes(
             let theirs = (slice, f & 1 != 0);
             if theirs != opts.device_cut {
                 return Err(cut_mismatch(rank, opts.device_cut, peer, theirs));
+            }
+            if (f & 4 != 0) != opts.device_scratch {
+                let say = |on: bool| if on { "set" } else { "0 or unset" };
+                return Err(Error::invalid_usage(format!(
+                    "init on rank {rank}: rank {rank} has FERRO_DEVICE_SCRATCH_BYTES {} but rank \
+                     {peer} has it {}; every rank must set it (any size) or none, since it \
+                     decides whether device collectives are offered through scratch windows",
+                    say(opts.device_scratch),
+                    say(f & 4 != 0)
+                )));
             }
             if (f & 2 != 0) != opts.device_peer {
                 let say = |on: bool| if on { "1" } else { "0" };

@@ -3,7 +3,6 @@
 //! between the ranks' buffers (docs/CUDA.md, "Across processes: windows").
 
 use ferroccl_kernels::DataType;
-use ferroccl_transport::MemSpace;
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
@@ -11,9 +10,9 @@ use std::sync::Arc;
 
 use ferroccl_kernels::Element;
 
-use crate::device::ipc::{self, Mapping};
+use crate::device::ipc::{self, ByProvider};
 use crate::device::{DeviceBuffer, Provider};
-use crate::exec::{Mapper, Offered, OpContext};
+use crate::exec::{Offered, OpContext};
 use crate::wire::{kind, op};
 use crate::Result;
 
@@ -90,33 +89,6 @@ impl<T: Element> Drop for DeviceWindow<T> {
                 );
                 std::mem::forget(b);
             }
-        }
-    }
-}
-
-/// Maps through the device provider, for work on this rank's device.
-struct ByProvider {
-    provider: Provider,
-    ordinal: u32,
-}
-
-impl Mapper for ByProvider {
-    fn map(&self, handle: &[u8; 64]) -> Result<Mapping> {
-        Mapping::open(self.provider, self.ordinal, handle)
-    }
-
-    fn space(&self, addr: u64, len: usize) -> Option<MemSpace> {
-        let dev = crate::device::Device::new(self.provider, self.ordinal).ok()?;
-        dev.find(addr, len).map(MemSpace::Cuda)
-    }
-
-    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
-        match (from, to) {
-            (MemSpace::Cuda(a), MemSpace::Cuda(b)) if a != b => match self.provider {
-                Provider::Cuda => crate::reduce::peer_reach(a, b),
-                Provider::Host => crate::device::direct::standin_reach(),
-            },
-            _ => from == to,
         }
     }
 }

@@ -147,6 +147,22 @@ impl DeviceArena for DirectArena {
         }
     }
 
+    fn scratch(&mut self, bytes: usize) -> Result<crate::exec::ScratchAlloc> {
+        let buf = DeviceBuffer::<u8>::new(self.device, bytes)?;
+        self.allocations += 1;
+        let (provider, ordinal) = (self.device.provider(), self.device.ordinal());
+        let export = super::ipc::export(provider, ordinal, buf.addr(), bytes)?;
+        Ok(crate::exec::ScratchAlloc {
+            offered: crate::exec::Offered {
+                addr: buf.addr(),
+                len: bytes,
+                export: Some(export),
+            },
+            mapper: Box::new(super::ipc::ByProvider { provider, ordinal }),
+            owned: crate::exec::Owned::new(Box::new(buf)),
+        })
+    }
+
     fn upload(&mut self, dst: MemRef, src: &[u8]) -> Result<()> {
         self.check_operand("upload", &dst, src.len())?;
         // SAFETY: as in `download`: live memory of this device for `src.len()` bytes, the

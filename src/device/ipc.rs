@@ -5,6 +5,8 @@
 //! (`host::export`). The communicator's windows use it ([`crate::Communicator::register_window`]).
 
 use super::{cuda, host, Provider};
+use ferroccl_transport::MemSpace;
+
 use crate::{Error, Result};
 
 /// An exported allocation: where it starts in its owner's process, its length, and the handle
@@ -117,6 +119,33 @@ pub(crate) unsafe fn close(provider: Provider, ordinal: u32, addr: u64) -> Resul
             let d = cuda::bound(ordinal)?;
             // SAFETY: per the caller.
             unsafe { d.ipc_close(addr) }.map_err(|e| cuda::convert(&e))
+        }
+    }
+}
+
+/// Maps through the device provider, for work on this rank's device.
+pub(crate) struct ByProvider {
+    pub provider: Provider,
+    pub ordinal: u32,
+}
+
+impl crate::exec::Mapper for ByProvider {
+    fn map(&self, handle: &[u8; 64]) -> Result<Mapping> {
+        Mapping::open(self.provider, self.ordinal, handle)
+    }
+
+    fn space(&self, addr: u64, len: usize) -> Option<MemSpace> {
+        let dev = crate::device::Device::new(self.provider, self.ordinal).ok()?;
+        dev.find(addr, len).map(MemSpace::Cuda)
+    }
+
+    fn reaches(&self, from: MemSpace, to: MemSpace) -> bool {
+        match (from, to) {
+            (MemSpace::Cuda(a), MemSpace::Cuda(b)) if a != b => match self.provider {
+                Provider::Cuda => crate::reduce::peer_reach(a, b),
+                Provider::Host => crate::device::direct::standin_reach(),
+            },
+            _ => from == to,
         }
     }
 }

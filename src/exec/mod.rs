@@ -46,12 +46,12 @@ pub(crate) use crate::wire::kind;
 pub(crate) use conn::Conn;
 use layout::Layout;
 use space::Run;
-pub(crate) use space::{ArenaUse, DeviceArena};
+pub(crate) use space::{ArenaUse, DeviceArena, ScratchAlloc};
 pub(crate) use step::{OpContext, RawOp};
 use step::{OpState, StepEnv};
 pub(crate) use tuning::Tuning;
 use wait::{SysWaiter, WaitBuffers};
-pub(crate) use windows::{Mapper, Offered};
+pub(crate) use windows::{Mapper, Offered, Owned};
 
 /// How long a failing rank spends, at most, telling its peers why (see
 /// [`Engine::notify_failure`]).

@@ -69,6 +69,7 @@ use crate::coll::{CollArgs, CollKind};
 use crate::reduce::{Mark, MarkUse, Reducer, NO_MARK};
 
 mod shares;
+mod staged;
 
 use shares::{apart, reach_all, resolve_all, share, used};
 
@@ -93,6 +94,9 @@ pub(super) struct Peer {
     whole: Option<Whole>,
     /// The count of the whole call the last collective ran, where it ran one offered so.
     ran_whole: Option<usize>,
+    /// The stream of the last call through the scratch windows (`Some(None)`: a blocking
+    /// one), where one ran (`staged.rs`).
+    last_staged: Option<Option<usize>>,
 }
 
 /// A whole call offered at its first slice: its count, and its [`Memory`] as plain numbers
@@ -120,6 +124,11 @@ impl Whole {
         }
     }
 }
+
+/// The key every rank offers where it can make the scratch window and it is wanted
+/// (`staged.rs`); never a key of [`key_in`] (whose top bit is clear).
+const SETUP_KEY: u64 = 0xfe5c_7a7c_5e70_0001;
+const NOT_SETUP_KEY: u64 = !SETUP_KEY;
 
 /// The first word of a shared mark in an offer (the second names the record).
 const SHARED: u64 = 1;
@@ -168,6 +177,12 @@ fn key_of(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
 /// [`key_of`]'s.
 fn key_of_windows(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
     key_in(b"windows", space, count, premul)
+}
+
+/// The key of a call through the scratch windows (`staged.rs`): as [`key_of_windows`], never
+/// equal to one of its keys, so that every rank goes through its scratch or none does.
+fn key_of_scratch(space: MemSpace, count: usize, premul: Option<f64>) -> u64 {
+    key_in(b"scratch", space, count, premul)
 }
 
 /// A key of `scope` (a process, or windows), memory `space`, `count` and `premul`.
@@ -270,7 +285,12 @@ impl Engine {
     /// Whether collectives are offered at all: by address, or through windows where some
     /// window can carry one (the same on every rank: registration is collective).
     fn offered(&self) -> bool {
-        self.peer.on || self.peer.windows.as_ref().is_some_and(Windows::any_usable)
+        self.peer.on
+            || self
+                .peer
+                .windows
+                .as_ref()
+                .is_some_and(|ws| ws.any_usable() || ws.scratch_offered())
     }
 
     /// Collectives that went straight between the ranks' buffers.
@@ -340,12 +360,18 @@ impl Engine {
         premul: Option<f64>,
         mem: &Memory,
         ctx: &OpContext,
-        arena: Option<&mut (dyn DeviceArena + 'static)>,
+        mut arena: Option<&mut (dyn DeviceArena + 'static)>,
         whole: Option<Whole>,
     ) -> Result<bool> {
         let on = arena.as_deref().and_then(|a| a.call_stream());
         let device = arena.as_deref().map(|a| a.reducer());
         let reducer = device.as_deref();
+        // A whole call the scratch windows cannot hold is offered slice by slice (the same on
+        // every rank: the count and the least scratch decide).
+        let half = self.scratch_half();
+        let (n0, es0) = (self.nranks, dtype.size());
+        let whole =
+            whole.filter(|w| half.is_none_or(|h| staged::needs(args.kind, w.count, n0, es0) <= h));
         let whole_mem = whole.map(|w| w.memory());
         let mem = whole_mem.as_ref().unwrap_or(mem);
         let args = &CollArgs {
@@ -392,6 +418,56 @@ impl Engine {
             && room(in_off, in_used, base_len)
             && room(out_off, out_used, mem.output_len)
             && (shared.is_none() || same_reducer);
+        // The scratch window wanted and not made yet: every rank that could use it says so,
+        // and where all can, all make it now (this call takes the schedule).
+        let setup = across.then(|| self.scratch_wanted()).flatten();
+        let can_setup = setup.is_some() && able && arena.is_some();
+        if setup.is_some() {
+            able = false;
+        }
+        let windows = self.peer.windows.as_ref();
+        let in_window = |addr: usize, len: usize| match (len, windows) {
+            (0, _) => Some(0),
+            (_, Some(ws)) => ws.word_of(me, addr as u64, len),
+            (_, None) => None,
+        };
+        let win_words = (in_window(mine.0, in_used), in_window(mine.1, out_used));
+        let in_windows = win_words.0.is_some() && win_words.1.is_some();
+        // Buffers in no window go through the scratch windows where they fit (`staged.rs`):
+        // the part of the input the others read is copied into this rank's scratch now,
+        // before the ready mark.
+        let scratch = (across && able && !in_windows)
+            .then(|| self.scratch_ranks())
+            .flatten()
+            .filter(|(_, sp)| sp[me] == mem.space);
+        let fits = half.is_some_and(|h| staged::needs(kind, args.count, n, es) <= h);
+        let own_apart = apart(&[mine], &[(in_used, out_used)], &[mem.in_place], &[0]);
+        let plan = match (scratch.as_ref(), reducer) {
+            (Some((sc, _)), Some(r)) if fits && own_apart => {
+                let p = staged::plan(
+                    kind,
+                    args.count,
+                    n,
+                    me,
+                    es,
+                    mine,
+                    mem.in_place,
+                    sc,
+                    half.unwrap_or(0),
+                );
+                self.stage_in(&p, on, r, dtype, op, mem.space)
+                    .map_err(|e| {
+                        ferroccl_transport::log_line!(
+                            "ferroccl WARN P2P: {}: the copy into the scratch window failed \
+                             ({e}); the call takes the schedule",
+                            ctx.label()
+                        )
+                    })
+                    .ok()
+                    .map(|()| p)
+            }
+            _ => None,
+        };
         // A call ordered on a stream offers where the work queued before it ends, so that the
         // other ranks' shares wait for it (a blocking call's buffers are ready now). A rank
         // that cannot mark its stream does not take part; through windows, nor one without
@@ -408,30 +484,25 @@ impl Engine {
             able = false;
             NO_MARK
         });
-        let windows = self.peer.windows.as_ref();
-        let in_window = |addr: usize, len: usize| match (len, windows) {
-            (0, _) => Some(0),
-            (_, Some(ws)) => ws.word_of(me, addr as u64, len),
-            (_, None) => None,
-        };
-        let win_words = (in_window(mine.0, in_used), in_window(mine.1, out_used));
         if across {
-            able &= win_words.0.is_some() && win_words.1.is_some();
+            able &= in_windows || plan.is_some();
         }
-        let key = match across {
-            true => key_of_windows(mem.space, args.count, premul),
-            false => key_of(mem.space, args.count, premul),
+        let key = match (across, plan.is_some()) {
+            (true, true) => key_of_scratch(mem.space, args.count, premul),
+            (true, false) => key_of_windows(mem.space, args.count, premul),
+            (false, _) => key_of(mem.space, args.count, premul),
         };
         let mut words = vec![0u64; HEAD + PER_RANK * n];
-        (words[0], words[1]) = if able {
-            (key, !key)
-        } else {
-            (u64::MAX, u64::MAX)
+        (words[0], words[1]) = match (able, can_setup) {
+            (true, _) => (key, !key),
+            (false, true) => (SETUP_KEY, !SETUP_KEY),
+            (false, false) => (u64::MAX, u64::MAX),
         };
         // Above the addresses: the input's word carries the rank's device, the output's
         // whether the rank is in place.
         let at = HEAD + PER_RANK * me;
         (words[at], words[at + 1]) = match (across, win_words) {
+            (true, _) if plan.is_some() => (0, 0),
             (true, (Some(i), Some(o))) => (i, o),
             (true, _) => (0, 0),
             (false, _) => {
@@ -456,6 +527,12 @@ impl Engine {
         words[at + 1] |= u64::from(mem.in_place) << 63;
         words[at + 2..at + 4].copy_from_slice(&ready);
         self.max_words(&mut words, ctx)?;
+        if let (Some(bytes), [SETUP_KEY, NOT_SETUP_KEY, ..], Some(a), Some(r)) =
+            (setup, &words[..], arena.as_deref_mut(), device.as_ref())
+        {
+            self.make_scratch(bytes, a, Arc::clone(r), ctx)?;
+            return Ok(false);
+        }
         let word = |k: usize, w: usize| words[HEAD + PER_RANK * k + w];
         let lens: Vec<(usize, usize)> = (0..n).map(|k| used(kind, args.count, n, k, es)).collect();
         let in_place: Vec<bool> = (0..n).map(|k| word(k, 1) & IN_PLACE != 0).collect();
@@ -464,6 +541,12 @@ impl Engine {
         // Every rank's buffers here, their memory here, and, to tell overlaps, where they lie
         // in their owners' processes and which process that is.
         let (bufs, spaces, verdict) = match self.peer.windows.as_ref() {
+            // Every rank offered the scratch key: the plan names this rank's buffers and the
+            // scratch windows only.
+            _ if one_key && plan.is_some() => {
+                let spaces = scratch.as_ref().map(|s| s.1.clone()).unwrap_or_default();
+                (Vec::new(), spaces, true)
+            }
             None => {
                 let bufs: Vec<(usize, usize)> = (0..n)
                     .map(|k| {
@@ -499,9 +582,16 @@ impl Engine {
             },
         };
         // The verdict holds one key (so every rank is able, and holds a reducer).
-        let todo = verdict
-            .then(|| share(kind, args.count, n, me, es, &bufs, any_in_place))
-            .flatten();
+        let through_scratch = verdict && one_key && plan.is_some();
+        let (todo, copy_out) = match plan {
+            Some(p) if verdict => (Some(p.share), p.copy_out),
+            _ => (
+                verdict
+                    .then(|| share(kind, args.count, n, me, es, &bufs, any_in_place))
+                    .flatten(),
+                Vec::new(),
+            ),
+        };
         let (Some(todo), Some(reducer)) = (todo, reducer) else {
             return Ok(false);
         };
@@ -581,9 +671,27 @@ impl Engine {
                 Err(e) => settled = settled.and(Err(e)),
             }
         }
-        // Through windows on a stream: the settle point after those waits (queued even where
-        // the share failed), which the windows' last deregistration waits for before the marks
-        // go (`windows.rs`).
+        // Through the scratch windows: the chunks the others reduced, copied out of their
+        // scratch (where every share was queued; a blocking rank then waits for them too).
+        if status[0] == 0 && queued.is_ok() {
+            for t in copy_out.iter().filter(|t| t.bytes > 0) {
+                let at = |&(rank, addr): &(usize, usize)| MemRef {
+                    space: spaces[rank],
+                    addr,
+                    len: t.bytes,
+                };
+                let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) =
+                    (t.dsts.iter().map(at).collect(), t.srcs.iter().map(at).collect());
+                settled = settled.and(reducer.queue_many(on, dtype, op, &dsts, &srcs, None));
+                waits = true;
+            }
+        }
+        if through_scratch {
+            self.peer.last_staged = Some(on);
+        }
+        // Through windows on a stream: the settle point after those waits and copies (queued
+        // even where the share failed), which the windows' last deregistration, and a call
+        // through the scratch windows on another stream, wait for (`windows.rs`, `staged.rs`).
         if let (true, Some(_)) = (across, on) {
             settled = settled.and(reducer.mark_settled(on));
         }

@@ -41,6 +41,23 @@ pub(crate) trait DeviceArena: Send {
     fn settle(&mut self) -> Result<()> {
         Ok(())
     }
+
+    /// A new allocation of `bytes` of the device's memory for the communicator's scratch
+    /// window (`peer/staged.rs`), exported for other processes: what this rank offers at its
+    /// registration, how this process maps the others' (for work on this device), and the
+    /// allocation, freed when dropped. An error where the device's memory cannot be
+    /// exported.
+    fn scratch(&mut self, bytes: usize) -> Result<ScratchAlloc> {
+        let _ = bytes;
+        Err(Error::internal("this device arena makes no scratch window"))
+    }
+}
+
+/// What [`DeviceArena::scratch`] returns.
+pub(crate) struct ScratchAlloc {
+    pub offered: super::Offered,
+    pub mapper: Box<dyn super::Mapper>,
+    pub owned: super::windows::Owned,
 }
 
 /// What an arena buffer is for (each use has its own buffer).

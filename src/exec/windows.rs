@@ -58,6 +58,41 @@ pub(crate) struct Window {
     /// This process's mappings of the other ranks' buffers, unmapped when the window is
     /// dropped (after every share that used them is done: shares are waited for in the call).
     pub _mappings: Vec<Mapping>,
+    /// This rank's buffer where the window owns it (a scratch window, `peer/staged.rs`),
+    /// freed after the mappings go.
+    pub owned: Option<Owned>,
+}
+
+/// Memory a window owns ([`Window::owned`]): dropped to free it.
+pub(crate) struct Owned {
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+impl Owned {
+    /// Owns `keep` until dropped.
+    pub fn new(keep: Box<dyn std::any::Any + Send>) -> Owned {
+        Owned { _keep: keep }
+    }
+}
+
+impl std::fmt::Debug for Owned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Owned")
+    }
+}
+
+/// A communicator's scratch window (`peer/staged.rs`): device memory of its own on every
+/// rank, registered at its first device collective, through which calls on buffers in no
+/// window go between the ranks' GPUs.
+#[derive(Debug, Default)]
+pub(crate) enum Scratch {
+    /// Not asked for (`FERRO_DEVICE_SCRATCH_BYTES` 0).
+    #[default]
+    Off,
+    /// Asked for, this many bytes a rank; made at the first call where every rank can.
+    Wanted(usize),
+    /// Registered on every rank (usable or not: the same on every rank).
+    Held(Window),
 }
 
 /// The windows of a communicator, by their place in the order of registration (the same on
@@ -72,6 +107,8 @@ pub(crate) struct Windows {
     /// The warnings of registration already logged ([`Said`]): each once per communicator
     /// (a program that registers every buffer would log one line per buffer).
     said: u8,
+    /// The communicator's own scratch window, where asked for.
+    pub scratch: Scratch,
 }
 
 /// A warning of registration, logged once per communicator.
@@ -244,6 +281,19 @@ impl Engine {
             );
             return Ok(None);
         }
+        let w = self.exchange_window(mine, mapper, reducer, ctx)?;
+        Ok(self.add_window(w))
+    }
+
+    /// Registration's exchange ([`Engine::register_window`]) of one window, which the caller
+    /// keeps (the same on every rank).
+    pub(super) fn exchange_window(
+        &mut self,
+        mine: Offered,
+        mapper: &dyn Mapper,
+        reducer: Option<Arc<dyn Reducer>>,
+        ctx: &OpContext,
+    ) -> Result<Window> {
         let (n, me) = (self.nranks, self.rank);
         let mut words = vec![0u64; RECORD * n];
         let rec = &mut words[RECORD * me..RECORD * (me + 1)];
@@ -370,12 +420,12 @@ impl Engine {
         if !usable {
             mappings.clear();
         }
-        let w = Window {
+        Ok(Window {
             usable,
             ranks,
             _mappings: mappings,
-        };
-        Ok(self.add_window(w))
+            owned: None,
+        })
     }
 
     /// Whether registration's warning `what` is logged now: the first time on this
@@ -444,6 +494,7 @@ mod tests {
                 })
                 .collect(),
             _mappings: Vec::new(),
+            owned: None,
         }
     }
 

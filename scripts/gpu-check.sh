@@ -284,7 +284,7 @@ fi
 
 if want 8; then
 echo
-echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f, 8g and 8h: diagnostics, 4 MiB slices, the time per phase, and reductions from the slots queued (FERRO_P2P_QUEUED_REDUCE) off against on; 8i: allreduce straight between the threads' buffers (one kernel a rank, the default in 8a and 8b) against the lanes and the ring (FERRO_DEVICE_PEER=0), 8 B .. 256 MiB by x32 alternated (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us); 8j: the same across two GPUs (needs two); 8k: between the threads' buffers, calls ordered on a stream (-B 2, as NCCL programs call) against blocking calls (-B 1), 8 B .. 256 MiB by x32 alternated (the same targets); 8l: 2 processes with their buffers registered as windows (-R 2, CUDA IPC; blocking calls and calls on a stream, -B 1 and -B 2) against unregistered ones (-R 0, the ring), alternated, then 2 processes of 2 threads on a stream (-t 2 -R 2 -B 2), and the C ABI's windows. 5, 8b, 8i, 8k and 8l run on one GPU ($one_gpu)"
+echo "== 8. collectives straight on device buffers over the peer-to-peer transport: reductions by the CUDA kernels inside the collectives, read straight from the transport's slots, no host copy. 8a: ferroccl-device-check, 2 and 4 ranks as threads of one process (one CUDA context) joined by p2p, every collective x dtype x op against host buffers; 8b: all_reduce_perf -t 2 -B 1 over p2p, 8 B .. 256 MiB by x2, direct then staged (FERRO_DEVICE_DIRECT=0); 8c: the same as 2 processes (CUDA IPC), 8 B .. 128 MiB by x4; 8d: every other collective tool, 2 processes, 8 B .. 16 MiB; 8e: the C ABI's streams.c over p2p; 8f, 8g and 8h: diagnostics, 4 MiB slices, the time per phase, and reductions from the slots queued (FERRO_P2P_QUEUED_REDUCE) off against on; 8i: allreduce straight between the threads' buffers (one kernel a rank, the default in 8a and 8b) against the lanes and the ring (FERRO_DEVICE_PEER=0), 8 B .. 256 MiB by x32 alternated (targets: 256 MiB allreduce traffic at >= 60 % of step 1's copy rate; 8 B <= 20 us); 8j: the same across two GPUs (needs two); 8k: between the threads' buffers, calls ordered on a stream (-B 2, as NCCL programs call) against blocking calls (-B 1), 8 B .. 256 MiB by x32 alternated (the same targets); 8l: 2 processes with their buffers registered as windows (-R 2, CUDA IPC; blocking calls and calls on a stream, -B 1 and -B 2) against unregistered ones (-R 0, the ring), alternated, then 2 processes of 2 threads on a stream (-t 2 -R 2 -B 2), and the C ABI's windows; 8n: 2 processes, unregistered buffers through scratch windows (FERRO_DEVICE_SCRATCH_BYTES=128M, -B 1 and -B 2) against the ring. 5, 8b, 8i, 8k, 8l and 8n run on one GPU ($one_gpu)"
 if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
     rc=0
     echo "-- 8a. ferroccl-device-check over p2p"
@@ -393,6 +393,26 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
         echo "-- 8l: communicators one after another (tests/c/streams.c 2 comms 20)"
         CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_TIMEOUT=60 \
             part=8l step "$bundle/bin/streams" 2 comms 20 || rc=1
+    fi
+    # 8n: ranks that are processes, buffers in no window, through the communicators' own
+    # scratch windows (FERRO_DEVICE_SCRATCH_BYTES: each rank copies its input into its scratch,
+    # the others read it there; blocking calls and calls on a stream) against the ring without
+    # them, alternated twice; then the C ABI's streams.c with scratch windows.
+    if want 8n; then
+        for sb in "0 1" "128M 1" "128M 2" "0 1" "128M 1" "128M 2"; do
+            set -- $sb
+            echo "-- 8n: scratch $1 -B $2, processes, no windows"
+            CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=$1 \
+                part=8n step "$bundle/bin/ferrorun" -n 2 -- \
+                "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 32 -n 10 -w 3 -B "$2" || rc=1
+        done
+        if [ -x "$bundle/bin/streams" ]; then
+            echo "-- 8n: the C ABI with scratch windows (tests/c/streams.c 2 all)"
+            CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=128M FERRO_TIMEOUT=60 \
+                part=8n step "$bundle/bin/streams" 2 all || rc=1
+        fi
+    else
+        echo "-- part 8n not selected (FERRO_GPU_STEPS)"
     fi
     # 8j: the same across two GPUs (rank r on GPU r), where every GPU reaches the other (peer
     # access): one kernel a rank reads both inputs over the link. Needs two GPUs; with fewer it

@@ -45,6 +45,9 @@ function bytes(n) {
     else if ($0 ~ /^-- 8l: -R 0[ ,]/) part = "8l-ring"
     else if ($0 ~ /^-- 8l: -R 2 -B 2,/) part = "8l-windows-stream"
     else if ($0 ~ /^-- 8l: -R 2[ ,]/) part = "8l-windows"
+    else if ($0 ~ /^-- 8n: scratch 0 /) part = "8n-ring"
+    else if ($0 ~ /^-- 8n: scratch [0-9]+[KMG]? -B 2,/) part = "8n-scratch-stream"
+    else if ($0 ~ /^-- 8n: scratch [0-9]+[KMG]? -B 1,/) part = "8n-scratch"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=0/) part = "8j-ring"
     else if ($0 ~ /^-- 8j: FERRO_DEVICE_PEER=1/) part = "8j-peer"
     else if ($0 ~ /^-- 8b\. threads, FERRO_DEVICE_DIRECT=0/) part = "8b-staged"
@@ -120,6 +123,11 @@ END {
     both("8l-ring", "8l, 2 processes, ring (-R 0)", 9, 0)
     both("8l-windows", "8l, 2 processes, between the buffers through windows (-R 2)", 4, 1)
     both("8l-windows-stream", "8l, 2 processes, through windows, calls on a stream (-R 2 -B 2)", 4, 1)
+    # Part 8n: 2 processes, buffers in no window, through scratch windows (8 x S: each rank
+    # copies half its input in, reduces, copies the other half out) against the ring.
+    both("8n-ring", "8n, 2 processes, ring (no scratch)", 9, 0)
+    both("8n-scratch", "8n, 2 processes, through scratch windows (-B 1)", 8, 1)
+    both("8n-scratch-stream", "8n, 2 processes, through scratch windows, calls on a stream (-B 2)", 8, 1)
 
     # Part 8j, two GPUs (no target: the targets are for one GPU): both paths at the largest size.
     for (p = 0; p <= 1; p++) {

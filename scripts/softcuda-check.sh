@@ -45,7 +45,7 @@ step() {
     want "$part" || return 0
     local out t0=$SECONDS env="" v
     for v in FERRO_TRANSPORTS FERRO_STREAM_WAITS FERRO_DEVICE_SLICE_BYTES FERRO_DEVICE_DIRECT \
-        FERRO_DEVICE_PEER FERRO_P2P_QUEUED_REDUCE FERROCCL_TEST_SYNC_FIRST SOFTCUDA_DELAY_US \
+        FERRO_DEVICE_PEER FERRO_DEVICE_SCRATCH_BYTES FERRO_P2P_QUEUED_REDUCE FERROCCL_TEST_SYNC_FIRST SOFTCUDA_DELAY_US \
         SOFTCUDA_POINTER_ATTRIBUTES; do
         [ -n "${!v:-}" ] && env+="$v=${!v} "
     done
@@ -149,6 +149,16 @@ for n in 2 3; do
 done
 FERRO_TRANSPORTS=p2p SOFTCUDA_POINTER_ATTRIBUTES=0 step 8l c_ok "$soft/streams" 3 windows
 FERRO_TRANSPORTS=p2p step 8e c_ok "$soft/streams" 2
+echo "== 8n. 2 processes, buffers in no window, through the communicators' scratch windows (FERRO_DEVICE_SCRATCH_BYTES): blocking, on a stream, slow streams, the C ABI"
+for b in 1 2; do
+    FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M step 8n rows_peer_quiet "$bin/ferrorun" -n 2 -- \
+        "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B "$b"
+    FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M SOFTCUDA_DELAY_US=300 step 8n rows_peer_quiet \
+        "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B "$b"
+done
+for n in 2 3; do
+    FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M SOFTCUDA_DELAY_US=300 step 8n c_ok "$soft/streams" "$n" all
+done
 echo "== 8m. driver calls of an 8-byte allreduce per rank and call: between the threads' buffers, through windows, staged; blocking and on a stream"
 for b in 1 2; do
     bound=$([ "$b" = 1 ] && echo 3 || echo 7)

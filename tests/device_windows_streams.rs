@@ -40,6 +40,7 @@ fn round(
     blocking: bool,
     count: usize,
     early: bool,
+    windowed: bool,
 ) -> Result<(), String> {
     let (r, n) = (c.rank(), c.nranks());
     let e = |what: &'static str| move |err: ferroccl::Error| format!("{what} on rank {r}: {err}");
@@ -47,7 +48,12 @@ fn round(
     let side = DeviceBuffer::from_host(dev, &vec![(r + 1) as f32; count]).map_err(e("upload"))?;
     let mut side_out = DeviceBuffer::<f32>::new(dev, count).map_err(e("alloc"))?;
     let mut windows = Vec::new();
-    for buf in b.all().into_iter().chain([&side, &side_out]) {
+    for buf in b
+        .all()
+        .into_iter()
+        .chain([&side, &side_out])
+        .filter(|_| windowed)
+    {
         // SAFETY: every window is deregistered below, before its buffer is dropped.
         let w = unsafe { c.register_window(buf.addr(), buf.bytes()) }.map_err(e("register"))?;
         windows.push(w);
@@ -104,7 +110,8 @@ fn child_window_streams() {
     }
     let case = child::env_var::<String>("FERRO_TEST_CASE");
     if case != "threads" {
-        rank_window_streams(Communicator::from_env().expect("from_env"), case == "mixed");
+        let c = Communicator::from_env().expect("from_env");
+        rank_window_streams(c, case.ends_with("mixed"), !case.starts_with("scratch"));
         return;
     }
     let env = ferroccl::bootstrap::env::detect()
@@ -114,13 +121,14 @@ fn child_window_streams() {
     let comms = Communicator::from_launch_env_threads(&env, config, 2).expect("two ranks");
     std::thread::scope(|s| {
         for c in comms {
-            s.spawn(move || rank_window_streams(c, false));
+            s.spawn(move || rank_window_streams(c, false, true));
         }
     });
 }
 
-/// Rank `r` on stand-in device `r % 2`; with `mixed`, rank 0 blocks.
-fn rank_window_streams(c: Communicator, mixed: bool) {
+/// Rank `r` on stand-in device `r % 2`; with `mixed`, rank 0 blocks; without `windowed`, no
+/// buffer is registered (the scratch windows carry the calls).
+fn rank_window_streams(c: Communicator, mixed: bool, windowed: bool) {
     let r = c.rank();
     let dev = Device::new(Provider::Host, r as u32 % 2).unwrap();
     c.set_device(dev).unwrap();
@@ -134,7 +142,8 @@ fn rank_window_streams(c: Communicator, mixed: bool) {
     let before = c.device_peer_calls();
     for (k, count) in COUNTS.into_iter().enumerate() {
         let streams = (&stream, &other);
-        if let Err(msg) = round(&c, &local, dev, streams, blocking, count, k % 2 == 1) {
+        let early = k % 2 == 1;
+        if let Err(msg) = round(&c, &local, dev, streams, blocking, count, early, windowed) {
             println!("WRONG rank={r} {msg}");
             return;
         }
@@ -159,6 +168,16 @@ fn run(n: usize, case: &str, eager: bool) {
         // Calls of 65,537 elements are cut into slices and go whole.
         ("FERRO_DEVICE_SLICE_BYTES", "64K".to_string()),
         ("FERRO_TIMEOUT", "60".to_string()),
+        // The scratch cases: 3 × 65,537 f32 of an all_to_all fit half of it.
+        (
+            "FERRO_DEVICE_SCRATCH_BYTES",
+            if case.starts_with("scratch") {
+                "2M"
+            } else {
+                "0"
+            }
+            .to_string(),
+        ),
     ];
     let out = ferrorun_self(
         n,
@@ -171,12 +190,14 @@ fn run(n: usize, case: &str, eager: bool) {
     assert!(out.success(), "{}", out.dump());
     let lines = out.tagged("STREAMS ");
     assert_eq!(lines.len(), ranks, "{}", out.dump());
+    // Through the scratch windows, the first call makes them and takes the schedule.
+    let first = u64::from(case.starts_with("scratch"));
     for l in &lines {
         // Every call of every round went between the buffers, once each.
         let calls: u64 = field(l, "calls");
         assert_eq!(
             calls,
-            COUNTS.len() as u64 * (CALLS + 1),
+            COUNTS.len() as u64 * (CALLS + 1) - first,
             "{l}\n{}",
             out.dump()
         );
@@ -206,5 +227,17 @@ fn a_blocking_process_and_stream_ordered_ones_go_through_windows_together() {
 fn stream_ordered_calls_of_threads_of_two_processes_go_through_windows() {
     for eager in [false, true] {
         run(2, "threads", eager);
+    }
+}
+
+/// Buffers in no window, through the communicators' scratch windows
+/// (`FERRO_DEVICE_SCRATCH_BYTES`): every call after the first (which makes them) goes between
+/// the processes' GPUs, stream-ordered, and with a blocking process beside the others.
+#[test]
+fn calls_on_buffers_in_no_window_go_through_the_scratch_windows() {
+    for eager in [true, false] {
+        run(2, "scratch", eager);
+        run(3, "scratch", eager);
+        run(3, "scratch-mixed", eager);
     }
 }

@@ -234,6 +234,7 @@ impl Communicator {
         let device_transport = engine.carries_device_memory();
         let peer_direct = engine.peer_direct();
         let peer_windows = engine.peer_windows();
+        let windows_in_order = engine.windows_in_order().into();
         Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -261,7 +262,7 @@ impl Communicator {
                 device_transport,
                 peer_direct,
                 peer_windows,
-                windows_in_order: Default::default(),
+                windows_in_order,
             }),
             worker: Mutex::new(None),
             device: Arc::default(),

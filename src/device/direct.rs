@@ -542,6 +542,14 @@ impl Reducer for StandInReducer {
         shared_marks::wait(self.stream(on), p, which, w)
     }
 
+    fn mark_settled(&self, on: Option<usize>) -> Result<()> {
+        let sh = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = sh.as_ref() {
+            m.settle_point(self.stream(on));
+        }
+        Ok(())
+    }
+
     fn settle_shared(&self, _limit: std::time::Duration) -> Result<()> {
         let sh = self
             .shared

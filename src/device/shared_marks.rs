@@ -129,7 +129,16 @@ impl OwnMarks {
         u64::from(seq)
     }
 
-    /// Runs every stream with a `Done` record up to its last one, and forgets them.
+    /// Records the settle point of stand-in stream `h`: its end now (after a call's waits for
+    /// the other ranks' marks and its copies out of their scratch), which [`OwnMarks::settle`]
+    /// runs it to, as the CUDA reducer's settle event.
+    pub(crate) fn settle_point(&self, h: usize) {
+        let at = host_stream::launch_at(h, Box::new(|| Ok(())));
+        lock(&self.state).last_done.insert(h, at + 1);
+    }
+
+    /// Runs every stream with a `Done` record or a settle point up to its last one, and
+    /// forgets them.
     pub(crate) fn settle(&self) -> Result<()> {
         let last = std::mem::take(&mut lock(&self.state).last_done);
         let mut settled = Ok(());

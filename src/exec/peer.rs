@@ -246,9 +246,11 @@ impl Engine {
     }
 
     /// Whether calls through windows on a stream are offered: the ranks shared their marks and
-    /// some window can carry a call (the same on every rank).
+    /// some window can carry a call (the same on every rank); or the scratch window is wanted,
+    /// which the offer of such a call makes (the call itself then waits for its stream and
+    /// takes the schedule).
     pub(crate) fn windows_in_order(&self) -> bool {
-        self.peer_marks().is_some() && self.offered()
+        (self.peer_marks().is_some() && self.offered()) || self.scratch_wanted().is_some()
     }
 
     /// Shortens the wait for this rank's last shares through windows when they go
@@ -680,8 +682,10 @@ impl Engine {
                     addr,
                     len: t.bytes,
                 };
-                let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) =
-                    (t.dsts.iter().map(at).collect(), t.srcs.iter().map(at).collect());
+                let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) = (
+                    t.dsts.iter().map(at).collect(),
+                    t.srcs.iter().map(at).collect(),
+                );
                 settled = settled.and(reducer.queue_many(on, dtype, op, &dsts, &srcs, None));
                 waits = true;
             }

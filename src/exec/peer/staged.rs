@@ -129,7 +129,8 @@ pub(super) fn plan(
                     p.share.push(copy((r, input), (r, output), total));
                 }
             } else if total > 0 {
-                p.share.push(copy((root, scratch[root]), (r, output), total));
+                p.share
+                    .push(copy((root, scratch[root]), (r, output), total));
             }
         }
         CollKind::AllGather => {
@@ -139,12 +140,14 @@ pub(super) fn plan(
                 for j in 0..n {
                     match j == r {
                         true if !in_place => {
-                            p.share.push(copy((r, input), (r, output + j * block), block))
+                            p.share
+                                .push(copy((r, input), (r, output + j * block), block))
                         }
                         true => {}
-                        false => p
-                            .share
-                            .push(copy((j, scratch[j]), (r, output + j * block), block)),
+                        false => {
+                            p.share
+                                .push(copy((j, scratch[j]), (r, output + j * block), block))
+                        }
                     }
                 }
             }
@@ -191,7 +194,9 @@ struct NoMapper;
 
 impl Mapper for NoMapper {
     fn map(&self, _handle: &[u8; 64]) -> Result<Mapping> {
-        Err(ferroccl_transport::Error::internal("no scratch window on this rank"))
+        Err(ferroccl_transport::Error::internal(
+            "no scratch window on this rank",
+        ))
     }
     fn space(&self, _addr: u64, _len: usize) -> Option<MemSpace> {
         None
@@ -283,8 +288,10 @@ impl Engine {
                 addr,
                 len: t.bytes,
             };
-            let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) =
-                (t.dsts.iter().map(at).collect(), t.srcs.iter().map(at).collect());
+            let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) = (
+                t.dsts.iter().map(at).collect(),
+                t.srcs.iter().map(at).collect(),
+            );
             reducer.queue_many(on, dtype, op, &dsts, &srcs, None)?;
         }
         if on.is_none() && !p.copy_in.is_empty() {
@@ -382,7 +389,10 @@ mod tests {
                     // rank's own.
                     assert!(s.dsts.iter().all(|&(o, _)| o == k), "{kind:?} {s:?}");
                     for &(o, a) in &s.srcs {
-                        assert!(o == k || a >= scratch[o], "{kind:?} reads rank {o}'s buffer");
+                        assert!(
+                            o == k || a >= scratch[o],
+                            "{kind:?} reads rank {o}'s buffer"
+                        );
                     }
                     run(&mut mem, s);
                 }
@@ -476,6 +486,9 @@ mod tests {
                 .map(|s| s.bytes * (s.srcs.len() + s.dsts.len()))
                 .sum()
         };
-        assert_eq!(moved(&p.copy_in) + moved(&p.share) + moved(&p.copy_out), 4 * 4096);
+        assert_eq!(
+            moved(&p.copy_in) + moved(&p.share) + moved(&p.copy_out),
+            4 * 4096
+        );
     }
 }

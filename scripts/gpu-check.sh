@@ -407,9 +407,9 @@ if [ -x "$bundle/bin/ferrorun" ] && [ -x "$bundle/bin/all_reduce_perf" ]; then
                 "$bundle/bin/all_reduce_perf" -b 8 -e 256M -f 32 -n 10 -w 3 -B "$2" || rc=1
         done
         if [ -x "$bundle/bin/streams" ]; then
-            echo "-- 8n: the C ABI with scratch windows (tests/c/streams.c 2 all)"
+            echo "-- 8n: the C ABI with scratch windows (tests/c/streams.c 2)"
             CUDA_VISIBLE_DEVICES=$one_gpu FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=128M FERRO_TIMEOUT=60 \
-                part=8n step "$bundle/bin/streams" 2 all || rc=1
+                part=8n step "$bundle/bin/streams" 2 || rc=1
         fi
     else
         echo "-- part 8n not selected (FERRO_GPU_STEPS)"

@@ -155,10 +155,49 @@ fn c_program_windows_of_processes_go_between_their_buffers() {
     }
 }
 
+/// `tests/c/streams.c NRANKS` (processes, buffers from `ncclMemAlloc` and `cudaMalloc`-like
+/// allocations, none registered) with the communicators' scratch windows
+/// (`FERRO_DEVICE_SCRATCH_BYTES`): the collectives after the first go between the processes'
+/// GPUs through them (labelled `peer` in the traces), blocking and on the stream, every
+/// element checked by the program; without the scratch windows none does.
+#[test]
+fn c_program_buffers_in_no_window_go_through_the_scratch_windows() {
+    for waits in ["0", "1"] {
+        for n in [2usize, 3] {
+            let scratch = [("FERRO_DEVICE_SCRATCH_BYTES", "4M")];
+            let peer = peer_calls_in_traces_with(&[&n.to_string()], n, waits, &scratch);
+            for (r, (calls, t)) in peer.iter().enumerate() {
+                assert_eq!(
+                    *calls, PIPE_PEER_CALLS,
+                    "{n} ranks, FERRO_STREAM_WAITS={waits}, rank {r}: {calls} calls through the \
+                     scratch windows:\n{t}"
+                );
+            }
+        }
+    }
+    let peer = peer_calls_in_traces(&["2"], 2, "1");
+    assert!(peer.iter().all(|(calls, _)| *calls == 0), "{:?}", peer[0]);
+}
+
+/// Collectives of `streams.c`'s default mode that go through the scratch windows on every
+/// rank (the others: the first, which makes them, and those of host buffers, of a NULL
+/// stream's, of a group of sends and receives).
+const PIPE_PEER_CALLS: usize = 13;
+
 /// Runs `tests/c/streams.c` with `args` over stand-in p2p (`FERRO_STREAM_WAITS=waits`), each of
 /// its `ranks` ranks writing a trace; returns each rank's count of calls labelled `peer` (made
 /// between the ranks' buffers) and its trace.
 fn peer_calls_in_traces(args: &[&str], ranks: usize, waits: &str) -> Vec<(usize, String)> {
+    peer_calls_in_traces_with(args, ranks, waits, &[])
+}
+
+/// [`peer_calls_in_traces`] with more variables set.
+fn peer_calls_in_traces_with(
+    args: &[&str],
+    ranks: usize,
+    waits: &str,
+    more: &[(&str, &str)],
+) -> Vec<(usize, String)> {
     let exe = gcc("streams.c", "streams", &[&our_include()], true);
     let dir = out_dir().join(format!(
         "peer-trace-{}-{}-{waits}",
@@ -177,7 +216,10 @@ fn peer_calls_in_traces(args: &[&str], ranks: usize, waits: &str) -> Vec<(usize,
             ("FERRO_P2P_PROVIDER", "host"),
             ("FERRO_STREAM_WAITS", waits),
             ("FERRO_TRACE_FILE", trace.to_str().unwrap()),
-        ],
+        ]
+        .into_iter()
+        .chain(more.iter().copied())
+        .collect::<Vec<_>>(),
     );
     let counts = (0..ranks)
         .map(|r| {

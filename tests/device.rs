@@ -154,6 +154,31 @@ fn ranks_that_would_offer_allreduces_differently_fail_at_init() {
 }
 
 #[test]
+fn ranks_that_would_offer_scratch_windows_differently_fail_at_init() {
+    let configs: Vec<Config> = (0..2)
+        .map(|r| Config {
+            device_scratch_bytes: if r == 1 { 1 << 20 } else { 0 },
+            timeout: Duration::from_secs(20),
+            ..Config::default()
+        })
+        .collect();
+    let e = Communicator::local_group_with(configs).expect_err("the offers differ");
+    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    let m = e.message();
+    assert!(m.contains("FERRO_DEVICE_SCRATCH_BYTES"), "{e}");
+    assert!(m.contains("0 or unset"), "{e}");
+    assert!(m.contains("it set") || m.contains("BYTES set"), "{e}");
+    // Sizes may differ.
+    let configs: Vec<Config> = (0..2)
+        .map(|r| Config {
+            device_scratch_bytes: (r + 1) << 20,
+            ..Config::default()
+        })
+        .collect();
+    Communicator::local_group_with(configs).expect("sizes that differ");
+}
+
+#[test]
 fn staging_is_cached_per_communicator() {
     let comms = Communicator::local_group(2, Config::default()).unwrap();
     let dev = host_device(0);

@@ -262,9 +262,9 @@ impl Communicator {
             ferroccl_transport::log_line!(
                 "ferroccl INFO COLL: calls with a stream block until done on communicators \
                  with p2p connections (except the collectives their ranks take between their \
-                 buffers: ranks of one process, or buffers in windows): that transport makes \
-                 CUDA driver calls, which the stream-ordered form must not make on its own \
-                 thread"
+                 buffers: ranks of one process, buffers in windows, or any buffers through \
+                 scratch windows, FERRO_DEVICE_SCRATCH_BYTES): that transport makes CUDA \
+                 driver calls, which the stream-ordered form must not make on its own thread"
             )
         });
         false

@@ -270,6 +270,11 @@ impl Engine {
     }
 
     /// The windows, where they are exchanged.
+    pub(super) fn peer_windows_ref(&self) -> Option<&Windows> {
+        self.peer.windows.as_ref()
+    }
+
+    /// The windows, where they are exchanged.
     pub(super) fn windows_mut(&mut self) -> Option<&mut Windows> {
         self.peer.windows.as_mut()
     }

@@ -451,7 +451,12 @@ impl Engine {
         drop(w);
         // The shared marks go with the last window where every rank lets them go: each has
         // settled, so once all are past this exchange no stream waits for any of them.
-        let release = held && marks.is_some() && self.window_count() == 0 && settled.is_ok();
+        // (Not while the scratch window is held: calls on a stream through it use the marks.)
+        let scratch_held = self
+            .peer_windows_ref()
+            .is_some_and(|ws| matches!(ws.scratch, Scratch::Held(_)));
+        let release =
+            held && marks.is_some() && self.window_count() == 0 && !scratch_held && settled.is_ok();
         let mut words = [u64::from(!release), u64::from(release)];
         self.max_words(&mut words, ctx)?;
         if let (Some(m), [0, 1]) = (marks, words) {

@@ -34,6 +34,8 @@ echo "== python: the device path (CUDA tensors' path) on the host stand-in provi
 "$PYTHON" test_device.py
 echo "== python: the device path again on eager stand-in streams (copies run as early as a GPU could)"
 FERRO_STANDIN_EAGER=1 "$PYTHON" test_device.py
+echo "== python: the device path over the p2p transport's stand-in, through scratch windows (CUDA tensors of DDP between processes' GPUs)"
+FERRO_TRANSPORTS=p2p FERRO_P2P_PROVIDER=host FERRO_DEVICE_SCRATCH_BYTES=4M "$PYTHON" test_device.py
 echo "== python: small operations on the calling thread: futures, errors, issue order"
 "$PYTHON" test_inline.py
 echo "== python: DDP and FSDP2 against gloo"

@@ -314,7 +314,9 @@ impl Communicator {
     pub fn finalize(&self) -> Result<()> {
         self.streams.drain_if_used();
         let t = self.inner.ticket();
-        let r = self.inner.execute(t, |_| Ok(()));
+        // Calls queued on a stream straight between the buffers of processes (windows,
+        // scratch windows) too.
+        let r = self.inner.execute(t, |e| e.settle_peer_shares());
         match self.async_error() {
             Some(e) if e.kind() != ErrorKind::Aborted => Err(e),
             _ => r.or(Ok(())),
@@ -327,8 +329,9 @@ impl Communicator {
         self.streams.drain_if_used();
         let t = self.inner.ticket();
         let r = self.inner.execute(t, |e| {
+            let settled = e.settle_peer_shares();
             e.shutdown_all();
-            Ok(())
+            settled
         });
         match self.async_error() {
             Some(e) if e.kind() != ErrorKind::Aborted => Err(e),

@@ -367,7 +367,7 @@ impl Engine {
         premul: Option<f64>,
         mem: &Memory,
         ctx: &OpContext,
-        mut arena: Option<&mut (dyn DeviceArena + 'static)>,
+        arena: Option<&mut (dyn DeviceArena + 'static)>,
         whole: Option<Whole>,
     ) -> Result<bool> {
         let on = arena.as_deref().and_then(|a| a.call_stream());
@@ -535,7 +535,7 @@ impl Engine {
         words[at + 2..at + 4].copy_from_slice(&ready);
         self.max_words(&mut words, ctx)?;
         if let (Some(bytes), [SETUP_KEY, NOT_SETUP_KEY, ..], Some(a), Some(r)) =
-            (setup, &words[..], arena.as_deref_mut(), device.as_ref())
+            (setup, &words[..], arena, device.as_ref())
         {
             self.make_scratch(bytes, a, Arc::clone(r), ctx)?;
             return Ok(false);

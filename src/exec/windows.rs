@@ -428,6 +428,16 @@ impl Engine {
         })
     }
 
+    /// Waits on the host for this rank's last shares queued on a stream through windows or
+    /// the scratch windows (their settle points): a process that leaves with them queued
+    /// takes its streams with it, and the other ranks' shares wait for marks that never come.
+    pub(crate) fn settle_peer_shares(&self) -> Result<()> {
+        match self.peer_marks() {
+            Some(m) => m.reducer.settle_shared(self.wait.timeout),
+            None => Ok(()),
+        }
+    }
+
     /// Whether registration's warning `what` is logged now: the first time on this
     /// communicator ([`Windows::first_time`]).
     fn said_first(&mut self, what: Said) -> bool {

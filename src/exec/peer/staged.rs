@@ -137,17 +137,12 @@ pub(super) fn plan(
             let block = count * es;
             if block > 0 {
                 p.copy_in = around(block, 0..0);
-                for j in 0..n {
+                for (j, &theirs) in scratch.iter().enumerate().take(n) {
+                    let to = (r, output + j * block);
                     match j == r {
-                        true if !in_place => {
-                            p.share
-                                .push(copy((r, input), (r, output + j * block), block))
-                        }
+                        true if !in_place => p.share.push(copy((r, input), to, block)),
                         true => {}
-                        false => {
-                            p.share
-                                .push(copy((j, scratch[j]), (r, output + j * block), block))
-                        }
+                        false => p.share.push(copy((j, theirs), to, block)),
                     }
                 }
             }
@@ -169,18 +164,12 @@ pub(super) fn plan(
             if block > 0 {
                 let off = r * block;
                 p.copy_in = around(n * block, off..off + block);
-                for j in 0..n {
+                for (j, &theirs) in scratch.iter().enumerate().take(n) {
+                    let to = (r, output + j * block);
                     match j == r {
-                        true if !in_place => {
-                            p.share
-                                .push(copy((r, input + off), (r, output + off), block))
-                        }
+                        true if !in_place => p.share.push(copy((r, input + off), to, block)),
                         true => {}
-                        false => p.share.push(copy(
-                            (j, scratch[j] + off),
-                            (r, output + j * block),
-                            block,
-                        )),
+                        false => p.share.push(copy((j, theirs + off), to, block)),
                     }
                 }
             }

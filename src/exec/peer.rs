@@ -375,17 +375,15 @@ impl Engine {
         let reducer = device.as_deref();
         // A whole call the scratch windows cannot hold is offered slice by slice (the same on
         // every rank: the count and the least scratch decide).
+        let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
         let half = self.scratch_half();
-        let (n0, es0) = (self.nranks, dtype.size());
-        let whole =
-            whole.filter(|w| half.is_none_or(|h| staged::needs(args.kind, w.count, n0, es0) <= h));
+        let whole = whole.filter(|w| half.is_none_or(|h| staged::needs(kind, w.count, n, es) <= h));
         let whole_mem = whole.map(|w| w.memory());
         let mem = whole_mem.as_ref().unwrap_or(mem);
         let args = &CollArgs {
             count: whole.map_or(args.count, |w| w.count),
             ..*args
         };
-        let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
         // A wait on the host for a stream that may wait for another process's mark ends in an
         // error at the engine's deadline.
         let limit = self.wait.timeout;
@@ -443,37 +441,20 @@ impl Engine {
         // Buffers in no window go through the scratch windows where they fit (`staged.rs`):
         // the part of the input the others read is copied into this rank's scratch now,
         // before the ready mark.
-        let scratch = (across && able && !in_windows)
-            .then(|| self.scratch_ranks())
-            .flatten()
-            .filter(|(_, sp)| sp[me] == mem.space);
-        let fits = half.is_some_and(|h| staged::needs(kind, args.count, n, es) <= h);
-        let own_apart = apart(&[mine], &[(in_used, out_used)], &[mem.in_place], &[0]);
-        let plan = match (scratch.as_ref(), reducer) {
-            (Some((sc, _)), Some(r)) if fits && own_apart => {
-                let p = staged::plan(
-                    kind,
-                    args.count,
-                    n,
-                    me,
-                    es,
+        let (scratch, plan) = match reducer.filter(|_| across && able && !in_windows) {
+            Some(r) => {
+                let call = staged::Call {
+                    args,
+                    dtype,
+                    op,
+                    mem,
                     mine,
-                    mem.in_place,
-                    sc,
-                    half.unwrap_or(0),
-                );
-                self.stage_in(&p, on, r, dtype, op, mem.space)
-                    .map_err(|e| {
-                        ferroccl_transport::log_line!(
-                            "ferroccl WARN P2P: {}: the copy into the scratch window failed \
-                             ({e}); the call takes the schedule",
-                            ctx.label()
-                        )
-                    })
-                    .ok()
-                    .map(|()| p)
+                    used: (in_used, out_used),
+                    on,
+                };
+                self.stage_in(&call, r, ctx)
             }
-            _ => None,
+            None => (None, None),
         };
         // A call ordered on a stream offers where the work queued before it ends, so that the
         // other ranks' shares wait for it (a blocking call's buffers are ready now). A rank
@@ -551,8 +532,7 @@ impl Engine {
             // Every rank offered the scratch key: the plan names this rank's buffers and the
             // scratch windows only.
             _ if one_key && plan.is_some() => {
-                let spaces = scratch.as_ref().map(|s| s.1.clone()).unwrap_or_default();
-                (Vec::new(), spaces, true)
+                (Vec::new(), scratch.clone().unwrap_or_default(), true)
             }
             None => {
                 let bufs: Vec<(usize, usize)> = (0..n)
@@ -624,16 +604,7 @@ impl Engine {
             for k in (0..n).filter(|&k| k != me) {
                 waits_ready |= wait_for(k, MarkUse::Ready, [word(k, 2), word(k, 3)])?;
             }
-            for t in todo.iter().filter(|t| t.bytes > 0) {
-                let at = |&(rank, addr): &(usize, usize)| MemRef {
-                    space: spaces[rank],
-                    addr,
-                    len: t.bytes,
-                };
-                let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
-                let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
-                reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
-            }
+            staged::queue_shares(reducer, on, (dtype, op, premul), &todo, &spaces)?;
             match (across, on) {
                 // A blocking rank's share is done before the status exchange (it offers no
                 // mark, and so needs none recorded or waited for where every rank blocks);
@@ -680,20 +651,10 @@ impl Engine {
         }
         // Through the scratch windows: the chunks the others reduced, copied out of their
         // scratch (where every share was queued; a blocking rank then waits for them too).
-        if status[0] == 0 && queued.is_ok() {
-            for t in copy_out.iter().filter(|t| t.bytes > 0) {
-                let at = |&(rank, addr): &(usize, usize)| MemRef {
-                    space: spaces[rank],
-                    addr,
-                    len: t.bytes,
-                };
-                let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) = (
-                    t.dsts.iter().map(at).collect(),
-                    t.srcs.iter().map(at).collect(),
-                );
-                settled = settled.and(reducer.queue_many(on, dtype, op, &dsts, &srcs, None));
-                waits = true;
-            }
+        if status[0] == 0 && queued.is_ok() && !copy_out.is_empty() {
+            let kind = (dtype, op, None);
+            settled = settled.and(staged::queue_shares(reducer, on, kind, &copy_out, &spaces));
+            waits = true;
         }
         if through_scratch {
             self.peer.last_staged = Some(on);

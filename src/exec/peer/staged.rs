@@ -34,9 +34,9 @@ use ferroccl_kernels::{DataType, ElemOp};
 use ferroccl_transport::{MemRef, MemSpace, Result};
 
 use super::super::windows::{Scratch, Window, Windows};
-use super::super::{DeviceArena, Engine, Mapper, Offered, OpContext};
-use super::shares::{chunk, Share};
-use crate::coll::CollKind;
+use super::super::{DeviceArena, Engine, Mapper, Memory, Offered, OpContext};
+use super::shares::{apart, chunk, Share};
+use crate::coll::{CollArgs, CollKind};
 use crate::device::ipc::Mapping;
 use crate::reduce::Reducer;
 
@@ -178,6 +178,43 @@ pub(super) fn plan(
     p
 }
 
+/// A collective offered through the scratch windows, as this rank sees it.
+pub(super) struct Call<'a> {
+    pub args: &'a CollArgs,
+    pub dtype: DataType,
+    pub op: ElemOp,
+    pub mem: &'a Memory,
+    /// Where this rank's input and output start (in place: blocks of one buffer).
+    pub mine: (usize, usize),
+    /// The bytes of its input and of its output it uses.
+    pub used: (usize, usize),
+    /// The caller's stream (`None`: blocking).
+    pub on: Option<usize>,
+}
+
+/// Queues `shares` on stream `on` (`None`: the reducer's own), each one reduce-copy of
+/// `dtype` with `op` (one source: a copy) pre-multiplied by the factor where given; rank `k`'s
+/// memory is `spaces[k]`. Returns at the first that fails to queue.
+pub(super) fn queue_shares(
+    reducer: &dyn Reducer,
+    on: Option<usize>,
+    (dtype, op, premul): (DataType, ElemOp, Option<f64>),
+    shares: &[Share],
+    spaces: &[MemSpace],
+) -> Result<()> {
+    for t in shares.iter().filter(|t| t.bytes > 0) {
+        let at = |&(rank, addr): &(usize, usize)| MemRef {
+            space: spaces[rank],
+            addr,
+            len: t.bytes,
+        };
+        let srcs: Vec<MemRef> = t.srcs.iter().map(at).collect();
+        let dsts: Vec<MemRef> = t.dsts.iter().map(at).collect();
+        reducer.queue_many(on, dtype, op, &dsts, &srcs, premul)?;
+    }
+    Ok(())
+}
+
 /// Stands in for a mapper where this rank has no scratch to offer: it maps nothing.
 struct NoMapper;
 
@@ -252,41 +289,56 @@ impl Engine {
         ))
     }
 
-    /// Step 1 of plan `p` (see the module): the copies into this rank's scratch, queued on
-    /// `on` (`None`: the reducer's own stream, waited for: a blocking call offers no ready
-    /// mark). Where the last call through the scratch went on another stream, its copies out
-    /// and its waits for the others are waited for first (their settle points).
-    #[allow(clippy::too_many_arguments)]
+    /// Where the scratch windows can carry `call`, on this rank's side (every rank learns in
+    /// the offer whether all can): its plan, after step 1 (see the module), the copies into
+    /// this rank's scratch, queued on the call's stream (a blocking call: the reducer's own,
+    /// waited for, as it offers no ready mark); and every rank's memory of the scratch. Where
+    /// the last call through the scratch went on another stream, its copies out and its waits
+    /// for the others are waited for first (their settle points). `(None, None)` where it
+    /// cannot: no usable scratch window on this call's device, a call larger than half the
+    /// least scratch, a rank's input overlapping its output out of place, a copy that failed
+    /// (logged).
     pub(super) fn stage_in(
         &mut self,
-        p: &Plan,
-        on: Option<usize>,
+        call: &Call<'_>,
         reducer: &dyn Reducer,
-        dtype: DataType,
-        op: ElemOp,
-        space: MemSpace,
-    ) -> Result<()> {
-        if self.peer.last_staged.is_some_and(|last| last != on) {
-            if let Some(m) = self.peer_marks() {
-                m.reducer.settle_shared(self.wait.timeout)?;
+        ctx: &OpContext,
+    ) -> (Option<Vec<MemSpace>>, Option<Plan>) {
+        let (n, me, es) = (self.nranks, self.rank, call.dtype.size());
+        let (kind, count, mem) = (call.args.kind, call.args.count, call.mem);
+        let Some((here, spaces)) = self.scratch_ranks() else {
+            return (None, None);
+        };
+        let half = self.scratch_half().unwrap_or(0);
+        let own_apart = apart(&[call.mine], &[call.used], &[mem.in_place], &[0]);
+        if spaces[me] != mem.space || needs(kind, count, n, es) > half || !own_apart {
+            return (None, None);
+        }
+        let p = plan(kind, count, n, me, es, call.mine, mem.in_place, &here, half);
+        let staged = (|| {
+            if self.peer.last_staged.is_some_and(|last| last != call.on) {
+                if let Some(m) = self.peer_marks() {
+                    m.reducer.settle_shared(self.wait.timeout)?;
+                }
+            }
+            let kinds = (call.dtype, call.op, None);
+            queue_shares(reducer, call.on, kinds, &p.copy_in, &spaces)?;
+            match call.on.is_none() && !p.copy_in.is_empty() {
+                true => reducer.synchronize(None),
+                false => Ok(()),
+            }
+        })();
+        match staged {
+            Ok(()) => (Some(spaces), Some(p)),
+            Err(e) => {
+                ferroccl_transport::log_line!(
+                    "ferroccl WARN P2P: {}: the copy into the scratch window failed ({e}); the \
+                     call takes the schedule",
+                    ctx.label()
+                );
+                (None, None)
             }
         }
-        for t in p.copy_in.iter().filter(|t| t.bytes > 0) {
-            let at = |&(_, addr): &(usize, usize)| MemRef {
-                space,
-                addr,
-                len: t.bytes,
-            };
-            let (dsts, srcs): (Vec<MemRef>, Vec<MemRef>) = (
-                t.dsts.iter().map(at).collect(),
-                t.srcs.iter().map(at).collect(),
-            );
-            reducer.queue_many(on, dtype, op, &dsts, &srcs, None)?;
-        }
-        if on.is_none() && !p.copy_in.is_empty() {
-            reducer.synchronize(None)?;
-        }
-        Ok(())
     }
 
     /// Makes and registers the scratch window on every rank (every rank agreed to in the

@@ -170,6 +170,10 @@ for b in 1 2; do
     bound=$([ "$b" = 1 ] && echo 6.5 || echo 8.5)
     step 8m counted scripts/driver-calls.sh "$bound" 2 "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 8 \
         -n NITER -w 1 -c 1 -B "$b"
+    # Buffers in no window through the scratch windows (a copy in, the share, a copy out).
+    bound=$([ "$b" = 1 ] && echo 5 || echo 9)
+    FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M step 8m counted scripts/driver-calls.sh "$bound" 2 \
+        "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 8 -n NITER -w 1 -c 1 -B "$b"
 done
 # The C ABI on a stream between buffers in windows (NCCL's programs' path).
 FERRO_TRANSPORTS=p2p PER_ITERATION=1 step 8m counted scripts/driver-calls.sh 9.5 2 "$soft/streams" 2 \

@@ -452,6 +452,14 @@ else
     PYTHONPATH=$bundle/python FERRO_DEVICE_PROVIDER=cuda FERRO_DEVICE_SLICE_BYTES=1K \
         part=9 step "$py" "$bundle/python/tests/test_cuda.py"
     rc=$?
+    # 9b: the same over p2p with scratch windows (CUDA tensors between the processes' GPUs,
+    # unregistered, in stream order).
+    if [ "$rc" -eq 0 ] && want 9b; then
+        echo "-- 9b: test_cuda.py over p2p through scratch windows (FERRO_DEVICE_SCRATCH_BYTES=128M)"
+        PYTHONPATH=$bundle/python FERRO_DEVICE_PROVIDER=cuda FERRO_TRANSPORTS=p2p,shm,tcp FERRO_DEVICE_SCRATCH_BYTES=128M \
+            part=9b step "$py" "$bundle/python/tests/test_cuda.py"
+        rc=$?
+    fi
     if [ "$skipped" = 1 ]; then :
     elif [ "$rc" -eq 0 ]; then echo "-- PyTorch backend on CUDA: PASS"
     elif [ "$rc" -eq 77 ]; then echo "-- PyTorch backend on CUDA: SKIPPED (no CUDA device seen)"; unran=1
@@ -461,8 +469,8 @@ fi
 
 echo
 echo "== not built yet (nothing to run; these do not pass by being skipped):"
-echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait), except between ranks that are threads of one process (one kernel a call, part 8i); that path for ranks of several processes whose buffers are not registered as windows, and for their calls in stream order (they block)"
-echo "   - the stream-ordered form on communicators with p2p connections (their calls block: the transport makes driver calls, which a stream job must not)"
+echo "   - stream-ordered device collectives straight on the device (they stage through the stream's pinned arena); device collectives as one kernel per step (each reduction is a launch and a wait), except between ranks that are threads of one process (one kernel a call, part 8i) and ranks of processes through windows (8l) or scratch windows (8n, opt-in)"
+echo "   - the stream-ordered form on communicators with p2p connections without windows or scratch windows (their calls block: the transport makes driver calls, which a stream job must not)"
 
 if [ "$failed" -ne 0 ]; then
     echo "gpu-check: FAILED"

@@ -130,6 +130,16 @@ impl Whole {
 const SETUP_KEY: u64 = 0xfe5c_7a7c_5e70_0001;
 const NOT_SETUP_KEY: u64 = !SETUP_KEY;
 
+/// What every round of a call between the buffers shares: the reducer and stream it queues
+/// on, the reduction, every rank's memory here, and the collective (for errors).
+pub(super) struct Round<'a> {
+    pub reducer: &'a dyn Reducer,
+    pub on: Option<usize>,
+    pub ops: (DataType, ElemOp, Option<f64>),
+    pub spaces: &'a [MemSpace],
+    pub kind: CollKind,
+}
+
 /// The first word of a shared mark in an offer (the second names the record).
 const SHARED: u64 = 1;
 
@@ -373,20 +383,13 @@ impl Engine {
         let on = arena.as_deref().and_then(|a| a.call_stream());
         let device = arena.as_deref().map(|a| a.reducer());
         let reducer = device.as_deref();
-        // A whole call the scratch windows cannot hold is offered slice by slice (the same on
-        // every rank: the count and the least scratch decide).
         let (n, me, es, kind) = (self.nranks, self.rank, dtype.size(), args.kind);
-        let half = self.scratch_half();
-        let whole = whole.filter(|w| half.is_none_or(|h| staged::needs(kind, w.count, n, es) <= h));
         let whole_mem = whole.map(|w| w.memory());
         let mem = whole_mem.as_ref().unwrap_or(mem);
         let args = &CollArgs {
             count: whole.map_or(args.count, |w| w.count),
             ..*args
         };
-        // A wait on the host for a stream that may wait for another process's mark ends in an
-        // error at the engine's deadline.
-        let limit = self.wait.timeout;
         // Where this rank's input and output start (in place, blocks of the one buffer).
         let (in_off, out_off) = if mem.in_place {
             kind.in_place_offsets(args.count, me)
@@ -569,19 +572,50 @@ impl Engine {
             },
         };
         // The verdict holds one key (so every rank is able, and holds a reducer).
-        let through_scratch = verdict && one_key && plan.is_some();
-        let (todo, copy_out) = match plan {
-            Some(p) if verdict => (Some(p.share), p.copy_out),
-            _ => (
-                verdict
-                    .then(|| share(kind, args.count, n, me, es, &bufs, any_in_place))
-                    .flatten(),
-                Vec::new(),
-            ),
-        };
-        let (Some(todo), Some(reducer)) = (todo, reducer) else {
+        let Some(reducer) = reducer.filter(|_| verdict) else {
             return Ok(false);
         };
+        let round = Round {
+            reducer,
+            on,
+            ops: (dtype, op, premul),
+            spaces: &spaces,
+            kind,
+        };
+        let ready: Vec<Mark> = (0..n).map(|k| [word(k, 2), word(k, 3)]).collect();
+        match plan.filter(|_| one_key) {
+            // Through the scratch windows, piece by piece.
+            Some(staged) => self.scratch_rounds(&round, staged, ready, ctx)?,
+            None => match share(kind, args.count, n, me, es, &bufs, any_in_place) {
+                Some(todo) => self.share_round(&round, &todo, &[], &ready, ctx)?,
+                None => return Ok(false),
+            },
+        }
+        self.peer.calls += 1;
+        self.peer.ran_whole = whole.map(|w| w.count);
+        Ok(true)
+    }
+
+    /// One round of a call between the buffers (see the module): waits for the other ranks'
+    /// `ready` marks, this rank's shares `todo`, its done mark, the status exchange, the waits
+    /// for the others' done marks, the copies `copy_out` (through the scratch windows), the
+    /// settle point (through windows, on a stream); a blocking rank waits for all of it.
+    fn share_round(
+        &mut self,
+        round: &Round<'_>,
+        todo: &[shares::Share],
+        copy_out: &[shares::Share],
+        ready: &[Mark],
+        ctx: &OpContext,
+    ) -> Result<()> {
+        // A wait on the host for a stream that may wait for another process's mark ends in an
+        // error at the engine's deadline.
+        let (n, me, limit) = (self.nranks, self.rank, self.wait.timeout);
+        let (reducer, on, spaces, kind) = (round.reducer, round.on, round.spaces, round.kind);
+        let (dtype, op, _) = round.ops;
+        let across = self.peer.windows.is_some();
+        let shared = self.peer_marks();
+        let shared = shared.as_deref();
         // Queued on the call's stream (a blocking call: the reducer's own): after the other
         // ranks' ready marks, this rank's share, then its done mark.
         crate::profile::phase(crate::profile::Phase::Reduce);
@@ -602,9 +636,9 @@ impl Engine {
             // process's, which may never come).
             let mut waits_ready = false;
             for k in (0..n).filter(|&k| k != me) {
-                waits_ready |= wait_for(k, MarkUse::Ready, [word(k, 2), word(k, 3)])?;
+                waits_ready |= wait_for(k, MarkUse::Ready, ready[k])?;
             }
-            staged::queue_shares(reducer, on, (dtype, op, premul), &todo, &spaces)?;
+            staged::queue_shares(reducer, on, round.ops, todo, spaces)?;
             match (across, on) {
                 // A blocking rank's share is done before the status exchange (it offers no
                 // mark, and so needs none recorded or waited for where every rank blocks);
@@ -652,12 +686,9 @@ impl Engine {
         // Through the scratch windows: the chunks the others reduced, copied out of their
         // scratch (where every share was queued; a blocking rank then waits for them too).
         if status[0] == 0 && queued.is_ok() && !copy_out.is_empty() {
-            let kind = (dtype, op, None);
-            settled = settled.and(staged::queue_shares(reducer, on, kind, &copy_out, &spaces));
+            let ops = (dtype, op, None);
+            settled = settled.and(staged::queue_shares(reducer, on, ops, copy_out, spaces));
             waits = true;
-        }
-        if through_scratch {
-            self.peer.last_staged = Some(on);
         }
         // Through windows on a stream: the settle point after those waits and copies (queued
         // even where the share failed), which the windows' last deregistration, and a call
@@ -686,9 +717,7 @@ impl Engine {
                 kind.name()
             )));
         }
-        self.peer.calls += 1;
-        self.peer.ran_whole = whole.map(|w| w.count);
-        Ok(true)
+        Ok(())
     }
 
     /// `words = max over the ranks of words`, in place, as an allreduce of host memory under

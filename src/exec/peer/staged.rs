@@ -31,20 +31,45 @@
 use std::sync::Arc;
 
 use ferroccl_kernels::{DataType, ElemOp};
-use ferroccl_transport::{MemRef, MemSpace, Result};
+use ferroccl_transport::{Error, MemRef, MemSpace, Result};
 
 use super::super::windows::{Scratch, Window, Windows};
 use super::super::{DeviceArena, Engine, Mapper, Memory, Offered, OpContext};
 use super::shares::{apart, chunk, Share};
+use super::Round;
 use crate::coll::{CollArgs, CollKind};
 use crate::device::ipc::Mapping;
-use crate::reduce::Reducer;
+use crate::reduce::{Mark, MarkUse, Reducer, NO_MARK};
 
 /// Bytes of each half of the scratch a call of `kind` with `count` elements of `es` bytes on
 /// `n` ranks needs: the inputs the others read (the chunks half needs no more).
 pub(super) fn needs(kind: CollKind, count: usize, n: usize, es: usize) -> usize {
     let (i, _) = kind.buffer_lens(count, n);
     i.saturating_mul(es)
+}
+
+/// The pieces of a call of `count` elements (of each rank's block, for the collectives of
+/// blocks) whose scratch needs fit `half` bytes: each as many elements as fit, a multiple of
+/// 64 bytes where that fits, the last one short. Empty where not one element fits.
+pub(super) fn pieces(
+    kind: CollKind,
+    count: usize,
+    n: usize,
+    es: usize,
+    half: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let per_elem = needs(kind, 1, n, es).max(1);
+    let mut most = half / per_elem;
+    let align = (64 / es.max(1)).max(1);
+    if most >= align {
+        most -= most % align;
+    }
+    if most == 0 {
+        return Vec::new();
+    }
+    (0..count.div_ceil(most))
+        .map(|k| k * most..((k + 1) * most).min(count))
+        .collect()
 }
 
 /// What a rank does in a call through the scratch windows: copies into its scratch before the
@@ -59,7 +84,10 @@ pub(super) struct Plan {
 
 /// Rank `r`'s plan for collective `kind` of `count` elements of `es` bytes on `n` ranks: its
 /// input and output start at `mine` (in place: blocks of one buffer, `in_place`), and rank
-/// `k`'s scratch at `scratch[k]`, whose chunks half starts `half` bytes in.
+/// `k`'s scratch at `scratch[k]`, whose chunks half starts `half` bytes in. A piece of a
+/// collective of blocks (all_gather, reduce_scatter, all_to_all) takes `count` elements of
+/// each block, the blocks of a rank's buffer `stride` bytes apart (a whole call:
+/// `count × es`); in the scratch its blocks lie `count × es` apart.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn plan(
     kind: CollKind,
@@ -71,6 +99,7 @@ pub(super) fn plan(
     in_place: bool,
     scratch: &[usize],
     half: usize,
+    stride: usize,
 ) -> Plan {
     let (input, output) = mine;
     let copy = |src: (usize, usize), dst: (usize, usize), bytes: usize| Share {
@@ -86,6 +115,15 @@ pub(super) fn plan(
             .filter(|(a, b)| b > a)
             .map(|(a, b)| copy((r, input + a), (r, scratch[r] + a), b - a))
             .collect::<Vec<_>>()
+    };
+    // Copies of every block of the input but this rank's own (block `j` at `j × stride`) into
+    // the inputs half (block `j` at `j × block`): one copy around it where they are packed.
+    let blocks_around = |block: usize| match stride == block {
+        true => around(n * block, r * block..(r + 1) * block),
+        false => (0..n)
+            .filter(|&j| j != r)
+            .map(|j| copy((r, input + j * stride), (r, scratch[r] + j * block), block))
+            .collect(),
     };
     // Source `k` of a reduction at byte `off`: this rank's own input, the others' scratch.
     let source = |k: usize, off: usize| match k == r {
@@ -138,7 +176,7 @@ pub(super) fn plan(
             if block > 0 {
                 p.copy_in = around(block, 0..0);
                 for (j, &theirs) in scratch.iter().enumerate().take(n) {
-                    let to = (r, output + j * block);
+                    let to = (r, output + j * stride);
                     match j == r {
                         true if !in_place => p.share.push(copy((r, input), to, block)),
                         true => {}
@@ -150,10 +188,13 @@ pub(super) fn plan(
         CollKind::ReduceScatter => {
             let block = count * es;
             if block > 0 {
-                let off = r * block;
-                p.copy_in = around(n * block, off..off + block);
+                p.copy_in = blocks_around(block);
+                let src = |k: usize| match k == r {
+                    true => (r, input + r * stride),
+                    false => (k, scratch[k] + r * block),
+                };
                 p.share.push(Share {
-                    srcs: (0..n).map(|k| source(k, off)).collect(),
+                    srcs: (0..n).map(src).collect(),
                     dsts: vec![(r, output)],
                     bytes: block,
                 });
@@ -162,12 +203,12 @@ pub(super) fn plan(
         CollKind::AllToAll => {
             let block = count * es;
             if block > 0 {
-                let off = r * block;
-                p.copy_in = around(n * block, off..off + block);
+                p.copy_in = blocks_around(block);
+                let (mine_in, off) = (input + r * stride, r * block);
                 for (j, &theirs) in scratch.iter().enumerate().take(n) {
-                    let to = (r, output + j * block);
+                    let to = (r, output + j * stride);
                     match j == r {
-                        true if !in_place => p.share.push(copy((r, input + off), to, block)),
+                        true if !in_place => p.share.push(copy((r, mine_in), to, block)),
                         true => {}
                         false => p.share.push(copy((j, theirs + off), to, block)),
                     }
@@ -176,6 +217,36 @@ pub(super) fn plan(
         }
     }
     p
+}
+
+/// A call going through the scratch windows: what its pieces' plans need, its pieces, and the
+/// first piece's plan until its round runs.
+pub(super) struct Staged {
+    kind: CollKind,
+    es: usize,
+    mine: (usize, usize),
+    in_place: bool,
+    here: Vec<usize>,
+    half: usize,
+    stride: usize,
+    pieces: Vec<std::ops::Range<usize>>,
+    first: Option<Plan>,
+}
+
+/// Queues step 1 of `plan`, the copies into this rank's scratch, on `on` (`None`: the
+/// reducer's own stream, waited for).
+fn copy_in(
+    reducer: &dyn Reducer,
+    on: Option<usize>,
+    (dtype, op): (DataType, ElemOp),
+    plan: &Plan,
+    spaces: &[MemSpace],
+) -> Result<()> {
+    queue_shares(reducer, on, (dtype, op, None), &plan.copy_in, spaces)?;
+    match on.is_none() && !plan.copy_in.is_empty() {
+        true => reducer.synchronize(None),
+        false => Ok(()),
+    }
 }
 
 /// A collective offered through the scratch windows, as this rank sees it.
@@ -290,20 +361,20 @@ impl Engine {
     }
 
     /// Where the scratch windows can carry `call`, on this rank's side (every rank learns in
-    /// the offer whether all can): its plan, after step 1 (see the module), the copies into
-    /// this rank's scratch, queued on the call's stream (a blocking call: the reducer's own,
-    /// waited for, as it offers no ready mark); and every rank's memory of the scratch. Where
-    /// the last call through the scratch went on another stream, its copies out and its waits
-    /// for the others are waited for first (their settle points). `(None, None)` where it
-    /// cannot: no usable scratch window on this call's device, a call larger than half the
-    /// least scratch, a rank's input overlapping its output out of place, a copy that failed
-    /// (logged).
+    /// the offer whether all can): the call cut into [`pieces`] that fit half the least
+    /// scratch, and step 1 (see the module) of the first, the copies into this rank's scratch,
+    /// queued on the call's stream (a blocking call: the reducer's own, waited for, as it
+    /// offers no ready mark); and every rank's memory of the scratch. Where the last call
+    /// through the scratch went on another stream, its copies out and its waits for the
+    /// others are waited for first (their settle points). `(None, None)` where it cannot: no
+    /// usable scratch window on this call's device, a rank's input overlapping its output out
+    /// of place, a copy that failed (logged).
     pub(super) fn stage_in(
         &mut self,
         call: &Call<'_>,
         reducer: &dyn Reducer,
         ctx: &OpContext,
-    ) -> (Option<Vec<MemSpace>>, Option<Plan>) {
+    ) -> (Option<Vec<MemSpace>>, Option<Staged>) {
         let (n, me, es) = (self.nranks, self.rank, call.dtype.size());
         let (kind, count, mem) = (call.args.kind, call.args.count, call.mem);
         let Some((here, spaces)) = self.scratch_ranks() else {
@@ -311,25 +382,35 @@ impl Engine {
         };
         let half = self.scratch_half().unwrap_or(0);
         let own_apart = apart(&[call.mine], &[call.used], &[mem.in_place], &[0]);
-        if spaces[me] != mem.space || needs(kind, count, n, es) > half || !own_apart {
+        let pieces = pieces(kind, count, n, es, half);
+        if spaces[me] != mem.space || pieces.is_empty() || !own_apart {
             return (None, None);
         }
-        let p = plan(kind, count, n, me, es, call.mine, mem.in_place, &here, half);
-        let staged = (|| {
+        let mut staged = Staged {
+            kind,
+            es,
+            mine: call.mine,
+            in_place: mem.in_place,
+            here,
+            half,
+            stride: count * es,
+            pieces,
+            first: None,
+        };
+        let first = self.piece_plan(&staged, 0);
+        let done = (|| {
             if self.peer.last_staged.is_some_and(|last| last != call.on) {
                 if let Some(m) = self.peer_marks() {
                     m.reducer.settle_shared(self.wait.timeout)?;
                 }
             }
-            let kinds = (call.dtype, call.op, None);
-            queue_shares(reducer, call.on, kinds, &p.copy_in, &spaces)?;
-            match call.on.is_none() && !p.copy_in.is_empty() {
-                true => reducer.synchronize(None),
-                false => Ok(()),
-            }
+            copy_in(reducer, call.on, (call.dtype, call.op), &first, &spaces)
         })();
-        match staged {
-            Ok(()) => (Some(spaces), Some(p)),
+        match done {
+            Ok(()) => {
+                staged.first = Some(first);
+                (Some(spaces), Some(staged))
+            }
             Err(e) => {
                 ferroccl_transport::log_line!(
                     "ferroccl WARN P2P: {}: the copy into the scratch window failed ({e}); the \
@@ -339,6 +420,84 @@ impl Engine {
                 (None, None)
             }
         }
+    }
+
+    /// The plan of piece `p` of `st` ([`plan`]).
+    fn piece_plan(&self, st: &Staged, p: usize) -> Plan {
+        let r = &st.pieces[p];
+        let at = (st.mine.0 + r.start * st.es, st.mine.1 + r.start * st.es);
+        let (n, me) = (self.nranks, self.rank);
+        plan(
+            st.kind,
+            r.len(),
+            n,
+            me,
+            st.es,
+            at,
+            st.in_place,
+            &st.here,
+            st.half,
+            st.stride,
+        )
+    }
+
+    /// The rounds of a call through the scratch windows (every rank agreed in the offer), one
+    /// a piece: the first piece's copies in were queued before the offer, which carried its
+    /// ready marks (`ready`); each later piece's are queued after the round before (whose
+    /// waits for the others' done marks come first on the stream: no rank still reads this
+    /// rank's scratch), and the ranks exchange its ready marks (and whether every rank queued
+    /// them) before its round.
+    pub(super) fn scratch_rounds(
+        &mut self,
+        round: &Round<'_>,
+        mut staged: Staged,
+        ready: Vec<Mark>,
+        ctx: &OpContext,
+    ) -> Result<()> {
+        let (n, me) = (self.nranks, self.rank);
+        let (reducer, on) = (round.reducer, round.on);
+        let mut ready = ready;
+        for p in 0..staged.pieces.len() {
+            let plan = match staged.first.take() {
+                Some(first) => first,
+                None => {
+                    let plan = self.piece_plan(&staged, p);
+                    let (dtype, op, _) = round.ops;
+                    let made =
+                        copy_in(reducer, on, (dtype, op), &plan, round.spaces).and_then(|()| {
+                            match on {
+                                Some(_) => reducer
+                                    .mark_shared(on, MarkUse::Ready)
+                                    .map(|w| [super::SHARED, w]),
+                                None => Ok(NO_MARK),
+                            }
+                        });
+                    let mut words = vec![0u64; 1 + 2 * n];
+                    match &made {
+                        Ok(m) => words[1 + 2 * me..3 + 2 * me].copy_from_slice(m),
+                        Err(_) => words[0] = me as u64 + 1,
+                    }
+                    self.max_words(&mut words, ctx)?;
+                    made.map_err(|e| e.context(ctx.label()))?;
+                    if words[0] != 0 {
+                        return Err(Error::remote(format!(
+                            "{}: rank {} failed to copy piece {p} of the {} into its scratch \
+                             window; this rank's result is incomplete",
+                            ctx.label(),
+                            words[0] - 1,
+                            round.kind.name()
+                        )));
+                    }
+                    ready = (0..n)
+                        .map(|k| [words[1 + 2 * k], words[2 + 2 * k]])
+                        .collect();
+                    plan
+                }
+            };
+            self.share_round(round, &plan.share, &plan.copy_out, &ready, ctx)?;
+            self.peer.last_staged = Some(on);
+        }
+        Ok(())
     }
 
     /// Makes and registers the scratch window on every rank (every rank agreed to in the
@@ -384,12 +543,23 @@ mod tests {
 
     /// Every element of every rank's output, after every rank ran its plan over byte arrays
     /// standing in for the buffers (addresses: rank k's input at 0x1000000·(k+1), output at
-    /// 0x100000·(k+1), scratch at 0x10000000·(k+1)), against the collective's definition.
-    fn check(kind: CollKind, count: usize, n: usize, in_place: bool) {
+    /// 0x100000·(k+1), scratch at 0x10000000·(k+1)), against the collective's definition: in
+    /// pieces of at most `most` elements where given (the scratch's half holds that many),
+    /// one piece after the other.
+    fn check(kind: CollKind, count: usize, n: usize, in_place: bool, most: Option<usize>) {
         use std::collections::HashMap;
         let es = 4;
         let (ilen, olen) = kind.buffer_lens(count, n);
-        let half = needs(kind, count, n, es).div_ceil(64) * 64 + 64;
+        let half = match most {
+            Some(m) => needs(kind, m, n, es),
+            None => 2 * needs(kind, count, n, es),
+        };
+        let cuts = pieces(kind, count, n, es, half);
+        assert_eq!(
+            cuts.len(),
+            most.map_or(1, |m| count.div_ceil(m)),
+            "{cuts:?}"
+        );
         let scratch: Vec<usize> = (0..n).map(|k| 0x1000_0000 * (k + 1)).collect();
         let out_base = |k: usize| 0x10_0000 * (k + 1);
         let mine = |k: usize| {
@@ -409,9 +579,14 @@ mod tests {
                 mem.insert(i0 + i * es, value(k, i));
             }
         }
-        let plans: Vec<Plan> = (0..n)
-            .map(|k| plan(kind, count, n, k, es, mine(k), in_place, &scratch, half))
-            .collect();
+        let stride = count * es;
+        let plans = |piece: &std::ops::Range<usize>| -> Vec<Plan> {
+            let at = |k: usize| (mine(k).0 + piece.start * es, mine(k).1 + piece.start * es);
+            let c = piece.len();
+            (0..n)
+                .map(|k| plan(kind, c, n, k, es, at(k), in_place, &scratch, half, stride))
+                .collect()
+        };
         let run = |mem: &mut HashMap<usize, i64>, s: &Share| {
             let vals: Vec<i64> = (0..s.bytes / es)
                 .map(|e| s.srcs.iter().map(|&(_, a)| mem[&(a + e * es)]).sum())
@@ -422,8 +597,8 @@ mod tests {
                 }
             }
         };
-        for phase in 0..3 {
-            for (k, p) in plans.iter().enumerate() {
+        for (phase, piece) in cuts.iter().flat_map(|c| (0..3).map(move |ph| (ph, c))) {
+            for (k, p) in plans(piece).iter().enumerate() {
                 let list = [&p.copy_in, &p.share, &p.copy_out][phase];
                 for s in list {
                     // Reads of another rank's memory are of its scratch only; writes are this
@@ -476,7 +651,11 @@ mod tests {
             for n in [2, 3, 5, 8] {
                 for count in [1, 7, 16, 33, 257] {
                     for in_place in [false, true] {
-                        check(kind, count, n, in_place);
+                        // Whole, and in pieces of 5 and of 32 elements (a multiple of 64
+                        // bytes, as the pieces are cut where they can be).
+                        for most in [None, Some(5), Some(32)] {
+                            check(kind, count, n, in_place, most);
+                        }
                     }
                 }
             }
@@ -495,6 +674,7 @@ mod tests {
             false,
             &[0x10_0000, 0x20_0000],
             8192,
+            4096,
         );
         // In: the half rank 1 reduces; share: both halves of the first chunk into the output
         // and the chunks half; out: rank 1's chunk from its chunks half.
@@ -530,6 +710,29 @@ mod tests {
         assert_eq!(
             moved(&p.copy_in) + moved(&p.share) + moved(&p.copy_out),
             4 * 4096
+        );
+    }
+
+    #[test]
+    fn pieces_fit_half_the_scratch_and_cover_the_call() {
+        // 4-byte elements, 2 ranks: an allreduce needs 4 bytes an element, a reduce_scatter 8
+        // (a block's element of each rank).
+        assert_eq!(
+            pieces(CollKind::AllReduce, 100, 2, 4, 400),
+            vec![0..96, 96..100]
+        );
+        assert_eq!(
+            pieces(CollKind::ReduceScatter, 100, 2, 4, 400),
+            vec![0..48, 48..96, 96..100]
+        );
+        // Fewer than 64 bytes' worth fit: not rounded down to nothing.
+        assert_eq!(pieces(CollKind::AllGather, 10, 3, 4, 20), vec![0..5, 5..10]);
+        // Not one element fits.
+        assert!(pieces(CollKind::AllToAll, 10, 8, 8, 32).is_empty());
+        // A call that fits is one piece.
+        assert_eq!(
+            pieces(CollKind::Broadcast { root: 0 }, 7, 4, 2, 4096),
+            vec![0..7]
         );
     }
 }

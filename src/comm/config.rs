@@ -51,9 +51,9 @@ pub struct Config {
     /// scratch window of this many bytes per rank, registered by the communicator itself at
     /// its first device collective: each rank copies its input into its scratch and the others
     /// read it there (docs/CUDA.md, "Unregistered buffers through scratch windows"). Half
-    /// holds the inputs, half the reduced chunks; a call needing more is cut into slices that
-    /// fit. Ranks must all set it or all leave it at 0 (checked at init); the sizes may
-    /// differ (the least counts).
+    /// holds the inputs, half the reduced chunks; a call needing more runs in pieces that
+    /// fit. Ranks must all set it or all leave it at 0 (checked at init); the sizes may differ
+    /// (the least counts).
     pub device_scratch_bytes: usize,
     /// `FERRO_P2P_DEVICE`: the CUDA device of this rank's receive slots of the GPU
     /// peer-to-peer transport, the GPU whose device buffers its collectives reduce straight

@@ -15,6 +15,10 @@
 //! 3. **Out.** After the others' done marks, the rank copies the chunks the others reduced from
 //!    their scratch into its output (allreduce; reduce, on the root).
 //!
+//! A call larger than half the least rank's scratch runs in [`pieces`] that fit, the three
+//! steps once a piece: a later piece's copies in go after the round before, and the ranks
+//! exchange its ready marks before its share.
+//!
 //! Every access to another rank's scratch is a read. Reuse is ordered by the marks: a rank
 //! writes its inputs half only after the last call's waits for the others' done marks (on its
 //! stream), and its chunks half only in its share, after the others' ready marks, which they

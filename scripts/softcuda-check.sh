@@ -156,6 +156,13 @@ for b in 1 2; do
     FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M SOFTCUDA_DELAY_US=300 step 8n rows_peer_quiet \
         "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B "$b"
 done
+# A scratch window smaller than the calls: they run in pieces, each piece's ready marks
+# exchanged after its copies in (slow streams: a piece that waited for the wrong marks would
+# read a stale scratch).
+for b in 1 2; do
+    FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=64K SOFTCUDA_DELAY_US=300 step 8n rows_peer_quiet \
+        "$bin/ferrorun" -n 2 -- "$bin/all_reduce_perf" -b 8 -e 1M -f 32 -n 3 -w 1 -B "$b"
+done
 for n in 2 3; do
     FERRO_TRANSPORTS=p2p FERRO_DEVICE_SCRATCH_BYTES=4M SOFTCUDA_DELAY_US=300 step 8n c_ok "$soft/streams" "$n"
 done

@@ -441,10 +441,11 @@ impl Engine {
         };
         let win_words = (in_window(mine.0, in_used), in_window(mine.1, out_used));
         let in_windows = win_words.0.is_some() && win_words.1.is_some();
-        // Buffers in no window go through the scratch windows where they fit (`staged.rs`):
-        // the part of the input the others read is copied into this rank's scratch now,
-        // before the ready mark.
-        let (scratch, plan) = match reducer.filter(|_| across && able && !in_windows) {
+        // Buffers in no window go through the scratch windows (`staged.rs`): the part of the
+        // input the others read (of the first piece) is copied into this rank's scratch now,
+        // before the ready mark (on a stream, only where that mark can be shared).
+        let staging = across && able && !in_windows && (on.is_none() || shared.is_some());
+        let (scratch, plan) = match reducer.filter(|_| staging) {
             Some(r) => {
                 let call = staged::Call {
                     args,

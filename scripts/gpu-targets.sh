@@ -17,7 +17,9 @@
 # its half of both inputs and writes it into both outputs. Part 8i gives both paths' figures,
 # part 8k that path with calls ordered on a stream (-B 2) beside blocking ones, part 8l ranks
 # that are processes with their buffers in windows (-R 2, 4 x S; blocking, and on a stream
-# with -B 2) beside the ring (-R 0).
+# with -B 2) beside the ring (-R 0), part 8n unregistered buffers through scratch windows
+# (8 x S: each rank copies half its input in, reduces its half, copies the other half out)
+# beside the ring.
 # A target whose step gave no figure (not run, or stopped early) is reported as not measured.
 # Exits 0 whatever the figures: the targets are benchmarks, not part of gpu-check's verdict.
 #
@@ -32,6 +34,9 @@ function bytes(n) {
     if (n >= 1024) return sprintf("%g KiB", n / 1024)
     return n " B"
 }
+# Tools run under ferrorun tag every line with the rank: rank 0 counts, its tag taken off.
+/^\[[1-9][0-9]*\] / { next }
+{ sub(/^\[0\] /, "") }
 # The part a table belongs to: the last header line that is not a step time ("-- tool: 5 s").
 /^== [0-9]+\./ { part = $2; sub(/\.$/, "", part); next }
 /^-- / {
@@ -138,14 +143,16 @@ END {
         printf "-- 8j, two GPUs, %s, %s: %.1f / %.1f us out of / in place, busbw %.1f / %.1f GB/s (no target)\n", p ? "between the buffers of the ranks" : "ring (FERRO_DEVICE_PEER=0)", bytes(s), oop_t[key], ip_t[key], oop_bw[key], ip_bw[key]
     }
 
-    split("8b-direct 8b-staged 5 8i-peer 8i-ring 8k-blocking 8k-stream 8l-windows 8l-windows-stream 8l-ring", eight, " ")
+    split("8b-direct 8b-staged 5 8i-peer 8i-ring 8k-blocking 8k-stream 8l-windows 8l-windows-stream 8l-ring 8n-scratch 8n-scratch-stream 8n-ring", eight, " ")
     names["8b-direct"] = "8b, p2p, direct"; names["8b-staged"] = "8b, p2p, staged"; names["5"] = "5, shm, staged"
     names["8i-peer"] = "8i, between the buffers of the ranks"; names["8i-ring"] = "8i, lanes, FERRO_DEVICE_PEER=0"
     names["8k-blocking"] = "8k, between the buffers, blocking calls"; names["8k-stream"] = "8k, between the buffers, calls on a stream"
     names["8l-windows"] = "8l, 2 processes, windows"; names["8l-ring"] = "8l, 2 processes, -R 0"
     names["8l-windows-stream"] = "8l, 2 processes, windows, calls on a stream"
+    names["8n-scratch"] = "8n, 2 processes, scratch windows"; names["8n-ring"] = "8n, 2 processes, no scratch"
+    names["8n-scratch-stream"] = "8n, 2 processes, scratch windows, calls on a stream"
     seen8 = 0
-    for (i = 1; i <= 10; i++) {
+    for (i = 1; i <= 13; i++) {
         key = eight[i] SUBSEP 8
         if (!(key in oop_t)) continue
         seen8 = 1

@@ -380,7 +380,9 @@ fn windows_of_processes_of_several_threads() {
 /// device buffers are registered as windows (again each time they grow), every row goes
 /// straight between the processes' buffers (labelled `peer`, counted on the calls line) with
 /// no wrong element, with blocking calls (`-B 1`) and calls on a stream (`-B 2`); with `-R 0`
-/// none does. Part 8l of `gpu-check.sh` then reads all three through `gpu-targets.sh`.
+/// none does. Part 8l of `gpu-check.sh` then reads all three through `gpu-targets.sh`; so does
+/// part 8n: buffers in no window through scratch windows (every row `peer`, blocking and on a
+/// stream) and without them (none), read from the tagged lines `ferrorun` prints.
 #[test]
 fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_printed() {
     let run_on = |n: &str, register: &str, b: &str| {
@@ -426,11 +428,47 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
         );
     }
     let (ring, windows, ordered) = (run("2", "0"), run("2", "2"), run_on("2", "2", "2"));
+    // Part 8n: buffers in no window, through scratch windows, blocking and on a stream, and
+    // without them; as gpu-check.sh logs them, every line tagged with its rank.
+    let scratch = |bytes: &str, b: &str| {
+        let out = command(ferrorun())
+            .args(["-n", "2", "--"])
+            .arg(env!("CARGO_BIN_EXE_all_reduce_perf"))
+            .args([
+                "-b", "8", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "-B", b,
+            ])
+            .env("FERRO_DEVICE_PROVIDER", "host")
+            .env("FERRO_P2P_PROVIDER", "host")
+            .env("FERRO_TRANSPORTS", "p2p")
+            .env("FERRO_DEVICE_SCRATCH_BYTES", bytes)
+            .output()
+            .expect("running ferrorun");
+        let t = text(&out);
+        assert!(out.status.success(), "scratch {bytes} -B {b}: {t}");
+        let rows = unprefixed(&out);
+        let rows: Vec<&str> = rows
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .collect();
+        assert_eq!(rows.len(), 6, "{t}");
+        let peer = rows.iter().filter(|r| r.ends_with("peer")).count();
+        assert_eq!(
+            peer,
+            if bytes == "0" { 0 } else { 6 },
+            "scratch {bytes} -B {b}: {t}"
+        );
+        t
+    };
+    let (plain, through, on_stream) = (scratch("0", "1"), scratch("1M", "1"), scratch("1M", "2"));
+    assert!(through.contains("[0] "), "{through}");
     let log = format!(
         "== 1. kernels\n# bandwidth 256 MiB: device-to-device copy 100.0 GB/s (read + written)\n\
          == 8. straight on the device\n-- 8l: -R 0 -B 1, processes, windows\n{ring}\
          -- ferrorun: 1 s\n-- 8l: -R 2 -B 1, processes, windows\n{windows}-- ferrorun: 1 s\n\
-         -- 8l: -R 2 -B 2, processes, windows\n{ordered}-- ferrorun: 1 s\n"
+         -- 8l: -R 2 -B 2, processes, windows\n{ordered}-- ferrorun: 1 s\n\
+         -- 8n: scratch 0 -B 1, processes, no windows\n{plain}-- ferrorun: 1 s\n\
+         -- 8n: scratch 1M -B 1, processes, no windows\n{through}-- ferrorun: 1 s\n\
+         -- 8n: scratch 1M -B 2, processes, no windows\n{on_stream}-- ferrorun: 1 s\n"
     );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-targets.sh");
     let mut child = Command::new("bash")
@@ -456,6 +494,10 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
         "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, windows): ",
         "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, windows, calls on a stream): ",
         "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8l, 2 processes, -R 0): ",
+        "-- 8n, 2 processes, ring (no scratch), 256 KiB: ",
+        "-- 8n, 2 processes, through scratch windows (-B 1), 256 KiB: ",
+        "-- 8n, 2 processes, through scratch windows, calls on a stream (-B 2), 256 KiB: ",
+        "-- 8 B allreduce on device buffers, 2 ranks on one GPU (8n, 2 processes, scratch windows): ",
     ] {
         assert!(got.contains(want), "no {want:?} in\n{got}");
     }
@@ -463,4 +505,5 @@ fn windows_of_processes_take_every_row_between_their_buffers_and_part_8l_is_prin
         got.contains("(-R 2), 256 KiB: ") && got.contains("4 x S of traffic"),
         "{got}"
     );
+    assert!(got.contains("8 x S of traffic"), "{got}");
 }

@@ -326,6 +326,13 @@ nccl_api! {
             shared.finalized.store(true, Ordering::SeqCst);
             if shared.blocking {
                 shared.wait_idle();
+                // And this rank's shares queued on a stream straight between the processes'
+                // buffers (windows, scratch windows), which the other ranks' shares wait for.
+                if let Some(Ok(c)) = shared.try_ready() {
+                    if let Err(e) = c.finalize() {
+                        shared.record_async(e);
+                    }
+                }
             } else if shared.busy() {
                 return Ok(ncclInProgress);
             }

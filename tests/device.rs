@@ -135,17 +135,25 @@ fn ranks_that_would_cut_device_calls_differently_fail_at_init() {
     }
 }
 
-#[test]
-fn ranks_that_would_offer_allreduces_differently_fail_at_init() {
+/// The init error of two ranks whose configs `differ(rank)` makes; it must be invalid usage.
+fn init_error_of(differ: impl Fn(usize) -> Config) -> ferroccl::Error {
     let configs: Vec<Config> = (0..2)
         .map(|r| Config {
-            device_peer: r == 0,
             timeout: Duration::from_secs(20),
-            ..Config::default()
+            ..differ(r)
         })
         .collect();
     let e = Communicator::local_group_with(configs).expect_err("the offers differ");
     assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    e
+}
+
+#[test]
+fn ranks_that_would_offer_allreduces_differently_fail_at_init() {
+    let e = init_error_of(|r| Config {
+        device_peer: r == 0,
+        ..Config::default()
+    });
     let m = e.message();
     assert!(
         m.contains("FERRO_DEVICE_PEER=1") && m.contains("FERRO_DEVICE_PEER=0"),
@@ -155,15 +163,10 @@ fn ranks_that_would_offer_allreduces_differently_fail_at_init() {
 
 #[test]
 fn ranks_that_would_offer_scratch_windows_differently_fail_at_init() {
-    let configs: Vec<Config> = (0..2)
-        .map(|r| Config {
-            device_scratch_bytes: if r == 1 { 1 << 20 } else { 0 },
-            timeout: Duration::from_secs(20),
-            ..Config::default()
-        })
-        .collect();
-    let e = Communicator::local_group_with(configs).expect_err("the offers differ");
-    assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
+    let e = init_error_of(|r| Config {
+        device_scratch_bytes: if r == 1 { 1 << 20 } else { 0 },
+        ..Config::default()
+    });
     let m = e.message();
     assert!(m.contains("FERRO_DEVICE_SCRATCH_BYTES"), "{e}");
     assert!(m.contains("0 or unset"), "{e}");

@@ -350,17 +350,14 @@ impl Engine {
         }
     }
 
-    /// The half of the scratch window, where it is usable.
-    pub(super) fn scratch_half(&self) -> Option<usize> {
-        self.peer.windows.as_ref()?.scratch_window().map(|(_, h)| h)
-    }
-
-    /// Where every rank's scratch window starts here, and its memory here.
-    pub(super) fn scratch_ranks(&self) -> Option<(Vec<usize>, Vec<MemSpace>)> {
-        let (w, _) = self.peer.windows.as_ref()?.scratch_window()?;
+    /// Where every rank's scratch window starts here, its memory here, and the bytes of each
+    /// half ([`Windows::scratch_window`]), where it is usable.
+    fn scratch_ranks(&self) -> Option<(Vec<usize>, Vec<MemSpace>, usize)> {
+        let (w, half) = self.peer.windows.as_ref()?.scratch_window()?;
         Some((
             w.ranks.iter().map(|k| k.here as usize).collect(),
             w.ranks.iter().map(|k| k.space).collect(),
+            half,
         ))
     }
 
@@ -381,10 +378,9 @@ impl Engine {
     ) -> (Option<Vec<MemSpace>>, Option<Staged>) {
         let (n, me, es) = (self.nranks, self.rank, call.dtype.size());
         let (kind, count, mem) = (call.args.kind, call.args.count, call.mem);
-        let Some((here, spaces)) = self.scratch_ranks() else {
+        let Some((here, spaces, half)) = self.scratch_ranks() else {
             return (None, None);
         };
-        let half = self.scratch_half().unwrap_or(0);
         let own_apart = apart(&[call.mine], &[call.used], &[mem.in_place], &[0]);
         let pieces = pieces(kind, count, n, es, half);
         if spaces[me] != mem.space || pieces.is_empty() || !own_apart {

@@ -109,6 +109,10 @@ fn child_window_streams() {
         return;
     }
     let case = child::env_var::<String>("FERRO_TEST_CASE");
+    if case == "scratch-end" {
+        rank_scratch_end(Communicator::from_env().expect("from_env"));
+        return;
+    }
     if case != "threads" {
         let c = Communicator::from_env().expect("from_env");
         rank_window_streams(c, case.ends_with("mixed"), !case.starts_with("scratch"));
@@ -152,6 +156,62 @@ fn rank_window_streams(c: Communicator, mixed: bool, windowed: bool) {
     other.synchronize().unwrap();
     let calls = c.device_peer_calls() - before;
     println!("STREAMS rank={r} blocking={blocking} calls={calls}");
+}
+
+/// The communicator's end with the scratch windows: each rank's allreduce on a stream, then
+/// every rank but the last ends its communicator at once (`finalize` on rank 0, `destroy` on
+/// the others), while the last rank's stream still holds its copy out of rank 0's scratch
+/// (a lazy stand-in stream runs only as far as another process's waits ask). The last rank
+/// reads its result after a pause, then ends its communicator: a rank that freed its scratch
+/// before every other had settled would have left the last one reading freed memory.
+fn rank_scratch_end(c: Communicator) {
+    let (r, n) = (c.rank(), c.nranks());
+    let dev = Device::new(Provider::Host, r as u32 % 2).unwrap();
+    c.set_device(dev).unwrap();
+    let stream = DeviceStream::new(dev).unwrap();
+    let count = 1031;
+    let sum = ferroccl::ReduceOp::Sum;
+    let src: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+    let input = DeviceBuffer::from_host(dev, &src).unwrap();
+    let mut out = DeviceBuffer::<f32>::new(dev, count).unwrap();
+    // The first call makes the scratch windows (and takes the schedule).
+    c.all_reduce_device_on(&input, &mut out, sum, &stream)
+        .unwrap();
+    let before = c.device_peer_calls();
+    c.all_reduce_device_on(&input, &mut out, sum, &stream)
+        .unwrap();
+    let last = r + 1 == n;
+    let mut c = Some(c);
+    let ended = match (last, r) {
+        (true, _) => {
+            std::thread::sleep(Duration::from_millis(300));
+            None
+        }
+        (false, 0) => c.as_ref().map(|c| c.finalize()),
+        (false, _) => c.take().map(|c| c.destroy()),
+    };
+    let got = out.to_vec().unwrap();
+    let want = |i: usize| (0..n).map(|k| value(k, i)).sum::<f32>();
+    if let Some(i) = (0..count).find(|&i| got[i] != want(i)) {
+        println!(
+            "WRONG rank={r} element {i} of {count} is {}, want {}",
+            got[i],
+            want(i)
+        );
+        return;
+    }
+    let result = match (ended, c) {
+        (Some(res), _) => res.map(|()| 0),
+        (None, Some(c)) => {
+            let calls = c.device_peer_calls() - before;
+            c.destroy().map(|()| calls)
+        }
+        (None, None) => unreachable!("only the last rank keeps its communicator"),
+    };
+    match result {
+        Ok(calls) => println!("ENDED rank={r} calls={calls}"),
+        Err(e) => println!("WRONG rank={r} ending: {e}"),
+    }
 }
 
 /// `n` processes of case `case` (`threads`: two ranks each), every rank's calls checked.
@@ -243,4 +303,41 @@ fn calls_on_buffers_in_no_window_go_through_the_scratch_windows() {
         run(3, "scratch-mixed", eager);
     }
     run(2, "scratch-small", false);
+}
+
+/// Ranks that end their communicators while another process's copies out of their scratch
+/// are still queued: each lets go of its scratch only once every rank has settled, and every
+/// element of the last rank's result is right.
+#[test]
+fn ranks_free_their_scratch_windows_only_after_every_rank_has_settled() {
+    for (n, eager) in [(2, false), (3, false), (2, true)] {
+        let _serial = child::serial();
+        let env = [
+            (PROVIDER_ENV, "host".to_string()),
+            ("FERRO_P2P_PROVIDER", "host".to_string()),
+            ("FERRO_TRANSPORTS", "p2p".to_string()),
+            ("FERRO_STANDIN_DEVICES", "2".to_string()),
+            ("FERRO_STANDIN_EAGER", u8::from(eager).to_string()),
+            ("FERRO_TEST_CASE", "scratch-end".to_string()),
+            ("FERRO_TIMEOUT", "60".to_string()),
+            ("FERRO_DEVICE_SCRATCH_BYTES", "1M".to_string()),
+        ];
+        let out = ferrorun_self(
+            n,
+            None,
+            "child_window_streams",
+            "window-streams",
+            &env,
+            Duration::from_secs(120),
+        );
+        assert!(out.success(), "{}", out.dump());
+        let lines = out.tagged("ENDED ");
+        assert_eq!(lines.len(), n, "{}", out.dump());
+        // The last rank's second call went through the scratch windows.
+        let last = lines
+            .iter()
+            .find(|l| field::<usize>(l, "rank") == n - 1)
+            .unwrap_or_else(|| panic!("{}", out.dump()));
+        assert_eq!(field::<u64>(last, "calls"), 1, "{}", out.dump());
+    }
 }

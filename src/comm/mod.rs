@@ -313,10 +313,11 @@ impl Communicator {
     /// its peers mid-collective.
     pub fn finalize(&self) -> Result<()> {
         self.streams.drain_if_used();
-        let t = self.inner.ticket();
         // Calls queued on a stream straight between the buffers of processes (windows,
-        // scratch windows) too.
-        let r = self.inner.execute(t, |e| e.settle_peer_shares());
+        // scratch windows) too; then the scratch windows go, once every rank is here.
+        let r = self
+            .inner
+            .execute_next(false, |e, _| self.end_peer_shares(e, "finalize"));
         match self.async_error() {
             Some(e) if e.kind() != ErrorKind::Aborted => Err(e),
             _ => r.or(Ok(())),
@@ -327,9 +328,8 @@ impl Communicator {
     /// communicator's error if it failed.
     pub fn destroy(self) -> Result<()> {
         self.streams.drain_if_used();
-        let t = self.inner.ticket();
-        let r = self.inner.execute(t, |e| {
-            let settled = e.settle_peer_shares();
+        let r = self.inner.execute_next(false, |e, _| {
+            let settled = self.end_peer_shares(e, "destroy");
             e.shutdown_all();
             settled
         });
@@ -337,6 +337,21 @@ impl Communicator {
             Some(e) if e.kind() != ErrorKind::Aborted => Err(e),
             _ => r.or(Ok(())),
         }
+    }
+
+    /// Waits for this rank's last shares queued on a stream through windows or the scratch
+    /// windows, then, where the scratch windows are held, lets go of them with every rank
+    /// (`name`: the call, in errors); see [`crate::exec::Engine::end_scratch`].
+    fn end_peer_shares(&self, e: &mut crate::exec::Engine, name: &'static str) -> Result<()> {
+        if !e.scratch_held() {
+            return e.settle_peer_shares();
+        }
+        let ctx = windows::window_ctx(name, e.next_seq(), self.inner.rank);
+        let r = e.end_scratch(&ctx);
+        self.inner
+            .windows_in_order
+            .store(e.windows_in_order(), Ordering::Release);
+        r
     }
 
     fn worker(&self) -> Result<MutexGuard<'_, Option<Worker>>> {
@@ -353,6 +368,13 @@ impl Drop for Communicator {
         // Let queued stream jobs and other queued work finish (or fail), then stop the threads.
         self.streams.stop();
         drop(lock(&self.worker).take());
-        lock(&self.inner.engine).shutdown_all();
+        let mut e = lock(&self.inner.engine);
+        // Dropping is destroying without the error: the scratch windows go once every rank is
+        // here, not while another process may still copy out of this one's (a communicator
+        // that failed frees its scratch without the others' word; they failed too).
+        if e.scratch_held() && self.inner.failed_error().is_none() {
+            let _ = self.end_peer_shares(&mut e, "drop");
+        }
+        e.shutdown_all();
     }
 }

@@ -272,7 +272,7 @@ impl Communicator {
     }
 }
 
-fn window_ctx(name: &'static str, seq: u64, rank: usize) -> OpContext {
+pub(super) fn window_ctx(name: &'static str, seq: u64, rank: usize) -> OpContext {
     OpContext {
         name,
         seq,

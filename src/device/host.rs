@@ -51,7 +51,13 @@ struct Alloc {
     /// The memory file, kept open for exports; `-1` for a mapping of another process's
     /// allocation ([`import`]).
     fd: i32,
+    /// Exported ([`export`]): other processes may map it.
+    exported: bool,
 }
+
+/// What an exported allocation holds once freed ([`free`]): every f32 and f64 a NaN, every
+/// integer -1.
+pub(crate) const POISON: u8 = 0xff;
 
 /// Live allocations by start address.
 static REGISTRY: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());
@@ -158,7 +164,15 @@ pub(crate) fn alloc(ordinal: u32, len: usize) -> Result<u64> {
     };
     match p {
         Ok(p) => {
-            registry().insert(p as usize, Alloc { ordinal, len, fd });
+            registry().insert(
+                p as usize,
+                Alloc {
+                    ordinal,
+                    len,
+                    fd,
+                    exported: false,
+                },
+            );
             Ok(p as u64)
         }
         Err(e) => {
@@ -203,6 +217,14 @@ pub(crate) unsafe fn free(addr: u64) -> Result<()> {
         Some(a) if a.fd >= 0 => {
             reg.remove(&(addr as usize));
             drop(reg);
+            if a.exported {
+                // Memory a GPU frees may be handed to anyone next: another process that still
+                // reads it through its mapping reads garbage, which the stand-in makes sure of
+                // (its file outlives this mapping while others map it).
+                // SAFETY: the allocation's own mapping of `a.len` bytes, still mapped, which
+                // no queued work uses (this function's contract).
+                unsafe { std::ptr::write_bytes(addr as *mut u8, POISON, a.len) };
+            }
             unmap(addr, a);
             Ok(())
         }
@@ -224,7 +246,7 @@ const HANDLE_TAG: u64 = u64::from_le_bytes(*b"ferroSTI");
 /// `[addr, addr + len)`, with the allocation's start and length (CUDA:
 /// `cuMemGetAddressRange` and `cuIpcGetMemHandle`).
 pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
-    let reg = registry();
+    let mut reg = registry();
     let found = reg
         .range(..=addr as usize)
         .next_back()
@@ -233,7 +255,7 @@ pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
                 .checked_add(len)
                 .is_some_and(|e| e <= start + a.len)
         });
-    let Some((&start, a)) = found else {
+    let Some((&start, &a)) = found else {
         return Err(Error::invalid_argument(format!(
             "host stand-in device: 0x{addr:x}..+{len} is not in one live allocation"
         )));
@@ -256,6 +278,13 @@ pub(crate) fn export(addr: u64, len: usize) -> Result<(u64, usize, [u8; 64])> {
     for (i, w) in words.iter().enumerate() {
         h[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
     }
+    reg.insert(
+        start,
+        Alloc {
+            exported: true,
+            ..a
+        },
+    );
     Ok((start as u64, a.len, h))
 }
 
@@ -309,6 +338,7 @@ pub(crate) fn import(ordinal: u32, handle: &[u8; 64], reach: bool) -> Result<u64
             ordinal: owner,
             len,
             fd: -1,
+            exported: false,
         },
     );
     Ok(p as u64)

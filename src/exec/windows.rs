@@ -470,14 +470,7 @@ impl Engine {
         let mut words = [u64::from(!release), u64::from(release)];
         self.max_words(&mut words, ctx)?;
         if let (Some(m), [0, 1]) = (marks, words) {
-            self.set_peer_marks(None);
-            if let Err(e) = m.reducer.release_shared(&m.peers) {
-                ferroccl_transport::log_line!(
-                    "ferroccl WARN P2P: {}: letting go of the shared marks with the last \
-                     window: {e}",
-                    ctx.label()
-                );
-            }
+            self.release_marks(&m, "with the last window", ctx);
         }
         settled.map_err(|e| e.context(ctx.label()))?;
         if held {
@@ -488,6 +481,73 @@ impl Engine {
                 ctx.label()
             )))
         }
+    }
+}
+
+impl Engine {
+    /// Lets go of the shared marks `m` (every rank settled and agreed): no stream of any rank
+    /// waits for them any more.
+    fn release_marks(&mut self, m: &SharedMarks, with: &str, ctx: &OpContext) {
+        self.set_peer_marks(None);
+        if let Err(e) = m.reducer.release_shared(&m.peers) {
+            ferroccl_transport::log_line!(
+                "ferroccl WARN P2P: {}: letting go of the shared marks {with}: {e}",
+                ctx.label()
+            );
+        }
+    }
+
+    /// Whether the scratch window is held and usable: the same on every rank.
+    pub(crate) fn scratch_held(&self) -> bool {
+        self.peer_windows_ref()
+            .is_some_and(|ws| matches!(&ws.scratch, Scratch::Held(w) if w.usable))
+    }
+
+    /// Lets go of the scratch window at the communicator's end (`finalize`, `destroy`; every
+    /// rank takes part where [`Engine::scratch_held`]). Another process's copies out of this
+    /// rank's scratch stay queued on its stream until that process settles, so a rank frees
+    /// its scratch only once every rank has: each waits for its own last shares, unmaps the
+    /// others' scratch, then every rank waits for every other; where all settled, each frees
+    /// its scratch, and with no window left, the shared marks go too. Where a rank did not
+    /// settle or take part (the deadline, a rank gone), the scratch is no longer used but
+    /// stays allocated until the communicator drops (logged). Later calls take the schedule.
+    pub(crate) fn end_scratch(&mut self, ctx: &OpContext) -> Result<()> {
+        let marks = self.peer_marks();
+        let settled = match &marks {
+            Some(m) => m.reducer.settle_shared(self.wait.timeout),
+            None => Ok(()),
+        };
+        let ok = settled.is_ok();
+        if let Some(Scratch::Held(w)) = self.windows_mut().map(|ws| &mut ws.scratch) {
+            // No call uses it from here; the mappings go once nothing of this rank reads them.
+            w.usable = false;
+            if ok {
+                w._mappings.clear();
+            }
+        }
+        let mut words = [u64::from(!ok), u64::from(ok)];
+        let agreed = self.max_words(&mut words, ctx);
+        match (&agreed, words) {
+            (Ok(()), [0, 1]) => {
+                if let Some(ws) = self.windows_mut() {
+                    ws.scratch = Scratch::Off;
+                }
+                if let (Some(m), 0) = (marks, self.window_count()) {
+                    self.release_marks(&m, "with the scratch window", ctx);
+                }
+            }
+            _ => ferroccl_transport::log_line!(
+                "ferroccl WARN P2P: {}: not every rank settled its last calls through the \
+                 scratch windows ({}): this rank keeps its scratch allocated until the \
+                 communicator drops",
+                ctx.label(),
+                match (&settled, &agreed) {
+                    (Err(e), _) | (_, Err(e)) => e.to_string(),
+                    _ => "another rank's did not".to_string(),
+                }
+            ),
+        }
+        settled.and(agreed).map_err(|e| e.context(ctx.label()))
     }
 }
 

@@ -502,6 +502,7 @@ CUresult cuIpcGetMemHandle(CUipcHandle* out, CUdeviceptr p) {
     if (ok) {
         h = (struct ipc_handle){IPC_MAGIC, (uint64_t)getpid(), (uint64_t)a->fd, a->size, a->id,
                                 (uint64_t)a->device, 1, 0};
+        a->exported = 1;
     }
     pthread_mutex_unlock(&g.mu);
     if (!ok) return E_INVALID_VALUE;

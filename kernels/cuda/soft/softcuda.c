@@ -183,6 +183,9 @@ CUresult free_alloc(uint64_t p, int kind) {
     }
     *link = a->next;
     pthread_mutex_unlock(&g.mu);
+    /* Freed device memory may be anyone's next: another process still reading it through its
+       mapping reads garbage (all ones: NaN as a float), not the old contents. */
+    if (a->exported) memset((void*)(uintptr_t)a->base, 0xff, a->size);
     unmap_alloc(a);
     return OK;
 }

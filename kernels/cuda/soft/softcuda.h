@@ -103,6 +103,7 @@ struct alloc {
     int fd;
     uint64_t id;
     int opened; /* mapped from another process (IPC): reference count */
+    int exported; /* its IPC handle was taken: other processes may map it */
     pid_t from_pid;
     uint64_t from_id;
     /* A reservation or a piece: the reserved range (RANGE_START_ADDR, RANGE_SIZE); a piece:

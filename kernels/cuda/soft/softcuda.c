@@ -442,6 +442,15 @@ CUresult cuInit(unsigned flags) {
     return OK;
 }
 
+/* The driver's private tables, which NVRTC 12.9 asks for when it finds a libcuda.so.1 in the
+   process: the model has none (without this entry point NVRTC read a table at NULL). Not
+   counted: ferroccl never calls it. */
+CUresult cuGetExportTable(const void** table, const void* id) {
+    (void)id;
+    if (table) *table = NULL;
+    return E_NOT_SUPPORTED;
+}
+
 CUresult cuDriverGetVersion(int* v) {
     COUNT();
     if (!v) return E_INVALID_VALUE;

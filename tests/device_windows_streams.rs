@@ -217,6 +217,30 @@ fn rank_scratch_end(c: Communicator) {
 /// `n` processes of case `case` (`threads`: two ranks each), every rank's calls checked.
 fn run(n: usize, case: &str, eager: bool) {
     let ranks = if case == "threads" { 2 * n } else { n };
+    let (out, lines) = launch(n, ranks, case, eager, "STREAMS ");
+    // Through the scratch windows, the first call makes them and takes the schedule.
+    let first = u64::from(case.starts_with("scratch"));
+    for l in &lines {
+        let calls: u64 = field(l, "calls");
+        // Every call of every round went between the buffers, once each.
+        assert_eq!(
+            calls,
+            COUNTS.len() as u64 * (CALLS + 1) - first,
+            "{l}\n{}",
+            out.dump()
+        );
+    }
+}
+
+/// Runs `n` processes (`ranks` ranks) of case `case` under `ferrorun`; their lines tagged
+/// `tag`, one a rank.
+fn launch(
+    n: usize,
+    ranks: usize,
+    case: &str,
+    eager: bool,
+    tag: &str,
+) -> (child::Finished, Vec<String>) {
     let _serial = child::serial();
     let env = [
         (PROVIDER_ENV, "host".to_string()),
@@ -250,20 +274,9 @@ fn run(n: usize, case: &str, eager: bool) {
         Duration::from_secs(150),
     );
     assert!(out.success(), "{}", out.dump());
-    let lines = out.tagged("STREAMS ");
+    let lines = out.tagged(tag);
     assert_eq!(lines.len(), ranks, "{}", out.dump());
-    // Through the scratch windows, the first call makes them and takes the schedule.
-    let first = u64::from(case.starts_with("scratch"));
-    for l in &lines {
-        let calls: u64 = field(l, "calls");
-        // Every call of every round went between the buffers, once each.
-        assert_eq!(
-            calls,
-            COUNTS.len() as u64 * (CALLS + 1) - first,
-            "{l}\n{}",
-            out.dump()
-        );
-    }
+    (out, lines)
 }
 
 #[test]
@@ -311,28 +324,7 @@ fn calls_on_buffers_in_no_window_go_through_the_scratch_windows() {
 #[test]
 fn ranks_free_their_scratch_windows_only_after_every_rank_has_settled() {
     for (n, eager) in [(2, false), (3, false), (2, true)] {
-        let _serial = child::serial();
-        let env = [
-            (PROVIDER_ENV, "host".to_string()),
-            ("FERRO_P2P_PROVIDER", "host".to_string()),
-            ("FERRO_TRANSPORTS", "p2p".to_string()),
-            ("FERRO_STANDIN_DEVICES", "2".to_string()),
-            ("FERRO_STANDIN_EAGER", u8::from(eager).to_string()),
-            ("FERRO_TEST_CASE", "scratch-end".to_string()),
-            ("FERRO_TIMEOUT", "60".to_string()),
-            ("FERRO_DEVICE_SCRATCH_BYTES", "1M".to_string()),
-        ];
-        let out = ferrorun_self(
-            n,
-            None,
-            "child_window_streams",
-            "window-streams",
-            &env,
-            Duration::from_secs(120),
-        );
-        assert!(out.success(), "{}", out.dump());
-        let lines = out.tagged("ENDED ");
-        assert_eq!(lines.len(), n, "{}", out.dump());
+        let (out, lines) = launch(n, n, "scratch-end", eager, "ENDED ");
         // The last rank's second call went through the scratch windows.
         let last = lines
             .iter()

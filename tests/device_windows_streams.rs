@@ -113,6 +113,10 @@ fn child_window_streams() {
         rank_scratch_end(Communicator::from_env().expect("from_env"));
         return;
     }
+    if case == "scratch-finalized" {
+        rank_scratch_finalized(Communicator::from_env().expect("from_env"));
+        return;
+    }
     if case != "threads" {
         let c = Communicator::from_env().expect("from_env");
         rank_window_streams(c, case.ends_with("mixed"), !case.starts_with("scratch"));
@@ -158,6 +162,47 @@ fn rank_window_streams(c: Communicator, mixed: bool, windowed: bool) {
     println!("STREAMS rank={r} blocking={blocking} calls={calls}");
 }
 
+/// A rank's allreduce of 1,031 elements on a stream of its own, on stand-in device `r % 2`.
+struct OneSum {
+    stream: DeviceStream,
+    input: DeviceBuffer<f32>,
+    out: DeviceBuffer<f32>,
+}
+
+impl OneSum {
+    fn new(c: &Communicator) -> OneSum {
+        let r = c.rank();
+        let dev = Device::new(Provider::Host, r as u32 % 2).unwrap();
+        c.set_device(dev).unwrap();
+        let src: Vec<f32> = (0..1031).map(|i| value(r, i)).collect();
+        OneSum {
+            stream: DeviceStream::new(dev).unwrap(),
+            input: DeviceBuffer::from_host(dev, &src).unwrap(),
+            out: DeviceBuffer::<f32>::new(dev, src.len()).unwrap(),
+        }
+    }
+
+    /// Queues the allreduce on the stream.
+    fn call(&mut self, c: &Communicator) {
+        let sum = ferroccl::ReduceOp::Sum;
+        c.all_reduce_device_on(&self.input, &mut self.out, sum, &self.stream)
+            .unwrap();
+    }
+
+    /// The first wrong element of the result of `n` ranks, said.
+    fn wrong(&self, n: usize) -> Option<String> {
+        let got = self.out.to_vec().unwrap();
+        let want = |i: usize| (0..n).map(|k| value(k, i)).sum::<f32>();
+        let i = (0..got.len()).find(|&i| got[i] != want(i))?;
+        Some(format!(
+            "element {i} of {} is {}, want {}",
+            got.len(),
+            got[i],
+            want(i)
+        ))
+    }
+}
+
 /// The communicator's end with the scratch windows: each rank's allreduce on a stream, then
 /// every rank but the last ends its communicator at once (`finalize` on rank 0, `destroy` on
 /// the others), while the last rank's stream still holds its copy out of rank 0's scratch
@@ -166,20 +211,11 @@ fn rank_window_streams(c: Communicator, mixed: bool, windowed: bool) {
 /// before every other had settled would have left the last one reading freed memory.
 fn rank_scratch_end(c: Communicator) {
     let (r, n) = (c.rank(), c.nranks());
-    let dev = Device::new(Provider::Host, r as u32 % 2).unwrap();
-    c.set_device(dev).unwrap();
-    let stream = DeviceStream::new(dev).unwrap();
-    let count = 1031;
-    let sum = ferroccl::ReduceOp::Sum;
-    let src: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
-    let input = DeviceBuffer::from_host(dev, &src).unwrap();
-    let mut out = DeviceBuffer::<f32>::new(dev, count).unwrap();
+    let mut one = OneSum::new(&c);
     // The first call makes the scratch windows (and takes the schedule).
-    c.all_reduce_device_on(&input, &mut out, sum, &stream)
-        .unwrap();
+    one.call(&c);
     let before = c.device_peer_calls();
-    c.all_reduce_device_on(&input, &mut out, sum, &stream)
-        .unwrap();
+    one.call(&c);
     let last = r + 1 == n;
     let mut c = Some(c);
     let ended = match (last, r) {
@@ -190,14 +226,8 @@ fn rank_scratch_end(c: Communicator) {
         (false, 0) => c.as_ref().map(|c| c.finalize()),
         (false, _) => c.take().map(|c| c.destroy()),
     };
-    let got = out.to_vec().unwrap();
-    let want = |i: usize| (0..n).map(|k| value(k, i)).sum::<f32>();
-    if let Some(i) = (0..count).find(|&i| got[i] != want(i)) {
-        println!(
-            "WRONG rank={r} element {i} of {count} is {}, want {}",
-            got[i],
-            want(i)
-        );
+    if let Some(msg) = one.wrong(n) {
+        println!("WRONG rank={r} {msg}");
         return;
     }
     let result = match (ended, c) {
@@ -210,6 +240,29 @@ fn rank_scratch_end(c: Communicator) {
     };
     match result {
         Ok(calls) => println!("ENDED rank={r} calls={calls}"),
+        Err(e) => println!("WRONG rank={r} ending: {e}"),
+    }
+}
+
+/// Every rank finalizes after a call through the scratch windows, then makes another call:
+/// it takes the schedule (the scratch windows are gone) and every element is right.
+fn rank_scratch_finalized(c: Communicator) {
+    let (r, n) = (c.rank(), c.nranks());
+    let mut one = OneSum::new(&c);
+    let before = c.device_peer_calls();
+    for call in 0..3 {
+        if call == 2 {
+            c.finalize().unwrap();
+        }
+        one.call(&c);
+        if let Some(msg) = one.wrong(n) {
+            println!("WRONG rank={r} call {call}: {msg}");
+            return;
+        }
+    }
+    let calls = c.device_peer_calls() - before;
+    match c.destroy() {
+        Ok(()) => println!("FINALIZED rank={r} calls={calls}"),
         Err(e) => println!("WRONG rank={r} ending: {e}"),
     }
 }
@@ -331,5 +384,15 @@ fn ranks_free_their_scratch_windows_only_after_every_rank_has_settled() {
             .find(|l| field::<usize>(l, "rank") == n - 1)
             .unwrap_or_else(|| panic!("{}", out.dump()));
         assert_eq!(field::<u64>(last, "calls"), 1, "{}", out.dump());
+    }
+}
+
+/// A call after `finalize` takes the schedule (the scratch windows went with it) and is right:
+/// of the three calls, the first made the scratch windows and only the second went through.
+#[test]
+fn calls_after_finalize_take_the_schedule_without_the_scratch_windows() {
+    let (out, lines) = launch(2, 2, "scratch-finalized", false, "FINALIZED ");
+    for l in &lines {
+        assert_eq!(field::<u64>(l, "calls"), 1, "{l}\n{}", out.dump());
     }
 }

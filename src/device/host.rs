@@ -57,7 +57,7 @@ struct Alloc {
 
 /// What an exported allocation holds once freed ([`free`]): every f32 and f64 a NaN, every
 /// integer -1.
-pub(crate) const POISON: u8 = 0xff;
+const POISON: u8 = 0xff;
 
 /// Live allocations by start address.
 static REGISTRY: Mutex<BTreeMap<usize, Alloc>> = Mutex::new(BTreeMap::new());

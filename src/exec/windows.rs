@@ -482,9 +482,7 @@ impl Engine {
             )))
         }
     }
-}
 
-impl Engine {
     /// Lets go of the shared marks `m` (every rank settled and agreed): no stream of any rank
     /// waits for them any more.
     fn release_marks(&mut self, m: &SharedMarks, with: &str, ctx: &OpContext) {
@@ -513,10 +511,7 @@ impl Engine {
     /// stays allocated until the communicator drops (logged). Later calls take the schedule.
     pub(crate) fn end_scratch(&mut self, ctx: &OpContext) -> Result<()> {
         let marks = self.peer_marks();
-        let settled = match &marks {
-            Some(m) => m.reducer.settle_shared(self.wait.timeout),
-            None => Ok(()),
-        };
+        let settled = self.settle_peer_shares();
         let ok = settled.is_ok();
         if let Some(Scratch::Held(w)) = self.windows_mut().map(|ws| &mut ws.scratch) {
             // No call uses it from here; the mappings go once nothing of this rank reads them.

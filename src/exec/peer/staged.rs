@@ -451,12 +451,11 @@ impl Engine {
         &mut self,
         round: &Round<'_>,
         mut staged: Staged,
-        ready: Vec<Mark>,
+        mut ready: Vec<Mark>,
         ctx: &OpContext,
     ) -> Result<()> {
         let (n, me) = (self.nranks, self.rank);
         let (reducer, on) = (round.reducer, round.on);
-        let mut ready = ready;
         for p in 0..staged.pieces.len() {
             let plan = match staged.first.take() {
                 Some(first) => first,

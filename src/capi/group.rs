@@ -20,6 +20,7 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::capture;
 use super::comm::Shared;
 use super::ops::{
     coll_layout, p2p_spans, refuse_overlaps, rooted_layout, validate, Layout, Op, Reduction,
@@ -212,8 +213,11 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
         .collect();
     let mut plans = Vec::with_capacity(batches.len());
     for (i, (shared, ops)) in batches.iter().enumerate() {
-        let plan = if shared.blocking {
-            let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
+        let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
+        let plan = if let Some(rec) = capture::plan(shared, ops, checked)? {
+            // Blocking or not: a call recorded into a graph returns once recorded.
+            Plan::Capture(rec)
+        } else if shared.blocking {
             plan_job(shared, ops, checked, alone(&streams, i))?
         } else {
             Plan::Host
@@ -230,6 +234,10 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     for ((shared, ops), plan) in batches.into_iter().zip(plans) {
         // Whether the operations were checked when issued (then not again when run).
         let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, &shared));
+        if let Plan::Capture(rec) = plan {
+            capture::record(&shared, ops, rec)?;
+            continue;
+        }
         if shared.blocking {
             match plan {
                 Plan::Job(device, spans) => {
@@ -237,7 +245,9 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
                     stream_jobs.push((shared, job));
                 }
                 Plan::Pieces(p) => slices::queue_pieces(&shared, p)?,
-                Plan::Host | Plan::Block => blocking.push((shared, ops, checked)),
+                Plan::Host | Plan::Block | Plan::Capture(_) => {
+                    blocking.push((shared, ops, checked))
+                }
             }
             continue;
         }
@@ -377,7 +387,7 @@ fn alone(streams: &[Vec<usize>], i: usize) -> bool {
 }
 
 /// The stream of `op`, if it has one (`None`: host buffers, or a split).
-fn stream_of(op: &Op) -> Option<OnStream> {
+pub(super) fn stream_of(op: &Op) -> Option<OnStream> {
     match op {
         Op::Coll { on, .. } | Op::Rooted { on, .. } | Op::Send { on, .. } | Op::Recv { on, .. } => {
             *on
@@ -398,6 +408,8 @@ enum Plan {
     /// no other batch of the group uses, and a collective cut into slices or a message longer
     /// than a piece: stream jobs slice by slice and round by round (`slices::pieces`).
     Pieces(Pieces),
+    /// On a stream being captured into a CUDA graph: recorded (`capture`).
+    Capture(capture::Recorded),
 }
 
 /// If one batch with streams blocks, every one does (see [`run`]).
@@ -467,7 +479,7 @@ fn plan_job(shared: &Shared, ops: &[Op], checked: bool, alone: bool) -> Result<P
 }
 
 /// The device ranges of `ops` (every one made with a stream), per stream.
-fn stream_spans(
+pub(super) fn stream_spans(
     shared: &Shared,
     device: Device,
     ops: &[Op],
@@ -585,6 +597,13 @@ fn stage_ops(
         let st = unsafe { shared.streams.stage(device, stream, &spans) }?;
         staged.push((stream, st));
     }
+    let colls = point_at_arenas(ops, &staged);
+    Ok((staged, colls))
+}
+
+/// Rewrites `ops` to run on the host copies `staged` holds of their device ranges (`on:
+/// None`); returns the indexes of the collectives rewritten.
+pub(super) fn point_at_arenas(ops: &mut [Op], staged: &[(usize, Staged)]) -> Vec<usize> {
     let host = |stream: usize, p: *const u8| -> *const u8 {
         staged
             .iter()
@@ -628,14 +647,14 @@ fn stage_ops(
             Op::Split { .. } => {}
         }
     }
-    Ok((staged, colls))
+    colls
 }
 
 /// `ops` with each collective at an index of `colls` (device collectives staged for a stream
 /// job) cut into the slices the blocking form cuts a device collective into
 /// ([`Communicator::device_cut`]), so that a rank whose call blocks and one whose call is
 /// a stream job exchange the same messages.
-fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
+pub(super) fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
     let mut out = Vec::with_capacity(ops.len());
     for (i, op) in ops.into_iter().enumerate() {
         match op {
@@ -683,6 +702,23 @@ fn slice_colls(comm: &Communicator, ops: Vec<Op>, colls: &[usize]) -> Vec<Op> {
     out
 }
 
+/// The NCCL names of `ops`' calls, each once ("ncclAllReduce, ncclSend").
+pub(super) fn op_names(ops: &[Op]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for op in ops {
+        let name = match op {
+            Op::Coll { api, .. } | Op::Rooted { api, .. } => api,
+            Op::Send { .. } => "ncclSend",
+            Op::Recv { .. } => "ncclRecv",
+            Op::Split { .. } => continue,
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names.join(", ")
+}
+
 /// A batch of one communicator that will run as one stream job.
 struct StreamJob {
     device: Device,
@@ -708,19 +744,7 @@ fn stream_job(
     let gates = record_gates(device, &streams)?;
     // The calls by their NCCL names, for the job's error (its operations now look like host
     // calls, which name ferroccl's operation only).
-    let mut names: Vec<&str> = Vec::new();
-    for op in &ops {
-        let name = match op {
-            Op::Coll { api, .. } | Op::Rooted { api, .. } => api,
-            Op::Send { .. } => "ncclSend",
-            Op::Recv { .. } => "ncclRecv",
-            Op::Split { .. } => continue,
-        };
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    let names = names.join(", ");
+    let names = op_names(&ops);
     let s = Arc::clone(shared);
     let work: Work = Box::new(move || {
         let comm = s.wait_ready()?;

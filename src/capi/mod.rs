@@ -88,6 +88,7 @@ macro_rules! nccl_api {
 }
 
 pub mod api;
+mod capture;
 mod coll_config;
 mod colls;
 mod comm;

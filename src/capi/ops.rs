@@ -79,7 +79,7 @@ pub(crate) enum Rooted {
 }
 
 /// One operation issued on a communicator, waiting to run.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Op {
     /// A collective ferroccl runs as one schedule.
     Coll {

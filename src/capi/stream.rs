@@ -43,6 +43,7 @@ use std::sync::{LazyLock, Mutex};
 use ferroccl_kernels::DataType;
 
 use super::api::{check_out, lock};
+use super::capture;
 use super::comm::Shared;
 use super::error::guard;
 use super::ops::{p2p_check, read_scalar, refuse_overlaps, Layout, Op, Reduction, RootedLayout};
@@ -59,6 +60,9 @@ pub(crate) struct OnStream {
     pub device: Device,
     /// The caller's `cudaStream_t`, as a number (never dereferenced here).
     pub stream: usize,
+    /// The stream is being captured into a CUDA graph: the call is recorded, not run
+    /// (`super::capture`).
+    pub captured: bool,
 }
 
 /// A device-layer failure as the C ABI reports it: a missing driver (or device) is a system
@@ -132,12 +136,21 @@ pub(crate) fn stream_arg(
              host buffers"
         ))
     })?;
-    // Before anything touches the stream (the synchronize below would end a capture), for
-    // every call, whatever its count, and also while the communicator is still initializing.
+    // Before anything touches the stream (a synchronize below would invalidate a capture),
+    // for every call, whatever its count, and also while the communicator is still
+    // initializing.
     // SAFETY: `stream` is the caller's stream of the communicator's device, per the NCCL
     // contract, or a special handle.
-    unsafe { check_capture(api, shared, device, stream) }?;
+    let captured = unsafe { capture::status(api, shared, device, stream) }?;
     if page_locked_only(device, bufs) {
+        if captured {
+            return Err(capture::refuse(
+                api,
+                shared,
+                stream as usize,
+                "its buffers are page-locked host memory, which runs as a call on host buffers",
+            ));
+        }
         // Page-locked host memory (`cudaMallocHost`), which NCCL reaches through unified
         // addressing: the call runs as one on host buffers once the work queued on the stream
         // before it is done, and is done when it returns, so later work on the stream sees its
@@ -147,10 +160,11 @@ pub(crate) fn stream_arg(
         unsafe { device.sync_stream(stream.cast()) }.map_err(|e| system(api, e))?;
         return Ok(None);
     }
-    if provider == Provider::Cuda && stream as usize == CUDA_STREAM_PER_THREAD {
+    if provider == Provider::Cuda && stream as usize == CUDA_STREAM_PER_THREAD && !captured {
         // `cudaStreamPerThread` names the calling thread's stream: the call may run on another
         // thread (a group's, a non-blocking communicator's), where it names another stream, so
-        // the work queued before the call is waited for here.
+        // the work queued before the call is waited for here. (A call being recorded is
+        // recorded on this thread.)
         // SAFETY: the special handle is valid on any thread with a context; the device's is
         // made current.
         unsafe { device.sync_stream(stream.cast()) }.map_err(|e| system(api, e))?;
@@ -158,6 +172,7 @@ pub(crate) fn stream_arg(
     Ok(Some(OnStream {
         device,
         stream: stream as usize,
+        captured,
     }))
 }
 
@@ -166,25 +181,6 @@ pub(crate) fn stream_arg(
 fn page_locked_only(device: Device, bufs: &[*const c_void]) -> bool {
     let mut used = bufs.iter().filter(|p| !p.is_null()).peekable();
     used.peek().is_some() && used.all(|&p| device.is_page_locked(p as u64))
-}
-
-/// Refuses a `stream` of `device` that is being captured into a CUDA graph
-/// ([`Device::check_not_capturing`]), naming `api` and the rank of `shared`.
-///
-/// # Safety
-/// As [`Device::sync_stream`].
-unsafe fn check_capture(
-    api: &str,
-    shared: &Shared,
-    device: Device,
-    stream: cudaStream_t,
-) -> Result<()> {
-    let call = || match shared.try_ready() {
-        Some(Ok(c)) => format!("{api} on rank {}", c.rank()),
-        _ => format!("{api} (communicator not ready)"),
-    };
-    // SAFETY: per the caller.
-    unsafe { device.check_not_capturing(call, stream.cast()) }
 }
 
 /// `cudaStreamPerThread` (`CU_STREAM_PER_THREAD`).
@@ -280,7 +276,17 @@ pub(crate) unsafe fn read_scalar_host_call(p: *const u8, dtype: DataType) -> Res
         });
     match device {
         // SAFETY: per the caller; device memory of `device` (located above).
-        Some(device) => unsafe { read_scalar_on(p, dtype, OnStream { device, stream: 0 }) },
+        Some(device) => unsafe {
+            read_scalar_on(
+                p,
+                dtype,
+                OnStream {
+                    device,
+                    stream: 0,
+                    captured: false,
+                },
+            )
+        },
         // SAFETY: host memory, readable per the caller.
         None => Ok(unsafe { read_scalar(p, dtype) }),
     }
@@ -526,7 +532,7 @@ nccl_api! {
 }
 
 /// The device of the thread's provider for a test hook's stream.
-fn hook_device(api: &str) -> Result<Device> {
+pub(super) fn hook_device(api: &str) -> Result<Device> {
     let provider = Provider::from_env().map_err(|e| system(api, e))?;
     Device::new(provider, provider.current_device()).map_err(|e| system(api, e))
 }
@@ -642,6 +648,7 @@ mod tests {
         let on = OnStream {
             device: dev,
             stream: 1,
+            captured: false,
         };
         let e = check_span("ncclAllReduce", 0, "sendbuff", a, 64, on).unwrap_err();
         assert!(
@@ -662,6 +669,7 @@ mod tests {
         let on = OnStream {
             device: Device::new(Provider::Host, 0).unwrap(),
             stream: 1,
+            captured: false,
         };
         let v = [0u8; 64];
         let e = check_span("ncclAllReduce", 1, "sendbuff", v.as_ptr(), 64, on).unwrap_err();
@@ -684,16 +692,22 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_being_captured_into_a_graph_is_invalid_usage() {
+    fn a_capture_is_seen_and_an_invalidated_one_is_invalid_usage() {
         let device = Device::new(Provider::Host, 0).unwrap();
         // A handle no other test uses: stand-in streams are process-wide.
-        let stream: cudaStream_t = std::ptr::without_provenance_mut(0x6a7a);
+        let h = 0x6a7a;
+        let stream: cudaStream_t = std::ptr::without_provenance_mut(h);
         let comm = Communicator::local_group(1, crate::Config::default())
             .unwrap()
             .remove(0);
         let ready = Shared::ready(comm, true, 0);
         let initializing = Shared::new(true, 0);
-        crate::device::host_stream::set_capturing(0x6a7a, true);
+        // SAFETY (every `capture::status` below): a stand-in stream needs no live handle.
+        assert!(!unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
+        crate::device::host_stream::begin_capture(h).unwrap();
+        assert!(unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
+        // A synchronize invalidates it, as the driver's does.
+        crate::device::host_stream::synchronize(h).unwrap_err();
         for (shared, who) in [
             (&ready, "ncclAllReduce on rank 0: stream 0x6a7a"),
             (
@@ -701,15 +715,14 @@ mod tests {
                 "ncclAllReduce (communicator not ready): stream 0x6a7a",
             ),
         ] {
-            // SAFETY: a stand-in stream needs no live handle.
-            let e = unsafe { check_capture("ncclAllReduce", shared, device, stream) }.unwrap_err();
+            let e =
+                unsafe { capture::status("ncclAllReduce", shared, device, stream) }.unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
             let m = e.to_string();
             assert!(m.contains(who), "{m}");
-            assert!(m.contains("captured into a CUDA graph"), "{m}");
+            assert!(m.contains("was invalidated"), "{m}");
         }
-        crate::device::host_stream::set_capturing(0x6a7a, false);
-        // SAFETY: as above.
-        unsafe { check_capture("ncclAllReduce", &ready, device, stream) }.unwrap();
+        crate::device::host_stream::end_capture(h).unwrap_err();
+        assert!(!unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
     }
 }

@@ -270,6 +270,29 @@ impl Communicator {
         false
     }
 
+    /// Why calls of this communicator on `dev` cannot be recorded into a CUDA graph, if they
+    /// cannot. A recorded call runs its collective in a host function of the graph, which
+    /// must make no CUDA call: not where a connection carries device memory itself (the p2p
+    /// transport's cuda provider moves even host bytes with the driver). Nor where several
+    /// communicators of this process use one CUDA device (ranks as threads): the driver may
+    /// run host functions one at a time, so one rank's would wait for another's.
+    #[cfg(feature = "capi")]
+    pub(crate) fn capture_refusal(&self, dev: Device) -> Option<&'static str> {
+        if job_calls_driver(dev.provider(), self.inner.device_transport) {
+            return Some(
+                "its connections move bytes with CUDA driver calls (the p2p transport), which \
+                 the host function a recorded call runs at each launch must not make",
+            );
+        }
+        if dev.provider() == Provider::Cuda && Binding::count(dev) > 1 {
+            return Some(
+                "several communicators of this process use the GPU, and the driver may run the \
+                 host functions of graphs one at a time, so one rank's would wait for another's",
+            );
+        }
+        None
+    }
+
     /// How a device collective of `count` elements of `es` bytes is cut ([`cut`]).
     #[cfg(feature = "capi")]
     pub(crate) fn device_cut(&self, kind: CollKind, count: usize, es: usize) -> Cut {

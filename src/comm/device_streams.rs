@@ -485,7 +485,7 @@ mod tests {
         let s = DeviceStream::new(dev).unwrap();
         let send = DeviceBuffer::from_host(dev, &[1.0f32, 2.0, 3.0]).unwrap();
         let mut recv = DeviceBuffer::<f32>::new(dev, 3).unwrap();
-        host_stream::set_capturing(s.handle(), true);
+        host_stream::begin_capture(s.handle()).unwrap();
         let e = c
             .all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
             .unwrap_err();
@@ -499,7 +499,7 @@ mod tests {
         assert!(e.message().contains("send/recv group on rank 0"), "{e}");
         assert_eq!(host_stream::pending(s.handle()), 0, "nothing was queued");
         // Once the capture ends, the same calls run.
-        host_stream::set_capturing(s.handle(), false);
+        host_stream::end_capture(s.handle()).unwrap();
         c.all_reduce_device_on(&send, &mut recv, ReduceOp::Sum, &s)
             .unwrap();
         s.synchronize().unwrap();

@@ -239,14 +239,39 @@ pub(crate) unsafe fn sync_foreign_stream(
     unsafe { d.sync_stream(stream) }.map_err(|e| convert(&e))
 }
 
-/// Whether the caller's `stream` of device `ordinal` is being captured into a CUDA graph.
+/// The capture status of the caller's `stream` of device `ordinal` (`cuStreamIsCapturing`:
+/// 0 none, 1 active, 2 invalidated).
 ///
 /// # Safety
 /// As [`sync_foreign_stream`], `stream` not NULL.
-pub(crate) unsafe fn stream_capturing(ordinal: u32, stream: *mut std::ffi::c_void) -> Result<bool> {
+pub(crate) unsafe fn capture_status(ordinal: u32, stream: *mut std::ffi::c_void) -> Result<u32> {
     let d = bound(ordinal)?;
     // SAFETY: per the caller; the primary context is current.
-    unsafe { d.stream_capturing(stream) }.map_err(|e| convert(&e))
+    unsafe { d.stream_capture_status(stream) }.map_err(|e| convert(&e))
+}
+
+/// Runs `f` with this thread's capture interaction mode relaxed (see
+/// `Driver::capture_relaxed`), in device `ordinal`'s primary context.
+pub(crate) fn capture_relaxed<T>(ordinal: u32, f: impl FnOnce() -> T) -> Result<T> {
+    let d = bound(ordinal)?;
+    d.capture_relaxed(f).map_err(|e| convert(&e))
+}
+
+/// Queues `f(data)` on the caller's `stream` of device `ordinal` (`cuLaunchHostFunc`; inside
+/// a capture, a host node of the graph, run at each launch).
+///
+/// # Safety
+/// As [`sync_foreign_stream`], `stream` not NULL; `f` makes no CUDA call, and `data` stays
+/// valid for every run of it (each launch of a graph that holds it).
+pub(crate) unsafe fn queue_host_fn(
+    ordinal: u32,
+    stream: *mut std::ffi::c_void,
+    f: ferroccl_cuda::driver::HostFn,
+    data: *mut std::ffi::c_void,
+) -> Result<()> {
+    let d = bound(ordinal)?;
+    // SAFETY: per the caller; the primary context is current.
+    unsafe { d.launch_host_func(stream, f, data) }.map_err(|e| convert(&e))
 }
 
 /// The PCI bus id of device `ordinal`.

@@ -96,8 +96,77 @@ struct Fifo {
     /// The error of a job that failed: every later wait for the stream returns it (sticky,
     /// as a CUDA context's error after a failed kernel).
     failed: Option<Error>,
-    /// Being captured into a graph (the tests' model of `cudaStreamBeginCapture`).
-    capturing: bool,
+    /// Being captured into a graph (the model of `cuStreamBeginCapture`): what is queued goes
+    /// there instead of into `entries`.
+    capture: Option<Recording>,
+}
+
+/// What a capture on a stand-in stream has recorded so far.
+#[derive(Default)]
+struct Recording {
+    steps: Vec<Step>,
+    /// Something the model does not record was queued (a flag wait, a wait for another
+    /// stream, a job that runs once): the capture ends with an error, as the driver's ends
+    /// invalidated.
+    invalid: Option<&'static str>,
+}
+
+impl std::fmt::Debug for Recording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Recording({} steps, invalid {:?})",
+            self.steps.len(),
+            self.invalid
+        )
+    }
+}
+
+/// Work a graph runs at each launch (a host function of a stand-in graph).
+pub(crate) type Call = Arc<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// One step of a stand-in graph.
+#[derive(Clone)]
+enum Step {
+    Copy { dst: usize, src: usize, len: usize },
+    Call(Call),
+}
+
+/// A stand-in graph: the copies and host calls a capture recorded, in order; each launch
+/// queues them on a stream again.
+#[derive(Clone, Default)]
+pub(crate) struct Graph {
+    steps: Vec<Step>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Graph({} steps)", self.steps.len())
+    }
+}
+
+impl Fifo {
+    /// Queues `e`, or records it where a capture is open (what a graph cannot replay
+    /// invalidates the capture).
+    fn push(&mut self, e: Entry) {
+        let Some(rec) = self.capture.as_mut() else {
+            self.entries.push_back(e);
+            return;
+        };
+        match e {
+            Entry::Copy { dst, src, len } => rec.steps.push(Step::Copy { dst, src, len }),
+            Entry::WaitFlag { .. } => {
+                rec.invalid.get_or_insert("a wait on a completion flag");
+            }
+            Entry::Run(_) => {
+                rec.invalid.get_or_insert("a job that runs once (a kernel)");
+            }
+            Entry::After { .. } => {
+                rec.invalid
+                    .get_or_insert("a wait for another stream (an event)");
+            }
+        }
+    }
 }
 
 impl Fifo {
@@ -203,7 +272,7 @@ fn kick(s: &Mutex<Fifo>) {
 /// Queues a wait until `flag` reaches `value` on stand-in stream `handle`.
 pub(crate) fn wait_flag(handle: usize, flag: Arc<dyn Flag>, value: u32) {
     let s = stream(handle);
-    lock(&s).entries.push_back(Entry::WaitFlag { flag, value });
+    lock(&s).push(Entry::WaitFlag { flag, value });
     kick(&s);
 }
 
@@ -217,7 +286,7 @@ pub(crate) unsafe fn copy(handle: usize, dst: *mut u8, src: *const u8, len: usiz
         return;
     }
     let s = stream(handle);
-    lock(&s).entries.push_back(Entry::Copy {
+    lock(&s).push(Entry::Copy {
         dst: dst as usize,
         src: src as usize,
         len,
@@ -238,8 +307,8 @@ pub(crate) fn launch_at(handle: usize, job: Job) -> u64 {
     let s = stream(handle);
     let at = {
         let mut f = lock(&s);
-        f.entries.push_back(Entry::Run(job));
-        f.run() + f.entries.len() as u64 - 1
+        f.push(Entry::Run(job));
+        (f.run() + f.entries.len() as u64).saturating_sub(1)
     };
     kick(&s);
     at
@@ -258,7 +327,7 @@ pub(crate) fn wait_for(handle: usize, other: usize, upto: u64) {
         run
     };
     let s = stream(handle);
-    lock(&s).entries.push_back(Entry::After {
+    lock(&s).push(Entry::After {
         handle: other,
         progress,
         upto,
@@ -396,6 +465,14 @@ fn advance_chain(handle: usize, upto: u64, depth: usize) -> bool {
 
 /// Runs every entry queued on stand-in stream `handle` so far (a stream synchronize).
 pub(crate) fn synchronize(handle: usize) -> Result<()> {
+    if let Some(rec) = lock(&stream(handle)).capture.as_mut() {
+        // As the driver: a synchronize of a stream being captured fails and invalidates it.
+        rec.invalid.get_or_insert("a synchronize of the stream");
+        return Err(Error::invalid_usage(format!(
+            "host stand-in stream 0x{handle:x} is being captured into a graph: it cannot be \
+             synchronized"
+        )));
+    }
     run_to(handle, record(handle))
 }
 
@@ -412,16 +489,85 @@ pub(crate) fn gone(handle: usize) -> bool {
     lock(&GONE).contains(&handle)
 }
 
-/// Whether stand-in stream `handle` is being captured into a graph.
-pub(crate) fn capturing(handle: usize) -> bool {
+/// The capture status of stand-in stream `handle`, as `cuStreamIsCapturing` gives it: 0 none,
+/// 1 active, 2 invalidated.
+pub(crate) fn capture_status(handle: usize) -> u32 {
     let fifo = lock(&STREAMS).get(&handle).map(Arc::clone);
-    fifo.is_some_and(|f| lock(&f).capturing)
+    fifo.map_or(0, |f| match &lock(&f).capture {
+        None => 0,
+        Some(r) if r.invalid.is_some() => 2,
+        Some(_) => 1,
+    })
 }
 
-/// Starts or ends the model of a graph capture on stand-in stream `handle`.
-#[cfg(test)]
-pub(crate) fn set_capturing(handle: usize, on: bool) {
-    lock(&stream(handle)).capturing = on;
+/// Queues `call` on stand-in stream `handle` (a host function: inside a capture, a step of
+/// the graph, run at each launch).
+pub(crate) fn call(handle: usize, call: Call) {
+    let s = stream(handle);
+    {
+        let mut f = lock(&s);
+        if let Some(rec) = f.capture.as_mut() {
+            rec.steps.push(Step::Call(call));
+            return;
+        }
+        f.entries.push_back(Entry::Run(Box::new(move || call())));
+    }
+    kick(&s);
+}
+
+/// Begins a capture on stand-in stream `handle` (`cuStreamBeginCapture`).
+pub(crate) fn begin_capture(handle: usize) -> Result<()> {
+    let s = stream(handle);
+    let mut f = lock(&s);
+    if f.capture.is_some() {
+        return Err(Error::invalid_usage(format!(
+            "host stand-in stream 0x{handle:x} is already being captured"
+        )));
+    }
+    f.capture = Some(Recording::default());
+    Ok(())
+}
+
+/// Ends the capture on stand-in stream `handle` (`cuStreamEndCapture`): its graph, or why it
+/// was invalidated.
+pub(crate) fn end_capture(handle: usize) -> Result<Graph> {
+    let s = stream(handle);
+    let rec = lock(&s).capture.take().ok_or_else(|| {
+        Error::invalid_usage(format!(
+            "host stand-in stream 0x{handle:x} is not being captured"
+        ))
+    })?;
+    match rec.invalid {
+        Some(what) => Err(Error::invalid_usage(format!(
+            "host stand-in stream 0x{handle:x}: the capture was invalidated by {what} queued \
+             while it was open"
+        ))),
+        None => Ok(Graph { steps: rec.steps }),
+    }
+}
+
+/// Queues the steps of `graph` on stand-in stream `handle` (`cuGraphLaunch`).
+pub(crate) fn launch_graph(handle: usize, graph: &Graph) -> Result<()> {
+    let s = stream(handle);
+    {
+        let mut f = lock(&s);
+        if f.capture.is_some() {
+            return Err(Error::invalid_usage(format!(
+                "host stand-in stream 0x{handle:x}: a graph launched on a stream being captured"
+            )));
+        }
+        for step in &graph.steps {
+            f.entries.push_back(match step {
+                &Step::Copy { dst, src, len } => Entry::Copy { dst, src, len },
+                Step::Call(c) => {
+                    let c = Arc::clone(c);
+                    Entry::Run(Box::new(move || c()))
+                }
+            });
+        }
+    }
+    kick(&s);
+    Ok(())
 }
 
 /// Entries of stand-in stream `handle` not yet run.

@@ -39,6 +39,8 @@ pub(crate) mod direct;
 // Stream gates and completion flags serve the C ABI's stream-ordered calls.
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod gate;
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) mod graph;
 mod host;
 #[cfg_attr(not(feature = "capi"), allow(dead_code))]
 pub(crate) mod host_stream;

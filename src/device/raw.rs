@@ -165,10 +165,11 @@ impl Device {
     }
 
     /// Refuses the caller's `stream` of this device while it is being captured into a CUDA
-    /// graph: a collective runs on a host thread, ordered on the stream by an event and a flag
-    /// wait, and a graph replay would repeat the flag wait without the collective (NCCL's graph
-    /// support is not built). `call` names the call in the error ("ncclAllReduce on rank 3"),
-    /// built only when there is one. A NULL stream is never asked (the legacy stream is not
+    /// graph, for the Rust API's calls on a stream: they run on a host thread, ordered on the
+    /// stream by an event and a flag wait, and a graph replay would repeat the flag wait
+    /// without the collective. (The C ABI records its calls into graphs instead:
+    /// `capi::capture`.) `call` names the call in the error ("all_reduce on rank 3"), built
+    /// only when there is one. A NULL stream is never asked (the legacy stream is not
     /// captured; a capture elsewhere in the context makes its synchronize fail with the
     /// driver's message instead).
     ///
@@ -179,21 +180,17 @@ impl Device {
         call: impl FnOnce() -> String,
         stream: *mut c_void,
     ) -> Result<()> {
-        let capturing = match self.provider {
-            _ if stream.is_null() => false,
-            // SAFETY: per the caller.
-            Provider::Cuda => unsafe { cuda::stream_capturing(self.ordinal, stream) }?,
-            Provider::Host => host_stream::capturing(stream as usize),
-        };
-        if !capturing {
+        // SAFETY: per the caller.
+        if unsafe { self.capture(stream) }? == super::graph::Capture::None {
             return Ok(());
         }
         Err(Error::new(
             ErrorKind::InvalidUsage,
             format!(
-                "{}: stream {stream:p} is being captured into a CUDA graph; ferroccl does \
-                 not support graph capture (its collectives run on a host thread, which a graph \
-                 replay would not run): call it outside the capture",
+                "{}: stream {stream:p} is being captured into a CUDA graph; the Rust API's \
+                 calls on a stream cannot be captured (they run on a host thread, which a \
+                 graph replay would not run): call it outside the capture, or through the C \
+                 ABI (ncclAllReduce and the others record into graphs)",
                 call()
             ),
         ))

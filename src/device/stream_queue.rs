@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Sender;
 
 use crate::device::gate::{Flag, Gate};
+use crate::device::graph::HostCall;
 use crate::device::stream_stage::{Arenas, Span, Staged};
 use crate::device::Device;
 use crate::{Error, ErrorKind, Result};
@@ -82,6 +83,9 @@ pub(crate) struct StreamQueue {
     progress: Arc<Progress>,
     /// Pinned arenas of the jobs staged on the caller's streams (`stream_stage`).
     arenas: Mutex<Arenas>,
+    /// The host work of calls recorded into CUDA graphs, kept with their arenas until the
+    /// queue drops (`device::graph`).
+    captured: Mutex<Vec<Arc<HostCall>>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -299,6 +303,27 @@ impl StreamQueue {
         unsafe { lock(&self.arenas).stage(device, stream, spans) }
     }
 
+    /// Stages `spans` of a call being recorded into a graph on the caller's `stream` in an
+    /// arena of its own (`Arenas::stage_captured`); the copies in are recorded now.
+    ///
+    /// # Safety
+    /// As for `Arenas::stage`.
+    pub(crate) unsafe fn stage_captured(
+        &self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+    ) -> Result<Staged> {
+        // SAFETY: per the caller.
+        unsafe { lock(&self.arenas).stage_captured(device, stream, spans) }
+    }
+
+    /// Keeps `call`, queued on a stream being captured, until the queue drops: each launch of
+    /// the graph runs it.
+    pub(crate) fn keep_captured(&self, call: Arc<HostCall>) {
+        lock(&self.captured).push(call);
+    }
+
     /// Bytes of pinned memory in this queue's arenas.
     #[cfg(test)]
     pub(crate) fn arena_bytes(&self) -> usize {
@@ -361,6 +386,12 @@ impl StreamQueue {
     /// The first error of a job, if one failed.
     pub(crate) fn failed(&self) -> Option<Error> {
         lock(&self.progress.failed).clone()
+    }
+
+    /// Records `e` as the queue's first error, if it has none (a call recorded into a graph
+    /// failed at a launch): later calls fail with it.
+    pub(crate) fn record_failure(&self, e: Error) {
+        lock(&self.progress.failed).get_or_insert(e);
     }
 
     /// Drains the queue and ends the thread; the flag is freed once no stream waits on it.

@@ -127,6 +127,16 @@ impl Staged {
         }
         Ok(())
     }
+
+    /// The arena's copies of the written ranges: host address and length of each.
+    #[cfg(feature = "capi")]
+    pub(crate) fn written_copies(&self) -> Vec<(usize, usize)> {
+        self.spans
+            .iter()
+            .filter(|&&(.., written)| written)
+            .map(|&(_, len, host, ..)| (host, len))
+            .collect()
+    }
 }
 
 /// Places for the slices of one call in flight in a stream's arena ([`Arenas::window`]).
@@ -215,6 +225,34 @@ pub(crate) struct Arenas {
     by_stream: Vec<(usize, Pinned)>,
     /// Arenas replaced by larger ones (see the module docs).
     retired: Vec<Pinned>,
+    /// Arenas of calls recorded into graphs ([`Arenas::stage_captured`]).
+    captured: Vec<Pinned>,
+}
+
+/// Places `merged` ranges one after another from `base` and queues on `stream` the copies of
+/// the ranges read.
+///
+/// # Safety
+/// As for [`Arenas::stage`]; `base` holds [`placed_bytes`] of `merged` and lives until the
+/// stream has run the job's copies back.
+unsafe fn place(device: Device, stream: usize, base: *mut u8, merged: Vec<Span>) -> Result<Staged> {
+    let mut out = Staged {
+        device,
+        stream,
+        spans: Vec::with_capacity(merged.len()),
+    };
+    let handle = std::ptr::without_provenance_mut(stream);
+    let mut at = 0;
+    for s in merged {
+        let host = base as usize + at;
+        if s.read {
+            // SAFETY: per the caller for the device range; the host range lies in the arena.
+            unsafe { device.copy_on_stream(handle, host as *mut u8, s.addr as *const u8, s.len) }?;
+        }
+        out.spans.push((s.addr, s.len, host, s.read, s.written));
+        at += s.len.next_multiple_of(ALIGN);
+    }
+    Ok(out)
 }
 
 impl Arenas {
@@ -233,28 +271,33 @@ impl Arenas {
         spans: &[Span],
     ) -> Result<Staged> {
         let merged = merge(spans);
-        let need = placed_bytes(&merged);
-        let base = self.arena(device, stream, need)?;
-        let mut out = Staged {
-            device,
-            stream,
-            spans: Vec::with_capacity(merged.len()),
-        };
-        let handle = std::ptr::without_provenance_mut(stream);
-        let mut at = 0;
-        for s in merged {
-            let host = base as usize + at;
-            if s.read {
-                // SAFETY: per the caller for the device range; the host range lies in the
-                // arena (sized above), which lives until the queue drops.
-                unsafe {
-                    device.copy_on_stream(handle, host as *mut u8, s.addr as *const u8, s.len)
-                }?;
-            }
-            out.spans.push((s.addr, s.len, host, s.read, s.written));
-            at += s.len.next_multiple_of(ALIGN);
-        }
-        Ok(out)
+        let base = self.arena(device, stream, placed_bytes(&merged))?;
+        // SAFETY: per the caller; the arena holds the merged ranges (sized above) and lives
+        // until the queue drops.
+        unsafe { place(device, stream, base, merged) }
+    }
+
+    /// As [`Arenas::stage`], in an arena of its own that nothing else uses and that lives
+    /// until the queue drops: a call recorded into a CUDA graph, whose copies and host call
+    /// run at each launch of the graph, whenever that is (`device::graph`). The allocation
+    /// leaves an open capture intact (`Device::capture_relaxed`).
+    ///
+    /// # Safety
+    /// As for [`Arenas::stage`].
+    pub(crate) unsafe fn stage_captured(
+        &mut self,
+        device: Device,
+        stream: usize,
+        spans: &[Span],
+    ) -> Result<Staged> {
+        let merged = merge(spans);
+        let need = placed_bytes(&merged).max(ALIGN);
+        let p = device.capture_relaxed(|| Pinned::new(device, need))??;
+        let base = p.raw().0;
+        self.captured.push(p);
+        // SAFETY: per the caller; the arena holds the merged ranges and lives until the queue
+        // drops.
+        unsafe { place(device, stream, base, merged) }
     }
 
     /// Room for `places` places of `place` bytes each in the arena of `stream` (grown if
@@ -282,7 +325,8 @@ impl Arenas {
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         let live = self.by_stream.iter().map(|(_, p)| p.raw().1);
-        live.chain(self.retired.iter().map(|p| p.raw().1)).sum()
+        let kept = self.retired.iter().chain(&self.captured);
+        live.chain(kept.map(|p| p.raw().1)).sum()
     }
 
     /// The arena of `stream`, at least `need` bytes.

@@ -128,6 +128,8 @@ driver_api! {
     event_query = "cuEventQuery": fn(Handle);
     // A caller's stream being captured into a CUDA graph (checked before anything is queued).
     stream_is_capturing = "cuStreamIsCapturing": fn(Handle, *mut c_int);
+    // Calls recorded into a graph: the pinned memory they allocate while a capture is open.
+    thread_exchange_capture_mode = "cuThreadExchangeStreamCaptureMode": fn(*mut c_int);
     // The C ABI (libnccl.so.2): the device a communicator binds to at init.
     ctx_get_device = "cuCtxGetDevice": fn(*mut Device);
     // Stream-ordered calls: what the call holds is let go once its stream has run it.

@@ -80,6 +80,7 @@ fn one_blocking_batch_with_streams_makes_every_stream_batch_block() {
                 Plan::Block => "block",
                 Plan::Job(..) => "job",
                 Plan::Pieces(..) => "pieces",
+                Plan::Capture(..) => "capture",
             })
             .collect()
     };

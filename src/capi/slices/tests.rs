@@ -18,7 +18,11 @@ fn three_ranks() -> (Vec<Communicator>, Device) {
 
 /// Stream `stream` of `device`.
 fn on(device: Device, stream: usize) -> Option<OnStream> {
-    Some(OnStream { device, stream })
+    Some(OnStream {
+        device,
+        stream,
+        captured: false,
+    })
 }
 
 /// The collectives of `p`, in order.
@@ -282,6 +286,7 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
     let on = Some(OnStream {
         device: dev,
         stream: 0x77,
+        captured: false,
     });
     let (send, recv) = (0x1000 as *const u8, 0x9000 as *mut u8);
     let coll = |kind, send, count, red| Op::Coll {
@@ -363,6 +368,7 @@ fn calls_alone_in_their_group_are_cut_and_the_rest_is_not() {
         *on = Some(OnStream {
             device: dev,
             stream: 0x78,
+            captured: false,
         });
     }
     let two_streams = [coll(CollKind::AllReduce, send, 10, sum), other_stream];

@@ -198,18 +198,38 @@ impl Driver {
         Ok(e)
     }
 
-    /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`: active, or
-    /// invalidated and not yet ended).
+    /// Whether `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`): 0 not,
+    /// 1 an active capture, 2 a capture invalidated and not yet ended.
     ///
     /// # Safety
     /// `stream` is a live stream of the current context, or a special handle.
-    pub unsafe fn stream_capturing(&self, stream: Handle) -> Result<bool> {
+    pub unsafe fn stream_capture_status(&self, stream: Handle) -> Result<u32> {
         let mut status: c_int = 0;
         // SAFETY: per the caller; `status` is a valid out-pointer of the enum's size.
         self.check("cuStreamIsCapturing", unsafe {
             (self.stream_is_capturing)(stream, &mut status)
         })?;
-        Ok(status != 0)
+        Ok(u32::try_from(status).unwrap_or(2))
+    }
+
+    /// Runs `f` with this thread's capture interaction mode relaxed
+    /// (`cuThreadExchangeStreamCaptureMode`, `CU_STREAM_CAPTURE_MODE_RELAXED`), then restores
+    /// the mode: an allocation made while a capture is open in the global or thread-local
+    /// mode would otherwise invalidate it. The driver still refuses calls that conflict with
+    /// the capture itself (a synchronize of the capturing stream).
+    pub fn capture_relaxed<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        const RELAXED: c_int = 2;
+        let mut mode = RELAXED;
+        // SAFETY: `mode` is a valid in/out pointer of the enum's size.
+        self.check("cuThreadExchangeStreamCaptureMode", unsafe {
+            (self.thread_exchange_capture_mode)(&mut mode)
+        })?;
+        let out = f();
+        // SAFETY: as above; puts back the mode the thread had.
+        self.check("cuThreadExchangeStreamCaptureMode", unsafe {
+            (self.thread_exchange_capture_mode)(&mut mode)
+        })?;
+        Ok(out)
     }
 
     /// Whether the work before `e`'s last record is done (`cuEventQuery`, which never blocks).

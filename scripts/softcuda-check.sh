@@ -5,7 +5,8 @@
 # buffers and of events, windows, and the C ABI on streams, on a machine without a GPU. The
 # parts mirror scripts/gpu-check.sh (2 .. 8, small sizes; the kernels' element logic is checked
 # on the host by the CPU suite; not 9, PyTorch on CUDA). This is a model: nothing here says how a GPU behaves or how fast it
-# is, and what passes here still has to pass there.
+# is, and what passes here still has to pass there. Part 0 checks the model itself (its stream
+# capture and graphs).
 #
 #   scripts/softcuda-check.sh            build what is missing, run every part
 #   SOFTCUDA_PARTS="2 8a 8l" scripts/softcuda-check.sh
@@ -20,7 +21,7 @@ mkdir -p "$target/softcuda"
 soft=$(cd "$target/softcuda" && pwd)
 gcc -std=gnu11 -O2 -fPIC -shared -pthread -Wall -Wextra -Werror -ffp-contract=off \
     -fno-strict-aliasing -Ikernels/cuda -o "$soft/libcuda.so.1" kernels/cuda/soft/softcuda.c \
-    kernels/cuda/soft/memory.c kernels/cuda/soft/vmm.c ||
+    kernels/cuda/soft/memory.c kernels/cuda/soft/vmm.c kernels/cuda/soft/graph.c ||
     { echo "softcuda: FAIL (the model did not build)"; exit 1; }
 cargo build -q -p ferroccl --bin ferroccl-device-check --bin ferrorun || exit 1
 cargo build -q -p ferroccl-perf --bins || exit 1
@@ -29,6 +30,10 @@ gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl
     -o "$soft/streams" || exit 1
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/vmm.c "$lib" -ldl -o "$soft/vmm" ||
     exit 1
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/graphs.c "$lib" -ldl -o "$soft/graphs" ||
+    exit 1
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 tests/c/softcuda_graphs.c -ldl -pthread \
+    -o "$soft/softcuda_graphs" || exit 1
 
 # Every process loads the model: ferroccl by path, the C program by name.
 export FERROCCL_CUDA_DRIVER=$soft/libcuda.so.1
@@ -76,6 +81,8 @@ between() { grep -qE "[1-9][0-9]* calls between the ranks' buffers" <<<"$1"; }
 c_ok() { grep -q "^OK " <<<"$1"; }
 counted() { grep " calls per rank and call" <<<"$1"; }
 
+echo "== 0. the model's graph capture (tests/c/softcuda_graphs.c)"
+step 0 c_ok "$soft/softcuda_graphs"
 echo "== 2. device buffers, 1 and 2 ranks as threads, staged through pinned memory, against host buffers"
 step 2 any "$bin/ferroccl-device-check" --ranks 1,2
 # Slow streams: the stream-ordered calls' gates and flags (cuStreamWaitValue32 and
@@ -87,13 +94,23 @@ if want 3; then
     FERRO_P2P_GPU_CHECK=1 step 3 any cargo test -q -p ferroccl-transport-p2p -- --test-threads 1 \
         conformance_cuda_provider_on_a_gpu two_processes_exchange_through_the_provider
 fi
-echo "== 4. the C ABI on streams (tests/c/streams.c, 2 processes): blocking, stream-ordered, slices, mixed"
+echo "== 4. the C ABI on streams (tests/c/streams.c, 2 processes): blocking, stream-ordered, slices, mixed; 4g: calls recorded into graphs (tests/c/graphs.c)"
 FERRO_STREAM_WAITS=0 step 4a c_ok "$soft/streams" 2
 step 4c c_ok "$soft/streams" 2
 # Slow streams, each by its own random amount: a missing wait shows as a wrong element.
 SOFTCUDA_DELAY_US=300 step 4c c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERRO_STREAM_WAITS=1 FERROCCL_TEST_SYNC_FIRST=1 step 4d c_ok "$soft/streams" 2
 FERRO_DEVICE_SLICE_BYTES=256 FERROCCL_TEST_SYNC_FIRST=1 step 4f c_ok "$soft/streams" 2 mixed
+# Calls recorded into a CUDA graph (cuStreamBeginCapture) run at each launch, not at capture;
+# slow streams show a host function that runs before its copies in or after its copies back.
+for n in 2 3; do
+    step 4g c_ok "$soft/graphs" "$n"
+done
+SOFTCUDA_DELAY_US=300 step 4g c_ok "$soft/graphs" 3
+# Odd ranks make the same calls unrecorded, cut into 1 KiB slices as the recorded ones are.
+FERRO_DEVICE_SLICE_BYTES=1024 step 4g c_ok "$soft/graphs" 3 mixed
+# Where they cannot be recorded (the p2p transport calls the driver), refused, the capture intact.
+FERRO_TRANSPORTS=p2p step 4g c_ok "$soft/graphs" 2 refuse
 # Memory mapped piece by piece into one reserved range (cuMemMap, PyTorch's expandable
 # segments): buffers across pieces work, one running into an unmapped piece is refused.
 step 4e c_ok "$soft/vmm"

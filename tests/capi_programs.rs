@@ -1,8 +1,8 @@
 //! C programs built against the NCCL header (ours, and NVIDIA's when a copy is at hand) and
 //! linked with `libnccl.so.2` (feature `capi`), run as 1 to 4 processes: every collective,
-//! streams and device buffers on the host stand-in, stream-ordered completion, `NCCL_COMM_ID`
-//! and `ncclCommInitAll`, the functions NCCL 2.27 .. 2.32 added with a shrink after a death, and
-//! the C example.
+//! streams and device buffers on the host stand-in, stream-ordered completion, calls recorded
+//! into graphs, `NCCL_COMM_ID` and `ncclCommInitAll`, the functions NCCL 2.27 .. 2.32 added
+//! with a shrink after a death, and the C example.
 //!
 //! Run with `cargo test -p ferroccl --features capi --test capi_programs`; the library and
 //! NVIDIA's header are found as `tests/capi.rs` says.
@@ -366,4 +366,25 @@ fn c_program_built_against_nvidia_header() {
     run_c(&exe, &["3"], &[]);
     run_c(&exe, &["2", "all"], &[]);
     run_c(&exe, &["3", "mismatch"], &[]);
+}
+
+/// `tests/c/graphs.c` on the host stand-in (its model of captures and graphs, through the
+/// test hooks): calls on a stream being captured are recorded, not run, and run at each of
+/// three launches with new inputs, beside ordinary calls on the same stream (one queued right
+/// after a launch); on 1-3 processes; and with odd ranks making the same calls unrecorded, cut
+/// into 1 KiB slices as the recorded ones are. The same on eager stand-in streams.
+#[test]
+fn c_program_records_calls_into_graphs_and_runs_them_at_each_launch() {
+    let exe = gcc("graphs.c", "graphs", &[&our_include()], true);
+    for eager in ["0", "1"] {
+        let host = [
+            ("FERRO_DEVICE_PROVIDER", "host"),
+            ("FERRO_STANDIN_EAGER", eager),
+        ];
+        for n in ["1", "2", "3"] {
+            run_c(&exe, &[n], &host);
+        }
+        let sliced = [host[0], host[1], ("FERRO_DEVICE_SLICE_BYTES", "1024")];
+        run_c(&exe, &["3", "mixed"], &sliced);
+    }
 }

@@ -7,12 +7,15 @@
 //!    own, allocated when the call is recorded (with the thread's capture mode relaxed, as
 //!    NCCL allocates, so that the allocation leaves the capture intact);
 //! 2. a host function (`cuLaunchHostFunc`) that runs the call on the arena as a call on host
-//!    buffers, exactly as a stream job does (`device::stream_queue`), after the communicator's
-//!    queued stream jobs;
+//!    buffers, exactly as a stream job does (`device::stream_queue`);
 //! 3. copies of the ranges it writes back from the arena.
 //!
 //! Nothing runs when the call is made: the graph's launches run it, as often as they come, in
-//! the stream's order. A rank may record a call that another rank makes on a stream that is
+//! the stream's order. Calls of the communicator made on the same stream (before a launch or
+//! after it) are ordered with it by the stream; calls on other streams must be ordered with
+//! the launches by the program (events), as with NCCL: two that run at once reach the ranks in
+//! an order that may differ, and the ranks then fail naming each other's call, or wait until
+//! the deadline. A rank may record a call that another rank makes on a stream that is
 //! not being captured, or in the blocking form: every form exchanges the same messages (the
 //! collective is cut as the blocking form cuts it). The arena and the host function are kept
 //! until the communicator goes (`ncclCommDestroy`), so a graph holding a call must not be
@@ -31,7 +34,7 @@
 //! enough to be cut into device slices (`FERRO_DEVICE_SLICE_BYTES`); and a capture that was
 //! invalidated before the call.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use super::comm::Shared;
@@ -164,11 +167,10 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
             .iter()
             .map(resolve_scalar)
             .collect();
-        let run = |comm: &Communicator| {
-            // After the communicator's queued stream jobs, as a call on host buffers runs.
-            s.streams.drain();
-            execute(comm, slice_colls(comm, ops, &colls), true)
-        };
+        // No wait for the communicator's queued stream jobs here: one queued on this stream
+        // after the launch waits for this call, which would then wait for it. The stream
+        // orders the jobs queued on it before the launch (their flag waits come first).
+        let run = |comm: &Communicator| execute(comm, slice_colls(comm, ops, &colls), true);
         let comm = s.wait_ready();
         let Err(e) = comm.as_ref().map_err(Clone::clone).and_then(|c| run(c)) else {
             return;
@@ -304,6 +306,29 @@ pub unsafe extern "C" fn ferrocclStreamEndCapture(
         let g = host_stream::end_capture(stream as usize)?;
         // SAFETY: checked non-NULL; writable per the caller.
         unsafe { *graph = Box::into_raw(Box::new(g)).cast() };
+        Ok(ncclSuccess)
+    })
+}
+
+/// The capture status of the stand-in's `stream` into `*status` (the model of
+/// `cudaStreamIsCapturing`: 0 none, 1 active, 2 invalidated). Not part of NCCL's API.
+///
+/// # Safety
+/// `status` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclStreamIsCapturing(
+    stream: cudaStream_t,
+    status: *mut c_int,
+) -> ncclResult_t {
+    const API: &str = "ferrocclStreamIsCapturing";
+    guard(API, || {
+        stand_in(API)?;
+        if status.is_null() {
+            return Err(Error::invalid_argument(format!("{API}: status is NULL")));
+        }
+        let s = host_stream::capture_status(stream as usize);
+        // SAFETY: checked non-NULL; writable per the caller.
+        unsafe { *status = c_int::try_from(s).unwrap_or(2) };
         Ok(ncclSuccess)
     })
 }

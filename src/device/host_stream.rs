@@ -510,9 +510,38 @@ pub(crate) fn call(handle: usize, call: Call) {
             rec.steps.push(Step::Call(call));
             return;
         }
-        f.entries.push_back(Entry::Run(Box::new(move || call())));
+        f.entries.extend(host_fn(call));
     }
     kick(&s);
+}
+
+/// The entries that run `call` as the driver runs a host function: on a thread of its own,
+/// the stream waiting until it returns (so the stream is not held meanwhile, and whoever
+/// waits for an earlier point of it is not held up by the call).
+fn host_fn(call: Call) -> [Entry; 2] {
+    let done = Arc::new(AtomicU32::new(0));
+    let d = Arc::clone(&done);
+    let start = Entry::Run(Box::new(move || {
+        std::thread::Builder::new()
+            .name("ferroccl-standin-host-fn".into())
+            .spawn(move || {
+                if let Err(e) = call() {
+                    ferroccl_transport::log_line!(
+                        "ferroccl WARN DEVICE: a stand-in host function failed: {e}"
+                    );
+                }
+                d.store(1, Ordering::Release);
+            })
+            .map(drop)
+            .map_err(|e| Error::io("starting a stand-in host function's thread", &e))
+    }));
+    [
+        start,
+        Entry::WaitFlag {
+            flag: done,
+            value: 1,
+        },
+    ]
 }
 
 /// Begins a capture on stand-in stream `handle` (`cuStreamBeginCapture`).
@@ -557,13 +586,10 @@ pub(crate) fn launch_graph(handle: usize, graph: &Graph) -> Result<()> {
             )));
         }
         for step in &graph.steps {
-            f.entries.push_back(match step {
-                &Step::Copy { dst, src, len } => Entry::Copy { dst, src, len },
-                Step::Call(c) => {
-                    let c = Arc::clone(c);
-                    Entry::Run(Box::new(move || c()))
-                }
-            });
+            match step {
+                &Step::Copy { dst, src, len } => f.entries.push_back(Entry::Copy { dst, src, len }),
+                Step::Call(c) => f.entries.extend(host_fn(Arc::clone(c))),
+            }
         }
     }
     kick(&s);

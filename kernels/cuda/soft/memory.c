@@ -9,6 +9,7 @@
 CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
     COUNT();
     CTX_CHECK();
+    SAFE_CALL();
     if (!p) return E_INVALID_VALUE;
     return new_alloc(p, size, 2, current->device);
 }
@@ -16,11 +17,13 @@ CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t size) {
 CUresult cuMemFree_v2(CUdeviceptr p) {
     COUNT();
     CALL_CHECK();
+    SAFE_CALL();
     return free_alloc(p, 2);
 }
 
 static CUresult host_alloc(void** p, size_t size) {
     CTX_CHECK();
+    SAFE_CALL();
     if (!p) return E_INVALID_VALUE;
     uint64_t a = 0;
     CUresult r = new_alloc(&a, size, 1, current->device);
@@ -42,6 +45,7 @@ CUresult cuMemHostAlloc(void** p, size_t size, unsigned flags) {
 CUresult cuMemFreeHost(void* p) {
     COUNT();
     CALL_CHECK();
+    SAFE_CALL();
     return free_alloc((uint64_t)(uintptr_t)p, 1);
 }
 
@@ -144,16 +148,16 @@ CUresult cuStreamSynchronize(void* h) {
     CALL_CHECK();
     struct stream* s = stream_of(h);
     if (!s) return E_INVALID_CONTEXT;
+    NOT_CAPTURING(s);
     return sync_stream(s);
 }
 
-CUresult cuStreamIsCapturing(void* h, int* status) {
+/* Whether everything queued on stream `h` has run: CUDA_ERROR_NOT_READY while not. */
+CUresult cuStreamQuery(void* h) {
     COUNT();
-    CALL_CHECK();
-    if ((uintptr_t)h <= 2 && !current) return E_INVALID_CONTEXT;
-    if (!status) return E_INVALID_VALUE;
-    *status = 0;
-    return OK;
+    STREAM_CHECK(s, h);
+    NOT_CAPTURING(s);
+    return atomic_load(&s->done) >= queued(s) ? atomic_load(&s->ctx->sticky) : E_NOT_READY;
 }
 
 
@@ -172,19 +176,25 @@ static int unmapped(uint64_t p, uint64_t len) {
 
 /* A copy on stream `h`, as the driver makes them: from pageable host memory (memory it does
    not know) the bytes are taken at the call (staged), so the caller may reuse them once it
-   returns; to pageable host memory the call returns once the copy is done. */
+   returns; to pageable host memory the call returns once the copy is done. On a capturing
+   stream an asynchronous copy is kept in the capture, its source read when the graph runs; a
+   synchronous one is refused. */
 static CUresult copy_on(void* h, void* dst, const void* src, size_t len, int sync) {
     STREAM_CHECK(s, h);
     if (len && (!dst || !src)) return E_INVALID_VALUE;
+    if (sync) {
+        SAFE_CALL();
+        NOT_CAPTURING(s);
+    }
+    if (len && (unmapped((uint64_t)(uintptr_t)src, len) || unmapped((uint64_t)(uintptr_t)dst, len)))
+        return E_INVALID_VALUE;
     struct op* o = calloc(1, sizeof *o);
     o->kind = OP_COPY;
     o->dst = dst;
     o->src = src;
     o->len = len;
-    if (len && (unmapped((uint64_t)(uintptr_t)src, len) || unmapped((uint64_t)(uintptr_t)dst, len))) {
-        free(o);
-        return E_INVALID_VALUE;
-    }
+    CUresult r;
+    if (capture_op(s, o, &r)) return r;
     if (len && !find_alloc((uint64_t)(uintptr_t)src)) {
         o->staged = malloc(len);
         memcpy(o->staged, src, len);
@@ -299,6 +309,8 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
     o->fn = fn->fn;
     memcpy(&o->args, params[0], sizeof o->args); /* parameters are copied at the launch */
     o->len = fn->es;
+    CUresult r;
+    if (capture_op(s, o, &r)) return r;
     enqueue(s, o);
     return OK;
 }
@@ -310,12 +322,17 @@ CUresult cuLaunchHostFunc(void* h, void (*fn)(void*), void* data) {
     o->kind = OP_HOST_FN;
     o->host = fn;
     o->data = data;
+    CUresult r;
+    if (capture_op(s, o, &r)) return r;
     enqueue(s, o);
     return OK;
 }
 
+/* On a capturing stream: refused (the real driver makes nodes of them; the library must not
+   queue them inside a captured call, so the model refuses them). */
 static CUresult value_op(void* h, CUdeviceptr addr, uint32_t value, unsigned flags, int wait) {
     STREAM_CHECK(s, h);
+    NOT_CAPTURING(s);
     if (!addr || addr % 4) return E_INVALID_VALUE;
     struct alloc* a = find_alloc(addr);
     if (!a) return E_INVALID_VALUE;
@@ -402,6 +419,10 @@ CUresult cuEventRecord(void* e, void* h) {
     if (!ev || ev->destroyed) return E_INVALID_HANDLE;
     /* The event and the stream are of one context. */
     if (ev->ctx != s->ctx) return E_INVALID_HANDLE;
+    /* On a capturing stream, records and waits are refused: the real driver turns them into
+       a graph's dependencies or nodes; the library must not queue them inside a captured call,
+       so the model refuses them. */
+    NOT_CAPTURING(s);
     struct op* o = calloc(1, sizeof *o);
     o->kind = OP_RECORD;
     o->ev = ev->st;
@@ -416,6 +437,7 @@ CUresult cuStreamWaitEvent(void* h, void* e, unsigned flags) {
     struct event* ev = e;
     if (!ev || flags != 0) return E_INVALID_VALUE;
     if (ev->destroyed || (ev->opened && atomic_load(&ev->st->owner_gone))) return E_INVALID_HANDLE;
+    NOT_CAPTURING(s); /* as cuEventRecord */
     uint64_t target = atomic_load(&ev->st->recorded);
     if (atomic_load(&ev->st->reached) >= target) return OK;
     struct op* o = calloc(1, sizeof *o);

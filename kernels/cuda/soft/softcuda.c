@@ -28,7 +28,10 @@
  *   that touches memory of another device whose context has no peer access to it fails the
  *   context (CUDA_ERROR_ILLEGAL_ADDRESS, sticky), as a GPU faults;
  * - virtual memory management (vmm.c): reserved ranges, physical allocations mapped into them
- *   piece by piece, access granted per device.
+ *   piece by piece, access granted per device;
+ * - stream capture and graphs (graph.c): work queued on a capturing stream is kept in the
+ *   capture instead of run; a graph instantiated from it queues a copy of that work on a
+ *   stream at each launch.
  *
  * SOFTCUDA_COUNTS=FILE: at exit, each process appends to FILE a line per entry point it called,
  * `pid name calls` (the host's work per collective, in driver calls: a count, not a time).
@@ -352,7 +355,7 @@ static uint64_t push(struct stream* s, struct op* o) {
 }
 
 /* Ops queued on `s` so far. */
-static uint64_t queued(struct stream* s) {
+uint64_t queued(struct stream* s) {
     pthread_mutex_lock(&s->mu);
     uint64_t q = s->queued;
     pthread_mutex_unlock(&s->mu);
@@ -569,6 +572,7 @@ CUresult cuCtxGetDevice(CUdevice* d) {
 CUresult cuCtxSynchronize(void) {
     COUNT();
     CTX_CHECK();
+    SAFE_CALL();
     for (;;) {
         /* Every stream of the context, as queued now. */
         pthread_mutex_lock(&g.mu);
@@ -613,6 +617,7 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
     case E_INVALID_DEVICE: *s = "invalid device ordinal"; break;
     case E_INVALID_CONTEXT: *s = "invalid device context"; break;
     case E_INVALID_HANDLE: *s = "invalid resource handle"; break;
+    case E_ILLEGAL_STATE: *s = "the operation cannot be performed in the present state"; break;
     case E_NOT_FOUND: *s = "named symbol not found"; break;
     case E_NOT_READY: *s = "device not ready"; break;
     case E_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered"; break;
@@ -620,6 +625,9 @@ CUresult cuGetErrorString(CUresult e, const char** s) {
     case E_PEER_ACCESS_ALREADY_ENABLED: *s = "peer access is already enabled"; break;
     case E_NOT_PERMITTED: *s = "operation not permitted"; break;
     case E_NOT_SUPPORTED: *s = "operation not supported"; break;
+    case E_CAPTURE_UNSUPPORTED: *s = "operation not permitted when stream is capturing"; break;
+    case E_CAPTURE_INVALIDATED: *s = "operation failed due to a previous error during capture"; break;
+    case E_CAPTURE_WRONG_THREAD: *s = "attempt to terminate a thread-local capture sequence from another thread"; break;
     default: *s = NULL; return E_INVALID_VALUE;
     }
     return OK;

@@ -33,6 +33,7 @@ enum {
     E_INVALID_DEVICE = 101,
     E_INVALID_CONTEXT = 201,
     E_INVALID_HANDLE = 400,
+    E_ILLEGAL_STATE = 401,
     E_NOT_FOUND = 500,
     E_NOT_READY = 600,
     E_ILLEGAL_ADDRESS = 700,
@@ -40,6 +41,9 @@ enum {
     E_PEER_ACCESS_UNSUPPORTED = 217,
     E_NOT_PERMITTED = 800,
     E_NOT_SUPPORTED = 801,
+    E_CAPTURE_UNSUPPORTED = 900,
+    E_CAPTURE_INVALIDATED = 901,
+    E_CAPTURE_WRONG_THREAD = 908,
 };
 
 #define MAX_DEVICES 8
@@ -170,6 +174,22 @@ struct op {
     if (!s) return E_INVALID_CONTEXT;                              \
     if (atomic_load(&s->ctx->sticky)) return atomic_load(&s->ctx->sticky)
 
+/* A call the model refuses on a capturing stream (graph.c): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+   and the capture is invalidated. */
+#define NOT_CAPTURING(s)                           \
+    do {                                           \
+        CUresult r_ = refuse_capturing(s);         \
+        if (r_ != OK) return r_;                   \
+    } while (0)
+
+/* A potentially unsafe call (memory allocation, synchronous copy, context synchronize): refused
+   while a capture prohibits it to this thread (graph.c). */
+#define SAFE_CALL()                                \
+    do {                                           \
+        CUresult r_ = unsafe_call();               \
+        if (r_ != OK) return r_;                   \
+    } while (0)
+
 /* The model's state, one per process. */
 struct softcuda {
     pthread_mutex_t mu;
@@ -201,7 +221,13 @@ HIDDEN CUresult free_alloc(uint64_t p, int kind);
 HIDDEN struct stream* new_stream(struct ctx* c, unsigned flags);
 HIDDEN void enqueue(struct stream* s, struct op* o);
 HIDDEN struct stream* stream_of(void* h);
+HIDDEN uint64_t queued(struct stream* s);
 HIDDEN void wait_stream(struct stream* s, uint64_t upto);
 HIDDEN CUresult sync_stream(struct stream* s);
+/* Stream capture (graph.c). capture_op: whether `s` captures; if so `o` is taken (added to the
+   capture, or freed if it was invalidated) and *r is the call's result. */
+HIDDEN int capture_op(struct stream* s, struct op* o, CUresult* r);
+HIDDEN CUresult refuse_capturing(struct stream* s);
+HIDDEN CUresult unsafe_call(void);
 
 #endif /* SOFTCUDA_H */

@@ -1,0 +1,473 @@
+/* CUDA graph capture through the C ABI: calls made with a stream that is being captured
+ * (cuStreamBeginCapture) are recorded into the graph instead of run, and run each time the
+ * graph is launched; where a call cannot be captured it is refused and the capture is left
+ * intact.
+ *
+ *   graphs [NRANKS]          ranks are processes (fork; default 2); rank 0 sends the id by pipe.
+ *                            Each rank fills every output buffer with a sentinel, captures on a
+ *                            cuStreamCreate'd stream an out-of-place allreduce (float sum), an
+ *                            in-place allreduce (int32 max), a broadcast from rank 1 % NRANKS,
+ *                            a reduce-scatter (float sum), an all-gather (int32) and a group of
+ *                            a send to the right and a receive from the left (int64), checks
+ *                            every output still holds its sentinel (nothing ran at capture),
+ *                            instantiates the graph and launches it 3 times, with new inputs
+ *                            (uploaded on the stream) each time and every element checked; a
+ *                            plain allreduce on the same stream between the 2nd and 3rd launch,
+ *                            and one queued on it right after the 2nd launch
+ *   graphs NRANKS mixed      as graphs, but odd ranks capture nothing: they make the same calls
+ *                            on the stream at each iteration, so recorded calls and ordinary
+ *                            ones (cut into the same slices) meet in every collective
+ *   graphs NRANKS refuse     where calls cannot be captured (the p2p transport,
+ *                            FERRO_TRANSPORTS=p2p): an allreduce on a capturing stream returns
+ *                            ncclInvalidUsage naming "graph", the stream is still capturing,
+ *                            the capture ends, and a plain allreduce on the stream after it works
+ *
+ * It runs on a CUDA driver (a GPU, or softcuda, the model of the driver, as libcuda.so.1),
+ * opened at run time so this program builds without CUDA, or over the host stand-in
+ * (FERRO_DEVICE_PROVIDER=host): its "device memory" is host memory, and its streams and graphs
+ * are the stand-in's models, through the test hooks ferroccl's libnccl.so.2 exports
+ * (ferrocclStreamBeginCapture and the others, below). Without either it says so and exits 77
+ * (skipped). Exit status 0 when every check passed on every rank. */
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check.h"
+
+/* The driver calls used, as in cuda.h (CUdeviceptr is 64 bits; 0 is CUDA_SUCCESS). */
+typedef int (*cu_init_t)(unsigned);
+typedef int (*cu_stream_create_t)(void **, unsigned);
+typedef int (*cu_stream_sync_t)(void *);
+typedef int (*cu_htod_t)(unsigned long long, const void *, size_t);
+typedef int (*cu_dtoh_t)(void *, unsigned long long, size_t);
+typedef int (*cu_htod_async_t)(unsigned long long, const void *, size_t, void *);
+typedef int (*cu_begin_capture_t)(void *, int);
+typedef int (*cu_end_capture_t)(void *, void **);
+typedef int (*cu_is_capturing_t)(void *, int *);
+typedef int (*cu_instantiate_t)(void **, void *, unsigned long long);
+typedef int (*cu_launch_t)(void *, void *);
+typedef int (*cu_destroy_t)(void *);
+
+static cu_init_t cu_init;
+static cu_stream_create_t cu_stream_create;
+static cu_stream_sync_t cu_sync;
+static cu_htod_t cu_htod;
+static cu_dtoh_t cu_dtoh;
+static cu_htod_async_t cu_htod_async;
+static cu_begin_capture_t cu_begin_capture;
+static cu_end_capture_t cu_end_capture;
+static cu_is_capturing_t cu_is_capturing;
+static cu_instantiate_t cu_instantiate;
+static cu_launch_t cu_launch;
+static cu_destroy_t cu_exec_destroy, cu_graph_destroy;
+
+enum { CAPTURE_MODE_GLOBAL = 0, CAPTURE_ACTIVE = 1 };
+
+static cudaStream_t g_stream;
+
+/* A driver call that must succeed. */
+#define CU(call)                                          \
+  do {                                                    \
+    int e_ = (call);                                      \
+    EXPECT(e_ == 0, "%s returned %d", #call, e_);         \
+  } while (0)
+
+/* Looks up the driver's entry points (in the parent, before fork: no cuInit there). 0 when
+ * there is no driver. */
+static int open_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+  if (lib == NULL) {
+    printf("graphs: needs a CUDA driver (%s); skipped\n", dlerror());
+    return 0;
+  }
+#define SYM(var, type, name) \
+  EXPECT((var = (type)dlsym(lib, name)) != NULL, "driver symbol %s", name)
+  SYM(cu_init, cu_init_t, "cuInit");
+  SYM(cu_stream_create, cu_stream_create_t, "cuStreamCreate");
+  SYM(cu_sync, cu_stream_sync_t, "cuStreamSynchronize");
+  SYM(cu_htod, cu_htod_t, "cuMemcpyHtoD_v2");
+  SYM(cu_dtoh, cu_dtoh_t, "cuMemcpyDtoH_v2");
+  SYM(cu_htod_async, cu_htod_async_t, "cuMemcpyHtoDAsync_v2");
+  SYM(cu_begin_capture, cu_begin_capture_t, "cuStreamBeginCapture_v2");
+  SYM(cu_end_capture, cu_end_capture_t, "cuStreamEndCapture");
+  SYM(cu_is_capturing, cu_is_capturing_t, "cuStreamIsCapturing");
+  SYM(cu_instantiate, cu_instantiate_t, "cuGraphInstantiateWithFlags");
+  SYM(cu_launch, cu_launch_t, "cuGraphLaunch");
+  SYM(cu_exec_destroy, cu_destroy_t, "cuGraphExecDestroy");
+  SYM(cu_graph_destroy, cu_destroy_t, "cuGraphDestroy");
+#undef SYM
+  return 1;
+}
+
+/* The host stand-in's stream and graph calls (test hooks of ferroccl's libnccl.so.2). */
+int ferrocclStreamSynchronize(cudaStream_t stream);
+int ferrocclMemcpyAsync(void *dst, const void *src, size_t bytes, cudaStream_t stream);
+int ferrocclStreamBeginCapture(cudaStream_t stream);
+int ferrocclStreamEndCapture(cudaStream_t stream, void **graph);
+int ferrocclStreamIsCapturing(cudaStream_t stream, int *status);
+int ferrocclGraphLaunch(void *graph, cudaStream_t stream);
+int ferrocclGraphDestroy(void *graph);
+
+/* The driver's calls over the stand-in: its device memory is host memory, so a synchronous
+ * copy is a memcpy after the stream's earlier work; an instantiated graph is the graph. */
+static int si_init(unsigned f) { return (int)f; }
+static int si_stream_create(void **s, unsigned f) {
+  *s = (void *)0x6a7c;
+  return (int)f;
+}
+static int si_sync(void *s) { return ferrocclStreamSynchronize(s); }
+static int si_htod(unsigned long long d, const void *h, size_t n) {
+  int e = ferrocclStreamSynchronize(g_stream);
+  memcpy((void *)(uintptr_t)d, h, n);
+  return e;
+}
+static int si_dtoh(void *h, unsigned long long d, size_t n) {
+  int e = ferrocclStreamSynchronize(g_stream);
+  memcpy(h, (const void *)(uintptr_t)d, n);
+  return e;
+}
+static int si_htod_async(unsigned long long d, const void *h, size_t n, void *s) {
+  return ferrocclMemcpyAsync((void *)(uintptr_t)d, h, n, s);
+}
+static int si_begin_capture(void *s, int mode) { return ferrocclStreamBeginCapture(s) + mode; }
+static int si_end_capture(void *s, void **g) { return ferrocclStreamEndCapture(s, g); }
+static int si_is_capturing(void *s, int *status) { return ferrocclStreamIsCapturing(s, status); }
+static int si_instantiate(void **exec, void *g, unsigned long long f) {
+  *exec = g;
+  return (int)f;
+}
+static int si_launch(void *exec, void *s) { return ferrocclGraphLaunch(exec, s); }
+static int si_exec_destroy(void *exec) { return exec == NULL; }
+static int si_graph_destroy(void *g) { return ferrocclGraphDestroy(g); }
+
+static void stand_in(void) {
+  cu_init = si_init;
+  cu_stream_create = si_stream_create;
+  cu_sync = si_sync;
+  cu_htod = si_htod;
+  cu_dtoh = si_dtoh;
+  cu_htod_async = si_htod_async;
+  cu_begin_capture = si_begin_capture;
+  cu_end_capture = si_end_capture;
+  cu_is_capturing = si_is_capturing;
+  cu_instantiate = si_instantiate;
+  cu_launch = si_launch;
+  cu_exec_destroy = si_exec_destroy;
+  cu_graph_destroy = si_graph_destroy;
+}
+
+/* cuInit and the stream, after ncclMemAlloc made the device's primary context current on this
+ * thread. */
+static void make_stream(void) {
+  CU(cu_init(0));
+  void *s = NULL;
+  CU(cu_stream_create(&s, 0));
+  g_stream = (cudaStream_t)s;
+}
+
+static unsigned long long dptr(const void *p) { return (unsigned long long)(uintptr_t)p; }
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  CHECK(ncclMemAlloc(&p, bytes));
+  EXPECT(p != NULL, "ncclMemAlloc gave NULL");
+  return p;
+}
+
+static int capturing(void) {
+  int status = -1;
+  CU(cu_is_capturing(g_stream, &status));
+  return status;
+}
+
+/* Element counts: the all-reduces, the broadcast, per rank of the reduce-scatter and the
+ * all-gather, the messages. */
+enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100 };
+
+/* The buffers of mode graphs: device memory, a host array of the same size, whether it is an
+ * input (uploaded before each launch) and an output (checked after). */
+enum { AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, X_S, X_R, NB };
+static struct {
+  void *dev, *host;
+  size_t bytes;
+  int in, out;
+  const char *name;
+} b[NB];
+
+static void buffer(int i, size_t bytes, int in, int out, const char *name) {
+  b[i].dev = dev_alloc(bytes);
+  b[i].host = malloc(bytes);
+  EXPECT(b[i].host != NULL, "malloc");
+  b[i].bytes = bytes;
+  b[i].in = in;
+  b[i].out = out;
+  b[i].name = name;
+}
+
+/* Every byte of buffer i set to `byte`, synchronously. */
+static void fill(int i, int byte) {
+  memset(b[i].host, byte, b[i].bytes);
+  CU(cu_htod(dptr(b[i].dev), b[i].host, b[i].bytes));
+}
+
+/* Output i still holds `byte` in every byte. */
+static void expect_fill(int i, int byte) {
+  unsigned char *h = b[i].host;
+  CU(cu_dtoh(h, dptr(b[i].dev), b[i].bytes));
+  for (size_t j = 0; j < b[i].bytes; j++)
+    EXPECT(h[j] == (unsigned char)byte, "after the capture, %s byte %zu = 0x%02x, want 0x%02x "
+           "(a call ran at capture)", b[i].name, j, h[j], byte);
+}
+
+/* Every element of `got` equal to `want` (an expression of i); exact in double for every type
+ * here. K: the launch (-1: the plain call). */
+#define EXPECT_ALL(k, call, count, got, want)                                              \
+  for (int i = 0; i < (count); i++) {                                                      \
+    double w_ = (double)(want), g_ = (double)(got)[i];                                     \
+    EXPECT(g_ == w_, "iteration %d, %s [%d] = %.17g, want %.17g", k, call, i, g_, w_);     \
+  }
+
+/* The inputs of launch k: a distinct value in every element, by rank, element and k, uploaded
+ * on the stream (the host arrays are left alone until the stream is synchronized). */
+static void inputs(int rank, int n, int k) {
+  float *ar = b[AR_S].host, *rs = b[RS_S].host;
+  int32_t *mx = b[MX].host, *bc = b[BC_S].host, *ag = b[AG_S].host;
+  int64_t *sr = b[SR_S].host;
+  for (int i = 0; i < A; i++) ar[i] = (float)(rank * 4096 + i + 17 * k);
+  /* element i is largest on rank (i + k) % n */
+  for (int i = 0; i < M; i++)
+    mx[i] = (i + k) % n == rank ? 1000000 + 1000 * k + i : rank * 100 + i + 10 * k;
+  for (int i = 0; i < B; i++) bc[i] = rank * 100000 + 7 * i + 13 * k;
+  for (int j = 0; j < n * RS; j++) rs[j] = (float)(rank * 4096 + j + 17 * k);
+  for (int i = 0; i < AG; i++) ag[i] = rank * 1000 + 10 * i + k;
+  for (int i = 0; i < P; i++) sr[i] = (int64_t)rank * 1000000000 + 1000 * i + k;
+  for (int i = 0; i < NB; i++)
+    if (b[i].in) CU(cu_htod_async(dptr(b[i].dev), b[i].host, b[i].bytes, g_stream));
+}
+
+/* The outputs of launch k, downloaded and checked element by element. */
+static void check_outputs(int rank, int n, int k) {
+  for (int i = 0; i < NB; i++)
+    if (b[i].out) CU(cu_dtoh(b[i].host, dptr(b[i].dev), b[i].bytes));
+  const float *ar = b[AR_R].host, *rs = b[RS_R].host;
+  const int32_t *mx = b[MX].host, *bc = b[BC_R].host, *ag = b[AG_R].host;
+  const int64_t *sr = b[SR_R].host;
+  int tri = 4096 * n * (n - 1) / 2, root = 1 % n, left = (rank + n - 1) % n;
+  EXPECT_ALL(k, "ncclAllReduce sum", A, ar, tri + n * (i + 17 * k));
+  EXPECT_ALL(k, "ncclAllReduce max in place", M, mx, 1000000 + 1000 * k + i);
+  EXPECT_ALL(k, "ncclBroadcast", B, bc, root * 100000 + 7 * i + 13 * k);
+  EXPECT_ALL(k, "ncclReduceScatter", RS, rs, tri + n * (rank * RS + i + 17 * k));
+  /* block q of the all-gather is rank q's input */
+  EXPECT_ALL(k, "ncclAllGather", n * AG, ag, (i / AG) * 1000 + 10 * (i % AG) + k);
+  EXPECT_ALL(k, "ncclRecv from the left", P, sr, (int64_t)left * 1000000000 + 1000 * i + k);
+}
+
+/* The calls recorded into the graph (each must be captured, not run). */
+static void record(ncclComm_t comm, int rank, int n) {
+  CHECK(ncclAllReduce(b[AR_S].dev, b[AR_R].dev, A, ncclFloat, ncclSum, comm, g_stream));
+  CHECK(ncclAllReduce(b[MX].dev, b[MX].dev, M, ncclInt32, ncclMax, comm, g_stream));
+  CHECK(ncclBroadcast(b[BC_S].dev, b[BC_R].dev, B, ncclInt32, 1 % n, comm, g_stream));
+  CHECK(ncclReduceScatter(b[RS_S].dev, b[RS_R].dev, RS, ncclFloat, ncclSum, comm, g_stream));
+  CHECK(ncclAllGather(b[AG_S].dev, b[AG_R].dev, AG, ncclInt32, comm, g_stream));
+  CHECK(ncclGroupStart());
+  CHECK(ncclSend(b[SR_S].dev, P, ncclInt64, (rank + 1) % n, comm, g_stream));
+  CHECK(ncclRecv(b[SR_R].dev, P, ncclInt64, (rank + n - 1) % n, comm, g_stream));
+  CHECK(ncclGroupEnd());
+}
+
+/* A plain (uncaptured) allreduce on the stream into the buffers of the captured one. */
+static void plain_allreduce(ncclComm_t comm, int rank, int n) {
+  float *h = b[AR_S].host;
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + 2 * i + 5000);
+  CU(cu_htod_async(dptr(b[AR_S].dev), h, b[AR_S].bytes, g_stream));
+  CHECK(ncclAllReduce(b[AR_S].dev, b[AR_R].dev, A, ncclFloat, ncclSum, comm, g_stream));
+  CU(cu_sync(g_stream));
+  float *got = b[AR_R].host;
+  CU(cu_dtoh(got, dptr(b[AR_R].dev), b[AR_R].bytes));
+  EXPECT_ALL(-1, "plain ncclAllReduce", A, got, 4096 * n * (n - 1) / 2 + n * (2 * i + 5000));
+}
+
+/* An ordinary allreduce queued on the stream right after a launch, before any synchronize:
+ * it runs after the launch's calls, in stream order (a recorded call that waited for the
+ * communicator's queued work would wait for it forever). Checked by check_after. */
+static void queue_after(ncclComm_t comm, int rank) {
+  float *h = b[X_S].host;
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + 3 * i + 77);
+  CU(cu_htod_async(dptr(b[X_S].dev), h, b[X_S].bytes, g_stream));
+  CHECK(ncclAllReduce(b[X_S].dev, b[X_R].dev, A, ncclFloat, ncclSum, comm, g_stream));
+}
+
+static void check_after(int n) {
+  float *got = b[X_R].host;
+  CU(cu_dtoh(got, dptr(b[X_R].dev), b[X_R].bytes));
+  EXPECT_ALL(1, "ncclAllReduce queued after the launch", A, got,
+             4096 * n * (n - 1) / 2 + n * (3 * i + 77));
+}
+
+static void graphs(ncclComm_t comm, int rank, int n, int capture) {
+  buffer(AR_S, sizeof(float) * A, 1, 0, "ncclAllReduce sendbuff");
+  buffer(AR_R, sizeof(float) * A, 0, 1, "ncclAllReduce recvbuff");
+  buffer(MX, sizeof(int32_t) * M, 1, 1, "in-place ncclAllReduce buff");
+  buffer(BC_S, sizeof(int32_t) * B, 1, 0, "ncclBroadcast sendbuff");
+  buffer(BC_R, sizeof(int32_t) * B, 0, 1, "ncclBroadcast recvbuff");
+  buffer(RS_S, sizeof(float) * RS * n, 1, 0, "ncclReduceScatter sendbuff");
+  buffer(RS_R, sizeof(float) * RS, 0, 1, "ncclReduceScatter recvbuff");
+  buffer(AG_S, sizeof(int32_t) * AG, 1, 0, "ncclAllGather sendbuff");
+  buffer(AG_R, sizeof(int32_t) * AG * n, 0, 1, "ncclAllGather recvbuff");
+  buffer(SR_S, sizeof(int64_t) * P, 1, 0, "ncclSend buff");
+  buffer(SR_R, sizeof(int64_t) * P, 0, 1, "ncclRecv buff");
+  buffer(X_S, sizeof(float) * A, 0, 0, "sendbuff of the allreduce after a launch");
+  buffer(X_R, sizeof(float) * A, 0, 0, "recvbuff of the allreduce after a launch");
+  make_stream();
+
+  /* Sentinels: outputs 0xa5, inputs 0x11 (a call run now would change an output), the
+   * in-place buffer 0xb0 + rank (its max over the ranks would change every rank's but the
+   * last's). */
+  void *graph = NULL, *exec = NULL;
+  if (!capture) {
+    /* The same calls, made at each iteration on the stream instead of launched. */
+    for (int k = 0; k < 3; k++) {
+      if (k == 2) plain_allreduce(comm, rank, n);
+      inputs(rank, n, k);
+      record(comm, rank, n);
+      if (k == 1) queue_after(comm, rank);
+      CU(cu_sync(g_stream));
+      check_outputs(rank, n, k);
+      if (k == 1) check_after(n);
+    }
+    goto done;
+  }
+  for (int i = 0; i < NB; i++) fill(i, i == MX ? 0xb0 + rank : b[i].out ? 0xa5 : 0x11);
+  CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
+  EXPECT(capturing() == CAPTURE_ACTIVE, "the stream capturing after cuStreamBeginCapture");
+  record(comm, rank, n);
+  EXPECT(capturing() == CAPTURE_ACTIVE, "the stream still capturing after the calls");
+  CU(cu_end_capture(g_stream, &graph));
+  EXPECT(graph != NULL, "a graph from cuStreamEndCapture");
+  for (int i = 0; i < NB; i++)
+    if (b[i].out) expect_fill(i, i == MX ? 0xb0 + rank : 0xa5);
+  CU(cu_instantiate(&exec, graph, 0));
+  EXPECT(exec != NULL, "an executable graph from cuGraphInstantiateWithFlags");
+
+  for (int k = 0; k < 3; k++) {
+    /* Between the 2nd and the 3rd launch, an ordinary call on the same stream and
+     * communicator. */
+    if (k == 2) plain_allreduce(comm, rank, n);
+    inputs(rank, n, k);
+    CU(cu_launch(exec, g_stream));
+    if (k == 1) queue_after(comm, rank);
+    CU(cu_sync(g_stream));
+    check_outputs(rank, n, k);
+    if (k == 1) check_after(n);
+  }
+
+  CU(cu_exec_destroy(exec));
+  CU(cu_graph_destroy(graph));
+done:;
+  ncclResult_t async = ncclInternalError;
+  CHECK(ncclCommGetAsyncError(comm, &async));
+  EXPECT(async == ncclSuccess, "no asynchronous error, got %d (%s)", (int)async,
+         ncclGetErrorString(async));
+  for (int i = 0; i < NB; i++) {
+    CHECK(ncclMemFree(b[i].dev));
+    free(b[i].host);
+  }
+}
+
+/* Mode refuse: a call that cannot be captured is refused and leaves the capture intact. */
+static void refuse(ncclComm_t comm, int rank, int n) {
+  size_t bytes = sizeof(float) * A;
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+  float *h = malloc(bytes), *got = malloc(bytes);
+  EXPECT(h != NULL && got != NULL, "malloc");
+  make_stream();
+  CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
+  EXPECT(capturing() == CAPTURE_ACTIVE, "the stream capturing after cuStreamBeginCapture");
+  EXPECT_ERR(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream), ncclInvalidUsage,
+             "graph");
+  EXPECT(capturing() == CAPTURE_ACTIVE, "the stream still capturing after the refused call");
+  void *graph = NULL;
+  CU(cu_end_capture(g_stream, &graph));
+  if (graph != NULL) CU(cu_graph_destroy(graph));
+  EXPECT(capturing() == 0, "the stream no longer capturing after cuStreamEndCapture");
+
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i);
+  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  CU(cu_sync(g_stream));
+  CU(cu_dtoh(got, dptr(recv), bytes));
+  EXPECT_ALL(-1, "ncclAllReduce after the capture", A, got, 4096 * n * (n - 1) / 2 + n * i);
+  ncclResult_t async = ncclInternalError;
+  CHECK(ncclCommGetAsyncError(comm, &async));
+  EXPECT(async == ncclSuccess, "no asynchronous error, got %d", (int)async);
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+  free(h);
+  free(got);
+}
+
+static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
+  g_rank = rank;
+  ncclComm_t comm;
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  if (strcmp(mode, "refuse") == 0)
+    refuse(comm, rank, n);
+  else
+    graphs(comm, rank, n, strcmp(mode, "mixed") != 0 || rank % 2 == 0);
+  CHECK(ncclCommDestroy(comm));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 2;
+  const char *mode = argc > 2 ? argv[2] : "graphs";
+  if (n < 1 || (strcmp(mode, "graphs") != 0 && strcmp(mode, "refuse") != 0 &&
+                strcmp(mode, "mixed") != 0)) {
+    fprintf(stderr, "usage: graphs [NRANKS [mixed|refuse]]\n");
+    return 1;
+  }
+  const char *prov = getenv("FERRO_DEVICE_PROVIDER");
+  if (prov != NULL && strcmp(prov, "host") == 0)
+    stand_in();
+  else if (!open_driver())
+    return 77;
+  int (*pipes)[2] = calloc(n, sizeof *pipes);
+  for (int r = 0; r < n; r++)
+    if (pipe(pipes[r]) != 0) return 1;
+  fflush(stdout);
+  for (int r = 0; r < n; r++) {
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid > 0) continue;
+    ncclUniqueId id;
+    g_rank = r;
+    if (r == 0) {
+      CHECK(ncclGetUniqueId(&id));
+      for (int q = 1; q < n; q++)
+        if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
+    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+      _exit(4);
+    }
+    int rc = run_rank(r, n, id, mode);
+    fflush(stdout);
+    _exit(rc);
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int status = 0;
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  if (failed)
+    printf("FAILED\n");
+  else if (strcmp(mode, "refuse") == 0)
+    printf("OK %d ranks: a call on a capturing stream refused, the capture intact\n", n);
+  else
+    printf("OK %d ranks (%s): captured calls ran at each of 3 launches, not at capture\n", n,
+           mode);
+  return failed;
+}

@@ -109,7 +109,10 @@ done
 SOFTCUDA_DELAY_US=300 step 4g c_ok "$soft/graphs" 3
 # Odd ranks make the same calls unrecorded, cut into 1 KiB slices as the recorded ones are.
 FERRO_DEVICE_SLICE_BYTES=1024 step 4g c_ok "$soft/graphs" 3 mixed
-# Where they cannot be recorded (the p2p transport calls the driver), refused, the capture intact.
+# What is refused, the capture intact; a launch that fails leaves ones and an asynchronous
+# error; where nothing can be recorded (the p2p transport calls the driver), refused.
+FERRO_DEVICE_SLICE_BYTES=256 step 4g c_ok "$soft/graphs" 2 limits
+step 4g c_ok "$soft/graphs" 2 fail
 FERRO_TRANSPORTS=p2p step 4g c_ok "$soft/graphs" 2 refuse
 # Memory mapped piece by piece into one reserved range (cuMemMap, PyTorch's expandable
 # segments): buffers across pieces work, one running into an unmapped piece is refused.

@@ -17,6 +17,13 @@
  *   graphs NRANKS mixed      as graphs, but odd ranks capture nothing: they make the same calls
  *                            on the stream at each iteration, so recorded calls and ordinary
  *                            ones (cut into the same slices) meet in every collective
+ *   graphs NRANKS limits     what no communicator records, refused with ncclInvalidUsage and the
+ *                            capture left intact: a group with an operation on another stream,
+ *                            page-locked host buffers, an all-gather cut into device slices
+ *                            (run with FERRO_DEVICE_SLICE_BYTES=256); then an ordinary call
+ *   graphs 2 fail            rank 1 records an allreduce and exits; rank 0's launch fails: the
+ *                            output is all ones (0xff bytes), ncclCommGetAsyncError names the
+ *                            error, and the next call fails
  *   graphs NRANKS refuse     where calls cannot be captured (the p2p transport,
  *                            FERRO_TRANSPORTS=p2p): an allreduce on a capturing stream returns
  *                            ncclInvalidUsage naming "graph", the stream is still capturing,
@@ -52,6 +59,7 @@ typedef int (*cu_is_capturing_t)(void *, int *);
 typedef int (*cu_instantiate_t)(void **, void *, unsigned long long);
 typedef int (*cu_launch_t)(void *, void *);
 typedef int (*cu_destroy_t)(void *);
+typedef int (*cu_alloc_host_t)(void **, size_t);
 
 static cu_init_t cu_init;
 static cu_stream_create_t cu_stream_create;
@@ -65,6 +73,8 @@ static cu_is_capturing_t cu_is_capturing;
 static cu_instantiate_t cu_instantiate;
 static cu_launch_t cu_launch;
 static cu_destroy_t cu_exec_destroy, cu_graph_destroy;
+static cu_alloc_host_t cu_alloc_host;
+static cu_destroy_t cu_free_host;
 
 enum { CAPTURE_MODE_GLOBAL = 0, CAPTURE_ACTIVE = 1 };
 
@@ -100,6 +110,8 @@ static int open_driver(void) {
   SYM(cu_launch, cu_launch_t, "cuGraphLaunch");
   SYM(cu_exec_destroy, cu_destroy_t, "cuGraphExecDestroy");
   SYM(cu_graph_destroy, cu_destroy_t, "cuGraphDestroy");
+  SYM(cu_alloc_host, cu_alloc_host_t, "cuMemAllocHost_v2");
+  SYM(cu_free_host, cu_destroy_t, "cuMemFreeHost");
 #undef SYM
   return 1;
 }
@@ -112,12 +124,15 @@ int ferrocclStreamEndCapture(cudaStream_t stream, void **graph);
 int ferrocclStreamIsCapturing(cudaStream_t stream, int *status);
 int ferrocclGraphLaunch(void *graph, cudaStream_t stream);
 int ferrocclGraphDestroy(void *graph);
+int ferrocclMemAllocHost(void **ptr, size_t bytes);
+int ferrocclMemFreeHost(void *ptr);
 
 /* The driver's calls over the stand-in: its device memory is host memory, so a synchronous
  * copy is a memcpy after the stream's earlier work; an instantiated graph is the graph. */
 static int si_init(unsigned f) { return (int)f; }
 static int si_stream_create(void **s, unsigned f) {
-  *s = (void *)0x6a7c;
+  static uintptr_t next = 0x6a7c;
+  *s = (void *)next++;
   return (int)f;
 }
 static int si_sync(void *s) { return ferrocclStreamSynchronize(s); }
@@ -159,6 +174,8 @@ static void stand_in(void) {
   cu_launch = si_launch;
   cu_exec_destroy = si_exec_destroy;
   cu_graph_destroy = si_graph_destroy;
+  cu_alloc_host = ferrocclMemAllocHost;
+  cu_free_host = ferrocclMemFreeHost;
 }
 
 /* cuInit and the stream, after ncclMemAlloc made the device's primary context current on this
@@ -411,12 +428,96 @@ static void refuse(ncclComm_t comm, int rank, int n) {
   free(got);
 }
 
+/* Mode limits: calls no communicator records are refused, the capture intact. */
+static void limits(ncclComm_t comm, int rank, int n) {
+  size_t bytes = sizeof(float) * A, ag = sizeof(int32_t) * 100;
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes), *ag_r = dev_alloc(ag * n);
+  void *locked_s = NULL, *locked_r = NULL;
+  make_stream();
+  void *other = NULL;
+  CU(cu_stream_create(&other, 0));
+  /* Allocated before the capture: an allocation during one would invalidate it. */
+  CU(cu_alloc_host(&locked_s, bytes));
+  CU(cu_alloc_host(&locked_r, bytes));
+  CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, (cudaStream_t)other));
+  EXPECT_ERR(ncclGroupEnd(), ncclInvalidUsage, "not on the stream being captured");
+  EXPECT(capturing() == CAPTURE_ACTIVE, "capturing after the refused group");
+  EXPECT_ERR(ncclAllReduce(locked_s, locked_r, A, ncclFloat, ncclSum, comm, g_stream),
+             ncclInvalidUsage, "page-locked");
+  EXPECT(capturing() == CAPTURE_ACTIVE, "capturing after the refused page-locked call");
+  EXPECT_ERR(ncclAllGather(send, ag_r, 100, ncclInt32, comm, g_stream), ncclInvalidUsage,
+             "cut into device slices");
+  EXPECT(capturing() == CAPTURE_ACTIVE, "capturing after the refused all-gather");
+  void *graph = NULL;
+  CU(cu_end_capture(g_stream, &graph));
+  EXPECT(graph != NULL, "a graph after the refused calls");
+  CU(cu_graph_destroy(graph));
+  /* Nothing was left half queued: an ordinary call on the stream runs and is right. */
+  float *h = malloc(bytes), *got = malloc(bytes);
+  EXPECT(h != NULL && got != NULL, "malloc");
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i);
+  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  CU(cu_sync(g_stream));
+  CU(cu_dtoh(got, dptr(recv), bytes));
+  EXPECT_ALL(-1, "ncclAllReduce after the refusals", A, got, 4096 * n * (n - 1) / 2 + n * i);
+  CU(cu_free_host(locked_s));
+  CU(cu_free_host(locked_r));
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+  CHECK(ncclMemFree(ag_r));
+  free(h);
+  free(got);
+}
+
+/* Mode fail: rank 1 leaves after recording; rank 0's launch fails visibly. Returns whether
+ * the communicator is still to be destroyed. */
+static int fail(ncclComm_t comm, int rank) {
+  size_t bytes = sizeof(float) * A;
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+  unsigned char *got = malloc(bytes);
+  EXPECT(got != NULL, "malloc");
+  make_stream();
+  memset(got, 0x11, bytes);
+  CU(cu_htod(dptr(send), got, bytes));
+  CU(cu_htod(dptr(recv), got, bytes));
+  CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  void *graph = NULL, *exec = NULL;
+  CU(cu_end_capture(g_stream, &graph));
+  CU(cu_instantiate(&exec, graph, 0));
+  if (rank != 0) _exit(0); /* gone without closing its connections */
+  CU(cu_launch(exec, g_stream));
+  CU(cu_sync(g_stream));
+  CU(cu_dtoh(got, dptr(recv), bytes));
+  for (size_t j = 0; j < bytes; j++)
+    EXPECT(got[j] == 0xff, "the failed launch's output byte %zu = 0x%02x, want 0xff", j, got[j]);
+  ncclResult_t async = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(comm, &async));
+  EXPECT(async != ncclSuccess && async != ncclInProgress,
+         "an asynchronous error after the failed launch, got %d", (int)async);
+  EXPECT(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream) != ncclSuccess,
+         "a call after the failed launch fails");
+  CU(cu_exec_destroy(exec));
+  CU(cu_graph_destroy(graph));
+  free(got);
+  CHECK(ncclCommAbort(comm));
+  return 0;
+}
+
 static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   g_rank = rank;
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, n, id, rank));
   if (strcmp(mode, "refuse") == 0)
     refuse(comm, rank, n);
+  else if (strcmp(mode, "limits") == 0)
+    limits(comm, rank, n);
+  else if (strcmp(mode, "fail") == 0)
+    return fail(comm, rank);
   else
     graphs(comm, rank, n, strcmp(mode, "mixed") != 0 || rank % 2 == 0);
   CHECK(ncclCommDestroy(comm));
@@ -426,9 +527,11 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "graphs";
-  if (n < 1 || (strcmp(mode, "graphs") != 0 && strcmp(mode, "refuse") != 0 &&
-                strcmp(mode, "mixed") != 0)) {
-    fprintf(stderr, "usage: graphs [NRANKS [mixed|refuse]]\n");
+  const char *modes[] = {"graphs", "mixed", "limits", "fail", "refuse"};
+  int known = 0;
+  for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) known |= strcmp(mode, modes[m]) == 0;
+  if (n < 1 || !known || (strcmp(mode, "fail") == 0 && n != 2)) {
+    fprintf(stderr, "usage: graphs [NRANKS [mixed|limits|refuse]] | graphs 2 fail\n");
     return 1;
   }
   const char *prov = getenv("FERRO_DEVICE_PROVIDER");
@@ -464,8 +567,11 @@ int main(int argc, char **argv) {
   }
   if (failed)
     printf("FAILED\n");
-  else if (strcmp(mode, "refuse") == 0)
-    printf("OK %d ranks: a call on a capturing stream refused, the capture intact\n", n);
+  else if (strcmp(mode, "refuse") == 0 || strcmp(mode, "limits") == 0)
+    printf("OK %d ranks (%s): calls on a capturing stream refused, the capture intact\n", n,
+           mode);
+  else if (strcmp(mode, "fail") == 0)
+    printf("OK %d ranks (fail): a failed launch left ones and an asynchronous error\n", n);
   else
     printf("OK %d ranks (%s): captured calls ran at each of 3 launches, not at capture\n", n,
            mode);

@@ -9,7 +9,7 @@
 # bin/all_reduce_perf_profile (all_reduce_perf with the profile feature), bin/ferrorun,
 # bin/p2p-tests: the p2p transport's unit tests), bin/streams (the C ABI
 # test tests/c/streams.c, built against include/nccl.h and linked to lib/libnccl.so.2), bin/vmm
-# (tests/c/vmm.c, the same way),
+# and bin/graphs (tests/c/vmm.c and tests/c/graphs.c, the same way),
 # lib/libnccl.so.2, python/ (the PyTorch backend with its extension, and the tests of step 9),
 # the kernel sources (kernels/), the kernels compiled with NVRTC for sm_70..sm_90 and as
 # compute_70 PTX for newer GPUs (kernel-cache/, so the GPU machine needs no NVRTC), gpu-check.sh,
@@ -59,6 +59,8 @@ gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/streams.c "$lib" -ldl
     -o "$out/bin/streams"
 # Memory mapped piece by piece (cuMemMap, as PyTorch's expandable segments) through the C ABI.
 gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/vmm.c "$lib" -ldl -o "$out/bin/vmm"
+# Calls recorded into CUDA graphs through the C ABI.
+gcc -std=gnu11 -Wall -Wextra -Werror -O1 -Iinclude tests/c/graphs.c "$lib" -ldl -o "$out/bin/graphs"
 # The Python package and the tests step 9 runs (python/tests/test_cuda.py and what it imports).
 mkdir -p "$out/python/ferroccl" "$out/python/tests"
 cp python/ferroccl/*.py "$out/python/ferroccl/"

@@ -173,7 +173,7 @@ fi
 
 if want 4; then
 echo
-echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused; 4e: tests/c/vmm.c, memory mapped piece by piece"
+echo "== 4. C ABI with streams: tests/c/streams.c, 2 processes on one GPU, ncclMemAlloc'd buffers, a cuStreamCreate'd stream, every data-moving collective, send/recv, gather, scatter, a group, host pointers refused; 4e: tests/c/vmm.c, memory mapped piece by piece; 4g: tests/c/graphs.c, calls recorded into graphs"
 if [ -x "$bundle/bin/streams" ]; then
     rc=0
     # 4a: the blocking form: a call with a stream waits for the stream, runs, then returns;
@@ -212,6 +212,25 @@ if [ -x "$bundle/bin/streams" ]; then
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4e step "$bundle/bin/vmm" || rc=1
     else
         echo "-- 4e: bin/vmm missing from the bundle"
+        rc=1
+    fi
+    # 4g: calls recorded into a CUDA graph (cuStreamBeginCapture in the global mode): nothing
+    # runs at capture, three launches with new inputs each run every collective and a group
+    # of sends and receives, beside ordinary calls on the same stream; refusals leave the
+    # capture intact; a launch whose peer is gone leaves ones and an asynchronous error; the
+    # p2p transport refuses (tests/c/graphs.c; not run on a GPU before).
+    if [ -x "$bundle/bin/graphs" ]; then
+        echo "-- 4g: calls recorded into graphs (tests/c/graphs.c)"
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 || rc=1
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_DEVICE_SLICE_BYTES=1024 deadline=60 \
+            part=4g step "$bundle/bin/graphs" 3 mixed || rc=1
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_DEVICE_SLICE_BYTES=256 deadline=60 \
+            part=4g step "$bundle/bin/graphs" 2 limits || rc=1
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 fail || rc=1
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_TRANSPORTS=p2p deadline=60 \
+            part=4g step "$bundle/bin/graphs" 2 refuse || rc=1
+    else
+        echo "-- 4g: bin/graphs missing from the bundle"
         rc=1
     fi
     if [ "$rc" -eq 0 ]; then echo "-- C ABI streams: PASS"; else echo "-- C ABI streams: FAIL"; failed=1; fi

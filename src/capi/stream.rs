@@ -702,10 +702,13 @@ mod tests {
             .remove(0);
         let ready = Shared::ready(comm, true, 0);
         let initializing = Shared::new(true, 0);
-        // SAFETY (every `capture::status` below): a stand-in stream needs no live handle.
-        assert!(!unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
+        let status = |shared: &Shared| {
+            // SAFETY: a stand-in stream needs no live handle.
+            unsafe { capture::status("ncclAllReduce", shared, device, stream) }
+        };
+        assert!(!status(&ready).unwrap());
         crate::device::host_stream::begin_capture(h).unwrap();
-        assert!(unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
+        assert!(status(&ready).unwrap());
         // A synchronize invalidates it, as the driver's does.
         crate::device::host_stream::synchronize(h).unwrap_err();
         for (shared, who) in [
@@ -715,14 +718,13 @@ mod tests {
                 "ncclAllReduce (communicator not ready): stream 0x6a7a",
             ),
         ] {
-            let e =
-                unsafe { capture::status("ncclAllReduce", shared, device, stream) }.unwrap_err();
+            let e = status(shared).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
             let m = e.to_string();
             assert!(m.contains(who), "{m}");
             assert!(m.contains("was invalidated"), "{m}");
         }
         crate::device::host_stream::end_capture(h).unwrap_err();
-        assert!(!unsafe { capture::status("ncclAllReduce", &ready, device, stream) }.unwrap());
+        assert!(!status(&ready).unwrap());
     }
 }

@@ -152,8 +152,9 @@ mod tests {
             r.fetch_add(1, Ordering::SeqCst);
         });
         host_stream::begin_capture(h).unwrap();
-        // SAFETY: a stand-in stream; `call` outlives the launches below.
+        // SAFETY: a stand-in stream needs no live handle.
         assert_eq!(unsafe { dev.capture(stream) }.unwrap(), Capture::Active);
+        // SAFETY: as above; `call` outlives the launches below.
         unsafe { dev.queue_host_call(stream, &call) }.unwrap();
         let graph = host_stream::end_capture(h).unwrap();
         host_stream::synchronize(h).unwrap();
@@ -185,11 +186,9 @@ mod tests {
         host_stream::begin_capture(h).unwrap();
         let flag = Arc::new(std::sync::atomic::AtomicU32::new(0));
         host_stream::wait_flag(h, flag, 1);
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { dev.capture(stream) }.unwrap(),
-            Capture::Invalidated
-        );
+        // SAFETY: a stand-in stream needs no live handle.
+        let status = unsafe { dev.capture(stream) }.unwrap();
+        assert_eq!(status, Capture::Invalidated);
         let e = host_stream::end_capture(h).unwrap_err();
         assert!(e.message().contains("completion flag"), "{e}");
         assert!(host_stream::synchronize(h).is_ok(), "nothing was queued");

@@ -338,7 +338,10 @@ impl Arenas {
                 return Ok(ptr);
             }
         }
-        let p = Pinned::new(device, need.max(ALIGN).next_power_of_two())?;
+        // With the thread's capture mode relaxed: a capture open on another thread must not
+        // be invalidated by this allocation (`Device::capture_relaxed`).
+        let len = need.max(ALIGN).next_power_of_two();
+        let p = device.capture_relaxed(|| Pinned::new(device, len))??;
         let ptr = p.raw().0;
         match i {
             Some(i) => {

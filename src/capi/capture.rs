@@ -233,30 +233,15 @@ fn cut_into_blocks(comm: &Communicator, ops: &[Op]) -> Option<String> {
 /// `op` with a pre-multiplied sum's scalar read now from where it was staged: a host function
 /// makes no device call, and the graph's copies in brought a device scalar to the arena.
 fn resolve_scalar(op: &Op) -> Op {
-    match op.clone() {
-        Op::Coll {
-            api,
-            kind,
-            send,
-            recv,
-            count,
-            dtype,
-            red: Reduction::ScalarAt(p, d),
-            on,
-        } => Op::Coll {
-            api,
-            kind,
-            send,
-            recv,
-            count,
-            dtype,
+    let mut op = op.clone();
+    if let Op::Coll { red, .. } = &mut op {
+        if let Reduction::ScalarAt(p, d) = *red {
             // SAFETY: the arena's copy of a device scalar, or a host scalar that NCCL's
             // contract keeps readable while operations use it.
-            red: Reduction::Op(ReduceOp::PreMulSum(unsafe { read_scalar(p, d) })),
-            on,
-        },
-        other => other,
+            *red = Reduction::Op(ReduceOp::PreMulSum(unsafe { read_scalar(p, d) }));
+        }
     }
+    op
 }
 
 /// The stand-in provider's device for a test hook; the cuda provider has the driver's calls.

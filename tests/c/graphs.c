@@ -7,6 +7,8 @@
  *                            Each rank fills every output buffer with a sentinel, captures on a
  *                            cuStreamCreate'd stream an out-of-place allreduce (float sum), an
  *                            in-place allreduce (int32 max), a broadcast from rank 1 % NRANKS,
+ *                            an allreduce pre-multiplied by a scalar in device memory (new at
+ *                            each launch),
  *                            a reduce-scatter (float sum), an all-gather (int32) and a group of
  *                            a send to the right and a receive from the left (int64), checks
  *                            every output still holds its sentinel (nothing ran at capture),
@@ -204,11 +206,11 @@ static int capturing(void) {
 
 /* Element counts: the all-reduces, the broadcast, per rank of the reduce-scatter and the
  * all-gather, the messages. */
-enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100 };
+enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100, PM = 64 };
 
 /* The buffers of mode graphs: device memory, a host array of the same size, whether it is an
  * input (uploaded before each launch) and an output (checked after). */
-enum { AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, X_S, X_R, NB };
+enum { AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, PM_S, PM_R, SC, X_S, X_R, NB };
 static struct {
   void *dev, *host;
   size_t bytes;
@@ -263,6 +265,9 @@ static void inputs(int rank, int n, int k) {
   for (int j = 0; j < n * RS; j++) rs[j] = (float)(rank * 4096 + j + 17 * k);
   for (int i = 0; i < AG; i++) ag[i] = rank * 1000 + 10 * i + k;
   for (int i = 0; i < P; i++) sr[i] = (int64_t)rank * 1000000000 + 1000 * i + k;
+  float *pm = b[PM_S].host, *sc = b[SC].host;
+  for (int i = 0; i < PM; i++) pm[i] = (float)(rank * 64 + i + k);
+  sc[0] = (float)(k + 2); /* the same on every rank, new at each launch */
   for (int i = 0; i < NB; i++)
     if (b[i].in) CU(cu_htod_async(dptr(b[i].dev), b[i].host, b[i].bytes, g_stream));
 }
@@ -282,15 +287,23 @@ static void check_outputs(int rank, int n, int k) {
   /* block q of the all-gather is rank q's input */
   EXPECT_ALL(k, "ncclAllGather", n * AG, ag, (i / AG) * 1000 + 10 * (i % AG) + k);
   EXPECT_ALL(k, "ncclRecv from the left", P, sr, (int64_t)left * 1000000000 + 1000 * i + k);
+  const float *pm = b[PM_R].host;
+  EXPECT_ALL(k, "ncclAllReduce pre-multiplied by a device scalar", PM, pm,
+             (k + 2) * (64 * n * (n - 1) / 2 + n * (i + k)));
 }
 
 /* The calls recorded into the graph (each must be captured, not run). */
+/* The pre-multiplied sum of the recorded calls, its scalar in device memory (b[SC]): read at
+ * each launch. */
+static ncclRedOp_t g_premul;
+
 static void record(ncclComm_t comm, int rank, int n) {
   CHECK(ncclAllReduce(b[AR_S].dev, b[AR_R].dev, A, ncclFloat, ncclSum, comm, g_stream));
   CHECK(ncclAllReduce(b[MX].dev, b[MX].dev, M, ncclInt32, ncclMax, comm, g_stream));
   CHECK(ncclBroadcast(b[BC_S].dev, b[BC_R].dev, B, ncclInt32, 1 % n, comm, g_stream));
   CHECK(ncclReduceScatter(b[RS_S].dev, b[RS_R].dev, RS, ncclFloat, ncclSum, comm, g_stream));
   CHECK(ncclAllGather(b[AG_S].dev, b[AG_R].dev, AG, ncclInt32, comm, g_stream));
+  CHECK(ncclAllReduce(b[PM_S].dev, b[PM_R].dev, PM, ncclFloat, g_premul, comm, g_stream));
   CHECK(ncclGroupStart());
   CHECK(ncclSend(b[SR_S].dev, P, ncclInt64, (rank + 1) % n, comm, g_stream));
   CHECK(ncclRecv(b[SR_R].dev, P, ncclInt64, (rank + n - 1) % n, comm, g_stream));
@@ -338,6 +351,10 @@ static void graphs(ncclComm_t comm, int rank, int n, int capture) {
   buffer(AG_R, sizeof(int32_t) * AG * n, 0, 1, "ncclAllGather recvbuff");
   buffer(SR_S, sizeof(int64_t) * P, 1, 0, "ncclSend buff");
   buffer(SR_R, sizeof(int64_t) * P, 0, 1, "ncclRecv buff");
+  buffer(PM_S, sizeof(float) * PM, 1, 0, "pre-multiplied ncclAllReduce sendbuff");
+  buffer(PM_R, sizeof(float) * PM, 0, 1, "pre-multiplied ncclAllReduce recvbuff");
+  buffer(SC, sizeof(float), 1, 0, "the pre-multiplied sum's scalar");
+  CHECK(ncclRedOpCreatePreMulSum(&g_premul, b[SC].dev, ncclFloat, ncclScalarDevice, comm));
   buffer(X_S, sizeof(float) * A, 0, 0, "sendbuff of the allreduce after a launch");
   buffer(X_R, sizeof(float) * A, 0, 0, "recvbuff of the allreduce after a launch");
   make_stream();
@@ -386,6 +403,7 @@ static void graphs(ncclComm_t comm, int rank, int n, int capture) {
   CU(cu_exec_destroy(exec));
   CU(cu_graph_destroy(graph));
 done:;
+  CHECK(ncclRedOpDestroy(g_premul, comm));
   ncclResult_t async = ncclInternalError;
   CHECK(ncclCommGetAsyncError(comm, &async));
   EXPECT(async == ncclSuccess, "no asynchronous error, got %d (%s)", (int)async,

@@ -34,6 +34,7 @@
 //! enough to be cut into device slices (`FERRO_DEVICE_SLICE_BYTES`); and a capture that was
 //! invalidated before the call.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
@@ -62,13 +63,43 @@ pub(super) unsafe fn status(
     // SAFETY: per the caller.
     match unsafe { device.capture(stream.cast()) }? {
         Capture::None => Ok(false),
-        Capture::Active => Ok(true),
+        Capture::Active => {
+            relax(device)?;
+            Ok(true)
+        }
         Capture::Invalidated => Err(Error::invalid_usage(format!(
             "{}: stream {stream:p} is in a capture into a CUDA graph that was invalidated \
              before this call (by an earlier call that a capture does not allow); end it \
              (cudaStreamEndCapture) and capture again",
             who(api, shared)
         ))),
+    }
+}
+
+thread_local! {
+    /// Set while an NCCL call on a stream being captured runs on this thread: the device and
+    /// the capture interaction mode the thread had before the call relaxed it.
+    static RELAXED: Cell<Option<(Device, u32)>> = const { Cell::new(None) };
+}
+
+/// Relaxes this thread's capture interaction mode for the rest of the NCCL call being made
+/// (until [`restore_mode`], which the C ABI's `guard` calls as every call returns): its
+/// pointer queries and allocations must not invalidate the capture the program opened, as
+/// NCCL relaxes the mode around its own.
+fn relax(device: Device) -> Result<()> {
+    if RELAXED.get().is_none() {
+        let before = device.relax_capture_mode()?;
+        RELAXED.set(Some((device, before)));
+    }
+    Ok(())
+}
+
+/// Puts back the capture interaction mode [`relax`] changed, if it did.
+pub(crate) fn restore_mode() {
+    if let Some((device, mode)) = RELAXED.take() {
+        if let Err(e) = device.restore_capture_mode(mode) {
+            ferroccl_transport::log_line!("ferroccl WARN COLL: restoring the capture mode: {e}");
+        }
     }
 }
 
@@ -106,6 +137,9 @@ pub(super) fn plan(shared: &Shared, ops: &[Op], checked: bool) -> Result<Option<
         return Ok(None);
     };
     let stream = on.stream;
+    // Inside a group, the calls' own relaxation ended as they returned: this is
+    // `ncclGroupEnd`'s.
+    relax(on.device)?;
     let refused = |why: &str| Err(refuse(api, shared, stream, why));
     for op in ops {
         match stream_of(op) {

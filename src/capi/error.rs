@@ -78,7 +78,13 @@ pub fn fail(e: &Error) -> ncclResult_t {
 pub fn guard(api: &str, f: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
     // The caller's current CUDA context is current again when the call returns, as NCCL leaves
     // the current device (a call binds its communicator's device while it runs).
-    let r = ferroccl_cuda::driver::restoring_context(|| catch_unwind(AssertUnwindSafe(f)));
+    let r = ferroccl_cuda::driver::restoring_context(|| {
+        let r = catch_unwind(AssertUnwindSafe(f));
+        // A call on a stream being captured relaxed the thread's capture mode for its
+        // duration (`capture`); the program gets its own back.
+        super::capture::restore_mode();
+        r
+    });
     match r {
         Ok(Ok(code)) => code,
         Ok(Err(e)) => fail(&e),

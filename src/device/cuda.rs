@@ -257,6 +257,12 @@ pub(crate) fn capture_relaxed<T>(ordinal: u32, f: impl FnOnce() -> T) -> Result<
     d.capture_relaxed(f).map_err(|e| convert(&e))
 }
 
+/// Sets this thread's capture interaction mode; returns the one it had.
+pub(crate) fn exchange_capture_mode(ordinal: u32, mode: u32) -> Result<u32> {
+    let d = bound(ordinal)?;
+    d.exchange_capture_mode(mode).map_err(|e| convert(&e))
+}
+
 /// Queues `f(data)` on the caller's `stream` of device `ordinal` (`cuLaunchHostFunc`; inside
 /// a capture, a host node of the graph, run at each launch).
 ///

@@ -125,6 +125,26 @@ impl Device {
         }
     }
 
+    /// Relaxes this thread's capture interaction mode until [`Device::restore_capture_mode`]
+    /// gets the mode it returns (the stand-in has none: 0).
+    pub(crate) fn relax_capture_mode(self) -> Result<u32> {
+        match self.provider {
+            Provider::Cuda => cuda::exchange_capture_mode(
+                self.ordinal,
+                ferroccl_cuda::driver::CAPTURE_MODE_RELAXED,
+            ),
+            Provider::Host => Ok(0),
+        }
+    }
+
+    /// Puts back the capture interaction mode [`Device::relax_capture_mode`] returned.
+    pub(crate) fn restore_capture_mode(self, mode: u32) -> Result<()> {
+        match self.provider {
+            Provider::Cuda => cuda::exchange_capture_mode(self.ordinal, mode).map(drop),
+            Provider::Host => Ok(()),
+        }
+    }
+
     /// Runs `f` (an allocation) so that a capture open on this thread or elsewhere is not
     /// invalidated by it: with this thread's capture interaction mode relaxed, as NCCL does
     /// for its allocations (`cuThreadExchangeStreamCaptureMode`). The stand-in needs nothing.

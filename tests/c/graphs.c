@@ -62,6 +62,7 @@ typedef int (*cu_instantiate_t)(void **, void *, unsigned long long);
 typedef int (*cu_launch_t)(void *, void *);
 typedef int (*cu_destroy_t)(void *);
 typedef int (*cu_alloc_host_t)(void **, size_t);
+typedef int (*cu_exchange_mode_t)(int *);
 
 static cu_init_t cu_init;
 static cu_stream_create_t cu_stream_create;
@@ -76,6 +77,7 @@ static cu_instantiate_t cu_instantiate;
 static cu_launch_t cu_launch;
 static cu_destroy_t cu_exec_destroy, cu_graph_destroy;
 static cu_alloc_host_t cu_alloc_host;
+static cu_exchange_mode_t cu_exchange_mode;
 static cu_destroy_t cu_free_host;
 
 enum { CAPTURE_MODE_GLOBAL = 0, CAPTURE_ACTIVE = 1 };
@@ -113,6 +115,7 @@ static int open_driver(void) {
   SYM(cu_exec_destroy, cu_destroy_t, "cuGraphExecDestroy");
   SYM(cu_graph_destroy, cu_destroy_t, "cuGraphDestroy");
   SYM(cu_alloc_host, cu_alloc_host_t, "cuMemAllocHost_v2");
+  SYM(cu_exchange_mode, cu_exchange_mode_t, "cuThreadExchangeStreamCaptureMode");
   SYM(cu_free_host, cu_destroy_t, "cuMemFreeHost");
 #undef SYM
   return 1;
@@ -161,6 +164,8 @@ static int si_instantiate(void **exec, void *g, unsigned long long f) {
 static int si_launch(void *exec, void *s) { return ferrocclGraphLaunch(exec, s); }
 static int si_exec_destroy(void *exec) { return exec == NULL; }
 static int si_graph_destroy(void *g) { return ferrocclGraphDestroy(g); }
+/* The stand-in has no capture modes: the thread's stays the global one. */
+static int si_exchange_mode(int *mode) { return *mode != CAPTURE_MODE_GLOBAL; }
 
 static void stand_in(void) {
   cu_init = si_init;
@@ -178,6 +183,7 @@ static void stand_in(void) {
   cu_graph_destroy = si_graph_destroy;
   cu_alloc_host = ferrocclMemAllocHost;
   cu_free_host = ferrocclMemFreeHost;
+  cu_exchange_mode = si_exchange_mode;
 }
 
 /* cuInit and the stream, after ncclMemAlloc made the device's primary context current on this
@@ -381,6 +387,11 @@ static void graphs(ncclComm_t comm, int rank, int n, int capture) {
   EXPECT(capturing() == CAPTURE_ACTIVE, "the stream capturing after cuStreamBeginCapture");
   record(comm, rank, n);
   EXPECT(capturing() == CAPTURE_ACTIVE, "the stream still capturing after the calls");
+  /* The calls relaxed the thread's capture mode while they ran, and gave it back. */
+  int mode = CAPTURE_MODE_GLOBAL;
+  CU(cu_exchange_mode(&mode));
+  EXPECT(mode == CAPTURE_MODE_GLOBAL, "the thread's capture mode %d after the calls, want %d "
+         "(global, the program's)", mode, CAPTURE_MODE_GLOBAL);
   CU(cu_end_capture(g_stream, &graph));
   EXPECT(graph != NULL, "a graph from cuStreamEndCapture");
   for (int i = 0; i < NB; i++)

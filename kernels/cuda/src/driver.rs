@@ -17,7 +17,7 @@ mod pointers;
 pub use pointers::*;
 
 pub use peers::{
-    IpcEventHandle, IpcMemHandle, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS,
+    IpcEventHandle, IpcMemHandle, CAPTURE_MODE_RELAXED, EVENT_DISABLE_TIMING, EVENT_INTERPROCESS,
     IPC_LAZY_ENABLE_PEER_ACCESS, STREAM_NON_BLOCKING,
 };
 

@@ -29,6 +29,10 @@ pub const EVENT_DISABLE_TIMING: c_uint = 2;
 /// `CUDA_ERROR_NOT_READY`: `cuEventQuery` on work still queued.
 const NOT_READY: c_int = 600;
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`: a thread in this mode may make calls a capture open
+/// elsewhere (or its own) would otherwise forbid, such as allocations.
+pub const CAPTURE_MODE_RELAXED: u32 = 2;
+
 impl Driver {
     /// Makes `ctx` (from [`Driver::bind_primary_context`]) current on this thread.
     ///
@@ -212,23 +216,25 @@ impl Driver {
         Ok(u32::try_from(status).unwrap_or(2))
     }
 
-    /// Runs `f` with this thread's capture interaction mode relaxed
-    /// (`cuThreadExchangeStreamCaptureMode`, `CU_STREAM_CAPTURE_MODE_RELAXED`), then restores
-    /// the mode: an allocation made while a capture is open in the global or thread-local
-    /// mode would otherwise invalidate it. The driver still refuses calls that conflict with
-    /// the capture itself (a synchronize of the capturing stream).
+    /// Sets this thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`: 0
+    /// global, 1 thread-local, 2 relaxed) and returns the one it had.
+    pub fn exchange_capture_mode(&self, mode: u32) -> Result<u32> {
+        let mut m = c_int::try_from(mode).unwrap_or(0);
+        // SAFETY: `m` is a valid in/out pointer of the enum's size.
+        self.check("cuThreadExchangeStreamCaptureMode", unsafe {
+            (self.thread_exchange_capture_mode)(&mut m)
+        })?;
+        Ok(u32::try_from(m).unwrap_or(0))
+    }
+
+    /// Runs `f` with this thread's capture interaction mode relaxed, then restores the mode:
+    /// an allocation made while a capture is open in the global or thread-local mode would
+    /// otherwise invalidate it. The driver still refuses calls that conflict with the capture
+    /// itself (a synchronize of the capturing stream).
     pub fn capture_relaxed<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
-        const RELAXED: c_int = 2;
-        let mut mode = RELAXED;
-        // SAFETY: `mode` is a valid in/out pointer of the enum's size.
-        self.check("cuThreadExchangeStreamCaptureMode", unsafe {
-            (self.thread_exchange_capture_mode)(&mut mode)
-        })?;
+        let before = self.exchange_capture_mode(CAPTURE_MODE_RELAXED)?;
         let out = f();
-        // SAFETY: as above; puts back the mode the thread had.
-        self.check("cuThreadExchangeStreamCaptureMode", unsafe {
-            (self.thread_exchange_capture_mode)(&mut mode)
-        })?;
+        self.exchange_capture_mode(before)?;
         Ok(out)
     }
 

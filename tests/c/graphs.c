@@ -8,7 +8,7 @@
  *                            cuStreamCreate'd stream an out-of-place allreduce (float sum), an
  *                            in-place allreduce (int32 max), a broadcast from rank 1 % NRANKS,
  *                            an allreduce pre-multiplied by a scalar in device memory (new at
- *                            each launch),
+ *                            each launch), a gather to the last rank,
  *                            a reduce-scatter (float sum), an all-gather (int32) and a group of
  *                            a send to the right and a receive from the left (int64), checks
  *                            every output still holds its sentinel (nothing ran at capture),
@@ -212,11 +212,14 @@ static int capturing(void) {
 
 /* Element counts: the all-reduces, the broadcast, per rank of the reduce-scatter and the
  * all-gather, the messages. */
-enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100, PM = 64 };
+enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100, PM = 64, GA = 11 };
 
 /* The buffers of mode graphs: device memory, a host array of the same size, whether it is an
  * input (uploaded before each launch) and an output (checked after). */
-enum { AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, PM_S, PM_R, SC, X_S, X_R, NB };
+enum {
+  AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, PM_S, PM_R, SC, GA_S, GA_R,
+  X_S, X_R, NB
+};
 static struct {
   void *dev, *host;
   size_t bytes;
@@ -274,6 +277,8 @@ static void inputs(int rank, int n, int k) {
   float *pm = b[PM_S].host, *sc = b[SC].host;
   for (int i = 0; i < PM; i++) pm[i] = (float)(rank * 64 + i + k);
   sc[0] = (float)(k + 2); /* the same on every rank, new at each launch */
+  int32_t *ga = b[GA_S].host;
+  for (int i = 0; i < GA; i++) ga[i] = rank * 100 + i + k;
   for (int i = 0; i < NB; i++)
     if (b[i].in) CU(cu_htod_async(dptr(b[i].dev), b[i].host, b[i].bytes, g_stream));
 }
@@ -296,6 +301,9 @@ static void check_outputs(int rank, int n, int k) {
   const float *pm = b[PM_R].host;
   EXPECT_ALL(k, "ncclAllReduce pre-multiplied by a device scalar", PM, pm,
              (k + 2) * (64 * n * (n - 1) / 2 + n * (i + k)));
+  /* block q of the gather at its root (the last rank) is rank q's input */
+  const int32_t *ga = b[GA_R].host;
+  if (rank == n - 1) EXPECT_ALL(k, "ncclGather", n * GA, ga, (i / GA) * 100 + i % GA + k);
 }
 
 /* The calls recorded into the graph (each must be captured, not run). */
@@ -310,6 +318,7 @@ static void record(ncclComm_t comm, int rank, int n) {
   CHECK(ncclReduceScatter(b[RS_S].dev, b[RS_R].dev, RS, ncclFloat, ncclSum, comm, g_stream));
   CHECK(ncclAllGather(b[AG_S].dev, b[AG_R].dev, AG, ncclInt32, comm, g_stream));
   CHECK(ncclAllReduce(b[PM_S].dev, b[PM_R].dev, PM, ncclFloat, g_premul, comm, g_stream));
+  CHECK(ncclGather(b[GA_S].dev, b[GA_R].dev, GA, ncclInt32, n - 1, comm, g_stream));
   CHECK(ncclGroupStart());
   CHECK(ncclSend(b[SR_S].dev, P, ncclInt64, (rank + 1) % n, comm, g_stream));
   CHECK(ncclRecv(b[SR_R].dev, P, ncclInt64, (rank + n - 1) % n, comm, g_stream));
@@ -361,6 +370,8 @@ static void graphs(ncclComm_t comm, int rank, int n, int capture) {
   buffer(PM_R, sizeof(float) * PM, 0, 1, "pre-multiplied ncclAllReduce recvbuff");
   buffer(SC, sizeof(float), 1, 0, "the pre-multiplied sum's scalar");
   CHECK(ncclRedOpCreatePreMulSum(&g_premul, b[SC].dev, ncclFloat, ncclScalarDevice, comm));
+  buffer(GA_S, sizeof(int32_t) * GA, 1, 0, "ncclGather sendbuff");
+  buffer(GA_R, sizeof(int32_t) * GA * n, 0, 1, "ncclGather recvbuff");
   buffer(X_S, sizeof(float) * A, 0, 0, "sendbuff of the allreduce after a launch");
   buffer(X_R, sizeof(float) * A, 0, 0, "recvbuff of the allreduce after a launch");
   make_stream();

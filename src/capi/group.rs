@@ -215,7 +215,8 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     for (i, (shared, ops)) in batches.iter().enumerate() {
         let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, shared));
         let plan = if let Some(rec) = capture::plan(shared, ops, checked)? {
-            // Blocking or not: a call recorded into a graph returns once recorded.
+            // Blocking or not: a call recorded into a graph returns once recorded, and a
+            // non-blocking communicator's is not left in progress.
             Plan::Capture(rec)
         } else if shared.blocking {
             plan_job(shared, ops, checked, alone(&streams, i))?
@@ -234,33 +235,29 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
     for ((shared, ops), plan) in batches.into_iter().zip(plans) {
         // Whether the operations were checked when issued (then not again when run).
         let checked = !unchecked.iter().any(|s| Arc::ptr_eq(s, &shared));
-        if let Plan::Capture(rec) = plan {
-            capture::record(&shared, ops, rec)?;
-            continue;
-        }
-        if shared.blocking {
-            match plan {
-                Plan::Job(device, spans) => {
-                    let job = stream_job(&shared, ops, device, spans)?;
-                    stream_jobs.push((shared, job));
-                }
-                Plan::Pieces(p) => slices::queue_pieces(&shared, p)?,
-                Plan::Host | Plan::Block | Plan::Capture(_) => {
-                    blocking.push((shared, ops, checked))
-                }
+        // Only blocking communicators plan jobs, pieces or blocks; any recorded into a graph.
+        match plan {
+            Plan::Capture(rec) => capture::record(&shared, ops, rec)?,
+            Plan::Job(device, spans) => {
+                let job = stream_job(&shared, ops, device, spans)?;
+                stream_jobs.push((shared, job));
             }
-            continue;
-        }
-        in_progress = true;
-        if ops.is_empty() {
-            continue;
-        }
-        let s = Arc::clone(&shared);
-        shared.submit(move || {
-            if let Err(e) = s.wait_ready().and_then(|c| execute(&c, ops, checked)) {
-                s.record_async(e);
+            Plan::Pieces(p) => slices::queue_pieces(&shared, p)?,
+            Plan::Block => blocking.push((shared, ops, checked)),
+            Plan::Host if shared.blocking => blocking.push((shared, ops, checked)),
+            Plan::Host => {
+                in_progress = true;
+                if ops.is_empty() {
+                    continue;
+                }
+                let s = Arc::clone(&shared);
+                shared.submit(move || {
+                    if let Err(e) = s.wait_ready().and_then(|c| execute(&c, ops, checked)) {
+                        s.record_async(e);
+                    }
+                })?;
             }
-        })?;
+        }
     }
     // Every gate of the group is recorded before any wait is queued: communicators of the
     // group that share a stream must not wait for each other's jobs.

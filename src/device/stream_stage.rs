@@ -279,8 +279,9 @@ impl Arenas {
 
     /// As [`Arenas::stage`], in an arena of its own that nothing else uses and that lives
     /// until the queue drops: a call recorded into a CUDA graph, whose copies and host call
-    /// run at each launch of the graph, whenever that is (`device::graph`). The allocation
-    /// leaves an open capture intact (`Device::capture_relaxed`).
+    /// run at each launch of the graph, whenever that is (`device::graph`). The caller has
+    /// relaxed the thread's capture mode for the call (`capi::capture`), so the allocation
+    /// leaves the capture intact.
     ///
     /// # Safety
     /// As for [`Arenas::stage`].
@@ -292,7 +293,7 @@ impl Arenas {
     ) -> Result<Staged> {
         let merged = merge(spans);
         let need = placed_bytes(&merged).max(ALIGN);
-        let p = device.capture_relaxed(|| Pinned::new(device, need))??;
+        let p = Pinned::new(device, need)?;
         let base = p.raw().0;
         self.captured.push(p);
         // SAFETY: per the caller; the arena holds the merged ranges and lives until the queue

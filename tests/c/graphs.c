@@ -436,12 +436,27 @@ done:;
   }
 }
 
+/* An ordinary allreduce of A floats on the stream, from send into recv, checked: whatever
+ * came before left nothing half queued. `what` names it in a failure. */
+static void ordinary_allreduce(ncclComm_t comm, void *send, void *recv, int rank, int n,
+                               const char *what) {
+  size_t bytes = sizeof(float) * A;
+  float *h = malloc(bytes), *got = malloc(bytes);
+  EXPECT(h != NULL && got != NULL, "malloc");
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i);
+  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  CU(cu_sync(g_stream));
+  CU(cu_dtoh(got, dptr(recv), bytes));
+  EXPECT_ALL(-1, what, A, got, 4096 * n * (n - 1) / 2 + n * i);
+  free(h);
+  free(got);
+}
+
 /* Mode refuse: a call that cannot be captured is refused and leaves the capture intact. */
 static void refuse(ncclComm_t comm, int rank, int n) {
   size_t bytes = sizeof(float) * A;
   void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
-  float *h = malloc(bytes), *got = malloc(bytes);
-  EXPECT(h != NULL && got != NULL, "malloc");
   make_stream();
   CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
   EXPECT(capturing() == CAPTURE_ACTIVE, "the stream capturing after cuStreamBeginCapture");
@@ -453,19 +468,12 @@ static void refuse(ncclComm_t comm, int rank, int n) {
   if (graph != NULL) CU(cu_graph_destroy(graph));
   EXPECT(capturing() == 0, "the stream no longer capturing after cuStreamEndCapture");
 
-  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i);
-  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
-  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
-  CU(cu_sync(g_stream));
-  CU(cu_dtoh(got, dptr(recv), bytes));
-  EXPECT_ALL(-1, "ncclAllReduce after the capture", A, got, 4096 * n * (n - 1) / 2 + n * i);
+  ordinary_allreduce(comm, send, recv, rank, n, "ncclAllReduce after the capture");
   ncclResult_t async = ncclInternalError;
   CHECK(ncclCommGetAsyncError(comm, &async));
   EXPECT(async == ncclSuccess, "no asynchronous error, got %d", (int)async);
   CHECK(ncclMemFree(send));
   CHECK(ncclMemFree(recv));
-  free(h);
-  free(got);
 }
 
 /* Mode limits: calls no communicator records are refused, the capture intact. */
@@ -495,26 +503,16 @@ static void limits(ncclComm_t comm, int rank, int n) {
   CU(cu_end_capture(g_stream, &graph));
   EXPECT(graph != NULL, "a graph after the refused calls");
   CU(cu_graph_destroy(graph));
-  /* Nothing was left half queued: an ordinary call on the stream runs and is right. */
-  float *h = malloc(bytes), *got = malloc(bytes);
-  EXPECT(h != NULL && got != NULL, "malloc");
-  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i);
-  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
-  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
-  CU(cu_sync(g_stream));
-  CU(cu_dtoh(got, dptr(recv), bytes));
-  EXPECT_ALL(-1, "ncclAllReduce after the refusals", A, got, 4096 * n * (n - 1) / 2 + n * i);
+  ordinary_allreduce(comm, send, recv, rank, n, "ncclAllReduce after the refusals");
   CU(cu_free_host(locked_s));
   CU(cu_free_host(locked_r));
   CHECK(ncclMemFree(send));
   CHECK(ncclMemFree(recv));
   CHECK(ncclMemFree(ag_r));
-  free(h);
-  free(got);
 }
 
-/* Mode fail: rank 1 leaves after recording; rank 0's launch fails visibly. Returns whether
- * the communicator is still to be destroyed. */
+/* Mode fail: rank 1 leaves after recording; rank 0's launch fails visibly. Rank 0 aborts
+ * the communicator itself; returns its exit status. */
 static int fail(ncclComm_t comm, int rank) {
   size_t bytes = sizeof(float) * A;
   void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);

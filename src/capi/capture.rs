@@ -18,8 +18,9 @@
 //! the deadline. A rank may record a call that another rank makes on a stream that is
 //! not being captured, or in the blocking form: every form exchanges the same messages (the
 //! collective is cut as the blocking form cuts it). The arena and the host function are kept
-//! until the communicator goes (`ncclCommDestroy`), so a graph holding a call must not be
-//! launched after that (NCCL's contract).
+//! until the graph is gone (handed to it as a user object, `device::recorded`), or else until
+//! the communicator goes (`ncclCommDestroy`); a graph holding a call must not be launched
+//! after that (NCCL's contract).
 //!
 //! Where a launch's call fails (a peer gone, the deadline), its outputs are filled with ones
 //! (0xff bytes: NaN in every floating type), so a result that was not made is not mistaken
@@ -183,7 +184,7 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
     // SAFETY: every range was checked as live memory of `device` when its call was made, and
     // NCCL's contract keeps it the operation's whenever the graph runs it; `stream` is the
     // caller's stream of that device.
-    let staged = unsafe { shared.streams.stage_captured(device, stream, &spans) }?;
+    let (staged, arena) = unsafe { shared.streams.stage_captured(device, stream, &spans) }?;
     let outputs = staged.written_copies();
     let staged = [(stream, staged)];
     let colls = point_at_arenas(&mut ops, &staged);
@@ -224,12 +225,25 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
         s.streams.record_failure(e);
     });
     let handle = std::ptr::without_provenance_mut(stream);
-    // SAFETY: the caller's stream of `device`; the queue keeps `call` as long as the
-    // communicator lives, which NCCL's contract makes outlive the graph's launches.
+    // SAFETY: the caller's stream of `device`; the queue keeps `call` until the graph is gone
+    // (below) or the communicator goes, which NCCL's contract makes outlive the launches.
     unsafe { device.queue_host_call(handle, &call) }?;
-    shared.streams.keep_captured(call);
-    // SAFETY: as for the staging above; the arena lives as long as the communicator.
-    unsafe { staged[0].1.copy_back() }
+    let release = shared.streams.keep_captured(call, arena);
+    // SAFETY: as for the staging above; the arena is kept with the call.
+    unsafe { staged[0].1.copy_back() }?;
+    // SAFETY: the caller's stream of `device`, in the active capture this call is recorded
+    // into.
+    if !unsafe { device.on_graph_release(handle, release) }? {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            ferroccl_transport::log_line!(
+                "ferroccl INFO COLL: this CUDA driver cannot tie a recorded call to its graph \
+                 (cuUserObjectCreate, cuGraphRetainUserObject): the memory of calls recorded \
+                 into graphs is kept until their communicator is destroyed"
+            )
+        });
+    }
+    Ok(())
 }
 
 /// The stream of `op` and whether it is being captured, with the call's name.
@@ -276,6 +290,36 @@ fn resolve_scalar(op: &Op) -> Op {
         }
     }
     op
+}
+
+/// Pinned bytes `comm` holds for calls recorded into CUDA graphs: `*live` for calls a graph
+/// may still run, `*spare` for calls whose graphs are gone, freed by the communicator's next
+/// call that is not recorded (either may be NULL). Not part of NCCL's API: a diagnostic, and
+/// how the test programs check that a destroyed graph gives its memory back.
+///
+/// # Safety
+/// `comm` is a live communicator; `live` and `spare` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ferrocclCommRecordedBytes(
+    comm: ncclComm_t,
+    live: *mut usize,
+    spare: *mut usize,
+) -> ncclResult_t {
+    const API: &str = "ferrocclCommRecordedBytes";
+    guard(API, || {
+        let shared = super::comm::lookup(API, comm)?;
+        let b = shared.streams.recorded_bytes();
+        // SAFETY: each is NULL or writable, per the caller.
+        unsafe {
+            if !live.is_null() {
+                *live = b.live;
+            }
+            if !spare.is_null() {
+                *spare = b.spare;
+            }
+        }
+        Ok(ncclSuccess)
+    })
 }
 
 /// The stand-in provider's device for a test hook; the cuda provider has the driver's calls.

@@ -226,6 +226,13 @@ fn run(batches: Vec<(Arc<Shared>, Vec<Op>)>, unchecked: &[Arc<Shared>]) -> Resul
         plans.push(plan);
     }
     all_or_none(&mut plans);
+    // Arenas of recorded calls whose graphs are gone are freed by calls not recorded (none
+    // is freed while this thread records one).
+    if !plans.iter().any(|p| matches!(p, Plan::Capture(_))) {
+        for (shared, _) in &batches {
+            shared.streams.free_spare_arenas();
+        }
+    }
     // A part over several streams is joined with all of them before anything of the group is
     // staged (and after its copies back, below).
     let joins = joined(&batches, &plans, &streams);

@@ -280,6 +280,25 @@ pub(crate) unsafe fn queue_host_fn(
     unsafe { d.launch_host_func(stream, f, data) }.map_err(|e| convert(&e))
 }
 
+/// Hands `data` to the graph being captured on the caller's `stream` of device `ordinal`:
+/// `destroy(data)` runs once that graph and everything made from it are gone
+/// (`ferroccl_cuda::user_objects`). `Ok(false)` where the driver cannot (then never).
+///
+/// # Safety
+/// As [`sync_foreign_stream`], `stream` not NULL; `destroy` makes no CUDA call and `data`
+/// stays valid until it runs.
+pub(crate) unsafe fn retain_in_capture(
+    ordinal: u32,
+    stream: *mut std::ffi::c_void,
+    destroy: ferroccl_cuda::driver::HostFn,
+    data: *mut std::ffi::c_void,
+) -> Result<bool> {
+    let d = bound(ordinal)?;
+    let calls = ferroccl_cuda::user_objects::user_objects(d);
+    // SAFETY: per the caller; the primary context is current.
+    unsafe { calls.retain_in_capture(d, stream, destroy, data) }.map_err(|e| convert(&e))
+}
+
 /// The PCI bus id of device `ordinal`.
 pub(crate) fn pci_bus_id(ordinal: u32) -> Result<String> {
     let d = loaded()?;

@@ -76,7 +76,59 @@ unsafe extern "C" fn run_host_call(data: *mut c_void) {
     call.call();
 }
 
+/// What runs once a graph holding a recorded call is gone, with every executable graph made
+/// from it and their launches (the destructor of a user object the graph owns). It runs on a
+/// driver thread (the stand-in: whichever drops the graph's last hold) and must make no CUDA
+/// call.
+pub(crate) type Release = Box<dyn FnOnce() + Send>;
+
+/// The driver's entry for a [`Release`] (a user object's destructor).
+///
+/// # Safety
+/// `data` is `Box::into_raw` of a boxed [`Release`], and this is its one call.
+unsafe extern "C" fn run_release(data: *mut c_void) {
+    // SAFETY: per the contract of `Device::on_graph_release`, which made `data`.
+    let release = unsafe { Box::from_raw(data.cast::<Release>()) };
+    let run = std::panic::AssertUnwindSafe(|| super::as_stream_job(*release));
+    if std::panic::catch_unwind(run).is_err() {
+        ferroccl_transport::log_line!(
+            "ferroccl WARN COLL: releasing a call recorded into a CUDA graph panicked"
+        );
+    }
+}
+
 impl Device {
+    /// Hands `release` to the graph being captured on the caller's `stream`: it runs once
+    /// that graph, every executable graph made from it and their launches are gone.
+    /// `Ok(false)`, and `release` dropped unrun, where the driver cannot (it lacks the
+    /// calls, or could not make the object): the caller then keeps what it would release.
+    ///
+    /// # Safety
+    /// As [`Device::sync_stream`], `stream` not NULL and in an active capture.
+    pub(crate) unsafe fn on_graph_release(
+        self,
+        stream: *mut c_void,
+        release: Release,
+    ) -> Result<bool> {
+        match self.provider {
+            Provider::Cuda => {
+                let data = Box::into_raw(Box::new(release)).cast::<c_void>();
+                // SAFETY: per the caller; `run_release` makes no CUDA call (it runs as a
+                // stream job's work) and takes `data` back once.
+                let r = unsafe { cuda::retain_in_capture(self.ordinal, stream, run_release, data) };
+                if !matches!(r, Ok(true)) {
+                    // SAFETY: the driver did not take `data` (no object destroys it): ours
+                    // again, dropped unrun.
+                    drop(unsafe { Box::from_raw(data.cast::<Release>()) });
+                }
+                r
+            }
+            Provider::Host => {
+                host_stream::retain_in_capture(stream as usize, release).map(|()| true)
+            }
+        }
+    }
+
     /// Whether the caller's `stream` of this device is being captured into a graph. A NULL
     /// stream is never (the legacy stream cannot be captured).
     ///

@@ -35,7 +35,7 @@ mod capture;
 use capture::Recording;
 #[cfg_attr(not(feature = "capi"), allow(unused_imports))]
 pub(crate) use capture::{
-    begin_capture, call, capture_status, end_capture, launch_graph, Call, Graph,
+    begin_capture, call, capture_status, end_capture, launch_graph, retain_in_capture, Call, Graph,
 };
 
 /// How long a stand-in stream waits for a flag before it reports an error.

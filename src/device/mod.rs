@@ -47,6 +47,8 @@ pub(crate) mod host_stream;
 pub(crate) mod ipc;
 mod pending;
 pub(crate) mod raw;
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) mod recorded;
 mod shared_marks;
 pub(crate) mod staging;
 mod stream;

@@ -51,6 +51,12 @@ impl Pinned {
         (self.ptr, self.len)
     }
 
+    /// The device whose driver allocated it.
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
     /// The first `n` (`<= len`) bytes as elements of `T`.
     fn typed<T: Element>(&mut self, n: usize) -> &mut [T] {
         assert!(

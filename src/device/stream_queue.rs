@@ -25,7 +25,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::Sender;
 
 use crate::device::gate::{Flag, Gate};
-use crate::device::graph::HostCall;
+use crate::device::graph::{HostCall, Release};
+use crate::device::recorded::{Recorded, RecordedBytes};
+use crate::device::staging::Pinned;
 use crate::device::stream_stage::{Arenas, Span, Staged};
 use crate::device::Device;
 use crate::{Error, ErrorKind, Result};
@@ -83,9 +85,9 @@ pub(crate) struct StreamQueue {
     progress: Arc<Progress>,
     /// Pinned arenas of the jobs staged on the caller's streams (`stream_stage`).
     arenas: Mutex<Arenas>,
-    /// The host work of calls recorded into CUDA graphs, kept with their arenas until the
-    /// queue drops (`device::graph`).
-    captured: Mutex<Vec<Arc<HostCall>>>,
+    /// The host work and arenas of calls recorded into CUDA graphs, kept while a graph may
+    /// run them (`device::recorded`).
+    recorded: Recorded,
 }
 
 impl std::fmt::Debug for Job {
@@ -304,7 +306,8 @@ impl StreamQueue {
     }
 
     /// Stages `spans` of a call being recorded into a graph on the caller's `stream` in an
-    /// arena of its own (`Arenas::stage_captured`); the copies in are recorded now.
+    /// arena of its own (a spare one if any fits); the copies in are recorded now. Keep the
+    /// arena with the call ([`StreamQueue::keep_captured`]).
     ///
     /// # Safety
     /// As for `Arenas::stage`.
@@ -313,15 +316,29 @@ impl StreamQueue {
         device: Device,
         stream: usize,
         spans: &[Span],
-    ) -> Result<Staged> {
-        // SAFETY: per the caller.
-        unsafe { lock(&self.arenas).stage_captured(device, stream, spans) }
+    ) -> Result<(Staged, Pinned)> {
+        let arena = self.recorded.arena(device, Arenas::captured_bytes(spans))?;
+        // SAFETY: per the caller; the arena is kept with the call.
+        let staged = unsafe { Arenas::stage_captured(device, stream, &arena, spans) }?;
+        Ok((staged, arena))
     }
 
-    /// Keeps `call`, queued on a stream being captured, until the queue drops: each launch of
-    /// the graph runs it.
-    pub(crate) fn keep_captured(&self, call: Arc<HostCall>) {
-        lock(&self.captured).push(call);
+    /// Keeps `call`, queued on a stream being captured, and its `arena` until the release
+    /// returned runs (hand it to the graph) or the queue drops: each launch of the graph runs
+    /// the call.
+    pub(crate) fn keep_captured(&self, call: Arc<HostCall>, arena: Pinned) -> Release {
+        self.recorded.keep(call, arena)
+    }
+
+    /// Frees the arenas of recorded calls whose graphs are gone (a call not being recorded;
+    /// one atomic load where there are none).
+    pub(crate) fn free_spare_arenas(&self) {
+        self.recorded.free_spares();
+    }
+
+    /// Pinned bytes held for calls recorded into graphs.
+    pub(crate) fn recorded_bytes(&self) -> RecordedBytes {
+        self.recorded.bytes()
     }
 
     /// Bytes of pinned memory in this queue's arenas.

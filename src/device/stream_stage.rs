@@ -225,8 +225,6 @@ pub(crate) struct Arenas {
     by_stream: Vec<(usize, Pinned)>,
     /// Arenas replaced by larger ones (see the module docs).
     retired: Vec<Pinned>,
-    /// Arenas of calls recorded into graphs ([`Arenas::stage_captured`]).
-    captured: Vec<Pinned>,
 }
 
 /// Places `merged` ranges one after another from `base` and queues on `stream` the copies of
@@ -277,27 +275,33 @@ impl Arenas {
         unsafe { place(device, stream, base, merged) }
     }
 
-    /// As [`Arenas::stage`], in an arena of its own that nothing else uses and that lives
-    /// until the queue drops: a call recorded into a CUDA graph, whose copies and host call
-    /// run at each launch of the graph, whenever that is (`device::graph`). The caller has
-    /// relaxed the thread's capture mode for the call (`capi::capture`), so the allocation
-    /// leaves the capture intact.
+    /// Bytes of an arena of its own that staging `spans` takes: a call recorded into a CUDA
+    /// graph, whose copies and host call run at each launch of the graph, whenever that is
+    /// (`device::recorded` keeps it).
+    pub(crate) fn captured_bytes(spans: &[Span]) -> usize {
+        placed_bytes(&merge(spans)).max(ALIGN)
+    }
+
+    /// As [`Arenas::stage`], in `arena` (at least [`Arenas::captured_bytes`] of `spans`),
+    /// which nothing else uses while a graph may run the call.
     ///
     /// # Safety
-    /// As for [`Arenas::stage`].
+    /// As for [`Arenas::stage`]; `arena` lives as long as a graph may run the copies.
     pub(crate) unsafe fn stage_captured(
-        &mut self,
         device: Device,
         stream: usize,
+        arena: &Pinned,
         spans: &[Span],
     ) -> Result<Staged> {
         let merged = merge(spans);
-        let need = placed_bytes(&merged).max(ALIGN);
-        let p = Pinned::new(device, need)?;
-        let base = p.raw().0;
-        self.captured.push(p);
-        // SAFETY: per the caller; the arena holds the merged ranges and lives until the queue
-        // drops.
+        let (base, len) = arena.raw();
+        if len < placed_bytes(&merged) {
+            return Err(crate::Error::internal(format!(
+                "a recorded call's arena of {len} bytes is smaller than its {} bytes",
+                placed_bytes(&merged)
+            )));
+        }
+        // SAFETY: per the caller; the arena holds the merged ranges (checked above).
         unsafe { place(device, stream, base, merged) }
     }
 
@@ -326,8 +330,7 @@ impl Arenas {
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         let live = self.by_stream.iter().map(|(_, p)| p.raw().1);
-        let kept = self.retired.iter().chain(&self.captured);
-        live.chain(kept.map(|p| p.raw().1)).sum()
+        live.chain(self.retired.iter().map(|p| p.raw().1)).sum()
     }
 
     /// The arena of `stream`, at least `need` bytes.

@@ -26,6 +26,13 @@
  *   graphs 2 fail            rank 1 records an allreduce and exits; rank 0's launch fails: the
  *                            output is all ones (0xff bytes), ncclCommGetAsyncError names the
  *                            error, and the next call fails
+ *   graphs NRANKS lifetime   a recorded call's memory lives as long as its graph: graph 0 is
+ *                            kept while graphs 1..3 are each recorded (an allreduce), launched
+ *                            twice, checked and destroyed; a destroyed graph's arena becomes a
+ *                            spare (ferrocclCommRecordedBytes), the next recording takes it
+ *                            instead of allocating, an ordinary call frees the spares but not
+ *                            graph 0's, which still runs right; once graph 0 is destroyed too,
+ *                            nothing is held
  *   graphs NRANKS refuse     where calls cannot be captured (the p2p transport,
  *                            FERRO_TRANSPORTS=p2p): an allreduce on a capturing stream returns
  *                            ncclInvalidUsage naming "graph", the stream is still capturing,
@@ -131,6 +138,7 @@ int ferrocclGraphLaunch(void *graph, cudaStream_t stream);
 int ferrocclGraphDestroy(void *graph);
 int ferrocclMemAllocHost(void **ptr, size_t bytes);
 int ferrocclMemFreeHost(void *ptr);
+int ferrocclCommRecordedBytes(ncclComm_t comm, size_t *live, size_t *spare);
 
 /* The driver's calls over the stand-in: its device memory is host memory, so a synchronous
  * copy is a memcpy after the stream's earlier work; an instantiated graph is the graph. */
@@ -476,6 +484,80 @@ static void refuse(ncclComm_t comm, int rank, int n) {
   CHECK(ncclMemFree(recv));
 }
 
+/* The pinned bytes comm holds for recorded calls, waiting up to 10 s for `spare` bytes to be
+ * spares: a driver may run a destroyed graph's destructors on a thread of its own, later. */
+static void recorded_bytes(ncclComm_t comm, size_t *live, size_t *spare, size_t want_spare) {
+  for (int t = 0; t < 10000; t++) {
+    CHECK(ferrocclCommRecordedBytes(comm, live, spare));
+    if (*spare >= want_spare) return;
+    usleep(1000);
+  }
+}
+
+/* Records an allreduce of A floats from send into recv on the stream: a graph, instantiated. */
+static void record_allreduce(ncclComm_t comm, void *send, void *recv, void **graph, void **exec) {
+  CU(cu_begin_capture(g_stream, CAPTURE_MODE_GLOBAL));
+  CHECK(ncclAllReduce(send, recv, A, ncclFloat, ncclSum, comm, g_stream));
+  CU(cu_end_capture(g_stream, graph));
+  CU(cu_instantiate(exec, *graph, 0));
+}
+
+/* Launches exec with new inputs (k: a distinct value in every element) and checks recv. */
+static void launch_allreduce(void *exec, void *send, void *recv, int rank, int n, int k) {
+  size_t bytes = sizeof(float) * A;
+  float *h = malloc(bytes);
+  EXPECT(h != NULL, "malloc");
+  for (int i = 0; i < A; i++) h[i] = (float)(rank * 4096 + i + 17 * k);
+  CU(cu_htod_async(dptr(send), h, bytes, g_stream));
+  CU(cu_launch(exec, g_stream));
+  CU(cu_sync(g_stream));
+  CU(cu_dtoh(h, dptr(recv), bytes));
+  EXPECT_ALL(k, "recorded ncclAllReduce", A, h, 4096 * n * (n - 1) / 2 + n * (i + 17 * k));
+  free(h);
+}
+
+/* Mode lifetime: a recorded call's arena lives as long as its graph, and is reused. */
+static void lifetime(ncclComm_t comm, int rank, int n) {
+  size_t bytes = sizeof(float) * A;
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
+  make_stream();
+  void *kept_graph = NULL, *kept_exec = NULL;
+  size_t live = 0, spare = 0, one = 0;
+  record_allreduce(comm, send, recv, &kept_graph, &kept_exec);
+  recorded_bytes(comm, &one, &spare, 0);
+  EXPECT(one > 0 && spare == 0, "after recording graph 0: %zu bytes live, %zu spare", one, spare);
+  launch_allreduce(kept_exec, send, recv, rank, n, 0);
+  for (int g = 1; g < 4; g++) {
+    void *graph = NULL, *exec = NULL;
+    record_allreduce(comm, send, recv, &graph, &exec);
+    /* Graph g's call took the spare arena of graph g - 1 (none spare, two live). */
+    recorded_bytes(comm, &live, &spare, 0);
+    EXPECT(live == 2 * one && spare == 0, "after recording graph %d: %zu bytes live, %zu spare; "
+           "want %zu live (graphs 0 and %d) and none spare", g, live, spare, 2 * one, g);
+    launch_allreduce(exec, send, recv, rank, n, 2 * g);
+    launch_allreduce(exec, send, recv, rank, n, 2 * g + 1);
+    CU(cu_exec_destroy(exec));
+    CU(cu_graph_destroy(graph));
+    recorded_bytes(comm, &live, &spare, one);
+    EXPECT(live == one && spare == one, "after destroying graph %d: %zu bytes live, %zu spare; "
+           "want %zu of each", g, live, spare, one);
+  }
+  /* An ordinary call frees the spare, not graph 0's arena, which still serves its launches. */
+  ordinary_allreduce(comm, send, recv, rank, n, "ncclAllReduce after the graphs");
+  CHECK(ferrocclCommRecordedBytes(comm, &live, &spare));
+  EXPECT(live == one && spare == 0, "after an ordinary call: %zu bytes live, %zu spare; want "
+         "%zu live (graph 0) and none spare", live, spare, one);
+  launch_allreduce(kept_exec, send, recv, rank, n, 9);
+  CU(cu_exec_destroy(kept_exec));
+  CU(cu_graph_destroy(kept_graph));
+  recorded_bytes(comm, &live, &spare, one);
+  ordinary_allreduce(comm, send, recv, rank, n, "ncclAllReduce after the last graph");
+  CHECK(ferrocclCommRecordedBytes(comm, &live, &spare));
+  EXPECT(live == 0 && spare == 0, "with no graph left: %zu bytes live, %zu spare", live, spare);
+  CHECK(ncclMemFree(send));
+  CHECK(ncclMemFree(recv));
+}
+
 /* Mode limits: calls no communicator records are refused, the capture intact. */
 static void limits(ncclComm_t comm, int rank, int n) {
   size_t bytes = sizeof(float) * A, ag = sizeof(int32_t) * 100;
@@ -556,6 +638,8 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
     limits(comm, rank, n);
   else if (strcmp(mode, "fail") == 0)
     return fail(comm, rank);
+  else if (strcmp(mode, "lifetime") == 0)
+    lifetime(comm, rank, n);
   else
     graphs(comm, rank, n, strcmp(mode, "mixed") != 0 || rank % 2 == 0);
   CHECK(ncclCommDestroy(comm));
@@ -565,11 +649,11 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "graphs";
-  const char *modes[] = {"graphs", "mixed", "limits", "fail", "refuse"};
+  const char *modes[] = {"graphs", "mixed", "limits", "fail", "refuse", "lifetime"};
   int known = 0;
   for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) known |= strcmp(mode, modes[m]) == 0;
   if (n < 1 || !known || (strcmp(mode, "fail") == 0 && n != 2)) {
-    fprintf(stderr, "usage: graphs [NRANKS [mixed|limits|refuse]] | graphs 2 fail\n");
+    fprintf(stderr, "usage: graphs [NRANKS [mixed|limits|refuse|lifetime]] | graphs 2 fail\n");
     return 1;
   }
   const char *prov = getenv("FERRO_DEVICE_PROVIDER");
@@ -610,6 +694,8 @@ int main(int argc, char **argv) {
            mode);
   else if (strcmp(mode, "fail") == 0)
     printf("OK %d ranks (fail): a failed launch left ones and an asynchronous error\n", n);
+  else if (strcmp(mode, "lifetime") == 0)
+    printf("OK %d ranks (lifetime): a recorded call's memory lived as long as its graph\n", n);
   else
     printf("OK %d ranks (%s): captured calls ran at each of 3 launches, not at capture\n", n,
            mode);

@@ -47,6 +47,7 @@ mod error;
 pub mod host;
 pub mod mem_ops;
 pub mod nvrtc;
+pub mod user_objects;
 
 pub use args::{divisor_bits, factor_bits, kernel_name, RcArgs, MAX_DSTS, MAX_SRCS};
 pub use driver::DRIVER_MISSING;

@@ -3,12 +3,29 @@
 //! and host functions queued on a capturing stream are recorded, each launch queues them
 //! again; what a graph cannot replay (a flag wait, a wait for another stream, a job that runs
 //! once, a synchronize) invalidates the capture, as the driver's end then gives no graph.
+//! What a capture is handed to keep (the model of a user object moved into the graph,
+//! `cuGraphRetainUserObject`) is released once the graph and every launch of it queued so far
+//! are gone, or when the capture ends invalidated.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::{kick, lock, stream, Entry, Fifo, STREAMS};
+use crate::device::graph::Release;
 use crate::{Error, Result};
+
+/// What a capture or graph keeps for others: each [`Release`] runs when this drops.
+#[derive(Default)]
+pub(super) struct Kept(Mutex<Vec<Release>>);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let releases = std::mem::take(self.0.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for release in releases {
+            release();
+        }
+    }
+}
 
 /// What a capture on a stand-in stream has recorded so far.
 #[derive(Default)]
@@ -18,6 +35,8 @@ pub(super) struct Recording {
     /// stream, a job that runs once): the capture ends with an error, as the driver's ends
     /// invalidated.
     pub(super) invalid: Option<&'static str>,
+    /// What the graph will keep (released here where the capture ends invalidated).
+    kept: Kept,
 }
 
 impl std::fmt::Debug for Recording {
@@ -42,10 +61,11 @@ enum Step {
 }
 
 /// A stand-in graph: the copies and host calls a capture recorded, in order; each launch
-/// queues them on a stream again.
+/// queues them on a stream again, with a hold on what the graph keeps.
 #[derive(Clone, Default)]
 pub(crate) struct Graph {
     steps: Vec<Step>,
+    kept: Arc<Kept>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -160,7 +180,10 @@ pub(crate) fn end_capture(handle: usize) -> Result<Graph> {
             "host stand-in stream 0x{handle:x}: the capture was invalidated by {what} queued \
              while it was open"
         ))),
-        None => Ok(Graph { steps: rec.steps }),
+        None => Ok(Graph {
+            steps: rec.steps,
+            kept: Arc::new(rec.kept),
+        }),
     }
 }
 
@@ -180,7 +203,34 @@ pub(crate) fn launch_graph(handle: usize, graph: &Graph) -> Result<()> {
                 Step::Call(c) => f.entries.extend(host_fn(Arc::clone(c))),
             }
         }
+        // The launch holds what the graph keeps until the stream has run it.
+        let kept = Arc::clone(&graph.kept);
+        f.entries.push_back(Entry::Run(Box::new(move || {
+            drop(kept);
+            Ok(())
+        })));
     }
     kick(&s);
+    Ok(())
+}
+
+/// Hands `release` to the capture open on stand-in stream `handle` (the model of a user
+/// object moved into the graph being captured): it runs once the graph and the launches
+/// queued from it are gone, or at the capture's end where that was invalidated.
+pub(crate) fn retain_in_capture(handle: usize, release: Release) -> Result<()> {
+    let s = stream(handle);
+    let mut f = lock(&s);
+    let Some(rec) = f.capture.as_mut() else {
+        drop(f);
+        drop(release);
+        return Err(Error::invalid_usage(format!(
+            "host stand-in stream 0x{handle:x} is not being captured"
+        )));
+    };
+    rec.kept
+        .0
+        .get_mut()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(release);
     Ok(())
 }

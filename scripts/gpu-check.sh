@@ -218,7 +218,8 @@ if [ -x "$bundle/bin/streams" ]; then
     # runs at capture, three launches with new inputs each run every collective and a group
     # of sends and receives, beside ordinary calls on the same stream; refusals leave the
     # capture intact; a launch whose peer is gone leaves ones and an asynchronous error; the
-    # p2p transport refuses (tests/c/graphs.c; not run on a GPU before).
+    # p2p transport refuses; a destroyed graph gives its calls' memory back (tests/c/graphs.c;
+    # not run on a GPU before).
     if [ -x "$bundle/bin/graphs" ]; then
         echo "-- 4g: calls recorded into graphs (tests/c/graphs.c)"
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 || rc=1
@@ -229,6 +230,9 @@ if [ -x "$bundle/bin/streams" ]; then
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 fail || rc=1
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_TRANSPORTS=p2p deadline=60 \
             part=4g step "$bundle/bin/graphs" 2 refuse || rc=1
+        # A recorded call's memory lives as long as its graph (cuUserObjectCreate,
+        # cuGraphRetainUserObject; not run on a GPU before).
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 lifetime || rc=1
     else
         echo "-- 4g: bin/graphs missing from the bundle"
         rc=1

@@ -114,6 +114,10 @@ FERRO_DEVICE_SLICE_BYTES=1024 step 4g c_ok "$soft/graphs" 3 mixed
 FERRO_DEVICE_SLICE_BYTES=256 step 4g c_ok "$soft/graphs" 2 limits
 step 4g c_ok "$soft/graphs" 2 fail
 FERRO_TRANSPORTS=p2p step 4g c_ok "$soft/graphs" 2 refuse
+# A recorded call's memory lives as long as its graph (a user object the graph owns), on
+# slow streams too: a destroyed executable graph's launches still queued keep it.
+step 4g c_ok "$soft/graphs" 3 lifetime
+SOFTCUDA_DELAY_US=300 step 4g c_ok "$soft/graphs" 2 lifetime
 # Memory mapped piece by piece into one reserved range (cuMemMap, PyTorch's expandable
 # segments): buffers across pieces work, one running into an unmapped piece is refused.
 step 4e c_ok "$soft/vmm"

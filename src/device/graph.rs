@@ -265,4 +265,53 @@ mod tests {
         assert!(e.message().contains("completion flag"), "{e}");
         assert!(host_stream::synchronize(h).is_ok(), "nothing was queued");
     }
+
+    #[test]
+    fn a_release_handed_to_a_stand_in_capture_runs_once_the_graph_and_its_launches_are_gone() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let h = 0x6a7b_0003usize;
+        let stream = std::ptr::without_provenance_mut(h);
+        let released = Arc::new(AtomicUsize::new(0));
+        let release = |r: &Arc<AtomicUsize>| -> Release {
+            let r = Arc::clone(r);
+            Box::new(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        // Not capturing: refused, and the release never runs.
+        // SAFETY: a stand-in stream needs no live handle.
+        assert!(unsafe { dev.on_graph_release(stream, release(&released)) }.is_err());
+        host_stream::begin_capture(h).unwrap();
+        // The graph's host call waits until `open` is set: its launch cannot end before.
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let o = Arc::clone(&open);
+        let call = HostCall::new(move || {
+            while !o.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        // SAFETY: as above; `call` outlives the launch (synchronized below).
+        unsafe { dev.queue_host_call(stream, &call) }.unwrap();
+        // SAFETY: as above.
+        assert!(unsafe { dev.on_graph_release(stream, release(&released)) }.unwrap());
+        let graph = host_stream::end_capture(h).unwrap();
+        host_stream::launch_graph(h, &graph).unwrap();
+        drop(graph);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "the launch has not ended"
+        );
+        open.store(true, Ordering::SeqCst);
+        host_stream::synchronize(h).unwrap();
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+        // A capture that ends invalidated releases what it was handed.
+        host_stream::begin_capture(h).unwrap();
+        // SAFETY: as above.
+        assert!(unsafe { dev.on_graph_release(stream, release(&released)) }.unwrap());
+        host_stream::launch(h, Box::new(|| Ok(())));
+        assert!(host_stream::end_capture(h).is_err());
+        assert_eq!(released.load(Ordering::SeqCst), 2);
+    }
 }

@@ -147,3 +147,36 @@ impl Recorded {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Provider;
+
+    #[test]
+    fn a_released_call_leaves_a_spare_that_the_smallest_fitting_recording_takes() {
+        let dev = Device::new(Provider::Host, 0).unwrap();
+        let r = Recorded::default();
+        let call = || HostCall::new(|| {});
+        let small = r.keep(call(), r.arena(dev, 512).unwrap());
+        let large = r.keep(call(), r.arena(dev, 4096).unwrap());
+        let live = |live, spare| RecordedBytes { live, spare };
+        assert_eq!(r.bytes(), live(4608, 0));
+        // Nothing to free while both graphs live.
+        r.free_spares();
+        assert_eq!(r.bytes(), live(4608, 0));
+        large();
+        small();
+        assert_eq!(r.bytes(), live(0, 4608));
+        // A recording of 300 bytes takes the 512-byte spare, not the larger one.
+        let again = r.arena(dev, 300).unwrap();
+        assert_eq!(again.raw().1, 512);
+        let _kept = r.keep(call(), again);
+        assert_eq!(r.bytes(), live(512, 4096));
+        // A call not recorded frees the spare; the live call's arena stays.
+        r.free_spares();
+        assert_eq!(r.bytes(), live(512, 0));
+        // No spare large enough: a new arena.
+        assert_eq!(r.arena(dev, 8192).unwrap().raw().1, 8192);
+    }
+}

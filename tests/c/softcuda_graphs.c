@@ -12,12 +12,19 @@
  * - another thread's capture: a global one prohibits this thread's allocation in the global
  *   mode, not in the thread-local mode; a relaxed one prohibits nothing;
  * - refused: a capture on the legacy stream, a second capture on a capturing stream, an end
- *   without a capture; cuStreamQuery answers OK once the stream is done.
+ *   without a capture; cuStreamQuery answers OK once the stream is done;
+ * - user objects: one moved (or retained, _v3) into the graph of an open capture, which
+ *   cuStreamGetCaptureInfo gives, outlives the capture's end, the graph (an executable graph
+ *   holds it) and the executable graph while a launch of it waits; its destructor runs once,
+ *   after that launch, and a driver call from it fails; an invalidated capture releases what
+ *   its graph held; a stream not capturing has no capture graph; bad arguments are refused.
  *
  * Prints "OK ..." and exits 0 when every check passed; otherwise says what failed, exit 1. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +75,14 @@ static struct {
   int (*launch)(void *, void *);
   int (*exec_destroy)(void *);
   int (*graph_destroy)(void *);
+  int (*info_v2)(void *, int *, unsigned long long *, void **, const void ***, size_t *);
+  int (*info_v3)(void *, int *, unsigned long long *, void **, const void ***, const void **,
+                 size_t *);
+  int (*obj_create)(void **, void *, void (*)(void *), unsigned, unsigned);
+  int (*obj_retain)(void *, unsigned);
+  int (*obj_release)(void *, unsigned);
+  int (*graph_retain)(void *, void *, unsigned, unsigned);
+  int (*graph_release)(void *, void *, unsigned);
 } cu;
 
 static void open_driver(void) {
@@ -102,6 +117,13 @@ static void open_driver(void) {
   SYM(launch, "cuGraphLaunch");
   SYM(exec_destroy, "cuGraphExecDestroy");
   SYM(graph_destroy, "cuGraphDestroy");
+  SYM(info_v2, "cuStreamGetCaptureInfo_v2");
+  SYM(info_v3, "cuStreamGetCaptureInfo_v3");
+  SYM(obj_create, "cuUserObjectCreate");
+  SYM(obj_retain, "cuUserObjectRetain");
+  SYM(obj_release, "cuUserObjectRelease");
+  SYM(graph_retain, "cuGraphRetainUserObject");
+  SYM(graph_release, "cuGraphReleaseUserObject");
   EXPECT(dlsym(lib, "cuStreamBeginCapture") != NULL, "the driver has no cuStreamBeginCapture");
 #undef SYM
 }
@@ -167,6 +189,153 @@ static int beside_capture(int other_mode, int mode, int *end) {
   pthread_barrier_destroy(&bar);
   *end = o.end;
   return r;
+}
+
+/* ---- user objects ---- */
+
+enum { NO_DESTRUCTOR_SYNC = 1, MOVE = 1 };
+
+/* What a user object's destructor saw: its runs, and what a driver call from it returned. */
+struct dtor {
+  atomic_int runs;
+  atomic_int driver_call;
+};
+
+static void dtor_fn(void *p) {
+  struct dtor *d = p;
+  atomic_store(&d->driver_call, cu.stream_query(NULL));
+  atomic_fetch_add(&d->runs, 1);
+}
+
+/* A host function that holds its stream until the gate opens. */
+static atomic_int gate;
+
+static void gate_fn(void *p) {
+  (void)p;
+  while (!atomic_load(&gate)) sched_yield();
+}
+
+/* The graph of the active capture on `s`, through _v2 (`v3` 0) or _v3; its number in *id. */
+static void *capture_graph(void *s, int v3, unsigned long long *id) {
+  int status = -1;
+  void *graph = NULL;
+  const void **deps = (const void **)1, *edges = (const void *)1;
+  size_t ndeps = 9;
+  if (v3) CU(0, cu.info_v3(s, &status, id, &graph, &deps, &edges, &ndeps));
+  else CU(0, cu.info_v2(s, &status, id, &graph, &deps, &ndeps));
+  EXPECT(status == 1 && graph != NULL && *id != 0, "capture info: status %d graph %p id %llu",
+         status, graph, *id);
+  EXPECT(deps == NULL && ndeps == 0 && (!v3 || edges == NULL), "capture info gave dependencies");
+  return graph;
+}
+
+/* Checks that the destructor of `d` ran `want` times, and a driver call from it was refused. */
+static void check_dtor(struct dtor *d, int want, const char *when) {
+  int runs = atomic_load(&d->runs);
+  EXPECT(runs == want, "%s: the destructor ran %d times, wanted %d", when, runs, want);
+  if (runs) EXPECT(atomic_load(&d->driver_call) == 800,
+                   "%s: a driver call from the destructor returned %d", when,
+                   atomic_load(&d->driver_call));
+}
+
+/* A user object in the graph of a capture on `s` (a host function that waits for the gate, the
+ * graph's only work): through _v2 moved, or through _v3 retained and the caller's reference
+ * released. It outlives the capture, the graph and the executable graph while its launch waits;
+ * its destructor runs once, after the launch. */
+static void object_in_capture(void *s, int v3) {
+  struct dtor d = {0, -1};
+  void *obj = NULL, *graph = NULL, *exec = NULL;
+  unsigned long long id = 0, id2 = 0;
+  atomic_store(&gate, 0);
+  CU(0, cu.begin(s, GLOBAL));
+  CU(0, cu.host_func(s, gate_fn, NULL));
+  void *captured = capture_graph(s, v3, &id);
+  EXPECT(capture_graph(s, !v3, &id2) == captured && id2 == id, "a second capture info differs");
+  CU(0, cu.obj_create(&obj, &d, dtor_fn, 1, NO_DESTRUCTOR_SYNC));
+  if (v3) {
+    CU(0, cu.graph_retain(captured, obj, 2, 0));
+    CU(0, cu.obj_release(obj, 1));
+    check_dtor(&d, 0, "the caller's reference released");
+    CU(1, cu.obj_release(obj, 1)); /* the caller holds none */
+    CU(0, cu.graph_release(captured, obj, 1));
+    CU(1, cu.graph_release(captured, obj, 2)); /* the graph holds one */
+  } else {
+    CU(0, cu.graph_retain(captured, obj, 1, MOVE));
+    CU(1, cu.graph_retain(captured, obj, 1, MOVE)); /* the caller holds none */
+  }
+  CU(401, cu.graph_destroy(captured)); /* not while its capture is open */
+  CU(0, cu.end(s, &graph));
+  EXPECT(graph == captured, "the capture ended with graph %p, its info gave %p", graph, captured);
+  check_dtor(&d, 0, "the capture ended");
+  CU(0, cu.instantiate(&exec, graph, 0));
+  CU(0, cu.graph_destroy(graph));
+  check_dtor(&d, 0, "the graph destroyed, its executable graph not");
+  CU(0, cu.launch(exec, s));
+  CU(0, cu.exec_destroy(exec));
+  struct timespec t = {0, 20 * 1000 * 1000};
+  nanosleep(&t, NULL);
+  check_dtor(&d, 0, "the executable graph destroyed, its launch pending");
+  atomic_store(&gate, 1);
+  CU(0, cu.stream_sync(s));
+  check_dtor(&d, 1, "the launch ran");
+  CU(0, cu.begin(s, GLOBAL));
+  capture_graph(s, v3, &id2);
+  CU(0, cu.end(s, &graph));
+  CU(0, cu.graph_destroy(graph));
+  EXPECT(id2 != id, "two captures have the same number %llu", id);
+}
+
+static void user_objects(void *s) {
+  /* No capture: status 0, no number, no graph. */
+  int status = -1;
+  unsigned long long id = 7;
+  void *graph = (void *)1;
+  CU(0, cu.info_v2(s, &status, &id, &graph, NULL, NULL));
+  EXPECT(status == 0 && id == 0 && graph == NULL, "no capture: status %d id %llu graph %p", status,
+         id, graph);
+  CU(0, cu.info_v2(NULL, &status, NULL, NULL, NULL, NULL));
+  EXPECT(status == 0, "the legacy stream: status %d", status);
+  CU(1, cu.info_v2(s, NULL, &id, &graph, NULL, NULL));
+
+  /* Bad arguments. */
+  struct dtor d = {0, -1};
+  void *obj = NULL;
+  CU(1, cu.obj_create(&obj, &d, dtor_fn, 1, 0));
+  CU(1, cu.obj_create(&obj, &d, dtor_fn, 1, 2));
+  CU(1, cu.obj_create(&obj, &d, dtor_fn, 0, NO_DESTRUCTOR_SYNC));
+  CU(1, cu.obj_create(&obj, &d, NULL, 1, NO_DESTRUCTOR_SYNC));
+  CU(1, cu.obj_create(NULL, &d, dtor_fn, 1, NO_DESTRUCTOR_SYNC));
+  EXPECT(obj == NULL, "a refused create gave %p", obj);
+
+  /* The caller's own references: the last release destroys, on this thread. */
+  CU(0, cu.obj_create(&obj, &d, dtor_fn, 1, NO_DESTRUCTOR_SYNC));
+  CU(1, cu.obj_retain(obj, 0));
+  CU(0, cu.obj_retain(obj, 2));
+  CU(0, cu.obj_release(obj, 2));
+  check_dtor(&d, 0, "one reference left");
+  CU(0, cu.obj_release(obj, 1));
+  check_dtor(&d, 1, "the last reference released");
+  CU(0, cu.stream_query(s)); /* the destructor's protection ended with it */
+
+  object_in_capture(s, 0);
+  object_in_capture(s, 1);
+
+  /* An invalidated capture releases what its graph held. */
+  struct dtor d2 = {0, -1};
+  CU(0, cu.begin(s, GLOBAL));
+  void *captured = capture_graph(s, 0, &id);
+  CU(0, cu.obj_create(&obj, &d2, dtor_fn, 1, NO_DESTRUCTOR_SYNC));
+  CU(0, cu.graph_retain(captured, obj, 1, MOVE));
+  CU(900, cu.stream_sync(s));
+  unsigned long long id2 = 0;
+  graph = (void *)1;
+  CU(0, cu.info_v2(s, &status, &id2, &graph, NULL, NULL));
+  EXPECT(status == 2 && graph == NULL && id2 == id, "invalidated: status %d graph %p id %llu",
+         status, graph, id2);
+  check_dtor(&d2, 0, "the capture invalidated, not ended");
+  CU(901, cu.end(s, &graph));
+  EXPECT(graph == NULL, "an invalidated capture gave a graph");
+  check_dtor(&d2, 1, "the invalidated capture ended");
 }
 
 int main(void) {
@@ -307,9 +476,12 @@ int main(void) {
   CU(401, cu.end(s, &graph));
   CU(0, cu.stream_sync(s));
 
+  user_objects(s);
+
   CU(0, cu.free_host(src));
   CU(0, cu.free_host(dst));
   CU(0, cu.mem_free(d));
-  printf("OK captured work ran at each of 3 launches; refused calls invalidated their captures\n");
+  printf("OK captured work ran at each of 3 launches; refused calls invalidated their captures; "
+         "user objects lived as long as their graphs\n");
   return 0;
 }

@@ -37,8 +37,9 @@ impl Capture {
 }
 
 /// Host work a graph runs at each launch. The library keeps it (with the memory it uses)
-/// until the communicator that recorded it goes: a graph holding it must not be launched
-/// after that, as NCCL's contract has it.
+/// while the graph may run it (`device::recorded`), and never after the communicator that
+/// recorded it goes: a graph holding it must not be launched after that, as NCCL's contract
+/// has it.
 pub(crate) struct HostCall {
     run: Box<dyn Fn() + Send + Sync>,
 }

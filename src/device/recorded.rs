@@ -117,7 +117,7 @@ impl Recorded {
     /// Frees the arenas of calls whose graphs are gone. For calls not being recorded: one
     /// atomic load where there is nothing to free.
     pub(crate) fn free_spares(&self) {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
+        if !self.dirty.load(Ordering::Acquire) || !self.dirty.swap(false, Ordering::AcqRel) {
             return;
         }
         let spare = {

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int g_rank = -1;
 
@@ -48,5 +50,43 @@ static inline int trace_calls(void) {
     EXPECT(r_ == (code), "%s returned %d, wanted %d (%s)", #call, (int)r_, (int)(code), m_); \
     EXPECT(strstr(m_, (word)) != NULL, "last error \"%s\" names \"%s\"", m_, (word));        \
   } while (0)
+
+/* Runs rank_main(rank, n, id, arg) in n forked processes, each exiting with what it returns
+ * (it may exit itself). Rank 0 makes the unique id and sends it to the others by pipe; with
+ * own_ids every rank makes its own (NCCL_COMM_ID names the root). Returns 1 where a process
+ * could not start or did not exit 0, else 0; the caller prints the verdict. */
+static inline int fork_ranks(int n, int own_ids, int (*rank_main)(int, int, ncclUniqueId, void *),
+                             void *arg) {
+  int (*pipes)[2] = calloc(n, sizeof *pipes);
+  if (pipes == NULL) return 1;
+  for (int r = 0; r < n; r++)
+    if (pipe(pipes[r]) != 0) return 1;
+  fflush(stdout);
+  for (int r = 0; r < n; r++) {
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid > 0) continue;
+    ncclUniqueId id;
+    g_rank = r;
+    if (own_ids || r == 0) {
+      CHECK(ncclGetUniqueId(&id));
+      if (!own_ids)
+        for (int q = 1; q < n; q++)
+          if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
+    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
+      _exit(4);
+    }
+    int rc = rank_main(r, n, id, arg);
+    fflush(stdout);
+    _exit(rc);
+  }
+  int failed = 0;
+  for (int r = 0; r < n; r++) {
+    int status = 0;
+    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  free(pipes);
+  return failed;
+}
 
 #endif

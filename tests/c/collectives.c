@@ -404,43 +404,23 @@ static int run_shared(int rank, int n, ncclUniqueId id) {
 }
 #endif
 
+/* One rank of the mode `arg` names. */
+static int rank_main(int r, int n, ncclUniqueId id, void *arg) {
+  const char *mode = arg;
+  if (strcmp(mode, "rootmismatch") == 0) return run_root_mismatch(r, n, id);
+  if (strcmp(mode, "timeout") == 0) return run_timeout(r, n, id);
+#ifdef HAVE_FERROCCL_H
+  if (strcmp(mode, "shared") == 0) return run_shared(r, n, id);
+#endif
+  return strcmp(mode, "mismatch") == 0 ? run_mismatch(r, n, id) : run_rank(r, n, id);
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "pipe";
   if (n < 1) return 1;
   if (strcmp(mode, "all") == 0) return run_all(n);
-  int commid = strcmp(mode, "commid") == 0;
-  int mismatch = strcmp(mode, "mismatch") == 0;
-  int (*pipes)[2] = calloc(n, sizeof *pipes);
-  for (int r = 0; r < n; r++)
-    if (pipe(pipes[r]) != 0) return 1;
-  for (int r = 0; r < n; r++) {
-    pid_t pid = fork();
-    if (pid < 0) return 1;
-    if (pid > 0) continue;
-    ncclUniqueId id;
-    g_rank = r;
-    if (commid || r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      if (!commid)
-        for (int q = 1; q < n; q++)
-          if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
-    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
-      _exit(4);
-    }
-    fflush(stdout);
-    if (strcmp(mode, "rootmismatch") == 0) _exit(run_root_mismatch(r, n, id));
-    if (strcmp(mode, "timeout") == 0) _exit(run_timeout(r, n, id));
-#ifdef HAVE_FERROCCL_H
-    if (strcmp(mode, "shared") == 0) _exit(run_shared(r, n, id));
-#endif
-    _exit(mismatch ? run_mismatch(r, n, id) : run_rank(r, n, id));
-  }
-  int failed = 0;
-  for (int r = 0; r < n; r++) {
-    int status = 0;
-    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
-  }
+  int failed = fork_ranks(n, strcmp(mode, "commid") == 0, rank_main, (void *)mode);
   printf(failed ? "FAILED\n" : "OK %d ranks\n", n);
   return failed;
 }

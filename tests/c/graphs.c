@@ -646,6 +646,10 @@ static int run_rank(int rank, int n, ncclUniqueId id, const char *mode) {
   return 0;
 }
 
+static int rank_main(int rank, int n, ncclUniqueId id, void *mode) {
+  return run_rank(rank, n, id, mode);
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "graphs";
@@ -661,32 +665,7 @@ int main(int argc, char **argv) {
     stand_in();
   else if (!open_driver())
     return 77;
-  int (*pipes)[2] = calloc(n, sizeof *pipes);
-  for (int r = 0; r < n; r++)
-    if (pipe(pipes[r]) != 0) return 1;
-  fflush(stdout);
-  for (int r = 0; r < n; r++) {
-    pid_t pid = fork();
-    if (pid < 0) return 1;
-    if (pid > 0) continue;
-    ncclUniqueId id;
-    g_rank = r;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      for (int q = 1; q < n; q++)
-        if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
-    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
-      _exit(4);
-    }
-    int rc = run_rank(r, n, id, mode);
-    fflush(stdout);
-    _exit(rc);
-  }
-  int failed = 0;
-  for (int r = 0; r < n; r++) {
-    int status = 0;
-    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
-  }
+  int failed = fork_ranks(n, 0, rank_main, (void *)mode);
   if (failed)
     printf("FAILED\n");
   else if (strcmp(mode, "refuse") == 0 || strcmp(mode, "limits") == 0)

@@ -651,6 +651,21 @@ static int run_nodriver(void) {
   return 0;
 }
 
+/* One rank of the mode `arg` names. */
+static int rank_main(int r, int n, ncclUniqueId id, void *arg) {
+  const char *mode = arg;
+  /* Mode mixed: even ranks complete in stream order, odd ones block; they must exchange the
+   * same messages (read once per process, before the first call). */
+  if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
+  int rc = run_rank(r, n, id, mode);
+  /* Modes repeat and comms end through exit, whose handlers write softcuda's counts. */
+  if (strcmp(mode, "repeat") == 0 || strcmp(mode, "comms") == 0) {
+    fflush(stdout);
+    exit(rc);
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   const char *mode = argc > 2 ? argv[2] : "pipe";
@@ -663,36 +678,7 @@ int main(int argc, char **argv) {
     EXPECT(g_standin, "mode all needs FERRO_DEVICE_PROVIDER=host");
     return run_all(n);
   }
-  int (*pipes)[2] = calloc(n, sizeof *pipes);
-  for (int r = 0; r < n; r++)
-    if (pipe(pipes[r]) != 0) return 1;
-  for (int r = 0; r < n; r++) {
-    pid_t pid = fork();
-    if (pid < 0) return 1;
-    if (pid > 0) continue;
-    ncclUniqueId id;
-    g_rank = r;
-    if (r == 0) {
-      CHECK(ncclGetUniqueId(&id));
-      for (int q = 1; q < n; q++)
-        if (write(pipes[q][1], &id, sizeof id) != (ssize_t)sizeof id) _exit(4);
-    } else if (read(pipes[r][0], &id, sizeof id) != (ssize_t)sizeof id) {
-      _exit(4);
-    }
-    /* Mode mixed: even ranks complete in stream order, odd ones block; they must exchange the
-     * same messages (read once per process, before the first call). */
-    if (strcmp(mode, "mixed") == 0) setenv("FERRO_STREAM_WAITS", r % 2 ? "0" : "1", 1);
-    fflush(stdout);
-    int rc = run_rank(r, n, id, mode);
-    /* Modes repeat and comms end through exit, whose handlers write softcuda's counts. */
-    if (strcmp(mode, "repeat") == 0 || strcmp(mode, "comms") == 0) exit(rc);
-    _exit(rc);
-  }
-  int failed = 0;
-  for (int r = 0; r < n; r++) {
-    int status = 0;
-    if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
-  }
+  int failed = fork_ranks(n, 0, rank_main, (void *)mode);
   printf(failed ? "FAILED\n" : "OK %d ranks\n", n);
   return failed;
 }

@@ -59,6 +59,8 @@ step() {
 steps=${FERRO_GPU_STEPS:-}
 # The named selection "targets" (above).
 steps=$(printf '%s\n' "${steps//,/ }" | sed -E 's/(^| )targets( |$)/\1 1 5 6a 8b 8i 8k 8l 8n \2/g')
+read -r -a picked <<< "$steps"
+steps="${picked[*]:-}"
 # want ID: whether step or part ID ("2", "2b") is selected; a step is wanted when any of its
 # parts is.
 want() {

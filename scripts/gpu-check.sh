@@ -231,6 +231,8 @@ if [ -x "$bundle/bin/streams" ]; then
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 || rc=1
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_DEVICE_SLICE_BYTES=1024 deadline=60 \
             part=4g step "$bundle/bin/graphs" 3 mixed || rc=1
+        FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_DEVICE_SLICE_BYTES=128 deadline=60 \
+            part=4g step "$bundle/bin/graphs" 3 mixed || rc=1
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 FERRO_DEVICE_SLICE_BYTES=256 deadline=60 \
             part=4g step "$bundle/bin/graphs" 2 limits || rc=1
         FERRO_DEVICE_PROVIDER=cuda FERRO_TIMEOUT=60 deadline=60 part=4g step "$bundle/bin/graphs" 2 fail || rc=1

@@ -109,6 +109,10 @@ done
 SOFTCUDA_DELAY_US=300 step 4g c_ok "$soft/graphs" 3
 # Odd ranks make the same calls unrecorded, cut into 1 KiB slices as the recorded ones are.
 FERRO_DEVICE_SLICE_BYTES=1024 step 4g c_ok "$soft/graphs" 3 mixed
+# The blocked layouts cut into slices of every block (128-byte slices, 3 ranks), recorded and
+# beside ordinary calls.
+FERRO_DEVICE_SLICE_BYTES=128 step 4g c_ok "$soft/graphs" 3
+FERRO_DEVICE_SLICE_BYTES=128 SOFTCUDA_DELAY_US=300 step 4g c_ok "$soft/graphs" 3 mixed
 # What is refused, the capture intact; a launch that fails leaves ones and an asynchronous
 # error; where nothing can be recorded (the p2p transport calls the driver), refused.
 FERRO_DEVICE_SLICE_BYTES=256 step 4g c_ok "$soft/graphs" 2 limits

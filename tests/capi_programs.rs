@@ -372,7 +372,8 @@ fn c_program_built_against_nvidia_header() {
 /// test hooks): calls on a stream being captured are recorded, not run, and run at each of
 /// three launches with new inputs, beside ordinary calls on the same stream (one queued right
 /// after a launch); on 1-3 processes; and with odd ranks making the same calls unrecorded, cut
-/// into 1 KiB slices as the recorded ones are; and a recorded call's memory given back when
+/// into 1 KiB slices as the recorded ones are, and into 128-byte slices that cut the blocked
+/// layouts too; and a recorded call's memory given back when
 /// its graph is gone. The same on eager stand-in streams. Then what is refused, and a launch
 /// that fails.
 #[test]
@@ -388,6 +389,10 @@ fn c_program_records_calls_into_graphs_and_runs_them_at_each_launch() {
         }
         let sliced = [host[0], host[1], ("FERRO_DEVICE_SLICE_BYTES", "1024")];
         run_c(&exe, &["3", "mixed"], &sliced);
+        // The blocked layouts cut into slices of every block, recorded and not.
+        let blocks = [host[0], host[1], ("FERRO_DEVICE_SLICE_BYTES", "128")];
+        run_c(&exe, &["3"], &blocks);
+        run_c(&exe, &["3", "mixed"], &blocks);
         // A recorded call's memory lives as long as its graph.
         run_c(&exe, &["3", "lifetime"], &host);
     }

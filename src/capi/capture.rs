@@ -31,14 +31,17 @@
 //! communicator whose host function would have to call the driver (the p2p transport), or
 //! whose process holds several communicators on the GPU ([`Communicator::capture_refusal`]);
 //! page-locked host buffers; a group whose operations are not all on the one stream being
-//! captured; splits; a gather-like collective (all-gather, reduce-scatter, all-to-all) large
-//! enough to be cut into device slices (`FERRO_DEVICE_SLICE_BYTES`); and a capture that was
-//! invalidated before the call.
+//! captured; splits; and a capture that was invalidated before the call. An all-gather,
+//! reduce-scatter or all-to-all that the blocking form cuts into device slices is run in the
+//! same slices, its blocks gathered into scratch memory and scattered back (`blocks`).
 
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
+mod blocks;
+
+use self::blocks::Blocks;
 use super::comm::Shared;
 use super::error::guard;
 use super::group::{op_names, point_at_arenas, slice_colls, stream_of, stream_spans};
@@ -162,9 +165,6 @@ pub(super) fn plan(shared: &Shared, ops: &[Op], checked: bool) -> Result<Option<
     if let Some(why) = comm.capture_refusal(on.device) {
         return refused(why);
     }
-    if let Some(why) = cut_into_blocks(&comm, ops) {
-        return refused(&why);
-    }
     let mut by_stream = stream_spans(shared, on.device, ops, checked)?;
     let spans = by_stream.pop().map(|(_, s)| s).unwrap_or_default();
     Ok(Some(Recorded {
@@ -188,6 +188,7 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
     let outputs = staged.written_copies();
     let staged = [(stream, staged)];
     let colls = point_at_arenas(&mut ops, &staged);
+    let blocks = Blocks::plan(&*shared.wait_ready()?, &ops, &colls);
     let names = op_names(&ops);
     let ops = Mutex::new(ops);
     // The host function holds the communicator weakly: the communicator keeps the function.
@@ -205,7 +206,11 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
         // No wait for the communicator's queued stream jobs here: one queued on this stream
         // after the launch waits for this call, which would then wait for it. The stream
         // orders the jobs queued on it before the launch (their flag waits come first).
-        let run = |comm: &Communicator| execute(comm, slice_colls(comm, ops, &colls), true);
+        let run = |comm: &Communicator| {
+            blocks.run(ops, &colls, |ops, colls| {
+                execute(comm, slice_colls(comm, ops, &colls), true)
+            })
+        };
         let comm = s.wait_ready();
         let Err(e) = comm.as_ref().map_err(Clone::clone).and_then(|c| run(c)) else {
             return;
@@ -255,27 +260,6 @@ fn captured(op: &Op) -> Option<(&'static str, super::stream::OnStream)> {
         Op::Split { .. } => return None,
     };
     stream_of(op).filter(|o| o.captured).map(|o| (api, o))
-}
-
-/// Why `ops` cannot be recorded because a gather-like collective among them is cut into
-/// device slices, if one is: the blocking form stages such a slice from pieces of every
-/// block, and a recorded call runs on the arena's copies of whole buffers.
-fn cut_into_blocks(comm: &Communicator, ops: &[Op]) -> Option<String> {
-    ops.iter().find_map(|op| match *op {
-        Op::Coll {
-            api,
-            kind,
-            count,
-            dtype,
-            ..
-        } if !kind.is_elementwise() && comm.device_cut(kind, count, dtype.size()).slices > 1 => {
-            Some(format!(
-                "a {api} of {count} elements of {dtype} is cut into device slices \
-                 (FERRO_DEVICE_SLICE_BYTES), which a recorded call cannot stage"
-            ))
-        }
-        _ => None,
-    })
 }
 
 /// `op` with a pre-multiplied sum's scalar read now from where it was staged: a host function

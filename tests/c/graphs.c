@@ -9,8 +9,9 @@
  *                            in-place allreduce (int32 max), a broadcast from rank 1 % NRANKS,
  *                            an allreduce pre-multiplied by a scalar in device memory (new at
  *                            each launch), a gather to the last rank,
- *                            a reduce-scatter (float sum), an all-gather (int32) and a group of
- *                            a send to the right and a receive from the left (int64), checks
+ *                            a reduce-scatter (float sum), an all-gather (int32), an all-to-all
+ *                            (int32) and a group of a send to the right and a receive from the
+ *                            left (int64), checks
  *                            every output still holds its sentinel (nothing ran at capture),
  *                            instantiates the graph and launches it 3 times, with new inputs
  *                            (uploaded on the stream) each time and every element checked; a
@@ -18,11 +19,13 @@
  *                            and one queued on it right after the 2nd launch
  *   graphs NRANKS mixed      as graphs, but odd ranks capture nothing: they make the same calls
  *                            on the stream at each iteration, so recorded calls and ordinary
- *                            ones (cut into the same slices) meet in every collective
+ *                            ones (cut into the same slices) meet in every collective. With
+ *                            FERRO_DEVICE_SLICE_BYTES=128 and 3 ranks the reduce-scatter, the
+ *                            all-gather and the all-to-all are cut into slices of every block
  *   graphs NRANKS limits     what no communicator records, refused with ncclInvalidUsage and the
  *                            capture left intact: a group with an operation on another stream,
- *                            page-locked host buffers, an all-gather cut into device slices
- *                            (run with FERRO_DEVICE_SLICE_BYTES=256); then an ordinary call
+ *                            page-locked host buffers; then an ordinary call (run with
+ *                            FERRO_DEVICE_SLICE_BYTES=256: in slices)
  *   graphs 2 fail            rank 1 records an allreduce and exits; rank 0's launch fails: the
  *                            output is all ones (0xff bytes), ncclCommGetAsyncError names the
  *                            error, and the next call fails
@@ -220,13 +223,13 @@ static int capturing(void) {
 
 /* Element counts: the all-reduces, the broadcast, per rank of the reduce-scatter and the
  * all-gather, the messages. */
-enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100, PM = 64, GA = 11 };
+enum { A = 1031, M = 7, B = 257, RS = 61, AG = 13, P = 100, PM = 64, GA = 11, AA = 37 };
 
 /* The buffers of mode graphs: device memory, a host array of the same size, whether it is an
  * input (uploaded before each launch) and an output (checked after). */
 enum {
   AR_S, AR_R, MX, BC_S, BC_R, RS_S, RS_R, AG_S, AG_R, SR_S, SR_R, PM_S, PM_R, SC, GA_S, GA_R,
-  X_S, X_R, NB
+  AA_S, AA_R, X_S, X_R, NB
 };
 static struct {
   void *dev, *host;
@@ -287,6 +290,8 @@ static void inputs(int rank, int n, int k) {
   sc[0] = (float)(k + 2); /* the same on every rank, new at each launch */
   int32_t *ga = b[GA_S].host;
   for (int i = 0; i < GA; i++) ga[i] = rank * 100 + i + k;
+  int32_t *aa = b[AA_S].host; /* block q goes to rank q */
+  for (int j = 0; j < n * AA; j++) aa[j] = rank * 10000 + j + 3 * k;
   for (int i = 0; i < NB; i++)
     if (b[i].in) CU(cu_htod_async(dptr(b[i].dev), b[i].host, b[i].bytes, g_stream));
 }
@@ -312,6 +317,9 @@ static void check_outputs(int rank, int n, int k) {
   /* block q of the gather at its root (the last rank) is rank q's input */
   const int32_t *ga = b[GA_R].host;
   if (rank == n - 1) EXPECT_ALL(k, "ncclGather", n * GA, ga, (i / GA) * 100 + i % GA + k);
+  /* block q of the all-to-all is rank q's block for this rank */
+  const int32_t *aa = b[AA_R].host;
+  EXPECT_ALL(k, "ncclAlltoAll", n * AA, aa, (i / AA) * 10000 + rank * AA + i % AA + 3 * k);
 }
 
 /* The calls recorded into the graph (each must be captured, not run). */
@@ -327,6 +335,7 @@ static void record(ncclComm_t comm, int rank, int n) {
   CHECK(ncclAllGather(b[AG_S].dev, b[AG_R].dev, AG, ncclInt32, comm, g_stream));
   CHECK(ncclAllReduce(b[PM_S].dev, b[PM_R].dev, PM, ncclFloat, g_premul, comm, g_stream));
   CHECK(ncclGather(b[GA_S].dev, b[GA_R].dev, GA, ncclInt32, n - 1, comm, g_stream));
+  CHECK(ncclAlltoAll(b[AA_S].dev, b[AA_R].dev, AA, ncclInt32, comm, g_stream));
   CHECK(ncclGroupStart());
   CHECK(ncclSend(b[SR_S].dev, P, ncclInt64, (rank + 1) % n, comm, g_stream));
   CHECK(ncclRecv(b[SR_R].dev, P, ncclInt64, (rank + n - 1) % n, comm, g_stream));
@@ -380,6 +389,8 @@ static void graphs(ncclComm_t comm, int rank, int n, int capture) {
   CHECK(ncclRedOpCreatePreMulSum(&g_premul, b[SC].dev, ncclFloat, ncclScalarDevice, comm));
   buffer(GA_S, sizeof(int32_t) * GA, 1, 0, "ncclGather sendbuff");
   buffer(GA_R, sizeof(int32_t) * GA * n, 0, 1, "ncclGather recvbuff");
+  buffer(AA_S, sizeof(int32_t) * AA * n, 1, 0, "ncclAlltoAll sendbuff");
+  buffer(AA_R, sizeof(int32_t) * AA * n, 0, 1, "ncclAlltoAll recvbuff");
   buffer(X_S, sizeof(float) * A, 0, 0, "sendbuff of the allreduce after a launch");
   buffer(X_R, sizeof(float) * A, 0, 0, "recvbuff of the allreduce after a launch");
   make_stream();
@@ -567,8 +578,8 @@ static void lifetime(ncclComm_t comm, int rank, int n) {
 
 /* Mode limits: calls no communicator records are refused, the capture intact. */
 static void limits(ncclComm_t comm, int rank, int n) {
-  size_t bytes = sizeof(float) * A, ag = sizeof(int32_t) * 100;
-  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes), *ag_r = dev_alloc(ag * n);
+  size_t bytes = sizeof(float) * A;
+  void *send = dev_alloc(bytes), *recv = dev_alloc(bytes);
   void *locked_s = NULL, *locked_r = NULL;
   make_stream();
   void *other = NULL;
@@ -585,9 +596,6 @@ static void limits(ncclComm_t comm, int rank, int n) {
   EXPECT_ERR(ncclAllReduce(locked_s, locked_r, A, ncclFloat, ncclSum, comm, g_stream),
              ncclInvalidUsage, "page-locked");
   EXPECT(capturing() == CAPTURE_ACTIVE, "capturing after the refused page-locked call");
-  EXPECT_ERR(ncclAllGather(send, ag_r, 100, ncclInt32, comm, g_stream), ncclInvalidUsage,
-             "cut into device slices");
-  EXPECT(capturing() == CAPTURE_ACTIVE, "capturing after the refused all-gather");
   void *graph = NULL;
   CU(cu_end_capture(g_stream, &graph));
   EXPECT(graph != NULL, "a graph after the refused calls");
@@ -597,7 +605,6 @@ static void limits(ncclComm_t comm, int rank, int n) {
   CU(cu_free_host(locked_r));
   CHECK(ncclMemFree(send));
   CHECK(ncclMemFree(recv));
-  CHECK(ncclMemFree(ag_r));
 }
 
 /* Mode fail: rank 1 leaves after recording; rank 0's launch fails visibly. Rank 0 aborts

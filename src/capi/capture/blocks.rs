@@ -200,3 +200,91 @@ impl Blocked {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::ops::Reduction;
+    use crate::coll::CollKind;
+    use crate::device::staging::slices_in_flight;
+    use crate::{DataType, ReduceOp};
+
+    /// An all-to-all of 3 ranks, 5 one-byte elements a block, cut into slices of 3 and 2
+    /// elements: each slice's blocks are gathered side by side before `run`, which sees one
+    /// collective a slice, and scattered back after.
+    #[test]
+    fn a_cut_collective_runs_in_slices_on_its_blocks_gathered_and_scattered_back() {
+        let (n, count) = (3, 5);
+        let cut = Cut {
+            count,
+            slices: 2,
+            in_blocks: n,
+            out_blocks: n,
+            window: slices_in_flight(2, 0),
+        };
+        let blocks = Blocks {
+            list: vec![Blocked {
+                index: 1,
+                cut,
+                es: 1,
+                input: Some(0),
+                output: Some(n * count),
+            }],
+            scratch: Mutex::new(vec![0; 2 * n * count]),
+        };
+        // Element i of the send buffer holds i; the output starts as 0xee.
+        let send: Vec<u8> = (0..(n * count) as u8).collect();
+        let mut recv = vec![0xee_u8; n * count];
+        let coll = |send: *const u8, recv: *mut u8, count| Op::Coll {
+            api: "ncclAlltoAll",
+            kind: CollKind::AllToAll,
+            send,
+            recv,
+            count,
+            dtype: DataType::Uint8,
+            red: Reduction::Op(ReduceOp::Sum),
+            on: None,
+        };
+        let other = coll(std::ptr::null(), std::ptr::null_mut(), 7);
+        let ops = vec![other, coll(send.as_ptr(), recv.as_mut_ptr(), count)];
+        let seen = blocks.run(ops, &[0, 1], |ops, staged| {
+            // The other operation as it was, then the two slices; only it is still staged.
+            assert_eq!(ops.len(), 3);
+            assert_eq!(staged, vec![0]);
+            let mut counts = Vec::new();
+            for (k, op) in ops[1..].iter().enumerate() {
+                let &Op::Coll {
+                    send, recv, count, ..
+                } = op
+                else {
+                    panic!("slice {k} is not a collective");
+                };
+                let r = cut.range(k);
+                assert_eq!(count, r.len());
+                // SAFETY: the slice's n blocks of `count` elements lie side by side in the
+                // scratch, which `run` holds until this returns.
+                let (input, output) = unsafe {
+                    (
+                        std::slice::from_raw_parts(send, n * count),
+                        std::slice::from_raw_parts_mut(recv, n * count),
+                    )
+                };
+                for j in 0..n {
+                    for e in 0..count {
+                        // Block j of the slice is elements r of block j of the buffer.
+                        assert_eq!(input[j * count + e] as usize, j * 5 + r.start + e);
+                        // The collective's output: 100 + block * 10 + element of the call.
+                        output[j * count + e] = (100 + j * 10 + r.start + e) as u8;
+                    }
+                }
+                counts.push(count);
+            }
+            counts
+        });
+        assert_eq!(seen, vec![3, 2]);
+        let want: Vec<u8> = (0..n * count)
+            .map(|i| (100 + (i / count) * 10 + i % count) as u8)
+            .collect();
+        assert_eq!(recv, want, "every output block scattered back in place");
+    }
+}

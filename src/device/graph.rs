@@ -81,7 +81,7 @@ unsafe extern "C" fn run_host_call(data: *mut c_void) {
 /// from it and their launches (the destructor of a user object the graph owns). It runs on a
 /// driver thread (the stand-in: whichever drops the graph's last hold) and must make no CUDA
 /// call.
-pub(crate) type Release = Box<dyn FnOnce() + Send>;
+pub(crate) type Release = Box<dyn FnOnce() + Send + Sync>;
 
 /// The driver's entry for a [`Release`] (a user object's destructor).
 ///

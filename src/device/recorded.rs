@@ -125,14 +125,14 @@ impl Recorded {
             self.reap(&mut live);
             std::mem::take(&mut live.spare)
         };
-        for p in spare {
-            let device = p.device();
-            if let Err(e) = device.capture_relaxed(|| drop(p)) {
-                ferroccl_transport::log_line!(
-                    "ferroccl WARN COLL: freeing the arena of a call recorded into a CUDA \
-                     graph: {e}"
-                );
-            }
+        // The capture mode is the thread's: relaxed once for every arena.
+        let Some(device) = spare.first().map(Pinned::device) else {
+            return;
+        };
+        if let Err(e) = device.capture_relaxed(|| drop(spare)) {
+            ferroccl_transport::log_line!(
+                "ferroccl WARN COLL: freeing the arenas of calls recorded into CUDA graphs: {e}"
+            );
         }
     }
 

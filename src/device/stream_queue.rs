@@ -317,10 +317,9 @@ impl StreamQueue {
         stream: usize,
         spans: &[Span],
     ) -> Result<(Staged, Pinned)> {
-        let arena = self.recorded.arena(device, Arenas::captured_bytes(spans))?;
+        let arena = |bytes| self.recorded.arena(device, bytes);
         // SAFETY: per the caller; the arena is kept with the call.
-        let staged = unsafe { Arenas::stage_captured(device, stream, &arena, spans) }?;
-        Ok((staged, arena))
+        unsafe { Arenas::stage_captured(device, stream, spans, arena) }
     }
 
     /// Keeps `call`, queued on a stream being captured, and its `arena` until the release

@@ -275,34 +275,24 @@ impl Arenas {
         unsafe { place(device, stream, base, merged) }
     }
 
-    /// Bytes of an arena of its own that staging `spans` takes: a call recorded into a CUDA
-    /// graph, whose copies and host call run at each launch of the graph, whenever that is
-    /// (`device::recorded` keeps it).
-    pub(crate) fn captured_bytes(spans: &[Span]) -> usize {
-        placed_bytes(&merge(spans)).max(ALIGN)
-    }
-
-    /// As [`Arenas::stage`], in `arena` (at least [`Arenas::captured_bytes`] of `spans`),
-    /// which nothing else uses while a graph may run the call.
+    /// As [`Arenas::stage`], in an arena of its own that `arena(bytes)` gives (at least
+    /// `bytes`), which nothing else uses while a graph may run the call: a call recorded into
+    /// a CUDA graph, whose copies and host call run at each launch of the graph, whenever that
+    /// is (`device::recorded` keeps the arena).
     ///
     /// # Safety
-    /// As for [`Arenas::stage`]; `arena` lives as long as a graph may run the copies.
+    /// As for [`Arenas::stage`]; the arena lives as long as a graph may run the copies.
     pub(crate) unsafe fn stage_captured(
         device: Device,
         stream: usize,
-        arena: &Pinned,
         spans: &[Span],
-    ) -> Result<Staged> {
+        arena: impl FnOnce(usize) -> Result<Pinned>,
+    ) -> Result<(Staged, Pinned)> {
         let merged = merge(spans);
-        let (base, len) = arena.raw();
-        if len < placed_bytes(&merged) {
-            return Err(crate::Error::internal(format!(
-                "a recorded call's arena of {len} bytes is smaller than its {} bytes",
-                placed_bytes(&merged)
-            )));
-        }
-        // SAFETY: per the caller; the arena holds the merged ranges (checked above).
-        unsafe { place(device, stream, base, merged) }
+        let arena = arena(placed_bytes(&merged).max(ALIGN))?;
+        // SAFETY: per the caller; the arena holds the merged ranges (it was asked for them).
+        let staged = unsafe { place(device, stream, arena.raw().0, merged) }?;
+        Ok((staged, arena))
     }
 
     /// Room for `places` places of `place` bytes each in the arena of `stream` (grown if

@@ -8,7 +8,7 @@
 //! are gone, or when the capture ends invalidated.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::{kick, lock, stream, Entry, Fifo, STREAMS};
 use crate::device::graph::Release;
@@ -16,12 +16,11 @@ use crate::{Error, Result};
 
 /// What a capture or graph keeps for others: each [`Release`] runs when this drops.
 #[derive(Default)]
-pub(super) struct Kept(Mutex<Vec<Release>>);
+pub(super) struct Kept(Vec<Release>);
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        let releases = std::mem::take(self.0.get_mut().unwrap_or_else(|p| p.into_inner()));
-        for release in releases {
+        for release in self.0.drain(..) {
             release();
         }
     }
@@ -227,10 +226,6 @@ pub(crate) fn retain_in_capture(handle: usize, release: Release) -> Result<()> {
             "host stand-in stream 0x{handle:x} is not being captured"
         )));
     };
-    rec.kept
-        .0
-        .get_mut()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(release);
+    rec.kept.0.push(release);
     Ok(())
 }

@@ -190,6 +190,7 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
     let colls = point_at_arenas(&mut ops, &staged);
     let blocks = Blocks::plan(&*shared.wait_ready()?, &ops, &colls);
     let names = op_names(&ops);
+    let what = names.clone();
     let ops = Mutex::new(ops);
     // The host function holds the communicator weakly: the communicator keeps the function.
     let weak = Arc::downgrade(shared);
@@ -236,17 +237,27 @@ pub(super) fn record(shared: &Arc<Shared>, mut ops: Vec<Op>, rec: Recorded) -> R
     let release = shared.streams.keep_captured(call, arena);
     // SAFETY: as for the staging above; the arena is kept with the call.
     unsafe { staged[0].1.copy_back() }?;
+    // The call is in the graph now: where it cannot be tied to the graph, its memory is kept
+    // until the communicator goes, and the call still succeeds.
     // SAFETY: the caller's stream of `device`, in the active capture this call is recorded
     // into.
-    if !unsafe { device.on_graph_release(handle, release) }? {
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            ferroccl_transport::log_line!(
-                "ferroccl INFO COLL: this CUDA driver cannot tie a recorded call to its graph \
-                 (cuUserObjectCreate, cuGraphRetainUserObject): the memory of calls recorded \
-                 into graphs is kept until their communicator is destroyed"
-            )
-        });
+    match unsafe { device.on_graph_release(handle, release) } {
+        Ok(true) => {}
+        Ok(false) => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                ferroccl_transport::log_line!(
+                    "ferroccl INFO COLL: this CUDA driver cannot tie a recorded call to its \
+                     graph (cuUserObjectCreate, cuGraphRetainUserObject): the memory of calls \
+                     recorded into graphs is kept until their communicator is destroyed"
+                )
+            });
+        }
+        Err(e) => ferroccl_transport::log_line!(
+            "ferroccl WARN COLL: {}: the call is recorded, but its memory is kept until the \
+             communicator is destroyed: {e}",
+            what
+        ),
     }
     Ok(())
 }
